@@ -1,0 +1,208 @@
+/*
+ * anyattn: exact attention with FlashAttention 2.x semantics, on any CPU.
+ *
+ * This header is the one stable boundary of the library. Every other front end (C++, Python, Rust)
+ * goes through it. It is plain C99 and C++ compatible.
+ *
+ * Conventions used throughout:
+ *   - Tensors are described by `anyattn_tensor`: a data pointer, a dtype, a rank and per-dimension
+ *     shape and strides counted in ELEMENTS (not bytes). The last dimension must have stride 1;
+ *     every other stride is arbitrary (views, packed qkv, transposed batches), including 0.
+ *   - Dense attention shapes: q (B, Sq, Hq, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv),
+ *     out (B, Sq, Hq, Dv), lse (B, Hq, Sq). Hq % Hk == 0; query head h reads kv head h / (Hq / Hk).
+ *   - q, k and v share one dtype (f32, f16 or bf16); out has that dtype; lse is f32, natural log.
+ *   - Every entry point returns an `anyattn_status`. On failure `anyattn_last_error()` returns a
+ *     message that names the offending parameter, the value given and what is supported. No C++
+ *     exception ever crosses this boundary.
+ *   - All entry points may be called from several threads at once.
+ *
+ * The exact semantics (mask alignment, softcap, ALiBi, sinks, fully masked rows) are in
+ * docs/semantics.md.
+ */
+#ifndef ANYATTN_ANYATTN_H_
+#define ANYATTN_ANYATTN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#if defined(ANYATTN_BUILDING_LIBRARY)
+#define ANYATTN_API __declspec(dllexport)
+#elif defined(ANYATTN_SHARED)
+#define ANYATTN_API __declspec(dllimport)
+#else
+#define ANYATTN_API
+#endif
+#else
+#define ANYATTN_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Version                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define ANYATTN_VERSION_MAJOR 0
+#define ANYATTN_VERSION_MINOR 1
+#define ANYATTN_VERSION_PATCH 0
+/* Encoded as major * 10000 + minor * 100 + patch. */
+#define ANYATTN_VERSION \
+  (ANYATTN_VERSION_MAJOR * 10000 + ANYATTN_VERSION_MINOR * 100 + ANYATTN_VERSION_PATCH)
+
+/* The version of the library actually loaded, encoded like ANYATTN_VERSION. */
+ANYATTN_API int anyattn_version(void);
+/* The same as a "major.minor.patch" string with static storage. */
+ANYATTN_API const char* anyattn_version_string(void);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Status and errors                                                                              */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef enum anyattn_status {
+  ANYATTN_OK = 0,
+  /* A parameter is malformed: wrong shape, dtype, stride, range or a null pointer. */
+  ANYATTN_E_INVALID_ARGUMENT = 1,
+  /* The request is well formed but names a feature this build or CPU does not provide. */
+  ANYATTN_E_UNSUPPORTED = 2,
+  /* Workspace could not be allocated. Nothing was written to the outputs. */
+  ANYATTN_E_OUT_OF_MEMORY = 3,
+  /* A bug in anyattn. Please report it with the message. */
+  ANYATTN_E_INTERNAL = 4
+} anyattn_status;
+
+/* Message describing the last failure on the calling thread, or "" if the last call on this
+ * thread succeeded. The pointer stays valid until the next anyattn call on the same thread. */
+ANYATTN_API const char* anyattn_last_error(void);
+
+/* A short static name for a status code, e.g. "ANYATTN_E_INVALID_ARGUMENT". */
+ANYATTN_API const char* anyattn_status_name(anyattn_status status);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Tensors                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef enum anyattn_dtype {
+  ANYATTN_DTYPE_F32 = 0,
+  ANYATTN_DTYPE_F16 = 1,
+  ANYATTN_DTYPE_BF16 = 2,
+  ANYATTN_DTYPE_I32 = 3
+} anyattn_dtype;
+
+#define ANYATTN_MAX_NDIM 4
+
+/* A strided view of memory. Mirrors DLPack's DLTensor with element strides.
+ * `dtype` holds an anyattn_dtype value; entries of shape/strides at or beyond `ndim` are ignored. */
+typedef struct anyattn_tensor {
+  void* data;
+  int32_t dtype;
+  int32_t ndim;
+  int64_t shape[ANYATTN_MAX_NDIM];
+  int64_t strides[ANYATTN_MAX_NDIM];
+} anyattn_tensor;
+
+/* Fills `t` as a C-contiguous (row-major) tensor of the given shape over `data`.
+ * Returns ANYATTN_E_INVALID_ARGUMENT if t or shape is null, ndim is outside [1, ANYATTN_MAX_NDIM],
+ * a dimension is negative or dtype is unknown. */
+ANYATTN_API anyattn_status anyattn_tensor_init_contiguous(anyattn_tensor* t, void* data,
+                                                          anyattn_dtype dtype, int32_t ndim,
+                                                          const int64_t* shape);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Instruction-set paths                                                                          */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef enum anyattn_isa {
+  /* The fastest path the CPU supports (or the one named by the ANYATTN_ISA environment variable,
+   * one of "portable", "avx2", "avx512"). */
+  ANYATTN_ISA_AUTO = 0,
+  /* Plain C++ that every machine runs. */
+  ANYATTN_ISA_PORTABLE = 1,
+  /* x86-64 AVX2 + FMA + F16C. */
+  ANYATTN_ISA_AVX2 = 2,
+  /* x86-64 AVX-512 F/BW/VL/DQ. */
+  ANYATTN_ISA_AVX512 = 3
+} anyattn_isa;
+
+/* 1 if this build contains the path and the running CPU can execute it, else 0. */
+ANYATTN_API int anyattn_isa_supported(anyattn_isa isa);
+/* The path ANYATTN_ISA_AUTO resolves to on this machine (never ANYATTN_ISA_AUTO). */
+ANYATTN_API anyattn_isa anyattn_isa_default(void);
+/* "auto", "portable", "avx2", "avx512", or "unknown". Static storage. */
+ANYATTN_API const char* anyattn_isa_name(anyattn_isa isa);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Threads                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Sets the number of threads used by later calls, process-wide. n <= 0 restores the default: the
+ * ANYATTN_NUM_THREADS environment variable if set to a positive integer, else the number of CPUs in
+ * the process's affinity mask. Concurrent calls share one pool and never oversubscribe it: a call
+ * that finds the pool busy runs on its caller's thread alone. Results do not depend on the thread
+ * count (bitwise). */
+ANYATTN_API void anyattn_set_num_threads(int n);
+/* The thread count later calls will use. */
+ANYATTN_API int anyattn_get_num_threads(void);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Forward attention                                                                              */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Options of a forward call. Always initialise with anyattn_fwd_params_init(), then set fields.
+ * `struct_size` lets the struct grow: fields past struct_size take their defaults. */
+typedef struct anyattn_fwd_params {
+  /* sizeof(anyattn_fwd_params) as compiled by the caller; set by anyattn_fwd_params_init. */
+  size_t struct_size;
+  /* Multiplies <q_i, k_j>. 0 (the default) selects 1/sqrt(D). Must be finite. */
+  float softmax_scale;
+  /* If > 0, scores become softcap * tanh(score / softcap) before ALiBi and masking. 0 = off. */
+  float softcap;
+  /* Non-zero: causal mask, i.e. window_right = 0 (bottom-right aligned, like flash-attn >= 2.1). */
+  int32_t causal;
+  /* Key j is visible to query i iff i + Sk - Sq - window_left <= j <= i + Sk - Sq + window_right.
+   * -1 means unbounded on that side (the default for both). Values < -1 are rejected. */
+  int32_t window_left;
+  int32_t window_right;
+  /* Optional f32 ALiBi slopes of shape (Hq) or (B, Hq): score += -slope * |i + Sk - Sq - j|.
+   * NULL = off. */
+  const anyattn_tensor* alibi_slopes;
+  /* Optional f32 per-head sink logits of shape (Hq), in score units (not scaled). The sink joins
+   * the softmax denominator and contributes no value. NULL = off. */
+  const anyattn_tensor* sinks;
+  /* Dropout probability. Only 0 is supported by the forward-only build; > 0 returns
+   * ANYATTN_E_UNSUPPORTED. */
+  float dropout_p;
+  uint64_t dropout_seed;
+  uint64_t dropout_offset;
+  /* Number of splits of the key dimension. 0 (default) = chosen from the problem shape (never from
+   * the thread count, so results are the same for any thread count). 1 = no split. */
+  int32_t num_splits;
+  /* Instruction-set path; ANYATTN_ISA_AUTO (default) picks the fastest. Forcing a path the CPU
+   * cannot run returns ANYATTN_E_UNSUPPORTED. */
+  int32_t isa;
+} anyattn_fwd_params;
+
+/* Fills `params` with defaults (see the field comments) and sets struct_size. */
+ANYATTN_API void anyattn_fwd_params_init(anyattn_fwd_params* params);
+
+/* Dense forward attention.
+ *   q   (B, Sq, Hq, D)    f32/f16/bf16
+ *   k   (B, Sk, Hk, D)    same dtype as q
+ *   v   (B, Sk, Hk, Dv)   same dtype as q
+ *   out (B, Sq, Hq, Dv)   same dtype as q; written
+ *   lse (B, Hq, Sq)       f32; written; may be NULL
+ *   params                may be NULL for all defaults
+ * 1 <= D, Dv <= 256. Any of B, Sq, Sk may be 0. out must not overlap q, k, v or lse.
+ * Fully masked rows (and Sk == 0) give out = 0 and lse = -inf, or lse = sink with a sink.
+ * On any error nothing is written. */
+ANYATTN_API anyattn_status anyattn_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
+                                       const anyattn_tensor* v, const anyattn_tensor* out,
+                                       const anyattn_tensor* lse, const anyattn_fwd_params* params);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ANYATTN_ANYATTN_H_ */

@@ -1,0 +1,127 @@
+// The C ABI entry points (include/anyattn/anyattn.h). Each one validates its arguments through
+// the api/ layer and converts every C++ exception into a status code: nothing throws across this
+// boundary.
+#include <cstring>
+
+#include "anyattn/anyattn.h"
+#include "api/errors.h"
+#include "api/tensor_checks.h"
+#include "api/validate_fwd.h"
+#include "cpu/fwd_driver.h"
+#include "cpu/kernel_registry.h"
+#include "runtime/num_threads.h"
+
+using anyattn::api::guarded_call;
+
+extern "C" {
+
+int anyattn_version(void) { return ANYATTN_VERSION; }
+
+const char* anyattn_version_string(void) {
+#define ANYATTN_STRINGIFY2(x) #x
+#define ANYATTN_STRINGIFY(x) ANYATTN_STRINGIFY2(x)
+  return ANYATTN_STRINGIFY(ANYATTN_VERSION_MAJOR) "." ANYATTN_STRINGIFY(
+      ANYATTN_VERSION_MINOR) "." ANYATTN_STRINGIFY(ANYATTN_VERSION_PATCH);
+#undef ANYATTN_STRINGIFY
+#undef ANYATTN_STRINGIFY2
+}
+
+const char* anyattn_last_error(void) { return anyattn::api::last_error(); }
+
+const char* anyattn_status_name(anyattn_status status) {
+  switch (status) {
+    case ANYATTN_OK:
+      return "ANYATTN_OK";
+    case ANYATTN_E_INVALID_ARGUMENT:
+      return "ANYATTN_E_INVALID_ARGUMENT";
+    case ANYATTN_E_UNSUPPORTED:
+      return "ANYATTN_E_UNSUPPORTED";
+    case ANYATTN_E_OUT_OF_MEMORY:
+      return "ANYATTN_E_OUT_OF_MEMORY";
+    case ANYATTN_E_INTERNAL:
+      return "ANYATTN_E_INTERNAL";
+  }
+  return "ANYATTN_E_UNKNOWN";
+}
+
+anyattn_status anyattn_tensor_init_contiguous(anyattn_tensor* t, void* data, anyattn_dtype dtype,
+                                              int32_t ndim, const int64_t* shape) {
+  return guarded_call("anyattn_tensor_init_contiguous", [&] {
+    using anyattn::api::fail_invalid;
+    constexpr const char* kFn = "anyattn_tensor_init_contiguous";
+    if (t == nullptr) fail_invalid(kFn, ": t is NULL");
+    if (shape == nullptr) fail_invalid(kFn, ": shape is NULL");
+    if (ndim < 1 || ndim > ANYATTN_MAX_NDIM) {
+      fail_invalid(kFn, ": ndim is ", ndim, "; supported: 1..", ANYATTN_MAX_NDIM);
+    }
+    if (anyattn::api::dtype_size(dtype) == 0) {
+      fail_invalid(kFn, ": dtype is ", static_cast<int>(dtype), "; supported: f32, f16, bf16, i32");
+    }
+    anyattn_tensor result;
+    std::memset(&result, 0, sizeof(result));
+    result.data = data;
+    result.dtype = dtype;
+    result.ndim = ndim;
+    int64_t stride = 1;
+    for (int d = ndim - 1; d >= 0; --d) {
+      if (shape[d] < 0) fail_invalid(kFn, ": shape[", d, "] is ", shape[d], "; must be >= 0");
+      result.shape[d] = shape[d];
+      result.strides[d] = stride;
+      if (shape[d] > 0 && __builtin_mul_overflow(stride, shape[d], &stride)) {
+        fail_invalid(kFn, ": the shape has more elements than int64 can count");
+      }
+    }
+    *t = result;
+  });
+}
+
+int anyattn_isa_supported(anyattn_isa isa) {
+  return isa != ANYATTN_ISA_AUTO && anyattn::cpu::find_fwd_kernel(isa) != nullptr ? 1 : 0;
+}
+
+anyattn_isa anyattn_isa_default(void) { return anyattn::cpu::best_supported_isa(); }
+
+const char* anyattn_isa_name(anyattn_isa isa) {
+  switch (isa) {
+    case ANYATTN_ISA_AUTO:
+      return "auto";
+    case ANYATTN_ISA_PORTABLE:
+      return "portable";
+    case ANYATTN_ISA_AVX2:
+      return "avx2";
+    case ANYATTN_ISA_AVX512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+void anyattn_set_num_threads(int n) { anyattn::runtime::set_num_threads(n); }
+
+int anyattn_get_num_threads(void) { return anyattn::runtime::get_num_threads(); }
+
+void anyattn_fwd_params_init(anyattn_fwd_params* params) {
+  if (params == nullptr) return;
+  std::memset(params, 0, sizeof(*params));
+  params->struct_size = sizeof(*params);
+  params->softmax_scale = 0.f;
+  params->softcap = 0.f;
+  params->causal = 0;
+  params->window_left = -1;
+  params->window_right = -1;
+  params->alibi_slopes = nullptr;
+  params->sinks = nullptr;
+  params->dropout_p = 0.f;
+  params->num_splits = 0;
+  params->isa = ANYATTN_ISA_AUTO;
+}
+
+anyattn_status anyattn_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
+                           const anyattn_tensor* v, const anyattn_tensor* out,
+                           const anyattn_tensor* lse, const anyattn_fwd_params* params) {
+  return guarded_call("anyattn_fwd", [&] {
+    const anyattn::api::ValidatedFwd call = anyattn::api::validate_fwd(q, k, v, out, lse, params);
+    anyattn::cpu::run_fwd(call.args, call.isa);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,144 @@
+#include "api/tensor_checks.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <utility>
+
+#include "api/errors.h"
+
+namespace anyattn::api {
+
+int64_t dtype_size(int32_t dtype) {
+  switch (dtype) {
+    case ANYATTN_DTYPE_F32:
+    case ANYATTN_DTYPE_I32:
+      return 4;
+    case ANYATTN_DTYPE_F16:
+    case ANYATTN_DTYPE_BF16:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case ANYATTN_DTYPE_F32:
+      return "f32";
+    case ANYATTN_DTYPE_F16:
+      return "f16";
+    case ANYATTN_DTYPE_BF16:
+      return "bf16";
+    case ANYATTN_DTYPE_I32:
+      return "i32";
+    default:
+      return "unknown";
+  }
+}
+
+namespace {
+
+std::string allowed_list(std::initializer_list<int32_t> allowed) {
+  std::string text;
+  for (int32_t dtype : allowed) {
+    if (!text.empty()) text += ", ";
+    text += dtype_name(dtype);
+  }
+  return text;
+}
+
+}  // namespace
+
+TensorExtent check_tensor(const char* function, const char* name, const anyattn_tensor* t,
+                          int expected_ndim, const char* dims_doc,
+                          std::initializer_list<int32_t> allowed_dtypes) {
+  if (t == nullptr) fail_invalid(function, ": ", name, " is NULL; a tensor descriptor is required");
+  if (t->ndim != expected_ndim) {
+    fail_invalid(function, ": ", name, ".ndim is ", t->ndim, "; expected ", expected_ndim, " ",
+                 dims_doc);
+  }
+  if (std::find(allowed_dtypes.begin(), allowed_dtypes.end(), t->dtype) == allowed_dtypes.end()) {
+    fail_invalid(function, ": ", name, ".dtype is ", dtype_name(t->dtype), " (", t->dtype,
+                 "); supported: ", allowed_list(allowed_dtypes));
+  }
+  TensorExtent extent;
+  extent.num_elements = 1;
+  int64_t low = 0;   // smallest element offset reached
+  int64_t high = 0;  // largest element offset reached
+  for (int d = 0; d < t->ndim; ++d) {
+    const int64_t size = t->shape[d];
+    if (size < 0) fail_invalid(function, ": ", name, ".shape[", d, "] is ", size, "; must be >= 0");
+    if (__builtin_mul_overflow(extent.num_elements, size, &extent.num_elements)) {
+      fail_invalid(function, ": ", name, " has more elements than int64 can count (shape[", d,
+                   "] = ", size, ")");
+    }
+  }
+  const int last = t->ndim - 1;
+  if (t->shape[last] > 1 && t->strides[last] != 1) {
+    fail_invalid(function, ": ", name, ".strides[", last, "] is ", t->strides[last],
+                 "; the last dimension must have unit stride");
+  }
+  if (extent.num_elements == 0) return TensorExtent{};
+  for (int d = 0; d < t->ndim; ++d) {
+    int64_t span = 0;
+    if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &span) ||
+        __builtin_add_overflow(span > 0 ? high : low, span, span > 0 ? &high : &low)) {
+      fail_invalid(function, ": ", name, " spans more memory than int64 can address (shape[", d,
+                   "] = ", t->shape[d], ", strides[", d, "] = ", t->strides[d], ")");
+    }
+  }
+  if (t->data == nullptr) {
+    fail_invalid(function, ": ", name, ".data is NULL for a tensor of ", extent.num_elements,
+                 " elements");
+  }
+  const int64_t element = dtype_size(t->dtype);
+  int64_t low_bytes = 0, high_bytes = 0;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t->data);
+  if (__builtin_mul_overflow(low, element, &low_bytes) ||
+      __builtin_mul_overflow(high, element, &high_bytes) ||
+      __builtin_add_overflow(high_bytes, element, &high_bytes) ||
+      (low_bytes < 0 && base < static_cast<uintptr_t>(-low_bytes)) ||
+      base + static_cast<uintptr_t>(high_bytes) < base) {
+    fail_invalid(function, ": ", name, " spans memory outside the address space (strides too large"
+                 " for its data pointer)");
+  }
+  extent.first_byte = base - static_cast<uintptr_t>(-low_bytes);
+  extent.end_byte = base + static_cast<uintptr_t>(high_bytes);
+  return extent;
+}
+
+void check_no_self_overlap(const char* function, const char* name, const anyattn_tensor* t) {
+  struct Dim {
+    int64_t size;
+    int64_t stride;
+  };
+  Dim dims[ANYATTN_MAX_NDIM];
+  int count = 0;
+  for (int d = 0; d < t->ndim; ++d) {
+    if (t->shape[d] == 0) return;  // empty: nothing is written
+    if (t->shape[d] > 1) dims[count++] = Dim{t->shape[d], std::llabs(t->strides[d])};
+  }
+  for (int i = 1; i < count; ++i) {  // insertion sort by stride: at most 4 dimensions
+    for (int j = i; j > 0 && dims[j].stride < dims[j - 1].stride; --j) std::swap(dims[j], dims[j - 1]);
+  }
+  int64_t span = 0;  // largest offset reachable by the dimensions checked so far
+  for (int d = 0; d < count; ++d) {
+    if (dims[d].stride <= span) {
+      fail_invalid(function, ": ", name, " has overlapping elements (a stride of ", dims[d].stride,
+                   " for a dimension of size ", dims[d].size,
+                   "); an output must address each element once");
+    }
+    span += dims[d].stride * (dims[d].size - 1);
+  }
+}
+
+void check_disjoint(const char* function, const char* out_name, const TensorExtent& out,
+                    const char* in_name, const TensorExtent& in) {
+  if (out.empty() || in.empty()) return;
+  if (out.first_byte < in.end_byte && in.first_byte < out.end_byte) {
+    fail_invalid(function, ": ", out_name, " overlaps ", in_name,
+                 " in memory; outputs must not alias inputs or each other");
+  }
+}
+
+}  // namespace anyattn::api

@@ -1,0 +1,45 @@
+// Checks shared by every entry point that takes anyattn_tensor descriptors: rank, dtype, unit
+// last stride, and the memory extent a strided view spans, computed without int64 overflow.
+#ifndef ANYATTN_API_TENSOR_CHECKS_H_
+#define ANYATTN_API_TENSOR_CHECKS_H_
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "anyattn/anyattn.h"
+
+namespace anyattn::api {
+
+// Bytes per element of a dtype; 0 for an unknown dtype.
+int64_t dtype_size(int32_t dtype);
+const char* dtype_name(int32_t dtype);
+
+// What a validated tensor spans in memory. `first_byte`/`end_byte` bound every element address
+// (as integers) for overlap checks; both are 0 for an empty tensor.
+struct TensorExtent {
+  int64_t num_elements = 0;
+  uintptr_t first_byte = 0;
+  uintptr_t end_byte = 0;
+  bool empty() const { return num_elements == 0; }
+};
+
+// Validates `t` as the parameter `name` of `function`: non-null descriptor, ndim == expected_ndim
+// (dims_doc names the dimensions, e.g. "(B, Sq, Hq, D)"), a dtype in `allowed`, non-negative
+// shape, unit stride in the last dimension (any stride when that dimension has size <= 1),
+// non-null data unless empty, and an extent that fits in the address space. Throws ApiError.
+TensorExtent check_tensor(const char* function, const char* name, const anyattn_tensor* t,
+                          int expected_ndim, const char* dims_doc,
+                          std::initializer_list<int32_t> allowed_dtypes);
+
+// Throws unless no two distinct index tuples of `t` address the same element (a tensor that is
+// written must not overlap itself). Uses a sufficient condition: sorted by |stride|, each stride
+// exceeds the span of the smaller dimensions.
+void check_no_self_overlap(const char* function, const char* name, const anyattn_tensor* t);
+
+// Throws if the written tensor `out_name` shares any byte range with `in_name`.
+void check_disjoint(const char* function, const char* out_name, const TensorExtent& out,
+                    const char* in_name, const TensorExtent& in);
+
+}  // namespace anyattn::api
+
+#endif  // ANYATTN_API_TENSOR_CHECKS_H_

@@ -1,0 +1,251 @@
+#include "api/validate_fwd.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "api/errors.h"
+#include "api/tensor_checks.h"
+#include "cpu/kernel_registry.h"
+
+namespace anyattn::api {
+namespace {
+
+constexpr const char* kFn = "anyattn_fwd";
+constexpr int64_t kMaxHeadDim = 256;
+// Sequence lengths, batch and head counts are limited to int32 so that every index product the
+// kernels form stays far from int64 overflow.
+constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
+
+// Converts a window bound (-1 = unbounded) to the kernels' representation.
+int64_t window_bound(int64_t value) {
+  return value < 0 || value >= cpu::kUnboundedWindow ? cpu::kUnboundedWindow : value;
+}
+
+void check_extent(const char* what, int64_t value) {
+  if (value > kMaxExtent) {
+    fail_unsupported(kFn, ": ", what, " is ", value, "; supported: up to ", kMaxExtent);
+  }
+}
+
+// Validates an optional f32 per-head tensor (ALiBi slopes or sinks). Returns its element pointer.
+const float* check_per_head_tensor(const char* name, const anyattn_tensor* t, int64_t batch,
+                                   int64_t heads_q, bool allow_batch, int64_t* batch_stride,
+                                   int64_t* head_stride) {
+  if (t->ndim == 2 && allow_batch) {
+    check_tensor(kFn, name, t, 2, "(B, Hq)", {ANYATTN_DTYPE_F32});
+    if (t->shape[0] != batch || t->shape[1] != heads_q) {
+      fail_invalid(kFn, ": ", name, ".shape is (", t->shape[0], ", ", t->shape[1], "); expected (",
+                   heads_q, ") or (B, Hq) = (", batch, ", ", heads_q, ")");
+    }
+    *batch_stride = t->strides[0];
+    *head_stride = t->shape[1] > 1 ? t->strides[1] : 1;
+  } else {
+    check_tensor(kFn, name, t, 1, allow_batch ? "(Hq) or 2 (B, Hq)" : "(Hq)", {ANYATTN_DTYPE_F32});
+    if (t->shape[0] != heads_q) {
+      fail_invalid(kFn, ": ", name, ".shape[0] is ", t->shape[0], "; expected Hq = ", heads_q);
+    }
+    *batch_stride = 0;
+    *head_stride = t->shape[0] > 1 ? t->strides[0] : 1;
+  }
+  return static_cast<const float*>(t->data);
+}
+
+}  // namespace
+
+anyattn_fwd_params read_fwd_params(const char* function, const anyattn_fwd_params* params) {
+  anyattn_fwd_params result;
+  anyattn_fwd_params_init(&result);
+  if (params == nullptr) return result;
+  if (params->struct_size < sizeof(size_t)) {
+    fail_invalid(function, ": params->struct_size is ", params->struct_size,
+                 "; initialise params with anyattn_fwd_params_init()");
+  }
+  const size_t copy = params->struct_size < sizeof(result) ? params->struct_size : sizeof(result);
+  std::memcpy(static_cast<void*>(&result), params, copy);
+  result.struct_size = sizeof(result);
+  return result;
+}
+
+anyattn_isa resolve_isa(const char* function, int32_t requested) {
+  if (requested < ANYATTN_ISA_AUTO || requested > ANYATTN_ISA_AVX512) {
+    fail_invalid(function, ": params->isa is ", requested,
+                 "; supported: ANYATTN_ISA_AUTO (0), PORTABLE (1), AVX2 (2), AVX512 (3)");
+  }
+  anyattn_isa isa = static_cast<anyattn_isa>(requested);
+  if (isa == ANYATTN_ISA_AUTO) {
+    const char* forced = std::getenv("ANYATTN_ISA");
+    if (forced == nullptr || *forced == '\0' || std::strcmp(forced, "auto") == 0) {
+      return cpu::best_supported_isa();
+    }
+    isa = cpu::isa_from_name(forced);
+    if (isa == ANYATTN_ISA_AUTO) {
+      fail_invalid(function, ": environment variable ANYATTN_ISA is \"", forced,
+                   "\"; supported: auto, portable, avx2, avx512");
+    }
+  }
+  if (cpu::find_fwd_kernel(isa) == nullptr) {
+    fail_unsupported(function, ": ISA path ", anyattn_isa_name(isa),
+                     " is not available (not compiled in, or this CPU lacks the instructions); "
+                     "available: ",
+                     cpu::supported_isa_list());
+  }
+  return isa;
+}
+
+ValidatedFwd validate_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
+                          const anyattn_tensor* v, const anyattn_tensor* out,
+                          const anyattn_tensor* lse, const anyattn_fwd_params* params_in) {
+  const anyattn_fwd_params params = read_fwd_params(kFn, params_in);
+  const std::initializer_list<int32_t> float_types = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16,
+                                                      ANYATTN_DTYPE_BF16};
+  const TensorExtent q_extent = check_tensor(kFn, "q", q, 4, "(B, Sq, Hq, D)", float_types);
+  const TensorExtent k_extent = check_tensor(kFn, "k", k, 4, "(B, Sk, Hk, D)", float_types);
+  const TensorExtent v_extent = check_tensor(kFn, "v", v, 4, "(B, Sk, Hk, Dv)", float_types);
+  const TensorExtent out_extent = check_tensor(kFn, "out", out, 4, "(B, Sq, Hq, Dv)", float_types);
+  for (const auto& [name, t] : {std::pair{"k", k}, std::pair{"v", v}, std::pair{"out", out}}) {
+    if (t->dtype != q->dtype) {
+      fail_invalid(kFn, ": ", name, ".dtype is ", dtype_name(t->dtype), " but q.dtype is ",
+                   dtype_name(q->dtype), "; q, k, v and out must share one dtype");
+    }
+  }
+  const int64_t batch = q->shape[0], seqlen_q = q->shape[1], heads_q = q->shape[2];
+  const int64_t head_dim = q->shape[3];
+  const int64_t seqlen_k = k->shape[1], heads_k = k->shape[2], head_dim_v = v->shape[3];
+
+  if (head_dim < 1 || head_dim > kMaxHeadDim) {
+    fail_invalid(kFn, ": q.shape[3] (head dim D) is ", head_dim, "; supported: 1..", kMaxHeadDim);
+  }
+  if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
+    fail_invalid(kFn, ": v.shape[3] (head dim Dv) is ", head_dim_v, "; supported: 1..",
+                 kMaxHeadDim);
+  }
+  if (heads_q < 1) fail_invalid(kFn, ": q.shape[2] (Hq) is ", heads_q, "; must be >= 1");
+  if (heads_k < 1) fail_invalid(kFn, ": k.shape[2] (Hk) is ", heads_k, "; must be >= 1");
+  if (k->shape[0] != batch || v->shape[0] != batch || out->shape[0] != batch) {
+    fail_invalid(kFn, ": batch sizes differ: q.shape[0] = ", batch, ", k.shape[0] = ",
+                 k->shape[0], ", v.shape[0] = ", v->shape[0], ", out.shape[0] = ", out->shape[0]);
+  }
+  if (k->shape[3] != head_dim) {
+    fail_invalid(kFn, ": k.shape[3] is ", k->shape[3], "; must equal q.shape[3] (D) = ", head_dim);
+  }
+  if (v->shape[1] != seqlen_k || v->shape[2] != heads_k) {
+    fail_invalid(kFn, ": v.shape is (", v->shape[0], ", ", v->shape[1], ", ", v->shape[2], ", ",
+                 v->shape[3], "); its Sk and Hk must match k's (", seqlen_k, ", ", heads_k, ")");
+  }
+  if (heads_q % heads_k != 0) {
+    fail_invalid(kFn, ": Hq = ", heads_q, " is not a multiple of Hk = ", heads_k,
+                 "; GQA/MQA need Hq % Hk == 0");
+  }
+  if (out->shape[1] != seqlen_q || out->shape[2] != heads_q || out->shape[3] != head_dim_v) {
+    fail_invalid(kFn, ": out.shape is (", out->shape[0], ", ", out->shape[1], ", ", out->shape[2],
+                 ", ", out->shape[3], "); expected (B, Sq, Hq, Dv) = (", batch, ", ", seqlen_q,
+                 ", ", heads_q, ", ", head_dim_v, ")");
+  }
+  check_extent("B", batch);
+  check_extent("Sq", seqlen_q);
+  check_extent("Sk", seqlen_k);
+  check_extent("Hq", heads_q);
+
+  check_no_self_overlap(kFn, "out", out);
+  check_disjoint(kFn, "out", out_extent, "q", q_extent);
+  check_disjoint(kFn, "out", out_extent, "k", k_extent);
+  check_disjoint(kFn, "out", out_extent, "v", v_extent);
+
+  ValidatedFwd result;
+  cpu::FwdArgs& a = result.args;
+  a.dtype = static_cast<cpu::DType>(q->dtype);
+  a.batch = batch;
+  a.seqlen_q = seqlen_q;
+  a.seqlen_k = seqlen_k;
+  a.heads_q = heads_q;
+  a.heads_k = heads_k;
+  a.head_dim = head_dim;
+  a.head_dim_v = head_dim_v;
+  a.q = q->data;
+  a.q_batch_stride = q->strides[0];
+  a.q_row_stride = q->strides[1];
+  a.q_head_stride = q->strides[2];
+  a.k = k->data;
+  a.k_batch_stride = k->strides[0];
+  a.k_row_stride = k->strides[1];
+  a.k_head_stride = k->strides[2];
+  a.v = v->data;
+  a.v_batch_stride = v->strides[0];
+  a.v_row_stride = v->strides[1];
+  a.v_head_stride = v->strides[2];
+  a.out = out->data;
+  a.out_batch_stride = out->strides[0];
+  a.out_row_stride = out->strides[1];
+  a.out_head_stride = out->strides[2];
+
+  if (lse != nullptr) {
+    const TensorExtent lse_extent =
+        check_tensor(kFn, "lse", lse, 3, "(B, Hq, Sq)", {ANYATTN_DTYPE_F32});
+    if (lse->shape[0] != batch || lse->shape[1] != heads_q || lse->shape[2] != seqlen_q) {
+      fail_invalid(kFn, ": lse.shape is (", lse->shape[0], ", ", lse->shape[1], ", ",
+                   lse->shape[2], "); expected (B, Hq, Sq) = (", batch, ", ", heads_q, ", ",
+                   seqlen_q, ")");
+    }
+    check_no_self_overlap(kFn, "lse", lse);
+    check_disjoint(kFn, "lse", lse_extent, "q", q_extent);
+    check_disjoint(kFn, "lse", lse_extent, "k", k_extent);
+    check_disjoint(kFn, "lse", lse_extent, "v", v_extent);
+    check_disjoint(kFn, "lse", lse_extent, "out", out_extent);
+    a.lse = static_cast<float*>(lse->data);
+    a.lse_batch_stride = lse->strides[0];
+    a.lse_head_stride = lse->strides[1];
+    a.lse_row_stride = lse->strides[2];
+  }
+
+  if (!std::isfinite(params.softmax_scale)) {
+    fail_invalid(kFn, ": params->softmax_scale is ", params.softmax_scale,
+                 "; must be finite (0 selects the default 1/sqrt(D))");
+  }
+  a.softmax_scale = params.softmax_scale != 0.f
+                        ? params.softmax_scale
+                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  if (!(params.softcap >= 0.f) || !std::isfinite(params.softcap)) {
+    fail_invalid(kFn, ": params->softcap is ", params.softcap,
+                 "; must be finite and >= 0 (0 disables it)");
+  }
+  a.softcap = params.softcap;
+  if (params.window_left < -1) {
+    fail_invalid(kFn, ": params->window_left is ", params.window_left,
+                 "; must be >= -1 (-1 = unbounded)");
+  }
+  if (params.window_right < -1) {
+    fail_invalid(kFn, ": params->window_right is ", params.window_right,
+                 "; must be >= -1 (-1 = unbounded)");
+  }
+  a.window_left = window_bound(params.window_left);
+  a.window_right = params.causal ? 0 : window_bound(params.window_right);
+
+  if (params.alibi_slopes != nullptr) {
+    a.alibi_slopes = check_per_head_tensor("params->alibi_slopes", params.alibi_slopes, batch,
+                                           heads_q, true, &a.alibi_batch_stride,
+                                           &a.alibi_head_stride);
+  }
+  if (params.sinks != nullptr) {
+    int64_t unused_batch_stride = 0;
+    a.sinks = check_per_head_tensor("params->sinks", params.sinks, batch, heads_q, false,
+                                    &unused_batch_stride, &a.sinks_stride);
+  }
+  if (std::isnan(params.dropout_p) || params.dropout_p < 0.f || params.dropout_p >= 1.f) {
+    fail_invalid(kFn, ": params->dropout_p is ", params.dropout_p, "; must be in [0, 1)");
+  }
+  if (params.dropout_p > 0.f) {
+    fail_unsupported(kFn, ": params->dropout_p is ", params.dropout_p,
+                     "; dropout is not implemented in this version (only 0 is supported)");
+  }
+  if (params.num_splits < 0) {
+    fail_invalid(kFn, ": params->num_splits is ", params.num_splits,
+                 "; must be >= 0 (0 = automatic)");
+  }
+  a.num_splits = params.num_splits;
+  result.isa = resolve_isa(kFn, params.isa);
+  return result;
+}
+
+}  // namespace anyattn::api

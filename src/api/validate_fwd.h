@@ -1,0 +1,31 @@
+// Argument validation for anyattn_fwd: turns the caller's descriptors and params into a
+// cpu::FwdArgs that satisfies every invariant documented in cpu/fwd_args.h, or throws ApiError
+// naming the parameter, the value given and what is supported. Reads no tensor data.
+#ifndef ANYATTN_API_VALIDATE_FWD_H_
+#define ANYATTN_API_VALIDATE_FWD_H_
+
+#include "anyattn/anyattn.h"
+#include "cpu/fwd_args.h"
+
+namespace anyattn::api {
+
+struct ValidatedFwd {
+  cpu::FwdArgs args;
+  anyattn_isa isa = ANYATTN_ISA_AUTO;  // resolved: never ANYATTN_ISA_AUTO
+};
+
+// Copies `params` (or the defaults when null) honouring struct_size: fields past struct_size keep
+// their defaults. Throws if struct_size cannot even hold the size field.
+anyattn_fwd_params read_fwd_params(const char* function, const anyattn_fwd_params* params);
+
+ValidatedFwd validate_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
+                          const anyattn_tensor* v, const anyattn_tensor* out,
+                          const anyattn_tensor* lse, const anyattn_fwd_params* params);
+
+// Resolves ANYATTN_ISA_AUTO (and the ANYATTN_ISA environment variable) and checks that the CPU can
+// run the requested path. Throws ANYATTN_E_UNSUPPORTED otherwise.
+anyattn_isa resolve_isa(const char* function, int32_t requested);
+
+}  // namespace anyattn::api
+
+#endif  // ANYATTN_API_VALIDATE_FWD_H_

@@ -1,0 +1,29 @@
+// The forward kernels for the avx2 path: fwd_kernel-inl.h compiled against vec_avx2.h.
+// Registered in kernels.inc.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <immintrin.h>
+
+#include "cpu/finalize.h"
+#include "cpu/fwd_args.h"
+#include "cpu/fwd_layout.h"
+#include "cpu/half.h"
+#include "cpu/simd/isa_target.h"
+
+ANYATTN_TARGET_BEGIN("avx2,fma,f16c")
+namespace anyattn::cpu::avx2 {
+
+#include "cpu/simd/vec_avx2.h"
+#include "cpu/simd/vec_math-inl.h"
+
+constexpr int kScoreRows = 6;
+constexpr int kScoreVecs = 2;
+constexpr int kPvRows = 6;
+constexpr int kPvVecs = 2;
+
+#include "cpu/fwd_kernel-inl.h"
+
+}  // namespace anyattn::cpu::avx2
+ANYATTN_TARGET_END()

@@ -1,0 +1,18 @@
+// Runs a validated forward call on the CPU: plans it, allocates all workspace up front (so an
+// allocation failure leaves the outputs untouched), then runs the pack, attend and merge phases on
+// the thread pool.
+#ifndef ANYATTN_CPU_FWD_DRIVER_H_
+#define ANYATTN_CPU_FWD_DRIVER_H_
+
+#include "anyattn/anyattn.h"
+#include "cpu/fwd_args.h"
+
+namespace anyattn::cpu {
+
+// `isa` must be resolved and runnable (api::resolve_isa). Throws std::bad_alloc when workspace
+// cannot be allocated, before anything is written.
+void run_fwd(const FwdArgs& args, anyattn_isa isa);
+
+}  // namespace anyattn::cpu
+
+#endif  // ANYATTN_CPU_FWD_DRIVER_H_

@@ -1,0 +1,423 @@
+// The fused forward block loop, written once against the Vec interface and compiled once per ISA.
+//
+// Included by fwd_<isa>.cc inside namespace anyattn::cpu::<isa>, inside that ISA's target region,
+// after Vec (simd/vec_<isa>.h), exp2/tanh (simd/vec_math-inl.h) and the tile shape:
+//   kScoreRows x kScoreVecs  query rows x key vectors of the S = Q K^T register tile
+//   kPvRows x kPvVecs        query rows x output-column vectors of the O += P V register tile
+//
+// Design (one AttendTask = up to 64 query rows of one head against a range of 64-key blocks):
+//
+//   Q rows are converted to f32 and pre-scaled once per task by scale * log2(e) (or by
+//   scale / softcap when softcap is on), so scores come out in log2 units and the softmax needs
+//   only exp2. K and V were packed by pack_block once per (batch, kv head) and are shared by every
+//   task of that kv head, including all query heads of a GQA group.
+//
+//   Per key block (64 keys):
+//     1. S[rows][64] = Q K^T with a kScoreRows x (kScoreVecs * lanes) register tile: per head-dim
+//        index d the tile loads kScoreVecs key vectors from the transposed panel kt[d][*] and
+//        broadcasts one q value per row, i.e. kScoreRows * kScoreVecs FMAs for
+//        kScoreRows + kScoreVecs loads. The 64-key panel (D * 256 bytes) stays in L1/L2 while all
+//        row tiles of the task pass over it; S (16 KiB for 64 rows) stays in L1.
+//     2. Softcap (vector tanh), ALiBi and the mask, in place on S. The mask is applied only to
+//        blocks that cross a row's window boundary or the end of the keys; blocks outside every
+//        row's window were never visited (the block range is clipped first).
+//     3. Online softmax per row: new max, P = 2^(S - max) in place, running sum; the output
+//        accumulators are rescaled only when the row max moved.
+//     4. O[rows][dv_pad] += P V with a kPvRows x (kPvVecs * lanes) register tile over the packed
+//        V rows. O (64 rows x dv_pad floats) stays in L1/L2 for the whole task.
+//   Memory traffic per task: Q rows once, each visited K/V block once from L2/L3, out/lse once.
+//   Nothing of size Sq x Sk exists anywhere.
+
+constexpr int kLanes = Vec::kLanes;
+constexpr int64_t kScoreKeys = kScoreVecs * kLanes;
+constexpr int64_t kPvCols = kPvVecs * kLanes;
+static_assert(kKeyBlock % kScoreKeys == 0, "score tiles must divide the key block");
+static_assert(16 % kLanes == 0, "dv_pad (a multiple of 16) must be a whole number of vectors");
+constexpr float kNegInfinity = -std::numeric_limits<float>::infinity();
+
+// ---------------------------------------------------------------------------------------------
+// S = Q K^T micro-kernel
+// ---------------------------------------------------------------------------------------------
+
+// s[r][0..kScoreKeys) = sum_d q[r][d] * kt[d][0..kScoreKeys) for R rows.
+// q: R rows, stride ldq. kt: head_dim rows of kKeyBlock floats. s: R rows, stride kKeyBlock.
+template <int R>
+inline void score_tile(const float* q, int64_t ldq, const float* kt, int64_t head_dim, float* s) {
+  Vec acc[R][kScoreVecs];
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < kScoreVecs; ++n) acc[r][n] = Vec::zero();
+  }
+  for (int64_t d = 0; d < head_dim; ++d) {
+    Vec keys[kScoreVecs];
+    for (int n = 0; n < kScoreVecs; ++n) keys[n] = Vec::load(kt + d * kKeyBlock + n * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const Vec q_rd = Vec::broadcast(q[r * ldq + d]);
+      for (int n = 0; n < kScoreVecs; ++n) acc[r][n] = fma(q_rd, keys[n], acc[r][n]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < kScoreVecs; ++n) acc[r][n].store(s + r * kKeyBlock + n * kLanes);
+  }
+}
+
+template <int R>
+inline void score_rows(const float* q, int64_t ldq, const float* kt, int64_t head_dim, float* s) {
+  for (int64_t c = 0; c < kKeyBlock; c += kScoreKeys) score_tile<R>(q, ldq, kt + c, head_dim, s + c);
+}
+
+// Rows that do not fill a whole tile: dispatch the remaining count R = rows to a fixed-size tile.
+template <int R>
+inline void score_remainder(int64_t rows, const float* q, int64_t ldq, const float* kt,
+                            int64_t head_dim, float* s) {
+  if constexpr (R >= 1) {
+    if (rows == R) {
+      score_rows<R>(q, ldq, kt, head_dim, s);
+    } else {
+      score_remainder<R - 1>(rows, q, ldq, kt, head_dim, s);
+    }
+  }
+}
+
+// S for `rows` query rows (q stride head_dim) against one packed key block.
+inline void compute_scores(const float* q, int64_t rows, const float* kt, int64_t head_dim,
+                           float* s) {
+  int64_t r = 0;
+  for (; r + kScoreRows <= rows; r += kScoreRows) {
+    score_rows<kScoreRows>(q + r * head_dim, head_dim, kt, head_dim, s + r * kKeyBlock);
+  }
+  score_remainder<kScoreRows - 1>(rows - r, q + r * head_dim, head_dim, kt, head_dim,
+                                  s + r * kKeyBlock);
+}
+
+// ---------------------------------------------------------------------------------------------
+// O += P V micro-kernel
+// ---------------------------------------------------------------------------------------------
+
+// o[r][0..NV*lanes) += sum_{j < keys} p[r][j] * v[j][0..NV*lanes) for R rows.
+// p: R rows, stride kKeyBlock. v: keys rows, stride ldv. o: R rows, stride ldo.
+template <int R, int NV>
+inline void pv_tile(const float* p, const float* v, int64_t ldv, int64_t keys, float* o,
+                    int64_t ldo) {
+  Vec acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < NV; ++n) acc[r][n] = Vec::load(o + r * ldo + n * kLanes);
+  }
+  for (int64_t j = 0; j < keys; ++j) {
+    Vec values[NV];
+    for (int n = 0; n < NV; ++n) values[n] = Vec::load(v + j * ldv + n * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const Vec p_rj = Vec::broadcast(p[r * kKeyBlock + j]);
+      for (int n = 0; n < NV; ++n) acc[r][n] = fma(p_rj, values[n], acc[r][n]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < NV; ++n) acc[r][n].store(o + r * ldo + n * kLanes);
+  }
+}
+
+// Column vectors that do not fill a whole tile: dispatch the remaining count to a fixed size.
+template <int R, int NV>
+inline void pv_column_remainder(int64_t vectors, const float* p, const float* v, int64_t ldv,
+                                int64_t keys, float* o, int64_t ldo) {
+  if constexpr (NV >= 1) {
+    if (vectors == NV) {
+      pv_tile<R, NV>(p, v, ldv, keys, o, ldo);
+    } else {
+      pv_column_remainder<R, NV - 1>(vectors, p, v, ldv, keys, o, ldo);
+    }
+  }
+}
+
+template <int R>
+inline void pv_rows(const float* p, const float* v, int64_t keys, float* o, int64_t dv_pad) {
+  int64_t c = 0;
+  for (; c + kPvCols <= dv_pad; c += kPvCols) pv_tile<R, kPvVecs>(p, v + c, dv_pad, keys, o + c, dv_pad);
+  pv_column_remainder<R, kPvVecs - 1>((dv_pad - c) / kLanes, p, v + c, dv_pad, keys, o + c,
+                                      dv_pad);
+}
+
+template <int R>
+inline void pv_remainder(int64_t rows, const float* p, const float* v, int64_t keys, float* o,
+                         int64_t dv_pad) {
+  if constexpr (R >= 1) {
+    if (rows == R) {
+      pv_rows<R>(p, v, keys, o, dv_pad);
+    } else {
+      pv_remainder<R - 1>(rows, p, v, keys, o, dv_pad);
+    }
+  }
+}
+
+// O[rows][dv_pad] += P[rows][0..keys) V[0..keys)[dv_pad].
+inline void accumulate_pv(const float* p, int64_t rows, const float* v, int64_t keys, float* o,
+                          int64_t dv_pad) {
+  int64_t r = 0;
+  for (; r + kPvRows <= rows; r += kPvRows) {
+    pv_rows<kPvRows>(p + r * kKeyBlock, v, keys, o + r * dv_pad, dv_pad);
+  }
+  pv_remainder<kPvRows - 1>(rows - r, p + r * kKeyBlock, v, keys, o + r * dv_pad, dv_pad);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Score transforms, mask, online softmax
+// ---------------------------------------------------------------------------------------------
+
+// Keys [lo, hi) of the block starting at key j0 that query row i may see, clipped to [0, 64).
+struct VisibleRange {
+  int64_t lo;
+  int64_t hi;
+};
+inline VisibleRange visible_in_block(const FwdArgs& args, int64_t i, int64_t j0) {
+  const int64_t diagonal = i + args.seqlen_k - args.seqlen_q - j0;
+  int64_t lo = diagonal - args.window_left;
+  int64_t hi = diagonal + args.window_right + 1;
+  hi = std::min(hi, args.seqlen_k - j0);
+  lo = std::max<int64_t>(lo, 0);
+  hi = std::min<int64_t>(hi, kKeyBlock);
+  return {lo, std::max(lo, hi)};
+}
+
+struct ScoreTransform {
+  bool softcap = false;
+  float softcap_log2 = 0.f;  // softcap * log2(e)
+  bool alibi = false;
+  float neg_slope_log2 = 0.f;  // -slope * log2(e)
+};
+
+// Applies softcap, ALiBi and (when `apply_mask`) the window/end-of-keys mask to the scores of
+// `rows` rows starting at query row `row0`, for the key block starting at j0.
+inline void transform_scores(const FwdArgs& args, const ScoreTransform& transform, bool apply_mask,
+                             int64_t row0, int64_t rows, int64_t j0, float* s) {
+  const Vec iota = Vec::iota();
+  const Vec negative_infinity = Vec::broadcast(kNegInfinity);
+  const Vec cap = Vec::broadcast(transform.softcap_log2);
+  const Vec slope = Vec::broadcast(transform.neg_slope_log2);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* s_row = s + r * kKeyBlock;
+    const int64_t i = row0 + r;
+    const VisibleRange range = apply_mask ? visible_in_block(args, i, j0) : VisibleRange{0, 64};
+    const float lo = static_cast<float>(range.lo);
+    const float hi = static_cast<float>(range.hi);
+    // Distance origin for ALiBi: key j is at |diagonal - (j - j0)| from the diagonal.
+    const Vec diagonal = Vec::broadcast(static_cast<float>(i + args.seqlen_k - args.seqlen_q - j0));
+    for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
+      Vec x = Vec::load(s_row + c);
+      const Vec position = iota + Vec::broadcast(static_cast<float>(c));
+      if (transform.softcap) x = cap * tanh(x);
+      if (transform.alibi) x = fma(slope, abs(diagonal - position), x);
+      if (apply_mask) x = select_in_range(x, position, lo, hi, negative_infinity);
+      x.store(s_row + c);
+    }
+  }
+}
+
+// One online-softmax step for one row and one key block: s_row (64 scores, log2 units, masked
+// = -inf) becomes probabilities relative to the updated max; *m and *l are updated and o_row is
+// rescaled only if the max moved. NaN scores make the row NaN.
+inline void online_softmax_row(float* s_row, float* m, float* l, float* o_row, int64_t dv_pad) {
+  Vec block_max_vec = Vec::load(s_row);
+  for (int64_t c = kLanes; c < kKeyBlock; c += kLanes) {
+    block_max_vec = max_keep_b_nan(Vec::load(s_row + c), block_max_vec);
+  }
+  float block_max = reduce_max(block_max_vec);
+  if (block_max == kNegInfinity) {
+    // Every lane is -inf or NaN; the vector max may have dropped a NaN, so look.
+    for (int64_t j = 0; j < kKeyBlock; ++j) {
+      if (std::isnan(s_row[j])) block_max = s_row[j];
+    }
+  }
+  const float old_max = *m;
+  const float new_max = std::isnan(block_max) || block_max > old_max ? block_max : old_max;
+  if (new_max == kNegInfinity) {
+    for (int64_t c = 0; c < kKeyBlock; c += kLanes) Vec::zero().store(s_row + c);
+    return;
+  }
+  const Vec shift = Vec::broadcast(new_max);
+  Vec sum = Vec::zero();
+  for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
+    const Vec p = exp2(Vec::load(s_row + c) - shift);
+    p.store(s_row + c);
+    sum = sum + p;
+  }
+  if (!(new_max == old_max)) {
+    const float alpha = std::exp2(old_max - new_max);
+    *l *= alpha;
+    const Vec scale = Vec::broadcast(alpha);
+    for (int64_t c = 0; c < dv_pad; c += kLanes) (Vec::load(o_row + c) * scale).store(o_row + c);
+  }
+  *l += reduce_add(sum);
+  *m = new_max;
+}
+
+// O += P V restricted, per row, to the keys the row may see. Used for boundary blocks whose V
+// holds NaN or infinity, where 0 * inf from a masked key would otherwise leak NaN into the row.
+inline void accumulate_pv_visible_only(const FwdArgs& args, int64_t row0, int64_t rows,
+                                       int64_t j0, const float* p, const float* v, float* o,
+                                       int64_t dv_pad) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const VisibleRange range = visible_in_block(args, row0 + r, j0);
+    for (int64_t j = range.lo; j < range.hi; ++j) {
+      const Vec p_rj = Vec::broadcast(p[r * kKeyBlock + j]);
+      for (int64_t c = 0; c < dv_pad; c += kLanes) {
+        fma(p_rj, Vec::load(v + j * dv_pad + c), Vec::load(o + r * dv_pad + c))
+            .store(o + r * dv_pad + c);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing
+// ---------------------------------------------------------------------------------------------
+
+// dst[0..n) = the n elements of `dtype` at src, as f32.
+inline void convert_row(const void* src, DType dtype, int64_t n, float* dst) {
+  int64_t i = 0;
+  if (dtype == DType::kF32) {
+    const float* from = static_cast<const float*>(src);
+    for (; i + kLanes <= n; i += kLanes) Vec::load(from + i).store(dst + i);
+  } else if (dtype == DType::kBF16) {
+    const uint16_t* from = static_cast<const uint16_t*>(src);
+    for (; i + kLanes <= n; i += kLanes) Vec::load_bf16(from + i).store(dst + i);
+  } else {
+    const uint16_t* from = static_cast<const uint16_t*>(src);
+    for (; i + kLanes <= n; i += kLanes) Vec::load_f16(from + i).store(dst + i);
+  }
+  for (; i < n; ++i) dst[i] = load_element(src, dtype, i);
+}
+
+void pack_block(const FwdArgs& args, const PackedLayout& layout, int64_t batch, int64_t head_k,
+                int64_t block, float* dst, uint8_t* v_nonfinite) {
+  const int64_t j0 = block * kKeyBlock;
+  const int64_t keys = std::min(kKeyBlock, args.seqlen_k - j0);
+  const int64_t head_dim = args.head_dim;
+  const int64_t head_dim_v = args.head_dim_v;
+  const int64_t dv_pad = layout.dv_pad;
+  float* kt = dst;
+  float* v_panel = dst + layout.kt_floats;
+
+  alignas(64) float row[256];
+  for (int64_t j = 0; j < keys; ++j) {
+    const int64_t offset =
+        batch * args.k_batch_stride + (j0 + j) * args.k_row_stride + head_k * args.k_head_stride;
+    convert_row(element_address(args.k, args.dtype, offset), args.dtype, head_dim, row);
+    for (int64_t d = 0; d < head_dim; ++d) kt[d * kKeyBlock + j] = row[d];
+  }
+  for (int64_t d = 0; d < head_dim; ++d) {
+    for (int64_t j = keys; j < kKeyBlock; ++j) kt[d * kKeyBlock + j] = 0.f;
+  }
+
+  Vec finite_check = Vec::zero();  // stays finite unless some value is NaN or infinite
+  for (int64_t j = 0; j < keys; ++j) {
+    const int64_t offset =
+        batch * args.v_batch_stride + (j0 + j) * args.v_row_stride + head_k * args.v_head_stride;
+    float* v_row = v_panel + j * dv_pad;
+    convert_row(element_address(args.v, args.dtype, offset), args.dtype, head_dim_v, v_row);
+    for (int64_t c = head_dim_v; c < dv_pad; ++c) v_row[c] = 0.f;
+    for (int64_t c = 0; c < dv_pad; c += kLanes) {
+      // x * 0 is 0 for finite x and NaN for NaN or +-inf.
+      finite_check = finite_check + Vec::load(v_row + c) * Vec::zero();
+    }
+  }
+  for (int64_t j = keys; j < kKeyBlock; ++j) {
+    for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::zero().store(v_panel + j * dv_pad + c);
+  }
+  *v_nonfinite = std::isnan(reduce_add(finite_check)) ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The task
+// ---------------------------------------------------------------------------------------------
+
+void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+            const Scratch& scratch) {
+  const int64_t rows = task.q_end - task.q_begin;
+  const int64_t head_dim = args.head_dim;
+  const int64_t dv_pad = layout.dv_pad;
+  const int64_t diagonal_offset = args.seqlen_k - args.seqlen_q;
+
+  ScoreTransform transform;
+  transform.softcap = args.softcap > 0.f;
+  transform.softcap_log2 = args.softcap * kLog2e;
+  if (args.alibi_slopes != nullptr) {
+    transform.alibi = true;
+    const float slope = args.alibi_slopes[task.batch * args.alibi_batch_stride +
+                                          task.head_q * args.alibi_head_stride];
+    transform.neg_slope_log2 = -slope * kLog2e;
+  }
+  const float q_scale =
+      transform.softcap ? args.softmax_scale / args.softcap : args.softmax_scale * kLog2e;
+
+  // Q rows, converted and pre-scaled.
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t offset = task.batch * args.q_batch_stride +
+                           (task.q_begin + r) * args.q_row_stride +
+                           task.head_q * args.q_head_stride;
+    float* q_row = scratch.q + r * head_dim;
+    convert_row(element_address(args.q, args.dtype, offset), args.dtype, head_dim, q_row);
+    for (int64_t d = 0; d < head_dim; ++d) q_row[d] *= q_scale;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    scratch.m[r] = kNegInfinity;
+    scratch.l[r] = 0.f;
+    for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::zero().store(scratch.o + r * dv_pad + c);
+  }
+
+  // Key blocks any row of the task may see, clipped to the task's split.
+  const int64_t last_row_lo = task.q_end - 1 + diagonal_offset - args.window_left;
+  const int64_t first_row_hi = task.q_begin + diagonal_offset + args.window_right;
+  const BlockRange visible = visible_key_blocks(args, task.q_begin, task.q_end);
+  const int64_t block_begin = std::max(task.block_begin, visible.begin);
+  const int64_t block_end = std::min(task.block_end, visible.end);
+  for (int64_t block = block_begin; block < block_end; ++block) {
+    const int64_t j0 = block * kKeyBlock;
+    const float* kt = task.packed + block * layout.block_floats;
+    const float* v_panel = kt + layout.kt_floats;
+    const bool crosses_boundary = j0 < last_row_lo || j0 + kKeyBlock - 1 > first_row_hi ||
+                                  j0 + kKeyBlock > args.seqlen_k;
+
+    compute_scores(scratch.q, rows, kt, head_dim, scratch.s);
+    if (transform.softcap || transform.alibi || crosses_boundary) {
+      transform_scores(args, transform, crosses_boundary, task.q_begin, rows, j0, scratch.s);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      online_softmax_row(scratch.s + r * kKeyBlock, scratch.m + r, scratch.l + r,
+                         scratch.o + r * dv_pad, dv_pad);
+    }
+    const int64_t keys = std::min(kKeyBlock, args.seqlen_k - j0);
+    if (crosses_boundary && task.v_nonfinite[block]) {
+      accumulate_pv_visible_only(args, task.q_begin, rows, j0, scratch.s, v_panel, scratch.o,
+                                 dv_pad);
+    } else {
+      accumulate_pv(scratch.s, rows, v_panel, keys, scratch.o, dv_pad);
+    }
+  }
+
+  if (task.partial.o != nullptr) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* o_row = scratch.o + r * dv_pad;
+      float* partial_o = task.partial.o + r * task.partial.o_row_stride;
+      for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::load(o_row + c).store(partial_o + c);
+      task.partial.m[r * task.partial.ml_row_stride] = scratch.m[r];
+      task.partial.l[r * task.partial.ml_row_stride] = scratch.l[r];
+    }
+    return;
+  }
+  const bool has_sink = args.sinks != nullptr;
+  const float sink = has_sink ? args.sinks[task.head_q * args.sinks_stride] : 0.f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = task.q_begin + r;
+    RowPartials parts;
+    parts.o = scratch.o + r * dv_pad;
+    parts.m = scratch.m + r;
+    parts.l = scratch.l + r;
+    void* out_row = element_address(args.out, args.dtype,
+                                    task.batch * args.out_batch_stride + i * args.out_row_stride +
+                                        task.head_q * args.out_head_stride);
+    float* lse = args.lse == nullptr
+                     ? nullptr
+                     : args.lse + task.batch * args.lse_batch_stride +
+                           task.head_q * args.lse_head_stride + i * args.lse_row_stride;
+    combine_and_store_row(parts, has_sink, sink, args.head_dim_v, args.dtype, out_row, lse);
+  }
+}

@@ -1,0 +1,121 @@
+// Memory layout shared by the forward driver and every ISA's kernels: packed K/V blocks, the
+// per-task description, and the per-thread scratch buffers.
+//
+// Packed K/V (built once per (batch, kv-head), reused by every q-block and every query head of the
+// GQA group):
+//   block kb covers keys [64*kb, 64*kb + 64). It holds, contiguously,
+//     kt[d][j]  D x 64 floats   K transposed: one row of 64 keys per head-dim index, so the score
+//                               micro-kernel loads keys as full vectors and broadcasts q[i][d];
+//     v[j][c]   64 x dv_pad     V rows, zero-padded to dv_pad columns.
+//   Keys past Sk are zero in both (their scores are masked to -inf, so they contribute exactly 0).
+//   All values are converted to f32 while packing.
+#ifndef ANYATTN_CPU_FWD_LAYOUT_H_
+#define ANYATTN_CPU_FWD_LAYOUT_H_
+
+#include <cstdint>
+
+#include "cpu/fwd_args.h"
+
+namespace anyattn::cpu {
+
+// Keys per packed block. A multiple of every ISA's key tile (64 on AVX-512, 16 on AVX2).
+constexpr int64_t kKeyBlock = 64;
+// Most query rows one task processes; the scratch buffers are sized for it.
+constexpr int64_t kMaxQBlockRows = 64;
+// Alignment of every packed block and scratch buffer, in bytes.
+constexpr int64_t kAlignment = 64;
+
+inline int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+inline int64_t ceil_div(int64_t value, int64_t divisor) { return (value + divisor - 1) / divisor; }
+
+// Column padding of V panels and output accumulators: a whole number of 16-float vectors.
+inline int64_t padded_dv(int64_t head_dim_v) { return round_up(head_dim_v, 16); }
+
+struct PackedLayout {
+  int64_t head_dim = 0;     // D
+  int64_t dv_pad = 0;       // padded Dv
+  int64_t kt_floats = 0;    // D * 64, rounded to the alignment
+  int64_t block_floats = 0; // kt_floats + 64 * dv_pad
+  int64_t num_blocks = 0;   // ceil(Sk / 64)
+
+  static PackedLayout for_args(const FwdArgs& args) {
+    PackedLayout layout;
+    layout.head_dim = args.head_dim;
+    layout.dv_pad = padded_dv(args.head_dim_v);
+    layout.kt_floats = round_up(args.head_dim * kKeyBlock, kAlignment / 4);
+    layout.block_floats = layout.kt_floats + kKeyBlock * layout.dv_pad;
+    layout.num_blocks = ceil_div(args.seqlen_k, kKeyBlock);
+    return layout;
+  }
+};
+
+// Where a task's results go. When the key range is split, each split writes an unnormalised
+// partial result (o, and m/l in log2 units) that the driver merges; otherwise the task writes the
+// final out and lse rows itself.
+struct PartialOutput {
+  float* o = nullptr;        // row r of the task at o + r * o_row_stride, dv_pad floats
+  float* m = nullptr;        // row r at m[r * ml_row_stride]: max score, log2 units
+  float* l = nullptr;        // row r at l[r * ml_row_stride]: sum of 2^(s - m)
+  int64_t o_row_stride = 0;
+  int64_t ml_row_stride = 0;
+};
+
+// One unit of attention work: query rows [q_begin, q_end) of query head `head_q` in batch `batch`,
+// against key blocks [block_begin, block_end) of the packed K/V of its kv head.
+struct AttendTask {
+  int64_t batch = 0;
+  int64_t head_q = 0;
+  int64_t q_begin = 0;
+  int64_t q_end = 0;
+  int64_t block_begin = 0;
+  int64_t block_end = 0;
+  const float* packed = nullptr;        // first block of this (batch, kv head)
+  const uint8_t* v_nonfinite = nullptr; // per block: 1 if its V rows hold a NaN or infinity
+  PartialOutput partial;                // o == nullptr: write out/lse directly
+};
+
+// Key blocks [begin, end) that hold a key visible to at least one query row in [q_begin, q_end);
+// empty (begin == end) when the window hides every key from every row.
+struct BlockRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+inline BlockRange visible_key_blocks(const FwdArgs& args, int64_t q_begin, int64_t q_end) {
+  const int64_t diagonal_offset = args.seqlen_k - args.seqlen_q;
+  int64_t first_key = q_begin + diagonal_offset - args.window_left;
+  int64_t last_key = q_end - 1 + diagonal_offset + args.window_right;
+  first_key = first_key < 0 ? 0 : first_key;
+  last_key = last_key > args.seqlen_k - 1 ? args.seqlen_k - 1 : last_key;
+  if (first_key > last_key) return {};
+  return {first_key / kKeyBlock, last_key / kKeyBlock + 1};
+}
+
+// Per-thread scratch, sized by the driver for kMaxQBlockRows rows.
+struct Scratch {
+  float* q = nullptr;  // [row][D]  pre-scaled queries
+  float* s = nullptr;  // [row][64] scores, then probabilities, of one key block
+  float* o = nullptr;  // [row][dv_pad] output accumulators
+  float* m = nullptr;  // [row] running max (log2 units)
+  float* l = nullptr;  // [row] running denominator
+
+  static int64_t floats_needed(const PackedLayout& layout) {
+    return round_up(kMaxQBlockRows * layout.head_dim, 16) + kMaxQBlockRows * kKeyBlock +
+           kMaxQBlockRows * layout.dv_pad + 2 * kMaxQBlockRows;
+  }
+  // Carves the buffers out of `base` (64-byte aligned, floats_needed floats).
+  static Scratch carve(float* base, const PackedLayout& layout) {
+    Scratch scratch;
+    scratch.q = base;
+    scratch.s = scratch.q + round_up(kMaxQBlockRows * layout.head_dim, 16);
+    scratch.o = scratch.s + kMaxQBlockRows * kKeyBlock;
+    scratch.m = scratch.o + kMaxQBlockRows * layout.dv_pad;
+    scratch.l = scratch.m + kMaxQBlockRows;
+    return scratch;
+  }
+};
+
+}  // namespace anyattn::cpu
+
+#endif  // ANYATTN_CPU_FWD_LAYOUT_H_

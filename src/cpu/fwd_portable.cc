@@ -1,0 +1,25 @@
+// The forward kernels for the portable path: fwd_kernel-inl.h compiled against vec_portable.h.
+// Registered in kernels.inc.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "cpu/finalize.h"
+#include "cpu/fwd_args.h"
+#include "cpu/fwd_layout.h"
+#include "cpu/half.h"
+
+namespace anyattn::cpu::portable {
+
+#include "cpu/simd/vec_portable.h"
+#include "cpu/simd/vec_math-inl.h"
+
+constexpr int kScoreRows = 4;
+constexpr int kScoreVecs = 2;
+constexpr int kPvRows = 4;
+constexpr int kPvVecs = 2;
+
+#include "cpu/fwd_kernel-inl.h"
+
+}  // namespace anyattn::cpu::portable

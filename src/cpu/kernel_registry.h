@@ -1,0 +1,51 @@
+// The registry of CPU forward kernels: one entry per instruction-set path, listed in
+// kernels.inc. The dispatcher (plan/), the tests and the benchmark all enumerate this one list.
+#ifndef ANYATTN_CPU_KERNEL_REGISTRY_H_
+#define ANYATTN_CPU_KERNEL_REGISTRY_H_
+
+#include <cstdint>
+#include <string>
+
+#include "anyattn/anyattn.h"
+#include "cpu/fwd_args.h"
+#include "cpu/fwd_layout.h"
+
+namespace anyattn::cpu {
+
+// Packs key block `block` of (batch, head_k) into `dst` (PackedLayout::block_floats floats, 64-byte
+// aligned) and sets *v_nonfinite to 1 if any packed V value is NaN or infinite, else 0.
+using PackBlockFn = void (*)(const FwdArgs& args, const PackedLayout& layout, int64_t batch,
+                             int64_t head_k, int64_t block, float* dst, uint8_t* v_nonfinite);
+
+// Runs one AttendTask with the given scratch. Writes only the task's own rows of out/lse (or of
+// its partial output).
+using AttendFn = void (*)(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                          const Scratch& scratch);
+
+struct FwdKernel {
+  anyattn_isa isa;
+  const char* name;     // e.g. "fwd_f32acc_avx512_6x64": ISA, then the score tile rows x keys
+  int vector_lanes;     // floats per vector register
+  int tile_rows;        // query rows per micro-kernel tile
+  int tile_keys;        // keys per micro-kernel tile
+  bool (*cpu_supports)();
+  PackBlockFn pack_block;
+  AttendFn attend;
+};
+
+// Every kernel compiled into this build, whether or not the CPU can run it.
+const FwdKernel* fwd_kernels_begin();
+const FwdKernel* fwd_kernels_end();
+
+// The kernel for `isa` if compiled in and runnable on this CPU, else nullptr.
+const FwdKernel* find_fwd_kernel(anyattn_isa isa);
+// The fastest runnable path (ANYATTN_ISA_PORTABLE at worst).
+anyattn_isa best_supported_isa();
+// "portable" -> ANYATTN_ISA_PORTABLE etc.; ANYATTN_ISA_AUTO for an unknown name.
+anyattn_isa isa_from_name(const char* name);
+// Comma-separated names of the runnable paths, e.g. "portable, avx2, avx512".
+std::string supported_isa_list();
+
+}  // namespace anyattn::cpu
+
+#endif  // ANYATTN_CPU_KERNEL_REGISTRY_H_

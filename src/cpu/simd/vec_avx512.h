@@ -1,0 +1,61 @@
+// 16 x f32 vectors on AVX-512 (F, BW, VL, DQ). Include only inside an ANYATTN_TARGET_BEGIN region
+// for "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c", inside namespace anyattn::cpu::avx512.
+//
+// The same interface is implemented by vec_avx2.h and vec_portable.h; fwd_kernel-inl.h is written
+// against it. Every operation that receives a NaN returns a NaN, except where noted.
+struct Vec {
+  static constexpr int kLanes = 16;
+  __m512 v;
+
+  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Vec broadcast(float x) { return {_mm512_set1_ps(x)}; }
+  static Vec zero() { return {_mm512_setzero_ps()}; }
+  // 0, 1, ..., 15 as floats.
+  static Vec iota() {
+    return {_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)};
+  }
+  // 16 bf16 / f16 values widened to f32 (exact).
+  static Vec load_bf16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+  }
+  static Vec load_f16(const uint16_t* p) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+  }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+};
+
+inline Vec operator+(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline Vec operator-(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline Vec operator/(Vec a, Vec b) { return {_mm512_div_ps(a.v, b.v)}; }
+// a * b + c, fused.
+inline Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+// max(a, b); if either is NaN the result is b (NaN-preserving only in b).
+inline Vec max_keep_b_nan(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline Vec min_keep_b_nan(Vec a, Vec b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline Vec abs(Vec a) { return {_mm512_abs_ps(a.v)}; }
+// Largest lane; NaN lanes may be ignored.
+inline float reduce_max(Vec a) { return _mm512_reduce_max_ps(a.v); }
+inline float reduce_add(Vec a) { return _mm512_reduce_add_ps(a.v); }
+// Lanes where lo <= position < hi keep `value`, the others become `fill`.
+inline Vec select_in_range(Vec value, Vec position, float lo, float hi, Vec fill) {
+  const __mmask16 inside = _mm512_cmp_ps_mask(position.v, _mm512_set1_ps(lo), _CMP_GE_OQ) &
+                           _mm512_cmp_ps_mask(position.v, _mm512_set1_ps(hi), _CMP_LT_OQ);
+  return {_mm512_mask_blend_ps(inside, fill.v, value.v)};
+}
+// Lanes where |a| < bound take `small`, else `large` (NaN takes `large`).
+inline Vec select_abs_less(Vec a, float bound, Vec small, Vec large) {
+  const __mmask16 mask = _mm512_cmp_ps_mask(_mm512_abs_ps(a.v), _mm512_set1_ps(bound), _CMP_LT_OQ);
+  return {_mm512_mask_blend_ps(mask, large.v, small.v)};
+}
+// Sign of `sign` applied to |magnitude|.
+inline Vec copy_sign(Vec magnitude, Vec sign) {
+  const __m512 mask = _mm512_set1_ps(-0.0f);
+  return {_mm512_or_ps(_mm512_andnot_ps(mask, magnitude.v), _mm512_and_ps(mask, sign.v))};
+}
+// 2^n * p for integral-valued n in [-150, 128].
+inline Vec scale_by_pow2(Vec p, Vec n) { return {_mm512_scalef_ps(p.v, n.v)}; }
+inline Vec round_nearest(Vec a) {
+  return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}

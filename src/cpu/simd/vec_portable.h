@@ -1,0 +1,81 @@
+// 4 x f32 "vectors" in plain C++ for the portable path; compilers turn the lane loops into
+// whatever SIMD the baseline target has (SSE2 on x86-64, NEON on AArch64). Same interface as
+// vec_avx512.h. Include inside namespace anyattn::cpu::portable.
+struct Vec {
+  static constexpr int kLanes = 4;
+  float v[kLanes];
+
+  static Vec load(const float* p) {
+    Vec r;
+    for (int i = 0; i < kLanes; ++i) r.v[i] = p[i];
+    return r;
+  }
+  static Vec broadcast(float x) {
+    Vec r;
+    for (int i = 0; i < kLanes; ++i) r.v[i] = x;
+    return r;
+  }
+  static Vec zero() { return broadcast(0.f); }
+  static Vec iota() {
+    Vec r;
+    for (int i = 0; i < kLanes; ++i) r.v[i] = static_cast<float>(i);
+    return r;
+  }
+  static Vec load_bf16(const uint16_t* p) {
+    Vec r;
+    for (int i = 0; i < kLanes; ++i) r.v[i] = bf16_to_f32(p[i]);
+    return r;
+  }
+  static Vec load_f16(const uint16_t* p) {
+    Vec r;
+    for (int i = 0; i < kLanes; ++i) r.v[i] = f16_to_f32(p[i]);
+    return r;
+  }
+  void store(float* p) const {
+    for (int i = 0; i < kLanes; ++i) p[i] = v[i];
+  }
+};
+
+#define ANYATTN_PORTABLE_LANEWISE(expression) \
+  Vec r;                                      \
+  for (int i = 0; i < Vec::kLanes; ++i) r.v[i] = (expression); \
+  return r
+
+inline Vec operator+(Vec a, Vec b) { ANYATTN_PORTABLE_LANEWISE(a.v[i] + b.v[i]); }
+inline Vec operator-(Vec a, Vec b) { ANYATTN_PORTABLE_LANEWISE(a.v[i] - b.v[i]); }
+inline Vec operator*(Vec a, Vec b) { ANYATTN_PORTABLE_LANEWISE(a.v[i] * b.v[i]); }
+inline Vec operator/(Vec a, Vec b) { ANYATTN_PORTABLE_LANEWISE(a.v[i] / b.v[i]); }
+// Not fused: a portable fma() call would be a slow library routine on targets without FMA.
+inline Vec fma(Vec a, Vec b, Vec c) { ANYATTN_PORTABLE_LANEWISE(a.v[i] * b.v[i] + c.v[i]); }
+inline Vec max_keep_b_nan(Vec a, Vec b) { ANYATTN_PORTABLE_LANEWISE(a.v[i] > b.v[i] ? a.v[i] : b.v[i]); }
+inline Vec min_keep_b_nan(Vec a, Vec b) { ANYATTN_PORTABLE_LANEWISE(a.v[i] < b.v[i] ? a.v[i] : b.v[i]); }
+inline Vec abs(Vec a) { ANYATTN_PORTABLE_LANEWISE(std::fabs(a.v[i])); }
+inline Vec select_in_range(Vec value, Vec position, float lo, float hi, Vec fill) {
+  ANYATTN_PORTABLE_LANEWISE(position.v[i] >= lo && position.v[i] < hi ? value.v[i] : fill.v[i]);
+}
+inline Vec select_abs_less(Vec a, float bound, Vec small, Vec large) {
+  ANYATTN_PORTABLE_LANEWISE(std::fabs(a.v[i]) < bound ? small.v[i] : large.v[i]);
+}
+inline Vec copy_sign(Vec magnitude, Vec sign) {
+  ANYATTN_PORTABLE_LANEWISE(std::copysign(magnitude.v[i], sign.v[i]));
+}
+inline Vec round_nearest(Vec a) { ANYATTN_PORTABLE_LANEWISE(std::nearbyint(a.v[i])); }
+// 2^n * p for integral-valued n; n <= -127 (or NaN) scales by exactly 0, like the AVX2 path.
+inline Vec scale_by_pow2(Vec p, Vec n) {
+  ANYATTN_PORTABLE_LANEWISE(
+      p.v[i] * bits_to_f32(static_cast<uint32_t>(
+                   (n.v[i] >= -127.f ? static_cast<int32_t>(n.v[i]) : -127) + 127)
+               << 23));
+}
+#undef ANYATTN_PORTABLE_LANEWISE
+
+inline float reduce_max(Vec a) {
+  float m = a.v[0];
+  for (int i = 1; i < Vec::kLanes; ++i) m = a.v[i] > m ? a.v[i] : m;
+  return m;
+}
+inline float reduce_add(Vec a) {
+  float s = 0.f;
+  for (int i = 0; i < Vec::kLanes; ++i) s += a.v[i];
+  return s;
+}

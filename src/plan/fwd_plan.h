@@ -1,0 +1,43 @@
+// The forward dispatcher's decisions for one call: which kernel, how the work is partitioned, how
+// much memory it takes. Pure function of the arguments, the kernel and the thread count, except
+// that the key split count depends on the shape only (never on threads), so results are the same
+// bits for any thread count. ANYATTN_VERBOSE=1 prints the plan to stderr.
+#ifndef ANYATTN_PLAN_FWD_PLAN_H_
+#define ANYATTN_PLAN_FWD_PLAN_H_
+
+#include <cstdint>
+#include <string>
+
+#include "cpu/fwd_args.h"
+#include "cpu/fwd_layout.h"
+#include "cpu/kernel_registry.h"
+
+namespace anyattn::plan {
+
+struct FwdPlan {
+  const cpu::FwdKernel* kernel = nullptr;
+  int threads = 1;
+  cpu::PackedLayout layout;
+  int64_t q_block_rows = 0;     // rows per AttendTask (<= kMaxQBlockRows)
+  int64_t num_q_blocks = 0;     // per (batch, query head)
+  int64_t num_splits = 1;       // key-range splits per q block, merged by LSE
+  int64_t blocks_per_split = 0; // key blocks per split
+  int64_t pairs_per_group = 1;  // (batch, kv head) pairs packed together before attending
+  int64_t scratch_floats = 0;   // per thread
+
+  std::string describe(const cpu::FwdArgs& args) const;
+};
+
+// Most key-range splits of one q block (a bound of the merge).
+constexpr int64_t kMaxSplits = 64;
+// Bytes of packed K/V held at once (at least one (batch, kv head) pair is always packed whole).
+constexpr int64_t kPackBudgetBytes = int64_t{48} << 20;
+
+FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, int threads);
+
+// True when ANYATTN_VERBOSE is set to a non-empty value other than "0".
+bool verbose_enabled();
+
+}  // namespace anyattn::plan
+
+#endif  // ANYATTN_PLAN_FWD_PLAN_H_

@@ -1,0 +1,27 @@
+// What the running CPU can execute, detected once from CPUID (and the OS's saved-state support).
+#ifndef ANYATTN_RUNTIME_CPU_FEATURES_H_
+#define ANYATTN_RUNTIME_CPU_FEATURES_H_
+
+namespace anyattn::runtime {
+
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vl = false;
+  bool avx512dq = false;
+
+  // The AVX2 path needs AVX2, FMA and F16C.
+  bool has_avx2_path() const { return avx2 && fma && f16c; }
+  // The AVX-512 path needs F, BW, VL and DQ (Skylake-SP and later, Zen 4 and later).
+  bool has_avx512_path() const { return avx512f && avx512bw && avx512vl && avx512dq; }
+};
+
+// Detected on first use; safe to call from any thread.
+const CpuFeatures& cpu_features();
+
+}  // namespace anyattn::runtime
+
+#endif  // ANYATTN_RUNTIME_CPU_FEATURES_H_

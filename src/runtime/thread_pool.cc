@@ -1,0 +1,190 @@
+#include "runtime/thread_pool.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "runtime/num_threads.h"
+
+namespace anyattn::runtime {
+namespace {
+
+thread_local bool t_is_pool_worker = false;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+// Iterations a worker spins on the job generation before sleeping. Calls run several phases back
+// to back (pack, attend, merge); spinning for a few microseconds keeps the hand-off cheap.
+constexpr int kSpinIterations = 20000;
+
+class Pool {
+ public:
+  Pool() {
+#if defined(__unix__) || defined(__APPLE__)
+    pthread_atfork(nullptr, nullptr, [] { instance().reset_after_fork(); });
+#endif
+  }
+
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      stopping_ = true;
+      generation_.fetch_add(1);
+    }
+    wake_.notify_all();
+    for (std::thread& worker : *workers_) worker.join();
+  }
+
+  static Pool& instance() {
+    static Pool pool;
+    return pool;
+  }
+
+  bool try_reserve() { return call_mutex_.try_lock(); }
+  void release() { call_mutex_.unlock(); }
+
+  // Requires a reservation. Starts workers so that `threads - 1` exist.
+  void ensure_workers(int threads) {
+    while (static_cast<int>(workers_->size()) < threads - 1) {
+      const int index = static_cast<int>(workers_->size()) + 1;
+      // The generation is captured here, not in the new thread: the thread may start running only
+      // after the next job has been posted, and must not mistake that job for an old one.
+      const uint64_t generation = generation_.load();
+      workers_->emplace_back([this, index, generation] { worker_loop(index, generation); });
+    }
+  }
+
+  // Requires a reservation and ensure_workers(threads).
+  void run(int threads, int64_t num_tasks, TaskFn fn, void* context) {
+    {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      job_fn_ = fn;
+      job_context_ = context;
+      job_tasks_ = num_tasks;
+      job_threads_ = threads;
+      next_task_.store(0);
+      pending_workers_.store(threads - 1);
+      generation_.fetch_add(1);
+    }
+    wake_.notify_all();
+    drain(0);
+    for (int spin = 0; pending_workers_.load(std::memory_order_acquire) != 0; ++spin) {
+      if (spin < kSpinIterations) {
+        cpu_relax();
+      } else {
+        std::unique_lock<std::mutex> lock(state_mutex_);
+        done_.wait(lock, [this] { return pending_workers_.load() == 0; });
+      }
+    }
+  }
+
+ private:
+  void drain(int worker) {
+    for (;;) {
+      const int64_t task = next_task_.fetch_add(1, std::memory_order_relaxed);
+      if (task >= job_tasks_) return;
+      job_fn_(job_context_, task, worker);
+    }
+  }
+
+  void worker_loop(int index, uint64_t seen) {
+    t_is_pool_worker = true;
+    for (;;) {
+      int spin = 0;
+      while (generation_.load(std::memory_order_acquire) == seen && spin < kSpinIterations) {
+        cpu_relax();
+        ++spin;
+      }
+      {
+        std::unique_lock<std::mutex> lock(state_mutex_);
+        wake_.wait(lock, [&] { return generation_.load() != seen; });
+        seen = generation_.load();
+        if (stopping_) return;
+        if (index >= job_threads_) continue;
+      }
+      drain(index);
+      if (pending_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lock(state_mutex_);
+        done_.notify_all();
+      }
+    }
+  }
+
+  // In a forked child only the forking thread exists: forget the parent's workers (their handles
+  // are leaked on purpose; joining them would hang) and start afresh.
+  void reset_after_fork() {
+    workers_.release();
+    workers_ = std::make_unique<std::vector<std::thread>>();
+    new (&call_mutex_) std::mutex();
+    new (&state_mutex_) std::mutex();
+    new (&wake_) std::condition_variable();
+    new (&done_) std::condition_variable();
+    pending_workers_.store(0);
+    job_threads_ = 0;
+  }
+
+  std::mutex call_mutex_;   // held by the lease owner for a whole call
+  std::mutex state_mutex_;  // guards the job fields and the condition variables
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  std::unique_ptr<std::vector<std::thread>> workers_ = std::make_unique<std::vector<std::thread>>();
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int64_t> next_task_{0};
+  std::atomic<int> pending_workers_{0};
+  TaskFn job_fn_ = nullptr;
+  void* job_context_ = nullptr;
+  int64_t job_tasks_ = 0;
+  int job_threads_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+PoolLease acquire_pool(int requested_threads) {
+  if (requested_threads <= 1 || t_is_pool_worker) return PoolLease(1, false);
+  Pool& pool = Pool::instance();
+  if (!pool.try_reserve()) return PoolLease(1, false);
+  const int threads = requested_threads > kMaxThreads ? kMaxThreads : requested_threads;
+  try {
+    pool.ensure_workers(threads);
+  } catch (...) {
+    pool.release();
+    return PoolLease(1, false);
+  }
+  return PoolLease(threads, true);
+}
+
+PoolLease::PoolLease(PoolLease&& other) noexcept
+    : num_threads_(other.num_threads_), owns_pool_(other.owns_pool_) {
+  other.owns_pool_ = false;
+}
+
+PoolLease::~PoolLease() {
+  if (owns_pool_) Pool::instance().release();
+}
+
+void PoolLease::run(int64_t num_tasks, TaskFn fn, void* context) const {
+  if (num_tasks <= 0) return;
+  if (num_threads_ <= 1 || num_tasks == 1) {
+    for (int64_t task = 0; task < num_tasks; ++task) fn(context, task, 0);
+    return;
+  }
+  Pool::instance().run(num_threads_, num_tasks, fn, context);
+}
+
+}  // namespace anyattn::runtime
