@@ -128,7 +128,8 @@ typedef enum anyattn_isa {
 
 /* 1 if this build contains the path and the running CPU can execute it, else 0. */
 ANYATTN_API int anyattn_isa_supported(anyattn_isa isa);
-/* The path ANYATTN_ISA_AUTO resolves to on this machine (never ANYATTN_ISA_AUTO). */
+/* The fastest path this build and CPU support (never ANYATTN_ISA_AUTO). ANYATTN_ISA_AUTO resolves to
+ * it unless the ANYATTN_ISA environment variable names another path. */
 ANYATTN_API anyattn_isa anyattn_isa_default(void);
 /* "auto", "portable", "avx2", "avx512", or "unknown". Static storage. */
 ANYATTN_API const char* anyattn_isa_name(anyattn_isa isa);
@@ -155,7 +156,8 @@ ANYATTN_API int anyattn_get_num_threads(void);
 typedef struct anyattn_fwd_params {
   /* sizeof(anyattn_fwd_params) as compiled by the caller; set by anyattn_fwd_params_init. */
   size_t struct_size;
-  /* Multiplies <q_i, k_j>. 0 (the default) selects 1/sqrt(D). Must be finite. */
+  /* Multiplies <q_i, k_j>. 0 (the default) selects 1/sqrt(D), so a literal zero scale (uniform
+   * attention) cannot be requested. Must be finite. */
   float softmax_scale;
   /* If > 0, scores become softcap * tanh(score / softcap) before ALiBi and masking. 0 = off. */
   float softcap;

@@ -17,27 +17,63 @@ namespace {
 
 using runtime::AlignedBuffer;
 
-// Everything one group of (batch, kv head) pairs needs, allocated once per call.
+// Everything one group of (batch, kv head) pairs needs, carved from one allocation.
 struct Workspace {
-  AlignedBuffer<float> packed;       // pairs_per_group * num_blocks * block_floats
-  AlignedBuffer<uint8_t> nonfinite;  // pairs_per_group * num_blocks
-  AlignedBuffer<float> scratch;      // threads * scratch_floats
-  AlignedBuffer<float> partial_o;    // rows_per_group * splits * dv_pad (split plans only)
-  AlignedBuffer<float> partial_ml;   // 2 * rows_per_group * splits (split plans only)
-  int64_t rows_per_group = 0;        // pairs_per_group * group_size * Sq
+  float* packed = nullptr;       // pairs_per_group * num_blocks * block_floats
+  uint8_t* nonfinite = nullptr;  // pairs_per_group * num_blocks
+  float* scratch = nullptr;      // threads * scratch_floats
+  float* partial_o = nullptr;    // rows_per_group * splits * dv_pad (split plans only)
+  float* partial_ml = nullptr;   // 2 * rows_per_group * splits (split plans only)
+  int64_t rows_per_group = 0;    // pairs_per_group * group_size * Sq
+  AlignedBuffer<float> owned;    // when the cached arena could not be used
 };
 
-Workspace allocate_workspace(const FwdArgs& args, const plan::FwdPlan& plan) {
+// Workspace kept between calls, used only by the caller that holds the pool: re-faulting tens of
+// MiB of fresh pages on every call costs as much as packing them. Bounded by kArenaLimitFloats;
+// larger requests allocate per call.
+constexpr int64_t kArenaLimitFloats = int64_t{96} << 18;  // 96 MiB
+struct Arena {
+  AlignedBuffer<float> buffer;
+  int64_t floats = 0;
+};
+Arena& shared_arena() {
+  static Arena arena;
+  return arena;
+}
+
+Workspace allocate_workspace(const FwdArgs& args, const plan::FwdPlan& plan, bool may_use_arena) {
   const PackedLayout& layout = plan.layout;
   Workspace ws;
-  ws.packed.allocate(plan.pairs_per_group * layout.num_blocks * layout.block_floats);
-  ws.nonfinite.allocate(plan.pairs_per_group * layout.num_blocks);
-  ws.scratch.allocate(plan.threads * plan.scratch_floats);
   ws.rows_per_group = plan.pairs_per_group * args.group_size() * args.seqlen_q;
-  if (plan.num_splits > 1) {
-    ws.partial_o.allocate(ws.rows_per_group * plan.num_splits * layout.dv_pad);
-    ws.partial_ml.allocate(2 * ws.rows_per_group * plan.num_splits);
+  const bool split = plan.num_splits > 1;
+  const int64_t packed_floats = plan.pairs_per_group * layout.num_blocks * layout.block_floats;
+  const int64_t flag_floats = round_up(plan.pairs_per_group * layout.num_blocks, 64) / 4;
+  const int64_t scratch_floats = plan.threads * plan.scratch_floats;
+  const int64_t partial_o_floats =
+      split ? round_up(ws.rows_per_group * plan.num_splits * layout.dv_pad, 16) : 0;
+  const int64_t partial_ml_floats =
+      split ? round_up(2 * ws.rows_per_group * plan.num_splits, 16) : 0;
+  const int64_t total =
+      packed_floats + flag_floats + scratch_floats + partial_o_floats + partial_ml_floats;
+  float* base = nullptr;
+  if (may_use_arena && total <= kArenaLimitFloats) {
+    Arena& arena = shared_arena();
+    if (arena.floats < total) {
+      arena.buffer.allocate(0);
+      arena.floats = 0;
+      arena.buffer.allocate(total);
+      arena.floats = total;
+    }
+    base = arena.buffer.get();
+  } else {
+    ws.owned.allocate(total);
+    base = ws.owned.get();
   }
+  ws.packed = base;
+  ws.nonfinite = reinterpret_cast<uint8_t*>(base + packed_floats);
+  ws.scratch = base + packed_floats + flag_floats;
+  ws.partial_o = split ? ws.scratch + scratch_floats : nullptr;
+  ws.partial_ml = split ? ws.partial_o + partial_o_floats : nullptr;
   return ws;
 }
 
@@ -61,8 +97,8 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
         task.head_q = head_k * group + g;
         task.q_begin = qb * plan.q_block_rows;
         task.q_end = std::min(task.q_begin + plan.q_block_rows, args.seqlen_q);
-        task.packed = ws.packed.get() + p * layout.num_blocks * layout.block_floats;
-        task.v_nonfinite = ws.nonfinite.get() + p * layout.num_blocks;
+        task.packed = ws.packed + p * layout.num_blocks * layout.block_floats;
+        task.v_nonfinite = ws.nonfinite + p * layout.num_blocks;
         const BlockRange visible = visible_key_blocks(args, task.q_begin, task.q_end);
         for (int64_t s = 0; s < splits; ++s) {
           task.block_begin = s * plan.blocks_per_split;
@@ -70,9 +106,9 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
           if (splits > 1) {
             const int64_t row = (p * group + g) * args.seqlen_q + task.q_begin;
             const int64_t slot = row * splits + s;
-            task.partial.o = ws.partial_o.get() + slot * layout.dv_pad;
-            task.partial.m = ws.partial_ml.get() + slot;
-            task.partial.l = ws.partial_ml.get() + ws.rows_per_group * splits + slot;
+            task.partial.o = ws.partial_o + slot * layout.dv_pad;
+            task.partial.m = ws.partial_ml + slot;
+            task.partial.l = ws.partial_ml + ws.rows_per_group * splits + slot;
             task.partial.o_row_stride = splits * layout.dv_pad;
             task.partial.ml_row_stride = splits;
           }
@@ -114,9 +150,9 @@ void merge_splits(const FwdArgs& args, const plan::FwdPlan& plan, const Workspac
       const int64_t slot = (pg * args.seqlen_q + i) * splits;
       RowPartials parts;
       parts.count = splits;
-      parts.o = ws.partial_o.get() + slot * dv_pad;
-      parts.m = ws.partial_ml.get() + slot;
-      parts.l = ws.partial_ml.get() + ws.rows_per_group * splits + slot;
+      parts.o = ws.partial_o + slot * dv_pad;
+      parts.m = ws.partial_ml + slot;
+      parts.l = ws.partial_ml + ws.rows_per_group * splits + slot;
       parts.o_stride = dv_pad;
       parts.ml_stride = 1;
       void* out_row = element_address(
@@ -138,7 +174,7 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
   const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());
   const plan::FwdPlan plan = plan::make_fwd_plan(args, *kernel, lease.num_threads());
   if (plan::verbose_enabled()) std::fprintf(stderr, "%s\n", plan.describe(args).c_str());
-  const Workspace ws = allocate_workspace(args, plan);
+  const Workspace ws = allocate_workspace(args, plan, lease.owns_pool());
   const PackedLayout& layout = plan.layout;
   const int64_t total_pairs = args.batch * args.heads_k;
 
@@ -155,12 +191,12 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
       const int64_t pair = pair0 + t / layout.num_blocks;
       const int64_t block = t % layout.num_blocks;
       kernel->pack_block(args, layout, pair / args.heads_k, pair % args.heads_k, block,
-                         ws.packed.get() + t * layout.block_floats, ws.nonfinite.get() + t);
+                         ws.packed + t * layout.block_floats, ws.nonfinite + t);
     });
     const std::vector<AttendTask>& tasks = group_tasks[group];
     lease.run_each(static_cast<int64_t>(tasks.size()), [&](int64_t t, int worker) {
       const Scratch scratch =
-          Scratch::carve(ws.scratch.get() + worker * plan.scratch_floats, layout);
+          Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout);
       kernel->attend(args, layout, tasks[t], scratch);
     });
     if (plan.num_splits > 1) merge_splits(args, plan, ws, lease, pair0, pairs);

@@ -296,15 +296,33 @@ void pack_block(const FwdArgs& args, const PackedLayout& layout, int64_t batch, 
   float* kt = dst;
   float* v_panel = dst + layout.kt_floats;
 
-  alignas(64) float row[256];
-  for (int64_t j = 0; j < keys; ++j) {
-    const int64_t offset =
-        batch * args.k_batch_stride + (j0 + j) * args.k_row_stride + head_k * args.k_head_stride;
-    convert_row(element_address(args.k, args.dtype, offset), args.dtype, head_dim, row);
-    for (int64_t d = 0; d < head_dim; ++d) kt[d * kKeyBlock + j] = row[d];
+  // K: convert the block's rows into a row-major staging tile (zero-padded to whole vectors and
+  // to 64 keys), then transpose it tile by tile into kt[d][j].
+  const int64_t d_pad = round_up(head_dim, kLanes);
+  alignas(64) float staging[kKeyBlock * 256];
+  for (int64_t j = 0; j < kKeyBlock; ++j) {
+    float* staged = staging + j * d_pad;
+    if (j < keys) {
+      const int64_t offset =
+          batch * args.k_batch_stride + (j0 + j) * args.k_row_stride + head_k * args.k_head_stride;
+      convert_row(element_address(args.k, args.dtype, offset), args.dtype, head_dim, staged);
+      for (int64_t d = head_dim; d < d_pad; ++d) staged[d] = 0.f;
+    } else {
+      for (int64_t d = 0; d < d_pad; d += kLanes) Vec::zero().store(staged + d);
+    }
   }
-  for (int64_t d = 0; d < head_dim; ++d) {
-    for (int64_t j = keys; j < kKeyBlock; ++j) kt[d * kKeyBlock + j] = 0.f;
+  alignas(64) float transposed[kLanes * kLanes];
+  for (int64_t d0 = 0; d0 < d_pad; d0 += kLanes) {
+    for (int64_t j = 0; j < kKeyBlock; j += kLanes) {
+      if (d0 + kLanes <= head_dim) {
+        transpose_tile(staging + j * d_pad + d0, d_pad, kt + d0 * kKeyBlock + j, kKeyBlock);
+      } else {
+        transpose_tile(staging + j * d_pad + d0, d_pad, transposed, kLanes);
+        for (int64_t d = d0; d < head_dim; ++d) {
+          Vec::load(transposed + (d - d0) * kLanes).store(kt + d * kKeyBlock + j);
+        }
+      }
+    }
   }
 
   Vec finite_check = Vec::zero();  // stays finite unless some value is NaN or infinite

@@ -13,6 +13,8 @@ namespace {
 constexpr int64_t kTargetParallelUnits = 64;
 // Each split covers at least this many key blocks (256 keys), so the merge stays cheap.
 constexpr int64_t kMinBlocksPerSplit = 4;
+// Attend tasks per thread in one packing group: enough for the cost-ordered queue to balance.
+constexpr int64_t kTasksPerThread = 8;
 
 int64_t choose_splits(const cpu::FwdArgs& args, int64_t num_q_blocks, int64_t num_key_blocks) {
   if (num_key_blocks == 0) return 1;
@@ -40,11 +42,14 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, in
   plan.num_splits = plan.layout.num_blocks == 0
                         ? 1
                         : cpu::ceil_div(plan.layout.num_blocks, plan.blocks_per_split);
+  // Pack as few (batch, kv head) pairs at a time as keep every thread busy, so the packed K/V
+  // stays in the caches while it is used; never more than the packing budget.
   const int64_t pair_bytes = plan.layout.num_blocks * plan.layout.block_floats * 4;
-  const int64_t pairs = args.batch * args.heads_k;
-  plan.pairs_per_group =
-      pair_bytes == 0 ? pairs : std::clamp<int64_t>(kPackBudgetBytes / pair_bytes, 1, pairs);
-  plan.pairs_per_group = std::max<int64_t>(plan.pairs_per_group, 1);
+  const int64_t pairs = std::max<int64_t>(args.batch * args.heads_k, 1);
+  const int64_t tasks_per_pair = args.group_size() * plan.num_q_blocks * plan.num_splits;
+  const int64_t wanted = cpu::ceil_div(kTasksPerThread * threads, tasks_per_pair);
+  const int64_t affordable = pair_bytes == 0 ? pairs : kPackBudgetBytes / pair_bytes;
+  plan.pairs_per_group = std::clamp<int64_t>(std::min(wanted, affordable), 1, pairs);
   plan.scratch_floats = cpu::round_up(cpu::Scratch::floats_needed(plan.layout), 16);
   return plan;
 }

@@ -156,10 +156,12 @@ class Pool {
 }  // namespace
 
 PoolLease acquire_pool(int requested_threads) {
-  if (requested_threads <= 1 || t_is_pool_worker) return PoolLease(1, false);
+  if (t_is_pool_worker) return PoolLease(1, false);
   Pool& pool = Pool::instance();
   if (!pool.try_reserve()) return PoolLease(1, false);
-  const int threads = requested_threads > kMaxThreads ? kMaxThreads : requested_threads;
+  const int threads = requested_threads < 1             ? 1
+                      : requested_threads > kMaxThreads ? kMaxThreads
+                                                        : requested_threads;
   try {
     pool.ensure_workers(threads);
   } catch (...) {

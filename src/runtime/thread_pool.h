@@ -36,6 +36,9 @@ class PoolLease {
 
   // Threads that run() uses, the caller included; worker_index is always < num_threads().
   int num_threads() const { return num_threads_; }
+  // True when this lease holds the pool exclusively, so state guarded by the pool (such as a
+  // workspace kept between calls) may be used.
+  bool owns_pool() const { return owns_pool_; }
 
   // Runs fn(context, i, worker) for every i in [0, num_tasks), lowest indices first, and returns
   // when all have finished. fn must not throw.

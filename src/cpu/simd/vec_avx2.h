@@ -61,3 +61,24 @@ inline Vec scale_by_pow2(Vec p, Vec n) {
 inline Vec round_nearest(Vec a) {
   return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
 }
+
+// dst[c * dst_stride + r] = src[r * src_stride + c] for an 8 x 8 tile.
+inline void transpose_tile(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+  __m256 r[8], t[8], s[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * src_stride);
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // s[4h + k] holds column k (low half) and k + 4 (high half) of rows 4h .. 4h + 3.
+  for (int h = 0; h < 2; ++h) {
+    s[4 * h + 0] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+    s[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+    s[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+    s[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {
+    _mm256_storeu_ps(dst + k * dst_stride, _mm256_permute2f128_ps(s[k], s[4 + k], 0x20));
+    _mm256_storeu_ps(dst + (k + 4) * dst_stride, _mm256_permute2f128_ps(s[k], s[4 + k], 0x31));
+  }
+}

@@ -59,3 +59,33 @@ inline Vec scale_by_pow2(Vec p, Vec n) { return {_mm512_scalef_ps(p.v, n.v)}; }
 inline Vec round_nearest(Vec a) {
   return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
 }
+
+// dst[c * dst_stride + r] = src[r * src_stride + c] for a 16 x 16 tile: three shuffle stages
+// (unpack ps, unpack pd, two 128-bit lane shuffles) instead of 256 scalar moves.
+inline void transpose_tile(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+  __m512 a[16], b[16];
+  for (int i = 0; i < 16; ++i) a[i] = _mm512_loadu_ps(src + i * src_stride);
+  for (int i = 0; i < 8; ++i) {
+    b[2 * i] = _mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]);
+    b[2 * i + 1] = _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]);
+  }
+  // After this stage, 128-bit lane L of a[4i + k] holds column 4L + k of rows 4i .. 4i + 3.
+  for (int i = 0; i < 4; ++i) {
+    const __m512d lo0 = _mm512_castps_pd(b[4 * i]), lo1 = _mm512_castps_pd(b[4 * i + 2]);
+    const __m512d hi0 = _mm512_castps_pd(b[4 * i + 1]), hi1 = _mm512_castps_pd(b[4 * i + 3]);
+    a[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
+    a[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
+    a[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
+    a[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512 x0 = _mm512_shuffle_f32x4(a[k], a[4 + k], 0x44);
+    const __m512 x1 = _mm512_shuffle_f32x4(a[k], a[4 + k], 0xEE);
+    const __m512 y0 = _mm512_shuffle_f32x4(a[8 + k], a[12 + k], 0x44);
+    const __m512 y1 = _mm512_shuffle_f32x4(a[8 + k], a[12 + k], 0xEE);
+    _mm512_storeu_ps(dst + (0 + k) * dst_stride, _mm512_shuffle_f32x4(x0, y0, 0x88));
+    _mm512_storeu_ps(dst + (4 + k) * dst_stride, _mm512_shuffle_f32x4(x0, y0, 0xDD));
+    _mm512_storeu_ps(dst + (8 + k) * dst_stride, _mm512_shuffle_f32x4(x1, y1, 0x88));
+    _mm512_storeu_ps(dst + (12 + k) * dst_stride, _mm512_shuffle_f32x4(x1, y1, 0xDD));
+  }
+}

@@ -79,3 +79,10 @@ inline float reduce_add(Vec a) {
   for (int i = 0; i < Vec::kLanes; ++i) s += a.v[i];
   return s;
 }
+
+// dst[c * dst_stride + r] = src[r * src_stride + c] for a 4 x 4 tile.
+inline void transpose_tile(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+  for (int r = 0; r < Vec::kLanes; ++r) {
+    for (int c = 0; c < Vec::kLanes; ++c) dst[c * dst_stride + r] = src[r * src_stride + c];
+  }
+}

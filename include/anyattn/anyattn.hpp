@@ -1,0 +1,414 @@
+// anyattn C++ API: a thin, header-only C++17 layer over the C ABI in anyattn/anyattn.h.
+//
+// Everything here is an inline call into the C ABI; the header adds types, defaults and error
+// handling, never semantics. The exact contract (shapes, mask alignment, softcap, ALiBi, sinks,
+// fully masked rows) is in docs/semantics.md; the entry points are listed in docs/api.md.
+//
+// Error convention: EXCEPTIONS. Every function that can fail throws anyattn::Error, a
+// std::runtime_error that carries the C status code (`status()`) and the library's message
+// (`message()`, which names the parameter, the value given and what is supported). `what()` is
+// "<STATUS_NAME>: <message>". A call that throws has written nothing to its outputs. The header
+// therefore needs exceptions enabled; code built with -fno-exceptions should call the C ABI.
+//
+// Naming: types are CamelCase (TensorView, FwdOptions), enumerators are kConstant, and functions
+// keep the C ABI's snake_case names without the `anyattn_` prefix (anyattn_fwd -> anyattn::fwd).
+//
+// Example:
+//   std::vector<float> q(B * Sq * H * D), k(...), v(...), out(B * Sq * H * D);
+//   anyattn::FwdOptions opt;
+//   opt.causal = true;
+//   anyattn::fwd(anyattn::TensorView(q.data(), {B, Sq, H, D}),
+//                anyattn::TensorView(k.data(), {B, Sk, H, D}),
+//                anyattn::TensorView(v.data(), {B, Sk, H, D}),
+//                anyattn::TensorView(out.data(), {B, Sq, H, D}), std::nullopt, opt);
+#ifndef ANYATTN_ANYATTN_HPP_
+#define ANYATTN_ANYATTN_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <iterator>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "anyattn/anyattn.h"
+
+namespace anyattn {
+
+// ------------------------------------------------------------------------------------------------
+// Errors
+// ------------------------------------------------------------------------------------------------
+
+// Thrown by every function of this header that fails. Carries the C status and the message.
+class Error : public std::runtime_error {
+ public:
+  Error(anyattn_status status, const std::string& message)
+      : std::runtime_error(status_text(status) + ": " + message),
+        status_(status),
+        message_(message) {}
+
+  // The C status code; never ANYATTN_OK.
+  anyattn_status status() const noexcept { return status_; }
+  // The library's message alone, without the status name.
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  static std::string status_text(anyattn_status status) {
+    const char* name = anyattn_status_name(status);
+    return name != nullptr ? name : "anyattn status " + std::to_string(static_cast<int>(status));
+  }
+
+  anyattn_status status_;
+  std::string message_;
+};
+
+// Throws Error(status, anyattn_last_error()) unless status is ANYATTN_OK. Call it right after a C
+// ABI call on the same thread, before any other anyattn call replaces the thread's message.
+inline void check(anyattn_status status) {
+  if (status != ANYATTN_OK) {
+    const char* message = anyattn_last_error();
+    throw Error(status, message != nullptr ? message : "");
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Dtypes and storage types
+// ------------------------------------------------------------------------------------------------
+
+// Element types, with the C ABI's values.
+enum class DType : int32_t {
+  kF32 = ANYATTN_DTYPE_F32,
+  kF16 = ANYATTN_DTYPE_F16,
+  kBF16 = ANYATTN_DTYPE_BF16,
+  kI32 = ANYATTN_DTYPE_I32,
+};
+
+// IEEE 754 binary16 storage: 16 raw bits, no arithmetic. Conversions round to nearest even.
+struct Float16 {
+  uint16_t bits;
+
+  // The binary16 nearest to `x` (ties to even); overflow gives +-inf, NaN stays NaN (quiet).
+  static Float16 from_float(float x) noexcept {
+    uint32_t f;
+    std::memcpy(&f, &x, sizeof f);
+    const uint32_t sign = (f >> 16) & 0x8000u;
+    const uint32_t abs = f & 0x7FFFFFFFu;
+    if (abs > 0x7F800000u) {  // NaN: quiet, keeping the top payload bits (as F16C does).
+      return {static_cast<uint16_t>(sign | 0x7E00u | ((abs >> 13) & 0x3FFu))};
+    }
+    if (abs >= 0x477FF000u) return {static_cast<uint16_t>(sign | 0x7C00u)};  // inf, or past 65504.
+    if (abs < 0x38800000u) {  // Below 2^-14: a binary16 subnormal or zero.
+      if (abs < 0x33000000u) return {static_cast<uint16_t>(sign)};  // At most half of 2^-24.
+      const uint32_t exp = abs >> 23;
+      const uint32_t mant = (abs & 0x7FFFFFu) | 0x800000u;
+      const uint32_t shift = 126u - exp;  // Places the value in units of 2^-24.
+      uint32_t half = mant >> shift;
+      const uint32_t rest = mant & ((1u << shift) - 1u);
+      const uint32_t halfway = 1u << (shift - 1u);
+      if (rest > halfway || (rest == halfway && (half & 1u))) ++half;
+      return {static_cast<uint16_t>(sign | half)};
+    }
+    uint32_t half = ((abs >> 13) - (112u << 10));  // Rebias the exponent from 127 to 15.
+    const uint32_t rest = abs & 0x1FFFu;
+    if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // May carry into exponent.
+    return {static_cast<uint16_t>(sign | half)};
+  }
+
+  // The exact float value of these bits.
+  float to_float() const noexcept {
+    const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+    const uint32_t exp = (bits >> 10) & 0x1Fu;
+    uint32_t mant = bits & 0x3FFu;
+    uint32_t f;
+    if (exp == 0x1Fu) {
+      f = sign | 0x7F800000u | (mant << 13);
+    } else if (exp != 0) {
+      f = sign | ((exp + 112u) << 23) | (mant << 13);
+    } else if (mant == 0) {
+      f = sign;
+    } else {  // Subnormal: normalise the mantissa.
+      uint32_t e = 113u;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --e;
+      }
+      f = sign | (e << 23) | ((mant & 0x3FFu) << 13);
+    }
+    float x;
+    std::memcpy(&x, &f, sizeof x);
+    return x;
+  }
+};
+
+// bfloat16 storage: the top 16 bits of an IEEE binary32. Conversions round to nearest even.
+struct BFloat16 {
+  uint16_t bits;
+
+  // The bfloat16 nearest to `x` (ties to even); NaN stays NaN.
+  static BFloat16 from_float(float x) noexcept {
+    uint32_t f;
+    std::memcpy(&f, &x, sizeof f);
+    if ((f & 0x7FFFFFFFu) > 0x7F800000u) return {static_cast<uint16_t>((f >> 16) | 0x0040u)};
+    f += 0x7FFFu + ((f >> 16) & 1u);
+    return {static_cast<uint16_t>(f >> 16)};
+  }
+
+  // The exact float value of these bits.
+  float to_float() const noexcept {
+    const uint32_t f = static_cast<uint32_t>(bits) << 16;
+    float x;
+    std::memcpy(&x, &f, sizeof x);
+    return x;
+  }
+};
+
+static_assert(sizeof(Float16) == 2 && sizeof(BFloat16) == 2, "storage types must be 2 bytes");
+
+// dtype_of<T>::value is the DType of element type T; defined for float, Float16, BFloat16 and
+// int32_t only, so a pointer of any other type does not compile into a TensorView.
+template <typename T>
+struct dtype_of;
+template <>
+struct dtype_of<float> : std::integral_constant<DType, DType::kF32> {};
+template <>
+struct dtype_of<Float16> : std::integral_constant<DType, DType::kF16> {};
+template <>
+struct dtype_of<BFloat16> : std::integral_constant<DType, DType::kBF16> {};
+template <>
+struct dtype_of<int32_t> : std::integral_constant<DType, DType::kI32> {};
+
+// ------------------------------------------------------------------------------------------------
+// Shapes and tensor views
+// ------------------------------------------------------------------------------------------------
+
+// Up to ANYATTN_MAX_NDIM extents or strides, built from a braced list ({B, S, H, D}), a pointer
+// and a count, or any contiguous container of int64_t (std::vector, std::array). More than
+// ANYATTN_MAX_NDIM values throws Error(ANYATTN_E_INVALID_ARGUMENT). The constructors are implicit
+// by design, so that a braced list or a vector can be passed where Dims is expected. Braced lists
+// hold int64_t: int and int64_t values are fine, size_t values need a cast.
+class Dims {
+ public:
+  Dims(std::initializer_list<int64_t> values) : Dims(values.begin(), values.size()) {}
+  Dims(const int64_t* values, size_t count) : size_(static_cast<int32_t>(count)) {
+    if (count > ANYATTN_MAX_NDIM) {
+      throw Error(ANYATTN_E_INVALID_ARGUMENT, "anyattn::Dims: " + std::to_string(count) +
+                                                  " dimensions given; at most " +
+                                                  std::to_string(ANYATTN_MAX_NDIM) + " supported");
+    }
+    for (size_t i = 0; i < count; ++i) values_[i] = values[i];
+  }
+  template <typename Container,
+            typename = std::enable_if_t<std::is_convertible_v<
+                decltype(std::data(std::declval<const Container&>())), const int64_t*>>>
+  Dims(const Container& values) : Dims(std::data(values), std::size(values)) {}
+
+  int32_t size() const noexcept { return size_; }
+  const int64_t* data() const noexcept { return values_; }
+  int64_t operator[](int32_t i) const noexcept { return values_[i]; }
+
+ private:
+  int64_t values_[ANYATTN_MAX_NDIM] = {};
+  int32_t size_ = 0;
+};
+
+// A non-owning strided view of memory: an anyattn_tensor with constructors. Shapes and strides
+// count ELEMENTS. The view does not own or copy data; the memory must outlive every call that uses
+// the view. A `const TensorView&` parameter that is an output is still written through: constness
+// belongs to the view, not to the data. Input views may be built from const pointers; the library
+// never writes through q, k, v, ALiBi slopes or sinks.
+class TensorView {
+ public:
+  // An empty view (null data, ndim 0). Every entry point rejects it.
+  TensorView() noexcept : t_{} {}
+
+  // A C-contiguous (row-major) view of `shape` over `data` with an explicit dtype. Strides are
+  // those of anyattn_tensor_init_contiguous; throws Error for a rank outside [1, 4] or a negative
+  // extent.
+  TensorView(const void* data, DType dtype, Dims shape) : t_{} {
+    check(anyattn_tensor_init_contiguous(&t_, const_cast<void*>(data),
+                                         static_cast<anyattn_dtype>(dtype), shape.size(),
+                                         shape.data()));
+  }
+
+  // A view with explicit strides (in elements). shape and strides must have the same length, in
+  // [1, 4]; everything else (unit last stride, ranges) is checked by the call that uses the view.
+  TensorView(const void* data, DType dtype, Dims shape, Dims strides) : t_{} {
+    if (shape.size() != strides.size() || shape.size() < 1) {
+      throw Error(ANYATTN_E_INVALID_ARGUMENT,
+                  "anyattn::TensorView: shape has " + std::to_string(shape.size()) +
+                      " dimensions and strides " + std::to_string(strides.size()) +
+                      "; they must match and be in [1, " + std::to_string(ANYATTN_MAX_NDIM) + "]");
+    }
+    t_.data = const_cast<void*>(data);
+    t_.dtype = static_cast<int32_t>(dtype);
+    t_.ndim = shape.size();
+    for (int32_t i = 0; i < shape.size(); ++i) {
+      t_.shape[i] = shape[i];
+      t_.strides[i] = strides[i];
+    }
+  }
+
+  // Typed forms: the dtype is deduced from T (float, Float16, BFloat16 or int32_t); other pointer
+  // types (void*, uint16_t*, double*) need the explicit-dtype forms above or do not compile.
+  template <typename T, typename = decltype(dtype_of<T>::value)>
+  TensorView(const T* data, Dims shape) : TensorView(data, dtype_of<T>::value, shape) {}
+  template <typename T, typename = decltype(dtype_of<T>::value)>
+  TensorView(const T* data, Dims shape, Dims strides)
+      : TensorView(data, dtype_of<T>::value, shape, strides) {}
+
+  // Wraps an existing C descriptor as is.
+  explicit TensorView(const anyattn_tensor& t) noexcept : t_(t) {}
+
+  void* data() const noexcept { return t_.data; }
+  DType dtype() const noexcept { return static_cast<DType>(t_.dtype); }
+  int32_t ndim() const noexcept { return t_.ndim; }
+  // Extent and stride of dimension i, for 0 <= i < ndim().
+  int64_t shape(int32_t i) const noexcept { return t_.shape[i]; }
+  int64_t stride(int32_t i) const noexcept { return t_.strides[i]; }
+  // The product of the extents (1 for a view of rank 0).
+  int64_t numel() const noexcept {
+    int64_t n = 1;
+    for (int32_t i = 0; i < t_.ndim; ++i) n *= t_.shape[i];
+    return n;
+  }
+
+  // The C descriptor, for calls into the C ABI.
+  const anyattn_tensor& c_tensor() const noexcept { return t_; }
+
+ private:
+  anyattn_tensor t_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// Instruction-set paths and threads
+// ------------------------------------------------------------------------------------------------
+
+// Kernel instruction-set paths, with the C ABI's values.
+enum class Isa : int32_t {
+  kAuto = ANYATTN_ISA_AUTO,          // Fastest supported, or the ANYATTN_ISA environment variable.
+  kPortable = ANYATTN_ISA_PORTABLE,  // Plain C++; every machine.
+  kAvx2 = ANYATTN_ISA_AVX2,          // x86-64 AVX2 + FMA + F16C.
+  kAvx512 = ANYATTN_ISA_AVX512,      // x86-64 AVX-512 F/BW/VL/DQ.
+};
+
+// True if this build contains `isa` and the running CPU can execute it.
+inline bool isa_supported(Isa isa) {
+  return anyattn_isa_supported(static_cast<anyattn_isa>(isa)) != 0;
+}
+// The path Isa::kAuto resolves to on this machine; never Isa::kAuto.
+inline Isa default_isa() {
+  return static_cast<Isa>(anyattn_isa_default());
+}
+// "auto", "portable", "avx2", "avx512" or "unknown".
+inline const char* isa_name(Isa isa) {
+  return anyattn_isa_name(static_cast<anyattn_isa>(isa));
+}
+
+// Sets the process-wide thread count of later calls; n <= 0 restores the default
+// (ANYATTN_NUM_THREADS, else the CPUs of the process's affinity mask). Results are bitwise
+// independent of the thread count.
+inline void set_num_threads(int n) {
+  anyattn_set_num_threads(n);
+}
+// The thread count later calls will use.
+inline int get_num_threads() {
+  return anyattn_get_num_threads();
+}
+
+// The loaded library's version, encoded as major * 10000 + minor * 100 + patch. Compare with
+// ANYATTN_VERSION (the header's) to detect a header/library mismatch.
+inline int version() {
+  return anyattn_version();
+}
+// The same as "major.minor.patch".
+inline const char* version_string() {
+  return anyattn_version_string();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Forward attention
+// ------------------------------------------------------------------------------------------------
+
+// Options of fwd(); every field defaults to the flash-attn 2.x default.
+struct FwdOptions {
+  // Multiplies <q_i, k_j>; std::nullopt selects 1/sqrt(D). Must be finite and non-zero: the C ABI
+  // reserves 0 for "default", so an explicit 0 cannot be expressed and to_c() throws
+  // Error(ANYATTN_E_INVALID_ARGUMENT) for it rather than silently using 1/sqrt(D).
+  std::optional<float> softmax_scale;
+  // Causal mask, bottom-right aligned (window_size.second becomes 0).
+  bool causal = false;
+  // (left, right): key j is visible to query i iff
+  // i + Sk - Sq - left <= j <= i + Sk - Sq + right; -1 means unbounded on that side.
+  std::pair<int, int> window_size{-1, -1};
+  // If > 0, scores become softcap * tanh(score / softcap) before ALiBi and masking.
+  float softcap = 0.0f;
+  // f32 ALiBi slopes of shape (Hq) or (B, Hq): score += -slope * |i + Sk - Sq - j|.
+  std::optional<TensorView> alibi_slopes;
+  // f32 per-query-head sink logits of shape (Hq), in score units.
+  std::optional<TensorView> sinks;
+  // Dropout; only 0 is supported by the forward-only library (> 0 throws ANYATTN_E_UNSUPPORTED).
+  float dropout_p = 0.0f;
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_offset = 0;
+  // Splits of the key dimension; 0 = chosen from the problem shape, 1 = no split.
+  int num_splits = 0;
+  // Forces an instruction-set path; one the CPU cannot run throws ANYATTN_E_UNSUPPORTED.
+  Isa isa = Isa::kAuto;
+
+  // The equivalent C parameters. Its alibi_slopes and sinks pointers point into this object, so
+  // the result is valid only while this object lives unchanged.
+  anyattn_fwd_params to_c() const {
+    anyattn_fwd_params p;
+    anyattn_fwd_params_init(&p);
+    if (softmax_scale.has_value()) {
+      if (*softmax_scale == 0.0f) {
+        throw Error(ANYATTN_E_INVALID_ARGUMENT,
+                    "softmax_scale: an explicit 0 cannot be expressed (the C ABI reads 0 as "
+                    "\"default 1/sqrt(D)\"); leave it unset for the default");
+      }
+      p.softmax_scale = *softmax_scale;
+    }
+    p.softcap = softcap;
+    p.causal = causal ? 1 : 0;
+    p.window_left = window_size.first;
+    p.window_right = window_size.second;
+    p.alibi_slopes = alibi_slopes ? &alibi_slopes->c_tensor() : nullptr;
+    p.sinks = sinks ? &sinks->c_tensor() : nullptr;
+    p.dropout_p = dropout_p;
+    p.dropout_seed = dropout_seed;
+    p.dropout_offset = dropout_offset;
+    p.num_splits = num_splits;
+    p.isa = static_cast<int32_t>(isa);
+    return p;
+  }
+};
+
+// Dense forward attention; see anyattn_fwd in anyattn.h and docs/semantics.md.
+//   q   (B, Sq, Hq, D)    f32/f16/bf16
+//   k   (B, Sk, Hk, D)    q's dtype; Hq % Hk == 0
+//   v   (B, Sk, Hk, Dv)   q's dtype
+//   out (B, Sq, Hq, Dv)   q's dtype; written
+//   lse (B, Hq, Sq)       f32; written when given
+// 1 <= D, Dv <= 256; the last dimension of every tensor has stride 1; out must not overlap an
+// input or lse. Throws Error on any invalid argument, and then writes nothing.
+inline void fwd(const TensorView& q, const TensorView& k, const TensorView& v,
+                const TensorView& out, const std::optional<TensorView>& lse = std::nullopt,
+                const FwdOptions& options = FwdOptions()) {
+  const anyattn_fwd_params params = options.to_c();
+  check(anyattn_fwd(&q.c_tensor(), &k.c_tensor(), &v.c_tensor(), &out.c_tensor(),
+                    lse ? &lse->c_tensor() : nullptr, &params));
+}
+
+// The same without lse.
+inline void fwd(const TensorView& q, const TensorView& k, const TensorView& v,
+                const TensorView& out, const FwdOptions& options) {
+  fwd(q, k, v, out, std::nullopt, options);
+}
+
+}  // namespace anyattn
+
+#endif  // ANYATTN_ANYATTN_HPP_
