@@ -128,8 +128,8 @@ typedef enum anyattn_isa {
 
 /* 1 if this build contains the path and the running CPU can execute it, else 0. */
 ANYATTN_API int anyattn_isa_supported(anyattn_isa isa);
-/* The fastest path this build and CPU support (never ANYATTN_ISA_AUTO). ANYATTN_ISA_AUTO resolves to
- * it unless the ANYATTN_ISA environment variable names another path. */
+/* The path ANYATTN_ISA_AUTO resolves to (never ANYATTN_ISA_AUTO): the one named by the ANYATTN_ISA
+ * environment variable when that is set and runnable, else the fastest this build and CPU support. */
 ANYATTN_API anyattn_isa anyattn_isa_default(void);
 /* "auto", "portable", "avx2", "avx512", or "unknown". Static storage. */
 ANYATTN_API const char* anyattn_isa_name(anyattn_isa isa);

@@ -79,7 +79,13 @@ int anyattn_isa_supported(anyattn_isa isa) {
   return isa != ANYATTN_ISA_AUTO && anyattn::cpu::find_fwd_kernel(isa) != nullptr ? 1 : 0;
 }
 
-anyattn_isa anyattn_isa_default(void) { return anyattn::cpu::best_supported_isa(); }
+anyattn_isa anyattn_isa_default(void) {
+  try {
+    return anyattn::api::resolve_isa("anyattn_isa_default", ANYATTN_ISA_AUTO);
+  } catch (...) {  // ANYATTN_ISA names an unknown or unrunnable path: anyattn_fwd will say so
+    return anyattn::cpu::best_supported_isa();
+  }
+}
 
 const char* anyattn_isa_name(anyattn_isa isa) {
   switch (isa) {

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs everything anyattn's build, tests and benchmark need on a fresh Debian machine, and
+# nothing twice: system packages (apt), and with --python the virtual environment .venv with the
+# Python package installed in editable mode. Safe to run repeatedly.
+#
+#   scripts/setup.sh            system packages only
+#   scripts/setup.sh --python   system packages, then .venv with anyattn[test,torch]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SYSTEM_PACKAGES=(cmake ninja-build g++ pkg-config ccache libgtest-dev libopenblas-dev python3-venv)
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+install_system_packages() {
+  local missing=()
+  for package in "${SYSTEM_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
+      missing+=("$package")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+install_python_environment() {
+  if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv"
+    python3 -m venv .venv
+  fi
+  .venv/bin/python -m pip install -q --upgrade pip
+  echo "setup: installing the anyattn Python package into .venv (editable)"
+  .venv/bin/python -m pip install -q -e ".[test,torch]"
+}
+
+install_system_packages
+if [ "${1:-}" = "--python" ]; then
+  install_python_environment
+fi
