@@ -55,11 +55,94 @@ struct FwdArgs {
 
   int32_t num_splits = 0;  // 0 = choose from the shape
 
+  // ---- Variable-length and KV-cache layouts (all null for dense calls) ----
+  // Varlen q: sequence b's positions are rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q/out
+  // (q_batch_stride = out_batch_stride = 0); its LSE row i is at
+  // lse[h*lse_head_stride + (cu_seqlens_q[b] + i)*lse_row_stride]. seqlen_q is then the maximum.
+  const int32_t* cu_seqlens_q = nullptr;
+  // Varlen k/v: sequence b's keys start at row cu_seqlens_k[b] of k/v.
+  const int32_t* cu_seqlens_k = nullptr;
+  // Number of keys of sequence b (varlen seqused_k, or cache length after the append). Without
+  // it, Sk_b = cu_seqlens_k[b+1] - cu_seqlens_k[b] (varlen) or seqlen_k (dense).
+  const int32_t* seqlens_k = nullptr;
+  // KV cache: key 0 of sequence b is cache position k_start[b] (cache_leftpad); the sequence has
+  // seqlens_k[b] - k_start[b] keys.
+  const int32_t* k_start = nullptr;
+  // KV cache: sequence b reads cache batch kv_batch_index[b] (cache_batch_idx).
+  const int32_t* kv_batch_index = nullptr;
+  // Paged KV cache: cache position p of sequence b lives in page
+  // block_table[b*block_table_stride + p / page_size], row p % page_size, where page n starts at
+  // element n*k_batch_stride (v_batch_stride for v).
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  int64_t page_size = 0;
+  // Rotary embedding applied to q rows as they are loaded (KV cache with new keys): position of
+  // row i of sequence b is q_position[b] + (rotary_q_per_row ? i : 0); cos/sin rows of
+  // rotary_dim / 2 floats, row stride rotary_stride.
+  const float* rotary_cos = nullptr;
+  const float* rotary_sin = nullptr;
+  int64_t rotary_stride = 0;
+  int64_t rotary_dim = 0;
+  bool rotary_interleaved = false;
+  bool rotary_q_per_row = false;
+  const int32_t* q_position = nullptr;
+
   int64_t group_size() const { return heads_q / heads_k; }
   bool has_mask() const {
     return window_left < kUnboundedWindow || window_right < kUnboundedWindow;
   }
 };
+
+// One sequence of a call: its lengths and the element offsets of its first row in each tensor.
+struct SeqInfo {
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t q_offset = 0;    // of position 0, head 0
+  int64_t out_offset = 0;  // of position 0, head 0
+  int64_t lse_offset = 0;  // of position 0, head 0
+  int64_t kv_batch = 0;    // cache batch (dense: b); unused for paged caches
+  int64_t k_first = 0;     // cache position of key 0 (varlen: cu_seqlens_k[b]; cache: leftpad)
+};
+
+inline SeqInfo sequence_info(const FwdArgs& a, int64_t b) {
+  SeqInfo seq;
+  seq.batch = b;
+  if (a.cu_seqlens_q != nullptr) {
+    const int64_t start = a.cu_seqlens_q[b];
+    seq.seqlen_q = a.cu_seqlens_q[b + 1] - start;
+    seq.q_offset = start * a.q_row_stride;
+    seq.out_offset = start * a.out_row_stride;
+    seq.lse_offset = start * a.lse_row_stride;
+  } else {
+    seq.seqlen_q = a.seqlen_q;
+    seq.q_offset = b * a.q_batch_stride;
+    seq.out_offset = b * a.out_batch_stride;
+    seq.lse_offset = b * a.lse_batch_stride;
+  }
+  seq.kv_batch = a.kv_batch_index != nullptr ? a.kv_batch_index[b] : b;
+  if (a.cu_seqlens_k != nullptr) {
+    seq.k_first = a.cu_seqlens_k[b];
+    seq.kv_batch = 0;
+    seq.seqlen_k = a.seqlens_k != nullptr ? a.seqlens_k[b] : a.cu_seqlens_k[b + 1] - seq.k_first;
+  } else {
+    seq.k_first = a.k_start != nullptr ? a.k_start[b] : 0;
+    seq.seqlen_k = (a.seqlens_k != nullptr ? a.seqlens_k[b] : a.seqlen_k) - seq.k_first;
+  }
+  return seq;
+}
+
+// Element offset of key j (0-based within the sequence), head `head_k`, in k (or v, with v's
+// strides passed).
+inline int64_t key_row_offset(const FwdArgs& a, const SeqInfo& seq, int64_t j, int64_t head_k,
+                              int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+  const int64_t position = seq.k_first + j;
+  if (a.block_table != nullptr) {
+    const int64_t page = a.block_table[seq.batch * a.block_table_stride + position / a.page_size];
+    return page * batch_stride + (position % a.page_size) * row_stride + head_k * head_stride;
+  }
+  return seq.kv_batch * batch_stride + position * row_stride + head_k * head_stride;
+}
 
 }  // namespace anyattn::cpu
 

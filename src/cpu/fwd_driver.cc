@@ -17,14 +17,65 @@ namespace {
 
 using runtime::AlignedBuffer;
 
-// Everything one group of (batch, kv head) pairs needs, carved from one allocation.
+// One (sequence, kv head) pair: the unit of K/V packing.
+struct Pair {
+  SeqInfo seq;
+  int64_t head_k = 0;
+  int64_t blocks = 0;        // key blocks of the sequence
+  int64_t packed_first = 0;  // index of its first packed block within its group
+  int64_t partial_first = 0; // index of its first partial row within its group (split plans)
+};
+
+// Pairs packed together, then attended, then merged, before the next group is packed.
+struct Group {
+  int64_t first_pair = 0;
+  int64_t pairs = 0;
+  int64_t packed_blocks = 0;
+  int64_t partial_rows = 0;
+  std::vector<AttendTask> tasks;  // most expensive first
+};
+
+// Splits the pairs into groups: each packs at most kPackBudgetBytes (but at least one pair) and
+// stops growing once it holds enough attend tasks to keep every thread busy, so that its packed
+// K/V is still in the caches when it is used. Streaming plans pack nothing: one group.
+std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
+                               std::vector<Pair>& pairs) {
+  const int64_t group_size = args.group_size();
+  const int64_t block_bytes = plan.layout.block_floats * 4;
+  std::vector<Group> groups;
+  Group current;
+  int64_t current_tasks = 0;
+  for (int64_t p = 0; p < static_cast<int64_t>(pairs.size()); ++p) {
+    Pair& pair = pairs[p];
+    const int64_t packed = plan.streaming ? 0 : pair.blocks;
+    const bool over_budget = (current.packed_blocks + packed) * block_bytes > plan::kPackBudgetBytes;
+    if (current.pairs > 0 && !plan.streaming &&
+        (over_budget || current_tasks >= plan.wanted_tasks)) {
+      groups.push_back(std::move(current));
+      current = Group{};
+      current.first_pair = p;
+      current_tasks = 0;
+    }
+    pair.packed_first = current.packed_blocks;
+    pair.partial_first = current.partial_rows;
+    current.packed_blocks += packed;
+    current.partial_rows += group_size * pair.seq.seqlen_q;
+    current.pairs += 1;
+    const int64_t q_blocks = ceil_div(pair.seq.seqlen_q, plan.q_block_rows);
+    current_tasks += (plan.streaming ? 1 : group_size * q_blocks) * plan.num_splits;
+  }
+  if (current.pairs > 0) groups.push_back(std::move(current));
+  return groups;
+}
+
+// Everything one group needs, carved from one allocation sized for the largest group.
 struct Workspace {
-  float* packed = nullptr;       // pairs_per_group * num_blocks * block_floats
-  uint8_t* nonfinite = nullptr;  // pairs_per_group * num_blocks
+  float* packed = nullptr;       // packed_blocks * block_floats
+  uint8_t* nonfinite = nullptr;  // packed_blocks
   float* scratch = nullptr;      // threads * scratch_floats
-  float* partial_o = nullptr;    // rows_per_group * splits * dv_pad (split plans only)
-  float* partial_ml = nullptr;   // 2 * rows_per_group * splits (split plans only)
-  int64_t rows_per_group = 0;    // pairs_per_group * group_size * Sq
+  float* partial_o = nullptr;    // partial_rows * splits * dv_pad (split plans only)
+  float* partial_ml = nullptr;   // 2 * partial_rows * splits (split plans only)
+  int64_t partial_rows = 0;      // capacity, rows
   AlignedBuffer<float> owned;    // when the cached arena could not be used
 };
 
@@ -41,18 +92,22 @@ Arena& shared_arena() {
   return arena;
 }
 
-Workspace allocate_workspace(const FwdArgs& args, const plan::FwdPlan& plan, bool may_use_arena) {
+Workspace allocate_workspace(const plan::FwdPlan& plan, const std::vector<Group>& groups,
+                             bool may_use_arena) {
   const PackedLayout& layout = plan.layout;
-  Workspace ws;
-  ws.rows_per_group = plan.pairs_per_group * args.group_size() * args.seqlen_q;
+  int64_t packed_blocks = 0, partial_rows = 0;
+  for (const Group& group : groups) {
+    packed_blocks = std::max(packed_blocks, group.packed_blocks);
+    partial_rows = std::max(partial_rows, group.partial_rows);
+  }
   const bool split = plan.num_splits > 1;
-  const int64_t packed_floats = plan.pairs_per_group * layout.num_blocks * layout.block_floats;
-  const int64_t flag_floats = round_up(plan.pairs_per_group * layout.num_blocks, 64) / 4;
+  Workspace ws;
+  ws.partial_rows = split ? partial_rows : 0;
+  const int64_t packed_floats = packed_blocks * layout.block_floats;
+  const int64_t flag_floats = round_up(packed_blocks, 64) / 4;
   const int64_t scratch_floats = plan.threads * plan.scratch_floats;
-  const int64_t partial_o_floats =
-      split ? round_up(ws.rows_per_group * plan.num_splits * layout.dv_pad, 16) : 0;
-  const int64_t partial_ml_floats =
-      split ? round_up(2 * ws.rows_per_group * plan.num_splits, 16) : 0;
+  const int64_t partial_o_floats = round_up(ws.partial_rows * plan.num_splits * layout.dv_pad, 16);
+  const int64_t partial_ml_floats = round_up(2 * ws.partial_rows * plan.num_splits, 16);
   const int64_t total =
       packed_floats + flag_floats + scratch_floats + partial_o_floats + partial_ml_floats;
   float* base = nullptr;
@@ -77,45 +132,53 @@ Workspace allocate_workspace(const FwdArgs& args, const plan::FwdPlan& plan, boo
   return ws;
 }
 
-// The attend tasks of pairs [pair0, pair0 + pairs), most expensive first (longest-processing-time
-// order keeps the threads' finishing times close; causal q blocks differ in cost up to Sk/64x).
+// The attend tasks of one group, most expensive first (longest-processing-time order keeps the
+// threads' finishing times close; causal q blocks differ in cost up to Sk/64 times).
 std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& plan,
-                                    const Workspace& ws, int64_t pair0, int64_t pairs) {
+                                    const Workspace& ws, const std::vector<Pair>& pairs,
+                                    const Group& group) {
   const PackedLayout& layout = plan.layout;
-  const int64_t group = args.group_size();
+  const int64_t group_size = args.group_size();
   const int64_t splits = plan.num_splits;
+  // Streaming: one task (per split) holds every query row of the kv head.
+  const int64_t heads_per_task = plan.streaming ? group_size : 1;
   std::vector<AttendTask> tasks;
   std::vector<int64_t> costs;
-  tasks.reserve(static_cast<size_t>(pairs * group * plan.num_q_blocks * splits));
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int64_t batch = (pair0 + p) / args.heads_k;
-    const int64_t head_k = (pair0 + p) % args.heads_k;
-    for (int64_t g = 0; g < group; ++g) {
-      for (int64_t qb = 0; qb < plan.num_q_blocks; ++qb) {
+  for (int64_t p = group.first_pair; p < group.first_pair + group.pairs; ++p) {
+    const Pair& pair = pairs[p];
+    const int64_t q_blocks = ceil_div(pair.seq.seqlen_q, plan.q_block_rows);
+    const int64_t blocks_per_split = plan.blocks_per_split(pair.blocks);
+    for (int64_t g = 0; g < group_size; g += heads_per_task) {
+      for (int64_t qb = 0; qb < q_blocks; ++qb) {
         AttendTask task;
-        task.batch = batch;
-        task.head_q = head_k * group + g;
+        task.seq = pair.seq;
+        task.head_q_begin = pair.head_k * group_size + g;
+        task.heads = heads_per_task;
         task.q_begin = qb * plan.q_block_rows;
-        task.q_end = std::min(task.q_begin + plan.q_block_rows, args.seqlen_q);
-        task.packed = ws.packed + p * layout.num_blocks * layout.block_floats;
-        task.v_nonfinite = ws.nonfinite + p * layout.num_blocks;
-        const BlockRange visible = visible_key_blocks(args, task.q_begin, task.q_end);
+        task.q_end = std::min(task.q_begin + plan.q_block_rows, pair.seq.seqlen_q);
+        if (!plan.streaming) {
+          task.packed = ws.packed + pair.packed_first * layout.block_floats;
+          task.v_nonfinite = ws.nonfinite + pair.packed_first;
+        }
+        const BlockRange visible = visible_key_blocks(args, pair.seq, task.q_begin, task.q_end);
         for (int64_t s = 0; s < splits; ++s) {
-          task.block_begin = s * plan.blocks_per_split;
-          task.block_end = std::min(task.block_begin + plan.blocks_per_split, layout.num_blocks);
+          task.block_begin = std::min(s * blocks_per_split, pair.blocks);
+          task.block_end = std::min(task.block_begin + blocks_per_split, pair.blocks);
           if (splits > 1) {
-            const int64_t row = (p * group + g) * args.seqlen_q + task.q_begin;
+            // Partial rows are ordered (pair, head in group, position); a task's rows are
+            // consecutive in that order (a streaming task covers every position).
+            const int64_t row = pair.partial_first + g * pair.seq.seqlen_q + task.q_begin;
             const int64_t slot = row * splits + s;
             task.partial.o = ws.partial_o + slot * layout.dv_pad;
             task.partial.m = ws.partial_ml + slot;
-            task.partial.l = ws.partial_ml + ws.rows_per_group * splits + slot;
+            task.partial.l = ws.partial_ml + ws.partial_rows * splits + slot;
             task.partial.o_row_stride = splits * layout.dv_pad;
             task.partial.ml_row_stride = splits;
           }
           const int64_t blocks = std::max<int64_t>(
               0, std::min(task.block_end, visible.end) - std::max(task.block_begin, visible.begin));
           tasks.push_back(task);
-          costs.push_back((task.q_end - task.q_begin) * (blocks + 1));
+          costs.push_back((task.q_end - task.q_begin) * task.heads * (blocks + 1));
         }
       }
     }
@@ -130,36 +193,33 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
   return sorted;
 }
 
-// Merges the split partials of pairs [pair0, pair0 + pairs) into out and lse.
+// Merges the split partials of one group into out and lse, in split order.
 void merge_splits(const FwdArgs& args, const plan::FwdPlan& plan, const Workspace& ws,
-                  const runtime::PoolLease& lease, int64_t pair0, int64_t pairs) {
-  const int64_t group = args.group_size();
+                  const runtime::PoolLease& lease, const std::vector<Pair>& pairs,
+                  const Group& group) {
+  const int64_t group_size = args.group_size();
   const int64_t splits = plan.num_splits;
   const int64_t dv_pad = plan.layout.dv_pad;
-  const int64_t row_chunks = plan.num_q_blocks;
-  lease.run_each(pairs * group * row_chunks, [&](int64_t t, int) {
-    const int64_t chunk = t % row_chunks;
-    const int64_t pg = t / row_chunks;  // p * group + g
-    const int64_t p = pg / group;
-    const int64_t batch = (pair0 + p) / args.heads_k;
-    const int64_t head_q = ((pair0 + p) % args.heads_k) * group + pg % group;
-    const bool has_sink = args.sinks != nullptr;
+  const bool has_sink = args.sinks != nullptr;
+  lease.run_each(group.pairs * group_size, [&](int64_t t, int) {
+    const Pair& pair = pairs[group.first_pair + t / group_size];
+    const int64_t g = t % group_size;
+    const int64_t head_q = pair.head_k * group_size + g;
     const float sink = has_sink ? args.sinks[head_q * args.sinks_stride] : 0.f;
-    const int64_t i_end = std::min((chunk + 1) * plan.q_block_rows, args.seqlen_q);
-    for (int64_t i = chunk * plan.q_block_rows; i < i_end; ++i) {
-      const int64_t slot = (pg * args.seqlen_q + i) * splits;
+    for (int64_t i = 0; i < pair.seq.seqlen_q; ++i) {
+      const int64_t slot = (pair.partial_first + g * pair.seq.seqlen_q + i) * splits;
       RowPartials parts;
       parts.count = splits;
       parts.o = ws.partial_o + slot * dv_pad;
       parts.m = ws.partial_ml + slot;
-      parts.l = ws.partial_ml + ws.rows_per_group * splits + slot;
+      parts.l = ws.partial_ml + ws.partial_rows * splits + slot;
       parts.o_stride = dv_pad;
       parts.ml_stride = 1;
       void* out_row = element_address(
           args.out, args.dtype,
-          batch * args.out_batch_stride + i * args.out_row_stride + head_q * args.out_head_stride);
+          pair.seq.out_offset + i * args.out_row_stride + head_q * args.out_head_stride);
       float* lse = args.lse == nullptr ? nullptr
-                                       : args.lse + batch * args.lse_batch_stride +
+                                       : args.lse + pair.seq.lse_offset +
                                              head_q * args.lse_head_stride + i * args.lse_row_stride;
       combine_and_store_row(parts, has_sink, sink, args.head_dim_v, args.dtype, out_row, lse);
     }
@@ -174,32 +234,47 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
   const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());
   const plan::FwdPlan plan = plan::make_fwd_plan(args, *kernel, lease.num_threads());
   if (plan::verbose_enabled()) std::fprintf(stderr, "%s\n", plan.describe(args).c_str());
-  const Workspace ws = allocate_workspace(args, plan, lease.owns_pool());
   const PackedLayout& layout = plan.layout;
-  const int64_t total_pairs = args.batch * args.heads_k;
 
-  // Every allocation happens before the first output is written.
-  std::vector<std::vector<AttendTask>> group_tasks;
-  for (int64_t pair0 = 0; pair0 < total_pairs; pair0 += plan.pairs_per_group) {
-    const int64_t pairs = std::min(plan.pairs_per_group, total_pairs - pair0);
-    group_tasks.push_back(build_tasks(args, plan, ws, pair0, pairs));
+  std::vector<Pair> pairs;
+  pairs.reserve(static_cast<size_t>(args.batch * args.heads_k));
+  for (int64_t b = 0; b < args.batch; ++b) {
+    const SeqInfo seq = sequence_info(args, b);
+    if (seq.seqlen_q == 0) continue;
+    for (int64_t head_k = 0; head_k < args.heads_k; ++head_k) {
+      Pair pair;
+      pair.seq = seq;
+      pair.head_k = head_k;
+      pair.blocks = key_blocks(seq);
+      pairs.push_back(pair);
+    }
   }
+  // Every allocation happens before the first output is written.
+  std::vector<Group> groups = make_groups(args, plan, pairs);
+  const Workspace ws = allocate_workspace(plan, groups, lease.owns_pool());
+  for (Group& group : groups) group.tasks = build_tasks(args, plan, ws, pairs, group);
 
-  for (int64_t pair0 = 0, group = 0; pair0 < total_pairs; pair0 += plan.pairs_per_group, ++group) {
-    const int64_t pairs = std::min(plan.pairs_per_group, total_pairs - pair0);
-    lease.run_each(pairs * layout.num_blocks, [&](int64_t t, int) {
-      const int64_t pair = pair0 + t / layout.num_blocks;
-      const int64_t block = t % layout.num_blocks;
-      kernel->pack_block(args, layout, pair / args.heads_k, pair % args.heads_k, block,
-                         ws.packed + t * layout.block_floats, ws.nonfinite + t);
-    });
-    const std::vector<AttendTask>& tasks = group_tasks[group];
-    lease.run_each(static_cast<int64_t>(tasks.size()), [&](int64_t t, int worker) {
+  for (const Group& group : groups) {
+    if (!plan.streaming) {
+      lease.run_each(group.packed_blocks, [&](int64_t t, int) {
+        // The pair that owns packed block t: the last one whose first block is <= t.
+        const auto first = pairs.begin() + group.first_pair;
+        const auto owner = std::upper_bound(first + 1, first + group.pairs, t,
+                                            [](int64_t block, const Pair& candidate) {
+                                              return block < candidate.packed_first;
+                                            }) -
+                           1;
+        const Pair& pair = *owner;
+        kernel->pack_block(args, layout, pair.seq, pair.head_k, t - pair.packed_first,
+                           ws.packed + t * layout.block_floats, ws.nonfinite + t);
+      });
+    }
+    lease.run_each(static_cast<int64_t>(group.tasks.size()), [&](int64_t t, int worker) {
       const Scratch scratch =
           Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout);
-      kernel->attend(args, layout, tasks[t], scratch);
+      kernel->attend(args, layout, group.tasks[t], scratch);
     });
-    if (plan.num_splits > 1) merge_splits(args, plan, ws, lease, pair0, pairs);
+    if (plan.num_splits > 1) merge_splits(args, plan, ws, lease, pairs, group);
   }
 }
 

@@ -167,39 +167,53 @@ struct VisibleRange {
   int64_t lo;
   int64_t hi;
 };
-inline VisibleRange visible_in_block(const FwdArgs& args, int64_t i, int64_t j0) {
-  const int64_t diagonal = i + args.seqlen_k - args.seqlen_q - j0;
+inline VisibleRange visible_in_block(const FwdArgs& args, const SeqInfo& seq, int64_t i,
+                                     int64_t j0) {
+  const int64_t diagonal = i + seq.seqlen_k - seq.seqlen_q - j0;
   int64_t lo = diagonal - args.window_left;
   int64_t hi = diagonal + args.window_right + 1;
-  hi = std::min(hi, args.seqlen_k - j0);
+  hi = std::min(hi, seq.seqlen_k - j0);
   lo = std::max<int64_t>(lo, 0);
   hi = std::min<int64_t>(hi, kKeyBlock);
   return {lo, std::max(lo, hi)};
 }
 
+// The query rows of a task: row r is position q_begin + r % positions of query head
+// head_begin + r / positions.
+struct TaskRows {
+  int64_t q_begin;
+  int64_t positions;
+  int64_t head_begin;
+  int64_t count;
+  int64_t position(int64_t r) const { return q_begin + r % positions; }
+  int64_t head(int64_t r) const { return head_begin + r / positions; }
+};
+
 struct ScoreTransform {
   bool softcap = false;
   float softcap_log2 = 0.f;  // softcap * log2(e)
   bool alibi = false;
-  float neg_slope_log2 = 0.f;  // -slope * log2(e)
+  float neg_slope_log2[kMaxQBlockRows];  // per task head: -slope * log2(e)
 };
 
-// Applies softcap, ALiBi and (when `apply_mask`) the window/end-of-keys mask to the scores of
-// `rows` rows starting at query row `row0`, for the key block starting at j0.
-inline void transform_scores(const FwdArgs& args, const ScoreTransform& transform, bool apply_mask,
-                             int64_t row0, int64_t rows, int64_t j0, float* s) {
+// Applies softcap, ALiBi and (when `apply_mask`) the window/end-of-keys mask to the scores of the
+// task's rows for the key block starting at j0.
+inline void transform_scores(const FwdArgs& args, const SeqInfo& seq,
+                             const ScoreTransform& transform, bool apply_mask, const TaskRows& rows,
+                             int64_t j0, float* s) {
   const Vec iota = Vec::iota();
   const Vec negative_infinity = Vec::broadcast(kNegInfinity);
   const Vec cap = Vec::broadcast(transform.softcap_log2);
-  const Vec slope = Vec::broadcast(transform.neg_slope_log2);
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < rows.count; ++r) {
     float* s_row = s + r * kKeyBlock;
-    const int64_t i = row0 + r;
-    const VisibleRange range = apply_mask ? visible_in_block(args, i, j0) : VisibleRange{0, 64};
+    const int64_t i = rows.position(r);
+    const VisibleRange range =
+        apply_mask ? visible_in_block(args, seq, i, j0) : VisibleRange{0, kKeyBlock};
     const float lo = static_cast<float>(range.lo);
     const float hi = static_cast<float>(range.hi);
+    const Vec slope = Vec::broadcast(transform.neg_slope_log2[r / rows.positions]);
     // Distance origin for ALiBi: key j is at |diagonal - (j - j0)| from the diagonal.
-    const Vec diagonal = Vec::broadcast(static_cast<float>(i + args.seqlen_k - args.seqlen_q - j0));
+    const Vec diagonal = Vec::broadcast(static_cast<float>(i + seq.seqlen_k - seq.seqlen_q - j0));
     for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
       Vec x = Vec::load(s_row + c);
       const Vec position = iota + Vec::broadcast(static_cast<float>(c));
@@ -251,11 +265,11 @@ inline void online_softmax_row(float* s_row, float* m, float* l, float* o_row, i
 
 // O += P V restricted, per row, to the keys the row may see. Used for boundary blocks whose V
 // holds NaN or infinity, where 0 * inf from a masked key would otherwise leak NaN into the row.
-inline void accumulate_pv_visible_only(const FwdArgs& args, int64_t row0, int64_t rows,
-                                       int64_t j0, const float* p, const float* v, float* o,
-                                       int64_t dv_pad) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const VisibleRange range = visible_in_block(args, row0 + r, j0);
+inline void accumulate_pv_visible_only(const FwdArgs& args, const SeqInfo& seq,
+                                       const TaskRows& rows, int64_t j0, const float* p,
+                                       const float* v, float* o, int64_t dv_pad) {
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const VisibleRange range = visible_in_block(args, seq, rows.position(r), j0);
     for (int64_t j = range.lo; j < range.hi; ++j) {
       const Vec p_rj = Vec::broadcast(p[r * kKeyBlock + j]);
       for (int64_t c = 0; c < dv_pad; c += kLanes) {
@@ -286,10 +300,10 @@ inline void convert_row(const void* src, DType dtype, int64_t n, float* dst) {
   for (; i < n; ++i) dst[i] = load_element(src, dtype, i);
 }
 
-void pack_block(const FwdArgs& args, const PackedLayout& layout, int64_t batch, int64_t head_k,
-                int64_t block, float* dst, uint8_t* v_nonfinite) {
+void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
+                int64_t head_k, int64_t block, float* dst, uint8_t* v_nonfinite) {
   const int64_t j0 = block * kKeyBlock;
-  const int64_t keys = std::min(kKeyBlock, args.seqlen_k - j0);
+  const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
   const int64_t head_dim = args.head_dim;
   const int64_t head_dim_v = args.head_dim_v;
   const int64_t dv_pad = layout.dv_pad;
@@ -303,8 +317,8 @@ void pack_block(const FwdArgs& args, const PackedLayout& layout, int64_t batch, 
   for (int64_t j = 0; j < kKeyBlock; ++j) {
     float* staged = staging + j * d_pad;
     if (j < keys) {
-      const int64_t offset =
-          batch * args.k_batch_stride + (j0 + j) * args.k_row_stride + head_k * args.k_head_stride;
+      const int64_t offset = key_row_offset(args, seq, j0 + j, head_k, args.k_batch_stride,
+                                            args.k_row_stride, args.k_head_stride);
       convert_row(element_address(args.k, args.dtype, offset), args.dtype, head_dim, staged);
       for (int64_t d = head_dim; d < d_pad; ++d) staged[d] = 0.f;
     } else {
@@ -327,8 +341,8 @@ void pack_block(const FwdArgs& args, const PackedLayout& layout, int64_t batch, 
 
   Vec finite_check = Vec::zero();  // stays finite unless some value is NaN or infinite
   for (int64_t j = 0; j < keys; ++j) {
-    const int64_t offset =
-        batch * args.v_batch_stride + (j0 + j) * args.v_row_stride + head_k * args.v_head_stride;
+    const int64_t offset = key_row_offset(args, seq, j0 + j, head_k, args.v_batch_stride,
+                                          args.v_row_stride, args.v_head_stride);
     float* v_row = v_panel + j * dv_pad;
     convert_row(element_address(args.v, args.dtype, offset), args.dtype, head_dim_v, v_row);
     for (int64_t c = head_dim_v; c < dv_pad; ++c) v_row[c] = 0.f;
@@ -343,39 +357,62 @@ void pack_block(const FwdArgs& args, const PackedLayout& layout, int64_t batch, 
   *v_nonfinite = std::isnan(reduce_add(finite_check)) ? 1 : 0;
 }
 
+// Rotates the first rotary_dim values of `row` by the angles of one position: pairs
+// (2t, 2t+1) when interleaved (GPT-J), else (t, t + rotary_dim/2) (GPT-NeoX).
+inline void apply_rotary(const float* cos, const float* sin, int64_t rotary_dim, bool interleaved,
+                         float* row) {
+  const int64_t half = rotary_dim / 2;
+  for (int64_t t = 0; t < half; ++t) {
+    const int64_t a = interleaved ? 2 * t : t;
+    const int64_t b = interleaved ? 2 * t + 1 : t + half;
+    const float x0 = row[a], x1 = row[b];
+    row[a] = x0 * cos[t] - x1 * sin[t];
+    row[b] = x0 * sin[t] + x1 * cos[t];
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The task
 // ---------------------------------------------------------------------------------------------
 
 void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
             const Scratch& scratch) {
-  const int64_t rows = task.q_end - task.q_begin;
+  const int64_t positions = task.q_end - task.q_begin;
+  const TaskRows rows{task.q_begin, positions, task.head_q_begin, positions * task.heads};
   const int64_t head_dim = args.head_dim;
   const int64_t dv_pad = layout.dv_pad;
-  const int64_t diagonal_offset = args.seqlen_k - args.seqlen_q;
+  const int64_t head_k = task.head_q_begin / args.group_size();
+  const SeqInfo& seq = task.seq;
+  const int64_t diagonal_offset = seq.seqlen_k - seq.seqlen_q;
 
   ScoreTransform transform;
   transform.softcap = args.softcap > 0.f;
   transform.softcap_log2 = args.softcap * kLog2e;
-  if (args.alibi_slopes != nullptr) {
-    transform.alibi = true;
-    const float slope = args.alibi_slopes[task.batch * args.alibi_batch_stride +
-                                          task.head_q * args.alibi_head_stride];
-    transform.neg_slope_log2 = -slope * kLog2e;
+  transform.alibi = args.alibi_slopes != nullptr;
+  for (int64_t h = 0; transform.alibi && h < task.heads; ++h) {
+    const float slope = args.alibi_slopes[seq.batch * args.alibi_batch_stride +
+                                          (task.head_q_begin + h) * args.alibi_head_stride];
+    transform.neg_slope_log2[h] = -slope * kLog2e;
   }
   const float q_scale =
       transform.softcap ? args.softmax_scale / args.softcap : args.softmax_scale * kLog2e;
 
-  // Q rows, converted and pre-scaled.
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t offset = task.batch * args.q_batch_stride +
-                           (task.q_begin + r) * args.q_row_stride +
-                           task.head_q * args.q_head_stride;
+  // Q rows, converted, rotated (KV cache with rotary) and pre-scaled.
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const int64_t offset = seq.q_offset + rows.position(r) * args.q_row_stride +
+                           rows.head(r) * args.q_head_stride;
     float* q_row = scratch.q + r * head_dim;
     convert_row(element_address(args.q, args.dtype, offset), args.dtype, head_dim, q_row);
+    if (args.rotary_cos != nullptr) {
+      const int64_t position =
+          args.q_position[seq.batch] + (args.rotary_q_per_row ? rows.position(r) : 0);
+      apply_rotary(args.rotary_cos + position * args.rotary_stride,
+                   args.rotary_sin + position * args.rotary_stride, args.rotary_dim,
+                   args.rotary_interleaved, q_row);
+    }
     for (int64_t d = 0; d < head_dim; ++d) q_row[d] *= q_scale;
   }
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < rows.count; ++r) {
     scratch.m[r] = kNegInfinity;
     scratch.l[r] = 0.f;
     for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::zero().store(scratch.o + r * dv_pad + c);
@@ -384,35 +421,41 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
   // Key blocks any row of the task may see, clipped to the task's split.
   const int64_t last_row_lo = task.q_end - 1 + diagonal_offset - args.window_left;
   const int64_t first_row_hi = task.q_begin + diagonal_offset + args.window_right;
-  const BlockRange visible = visible_key_blocks(args, task.q_begin, task.q_end);
+  const BlockRange visible = visible_key_blocks(args, seq, task.q_begin, task.q_end);
   const int64_t block_begin = std::max(task.block_begin, visible.begin);
   const int64_t block_end = std::min(task.block_end, visible.end);
   for (int64_t block = block_begin; block < block_end; ++block) {
     const int64_t j0 = block * kKeyBlock;
     const float* kt = task.packed + block * layout.block_floats;
+    uint8_t v_nonfinite = 0;
+    if (task.packed == nullptr) {
+      pack_block(args, layout, seq, head_k, block, scratch.panel, &v_nonfinite);
+      kt = scratch.panel;
+    } else {
+      v_nonfinite = task.v_nonfinite[block];
+    }
     const float* v_panel = kt + layout.kt_floats;
     const bool crosses_boundary = j0 < last_row_lo || j0 + kKeyBlock - 1 > first_row_hi ||
-                                  j0 + kKeyBlock > args.seqlen_k;
+                                  j0 + kKeyBlock > seq.seqlen_k;
 
-    compute_scores(scratch.q, rows, kt, head_dim, scratch.s);
+    compute_scores(scratch.q, rows.count, kt, head_dim, scratch.s);
     if (transform.softcap || transform.alibi || crosses_boundary) {
-      transform_scores(args, transform, crosses_boundary, task.q_begin, rows, j0, scratch.s);
+      transform_scores(args, seq, transform, crosses_boundary, rows, j0, scratch.s);
     }
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = 0; r < rows.count; ++r) {
       online_softmax_row(scratch.s + r * kKeyBlock, scratch.m + r, scratch.l + r,
                          scratch.o + r * dv_pad, dv_pad);
     }
-    const int64_t keys = std::min(kKeyBlock, args.seqlen_k - j0);
-    if (crosses_boundary && task.v_nonfinite[block]) {
-      accumulate_pv_visible_only(args, task.q_begin, rows, j0, scratch.s, v_panel, scratch.o,
-                                 dv_pad);
+    const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
+    if (crosses_boundary && v_nonfinite) {
+      accumulate_pv_visible_only(args, seq, rows, j0, scratch.s, v_panel, scratch.o, dv_pad);
     } else {
-      accumulate_pv(scratch.s, rows, v_panel, keys, scratch.o, dv_pad);
+      accumulate_pv(scratch.s, rows.count, v_panel, keys, scratch.o, dv_pad);
     }
   }
 
   if (task.partial.o != nullptr) {
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = 0; r < rows.count; ++r) {
       const float* o_row = scratch.o + r * dv_pad;
       float* partial_o = task.partial.o + r * task.partial.o_row_stride;
       for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::load(o_row + c).store(partial_o + c);
@@ -421,21 +464,21 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
     }
     return;
   }
-  const bool has_sink = args.sinks != nullptr;
-  const float sink = has_sink ? args.sinks[task.head_q * args.sinks_stride] : 0.f;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = task.q_begin + r;
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const int64_t i = rows.position(r);
+    const int64_t head_q = rows.head(r);
+    const bool has_sink = args.sinks != nullptr;
+    const float sink = has_sink ? args.sinks[head_q * args.sinks_stride] : 0.f;
     RowPartials parts;
     parts.o = scratch.o + r * dv_pad;
     parts.m = scratch.m + r;
     parts.l = scratch.l + r;
-    void* out_row = element_address(args.out, args.dtype,
-                                    task.batch * args.out_batch_stride + i * args.out_row_stride +
-                                        task.head_q * args.out_head_stride);
-    float* lse = args.lse == nullptr
-                     ? nullptr
-                     : args.lse + task.batch * args.lse_batch_stride +
-                           task.head_q * args.lse_head_stride + i * args.lse_row_stride;
+    void* out_row =
+        element_address(args.out, args.dtype,
+                        seq.out_offset + i * args.out_row_stride + head_q * args.out_head_stride);
+    float* lse = args.lse == nullptr ? nullptr
+                                     : args.lse + seq.lse_offset + head_q * args.lse_head_stride +
+                                           i * args.lse_row_stride;
     combine_and_store_row(parts, has_sink, sink, args.head_dim_v, args.dtype, out_row, lse);
   }
 }

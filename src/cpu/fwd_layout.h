@@ -38,7 +38,6 @@ struct PackedLayout {
   int64_t dv_pad = 0;       // padded Dv
   int64_t kt_floats = 0;    // D * 64, rounded to the alignment
   int64_t block_floats = 0; // kt_floats + 64 * dv_pad
-  int64_t num_blocks = 0;   // ceil(Sk / 64)
 
   static PackedLayout for_args(const FwdArgs& args) {
     PackedLayout layout;
@@ -46,7 +45,6 @@ struct PackedLayout {
     layout.dv_pad = padded_dv(args.head_dim_v);
     layout.kt_floats = round_up(args.head_dim * kKeyBlock, kAlignment / 4);
     layout.block_floats = layout.kt_floats + kKeyBlock * layout.dv_pad;
-    layout.num_blocks = ceil_div(args.seqlen_k, kKeyBlock);
     return layout;
   }
 };
@@ -62,19 +60,27 @@ struct PartialOutput {
   int64_t ml_row_stride = 0;
 };
 
-// One unit of attention work: query rows [q_begin, q_end) of query head `head_q` in batch `batch`,
-// against key blocks [block_begin, block_end) of the packed K/V of its kv head.
+// One unit of attention work: query positions [q_begin, q_end) of query heads
+// [head_q_begin, head_q_begin + heads) in batch `batch` (all of one kv head), against key blocks
+// [block_begin, block_end). Row r of the task is position q_begin + r % (q_end - q_begin) of head
+// head_q_begin + r / (q_end - q_begin); at most kMaxQBlockRows rows.
 struct AttendTask {
-  int64_t batch = 0;
-  int64_t head_q = 0;
+  SeqInfo seq;
+  int64_t head_q_begin = 0;
+  int64_t heads = 1;
   int64_t q_begin = 0;
   int64_t q_end = 0;
   int64_t block_begin = 0;
   int64_t block_end = 0;
-  const float* packed = nullptr;        // first block of this (batch, kv head)
-  const uint8_t* v_nonfinite = nullptr; // per block: 1 if its V rows hold a NaN or infinity
-  PartialOutput partial;                // o == nullptr: write out/lse directly
+  // Packed K/V of this (batch, kv head), first block; nullptr to stream: the task then packs each
+  // block into its scratch panel just before use (each block is used by this task only).
+  const float* packed = nullptr;
+  const uint8_t* v_nonfinite = nullptr;  // per packed block: 1 if its V holds a NaN or infinity
+  PartialOutput partial;                 // o == nullptr: write out/lse directly
 };
+
+// Key blocks of a sequence.
+inline int64_t key_blocks(const SeqInfo& seq) { return ceil_div(seq.seqlen_k, kKeyBlock); }
 
 // Key blocks [begin, end) that hold a key visible to at least one query row in [q_begin, q_end);
 // empty (begin == end) when the window hides every key from every row.
@@ -82,12 +88,13 @@ struct BlockRange {
   int64_t begin = 0;
   int64_t end = 0;
 };
-inline BlockRange visible_key_blocks(const FwdArgs& args, int64_t q_begin, int64_t q_end) {
-  const int64_t diagonal_offset = args.seqlen_k - args.seqlen_q;
+inline BlockRange visible_key_blocks(const FwdArgs& args, const SeqInfo& seq, int64_t q_begin,
+                                     int64_t q_end) {
+  const int64_t diagonal_offset = seq.seqlen_k - seq.seqlen_q;
   int64_t first_key = q_begin + diagonal_offset - args.window_left;
   int64_t last_key = q_end - 1 + diagonal_offset + args.window_right;
   first_key = first_key < 0 ? 0 : first_key;
-  last_key = last_key > args.seqlen_k - 1 ? args.seqlen_k - 1 : last_key;
+  last_key = last_key > seq.seqlen_k - 1 ? seq.seqlen_k - 1 : last_key;
   if (first_key > last_key) return {};
   return {first_key / kKeyBlock, last_key / kKeyBlock + 1};
 }
@@ -99,10 +106,11 @@ struct Scratch {
   float* o = nullptr;  // [row][dv_pad] output accumulators
   float* m = nullptr;  // [row] running max (log2 units)
   float* l = nullptr;  // [row] running denominator
+  float* panel = nullptr;  // one packed K/V block, for streaming tasks
 
   static int64_t floats_needed(const PackedLayout& layout) {
     return round_up(kMaxQBlockRows * layout.head_dim, 16) + kMaxQBlockRows * kKeyBlock +
-           kMaxQBlockRows * layout.dv_pad + 2 * kMaxQBlockRows;
+           kMaxQBlockRows * layout.dv_pad + 2 * kMaxQBlockRows + layout.block_floats;
   }
   // Carves the buffers out of `base` (64-byte aligned, floats_needed floats).
   static Scratch carve(float* base, const PackedLayout& layout) {
@@ -112,6 +120,7 @@ struct Scratch {
     scratch.o = scratch.s + kMaxQBlockRows * kKeyBlock;
     scratch.m = scratch.o + kMaxQBlockRows * layout.dv_pad;
     scratch.l = scratch.m + kMaxQBlockRows;
+    scratch.panel = scratch.l + kMaxQBlockRows;
     return scratch;
   }
 };

@@ -8,7 +8,7 @@ namespace anyattn::cpu {
 
 #define ANYATTN_FWD_KERNEL(ns, isa, name, lanes, rows, keys, check)                         \
   namespace ns {                                                                             \
-  void pack_block(const FwdArgs& args, const PackedLayout& layout, int64_t batch,            \
+  void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,       \
                   int64_t head_k, int64_t block, float* dst, uint8_t* v_nonfinite);          \
   void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,       \
               const Scratch& scratch);                                                       \

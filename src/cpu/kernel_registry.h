@@ -12,9 +12,10 @@
 
 namespace anyattn::cpu {
 
-// Packs key block `block` of (batch, head_k) into `dst` (PackedLayout::block_floats floats, 64-byte
-// aligned) and sets *v_nonfinite to 1 if any packed V value is NaN or infinite, else 0.
-using PackBlockFn = void (*)(const FwdArgs& args, const PackedLayout& layout, int64_t batch,
+// Packs key block `block` of sequence `seq`, kv head `head_k`, into `dst`
+// (PackedLayout::block_floats floats, 64-byte aligned) and sets *v_nonfinite to 1 if any packed V
+// value is NaN or infinite, else 0.
+using PackBlockFn = void (*)(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
                              int64_t head_k, int64_t block, float* dst, uint8_t* v_nonfinite);
 
 // Runs one AttendTask with the given scratch. Writes only the task's own rows of out/lse (or of

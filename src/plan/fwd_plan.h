@@ -18,12 +18,16 @@ struct FwdPlan {
   const cpu::FwdKernel* kernel = nullptr;
   int threads = 1;
   cpu::PackedLayout layout;
-  int64_t q_block_rows = 0;     // rows per AttendTask (<= kMaxQBlockRows)
-  int64_t num_q_blocks = 0;     // per (batch, query head)
+  // Streaming: all query rows of a kv head (group size x Sq) fit one task, so each K/V block is
+  // used once; tasks pack blocks into their own scratch instead of a shared packed buffer.
+  bool streaming = false;
+  int64_t q_block_rows = 0;     // query positions per AttendTask (x group size when streaming)
   int64_t num_splits = 1;       // key-range splits per q block, merged by LSE
-  int64_t blocks_per_split = 0; // key blocks per split
-  int64_t pairs_per_group = 1;  // (batch, kv head) pairs packed together before attending
+  int64_t wanted_tasks = 0;     // attend tasks per packing group that keep every thread busy
   int64_t scratch_floats = 0;   // per thread
+
+  // Key blocks per split for a sequence with `blocks` key blocks.
+  int64_t blocks_per_split(int64_t blocks) const { return cpu::ceil_div(blocks, num_splits); }
 
   std::string describe(const cpu::FwdArgs& args) const;
 };
@@ -32,6 +36,8 @@ struct FwdPlan {
 constexpr int64_t kMaxSplits = 64;
 // Bytes of packed K/V held at once (at least one (batch, kv head) pair is always packed whole).
 constexpr int64_t kPackBudgetBytes = int64_t{48} << 20;
+// Attend tasks per thread in one packing group: enough for the cost-ordered queue to balance.
+constexpr int64_t kTasksPerThread = 8;
 
 FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, int threads);
 

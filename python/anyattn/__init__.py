@@ -1,0 +1,37 @@
+"""anyattn: exact attention with FlashAttention 2.x semantics on any device.
+
+Drop-in for flash-attn's dense API: ``from anyattn import flash_attn_func``. numpy arrays and CPU
+torch tensors run anyattn's own C++ kernels; tensors on other devices go to flash_attn or torch
+SDPA (see ``anyattn.backends()`` and docs/python.md).
+"""
+
+from . import _core
+from ._info import backends, get_num_threads, isa, set_num_threads
+from ._not_yet import (
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
+)
+from .flash_attn_interface import (
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+)
+
+__version__ = _core.version_string()
+
+__all__ = [
+    "__version__",
+    "backends",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
+    "get_num_threads",
+    "isa",
+    "set_num_threads",
+]

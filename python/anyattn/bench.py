@@ -1,0 +1,177 @@
+"""``python -m anyattn.bench``: anyattn against torch SDPA on CPU, in one process, same threads.
+
+Rows: the core benchmark's shapes (B=1, Hq=16, Hk in {16, 4}, D in {64, 128}, causal and not,
+float32 and bfloat16), S in {512, 1024, 2048} by default or up to 8192 with ``--full``. Columns:
+median time and GFLOP/s (forward = 4*B*Hq*D*visible pairs, DESIGN.md section 5) of anyattn, torch
+SDPA with its default CPU kernel (flash) and with the math backend, and anyattn's speed-up over
+each. Writes JSON (``--json``) and, when matplotlib is installed, a PNG (``--png``).
+
+``--overhead`` instead measures per-call cost at a tiny shape: the C extension alone, the numpy
+API, the torch op (torch.library.Library registration, what anyattn uses) and the same kernel
+registered with torch.library.custom_op, plus torch SDPA for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import timeit
+from typing import Callable, Dict, List
+
+import anyattn
+
+
+def _median_seconds(fn: Callable[[], object], min_time: float = 0.3, max_runs: int = 20) -> float:
+    fn()
+    times: List[float] = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < min_time and len(times) < max_runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _visible_pairs(s: int, causal: bool) -> int:
+    return s * (s + 1) // 2 if causal else s * s
+
+
+def run_table(full: bool) -> List[Dict[str, object]]:
+    """Benchmark every row and return them as dicts (also printed as a table)."""
+    import torch  # noqa: PLC0415
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    torch.set_num_threads(anyattn.get_num_threads())
+    lengths = [512, 1024, 2048, 4096, 8192] if full else [512, 1024, 2048]
+    rows = []
+    header = (f"{'dtype':8} {'Hk':>3} {'D':>4} {'mask':7} {'S':>5} | {'anyattn ms':>10} {'GF/s':>7} | "
+              f"{'sdpa ms':>9} {'GF/s':>7} {'x':>5} | {'math ms':>9} {'GF/s':>7} {'x':>5}")
+    print(f"threads={anyattn.get_num_threads()} isa={anyattn.isa()} torch={torch.__version__}")
+    print(header)
+    print("-" * len(header))
+    for dtype in (torch.float32, torch.bfloat16):
+        for hk in (16, 4):
+            for d in (64, 128):
+                for causal in (False, True):
+                    for s in lengths:
+                        q = torch.randn(1, s, 16, d, dtype=dtype)
+                        k = torch.randn(1, s, hk, d, dtype=dtype)
+                        v = torch.randn(1, s, hk, d, dtype=dtype)
+                        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                        flops = 4 * 16 * d * _visible_pairs(s, causal)
+
+                        def sdpa():
+                            return torch.nn.functional.scaled_dot_product_attention(
+                                qt, kt, vt, is_causal=causal, enable_gqa=hk != 16)
+
+                        with torch.no_grad():
+                            t_any = _median_seconds(lambda: anyattn.flash_attn_func(q, k, v, causal=causal))
+                            t_sdpa = _median_seconds(sdpa)
+                            if s <= 2048:
+                                with sdpa_kernel(SDPBackend.MATH):
+                                    t_math = _median_seconds(sdpa, max_runs=5)
+                            else:
+                                t_math = float("nan")
+                        row = dict(dtype=str(dtype).replace("torch.", ""), hq=16, hk=hk, d=d,
+                                   causal=causal, s=s, anyattn_s=t_any, sdpa_s=t_sdpa, math_s=t_math,
+                                   anyattn_gflops=flops / t_any / 1e9, sdpa_gflops=flops / t_sdpa / 1e9,
+                                   math_gflops=flops / t_math / 1e9)
+                        rows.append(row)
+                        print(f"{row['dtype']:8} {hk:>3} {d:>4} {'causal' if causal else 'full':7} {s:>5} | "
+                              f"{t_any * 1e3:>10.2f} {row['anyattn_gflops']:>7.1f} | "
+                              f"{t_sdpa * 1e3:>9.2f} {row['sdpa_gflops']:>7.1f} {t_sdpa / t_any:>5.2f} | "
+                              f"{t_math * 1e3:>9.2f} {row['math_gflops']:>7.1f} {t_math / t_any:>5.2f}",
+                              flush=True)
+    return rows
+
+
+def plot(rows: List[Dict[str, object]], path: str) -> bool:
+    """GFLOP/s against S, one line per implementation, one panel per dtype/mask. False without matplotlib."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return False
+    panels = sorted({(r["dtype"], r["causal"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (dtype, causal) in zip(axes[0], panels):
+        for hk in (16, 4):
+            for d in (64, 128):
+                sel = [r for r in rows if (r["dtype"], r["causal"], r["hk"], r["d"]) == (dtype, causal, hk, d)]
+                xs = [r["s"] for r in sel]
+                for impl, style in (("anyattn", "-"), ("sdpa", "--"), ("math", ":")):
+                    ax.plot(xs, [r[f"{impl}_gflops"] for r in sel], style, marker="o",
+                            label=f"{impl} Hk={hk} D={d}")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{dtype} {'causal' if causal else 'full'}")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("GFLOP/s")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
+
+
+def run_overhead() -> Dict[str, float]:
+    """Per-call microseconds at B=Sq=Sk=H=1, D=8 (best of repeats)."""
+    import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    from anyattn import _core  # noqa: PLC0415
+    from anyattn._cpu import torch_forward  # noqa: PLC0415
+
+    def best_us(fn):
+        for _ in range(200):
+            fn()
+        return min(timeit.repeat(fn, number=2000, repeat=15)) / 2000 * 1e6
+
+    from anyattn._torch_ops import SCHEMA  # noqa: PLC0415
+
+    custom = torch.library.custom_op("anyattn_bench::fwd", torch_forward, mutates_args=(),
+                                     schema=SCHEMA[len("fwd"):])
+
+    a = np.random.rand(1, 1, 1, 8).astype(np.float32)
+    out, lse = np.empty_like(a), np.empty((1, 1, 1), np.float32)
+    t = torch.from_numpy(a)
+    args = (t, t, t, 0.0, 0.0, False, -1, -1, None, None)
+    results = {
+        "C extension (_core.fwd, numpy buffers)": best_us(
+            lambda: _core.fwd(a, a, a, out, lse, 0.0, 0.0, False, -1, -1, None, None)),
+        "anyattn.flash_attn_func (numpy)": best_us(lambda: anyattn.flash_attn_func(a, a, a)),
+        "kernel body on torch tensors (no dispatcher)": best_us(lambda: torch_forward(*args)),
+        "torch.ops.anyattn.fwd (torch.library.Library)": best_us(lambda: torch.ops.anyattn.fwd(*args)),
+        "same kernel via torch.library.custom_op": best_us(lambda: custom(*args)),
+        "anyattn.flash_attn_func (torch)": best_us(lambda: anyattn.flash_attn_func(t, t, t)),
+        "torch SDPA (for scale)": best_us(lambda: torch.nn.functional.scaled_dot_product_attention(t, t, t)),
+    }
+    for name, us in results.items():
+        print(f"{name:48} {us:8.2f} us")
+    return results
+
+
+def main() -> None:
+    """Command-line entry point; see the module docstring."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="S up to 8192 (slow on 2 cores)")
+    parser.add_argument("--overhead", action="store_true", help="per-call overhead at a tiny shape")
+    parser.add_argument("--json", default="anyattn_python_bench.json", help="JSON output path")
+    parser.add_argument("--png", default="anyattn_python_bench.png", help="PNG plot path")
+    args = parser.parse_args()
+    if args.overhead:
+        result = {"overhead_us": run_overhead()}
+    else:
+        rows = run_table(args.full)
+        result = {"threads": anyattn.get_num_threads(), "isa": anyattn.isa(), "rows": rows}
+        if plot(rows, args.png):
+            print(f"plot: {args.png}")
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"json: {args.json}")
+
+
+if __name__ == "__main__":
+    main()

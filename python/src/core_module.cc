@@ -1,0 +1,202 @@
+// anyattn._core: the Python extension. A thin layer over the C ABI (include/anyattn/anyattn.h).
+//
+// Tensors cross this boundary in one of two forms, chosen by python/anyattn/_tensors.py:
+//   - a "spec": a tuple (data_pointer, dtype_code, shape, strides) with strides in elements, used
+//     for torch tensors. The Python caller owns the memory and keeps it alive during the call.
+//   - any object exporting the buffer protocol with format 'f' (f32), 'e' (f16) or 'i' (i32),
+//     used for numpy arrays; its byte strides must be whole elements.
+// Both are far cheaper than DLPack capsules (a torch __dlpack__ export costs about 2 us per
+// tensor, numpy's ctypes.data about 1 us), which matters for small, latency-bound calls.
+//
+// Errors: every non-OK status becomes a Python exception carrying anyattn_last_error():
+//   ANYATTN_E_INVALID_ARGUMENT -> ValueError, ANYATTN_E_UNSUPPORTED -> NotImplementedError,
+//   ANYATTN_E_OUT_OF_MEMORY -> MemoryError, anything else -> RuntimeError.
+// The GIL is released while the kernel runs.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <string>
+
+#include "anyattn/anyattn.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+// Raises the Python exception matching `status`, with the library's message.
+[[noreturn]] void raise_status(anyattn_status status) {
+  std::string msg = anyattn_last_error();
+  if (msg.empty()) msg = anyattn_status_name(status);
+  PyObject* type = PyExc_RuntimeError;
+  switch (status) {
+    case ANYATTN_E_INVALID_ARGUMENT: type = PyExc_ValueError; break;
+    case ANYATTN_E_UNSUPPORTED: type = PyExc_NotImplementedError; break;
+    case ANYATTN_E_OUT_OF_MEMORY: type = PyExc_MemoryError; break;
+    default: break;
+  }
+  PyErr_SetString(type, msg.c_str());
+  throw nb::python_error();
+}
+
+// Reads a tuple of at most ANYATTN_MAX_NDIM Python ints into `dst`; returns its length.
+int32_t read_dims(nb::handle seq, int64_t* dst, const char* name, const char* what) {
+  nb::tuple t = nb::cast<nb::tuple>(seq);
+  size_t n = t.size();
+  if (n > ANYATTN_MAX_NDIM) {
+    throw nb::value_error((std::string(name) + ": " + what + " has " + std::to_string(n) +
+                           " entries; at most " + std::to_string(ANYATTN_MAX_NDIM) +
+                           " are supported")
+                              .c_str());
+  }
+  for (size_t i = 0; i < n; ++i) dst[i] = nb::cast<int64_t>(t[i]);
+  return static_cast<int32_t>(n);
+}
+
+// A Py_buffer released when it goes out of scope.
+struct BufferView {
+  Py_buffer view{};
+  bool held = false;
+  BufferView() = default;
+  BufferView(const BufferView&) = delete;
+  BufferView& operator=(const BufferView&) = delete;
+  ~BufferView() {
+    if (held) PyBuffer_Release(&view);
+  }
+};
+
+[[noreturn]] void buffer_error(const char* name, const std::string& what) {
+  throw nb::value_error((std::string(name) + ": " + what).c_str());
+}
+
+// Describes a buffer-protocol object (a numpy array) as an anyattn_tensor; `buf` keeps it alive.
+anyattn_tensor from_buffer(nb::handle obj, const char* name, bool writable, BufferView& buf) {
+  int flags = PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj.ptr(), &buf.view, flags) != 0) throw nb::python_error();
+  buf.held = true;
+  const Py_buffer& v = buf.view;
+  std::string fmt = v.format ? v.format : "B";
+  if (!fmt.empty() && (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')) fmt.erase(0, 1);
+  anyattn_tensor out{};
+  if (fmt == "f" && v.itemsize == 4) {
+    out.dtype = ANYATTN_DTYPE_F32;
+  } else if (fmt == "e" && v.itemsize == 2) {
+    out.dtype = ANYATTN_DTYPE_F16;
+  } else if (fmt == "i" && v.itemsize == 4) {
+    out.dtype = ANYATTN_DTYPE_I32;
+  } else {
+    buffer_error(name, "buffer format '" + fmt + "' is not supported (float32 or float16)");
+  }
+  if (v.ndim < 1 || v.ndim > ANYATTN_MAX_NDIM) {
+    buffer_error(name, "has " + std::to_string(v.ndim) + " dimensions; 1 to " +
+                           std::to_string(ANYATTN_MAX_NDIM) + " are supported");
+  }
+  out.data = v.buf;
+  out.ndim = v.ndim;
+  for (int i = 0; i < v.ndim; ++i) {
+    out.shape[i] = v.shape[i];
+    if (v.strides[i] % v.itemsize != 0) {
+      buffer_error(name, "byte stride " + std::to_string(v.strides[i]) +
+                             " is not a whole number of elements");
+    }
+    out.strides[i] = v.strides[i] / v.itemsize;
+  }
+  // numpy reports arbitrary strides for size-1 dimensions; such a last dimension is contiguous.
+  if (out.shape[v.ndim - 1] <= 1) out.strides[v.ndim - 1] = 1;
+  return out;
+}
+
+// Converts a spec tuple (ptr, dtype, shape, strides) or a buffer-protocol object into an
+// anyattn_tensor. `buf` holds the buffer, if one was taken, until the caller is done.
+anyattn_tensor to_tensor(nb::handle spec, const char* name, BufferView& buf, bool writable = false) {
+  if (!PyTuple_Check(spec.ptr())) return from_buffer(spec, name, writable, buf);
+  nb::tuple t = nb::borrow<nb::tuple>(spec);
+  if (t.size() != 4) {
+    throw nb::value_error((std::string(name) + ": internal tensor spec must have 4 entries").c_str());
+  }
+  anyattn_tensor out{};
+  out.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(t[0]));
+  out.dtype = nb::cast<int32_t>(t[1]);
+  out.ndim = read_dims(t[2], out.shape, name, "shape");
+  int32_t nstrides = read_dims(t[3], out.strides, name, "strides");
+  if (nstrides != out.ndim) {
+    throw nb::value_error((std::string(name) + ": shape and strides differ in length").c_str());
+  }
+  return out;
+}
+
+// Dense forward. See anyattn_fwd in anyattn.h for shapes and semantics; `lse`, `alibi_slopes`
+// and `sinks` may be None.
+void fwd(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+         float softmax_scale, float softcap, bool causal, int32_t window_left,
+         int32_t window_right, nb::handle alibi_slopes, nb::handle sinks, int32_t num_splits,
+         int32_t isa) {
+  BufferView bq, bk, bv, bout, blse, balibi, bsinks;
+  const anyattn_tensor tq = to_tensor(q, "q", bq);
+  const anyattn_tensor tk = to_tensor(k, "k", bk);
+  const anyattn_tensor tv = to_tensor(v, "v", bv);
+  const anyattn_tensor tout = to_tensor(out, "out", bout, /*writable=*/true);
+  anyattn_tensor tlse{}, talibi{}, tsinks{};
+  if (!lse.is_none()) tlse = to_tensor(lse, "lse", blse, /*writable=*/true);
+  if (!alibi_slopes.is_none()) talibi = to_tensor(alibi_slopes, "alibi_slopes", balibi);
+  if (!sinks.is_none()) tsinks = to_tensor(sinks, "sinks", bsinks);
+
+  anyattn_fwd_params params;
+  anyattn_fwd_params_init(&params);
+  params.softmax_scale = softmax_scale;
+  params.softcap = softcap;
+  params.causal = causal ? 1 : 0;
+  params.window_left = window_left;
+  params.window_right = window_right;
+  params.alibi_slopes = alibi_slopes.is_none() ? nullptr : &talibi;
+  params.sinks = sinks.is_none() ? nullptr : &tsinks;
+  params.num_splits = num_splits;
+  params.isa = isa;
+
+  anyattn_status status;
+  {
+    nb::gil_scoped_release release;
+    status = anyattn_fwd(&tq, &tk, &tv, &tout, lse.is_none() ? nullptr : &tlse, &params);
+  }
+  if (status != ANYATTN_OK) raise_status(status);
+}
+
+anyattn_isa isa_from_name(const std::string& name) {
+  for (anyattn_isa isa : {ANYATTN_ISA_AUTO, ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2,
+                          ANYATTN_ISA_AVX512}) {
+    if (name == anyattn_isa_name(isa)) return isa;
+  }
+  throw nb::value_error(
+      ("isa: unknown name '" + name + "'; expected auto, portable, avx2 or avx512").c_str());
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "Low-level binding of the anyattn C ABI. Use the anyattn package, not this module.";
+
+  m.attr("DTYPE_F32") = static_cast<int>(ANYATTN_DTYPE_F32);
+  m.attr("DTYPE_F16") = static_cast<int>(ANYATTN_DTYPE_F16);
+  m.attr("DTYPE_BF16") = static_cast<int>(ANYATTN_DTYPE_BF16);
+  m.attr("DTYPE_I32") = static_cast<int>(ANYATTN_DTYPE_I32);
+  m.attr("MAX_NDIM") = static_cast<int>(ANYATTN_MAX_NDIM);
+
+  m.def("version", &anyattn_version, "The loaded library's version, major*10000+minor*100+patch.");
+  m.def("version_string", []() { return std::string(anyattn_version_string()); },
+        "The loaded library's version as 'major.minor.patch'.");
+  m.def("set_num_threads", &anyattn_set_num_threads, nb::arg("n"),
+        "Threads used by later calls, process-wide; n <= 0 restores the default.");
+  m.def("get_num_threads", &anyattn_get_num_threads, "Threads later calls will use.");
+  m.def("isa_default", []() { return std::string(anyattn_isa_name(anyattn_isa_default())); },
+        "Name of the instruction-set path chosen automatically on this CPU.");
+  m.def("isa_supported",
+        [](const std::string& name) { return anyattn_isa_supported(isa_from_name(name)) != 0; },
+        nb::arg("name"), "True if this build and CPU can run the named ISA path.");
+  m.def("isa_code", [](const std::string& name) { return static_cast<int>(isa_from_name(name)); },
+        nb::arg("name"), "The anyattn_isa value of an ISA name.");
+  m.def("fwd", &fwd, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
+        nb::arg("softmax_scale"), nb::arg("softcap"), nb::arg("causal"), nb::arg("window_left"),
+        nb::arg("window_right"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
+        nb::arg("num_splits") = 0, nb::arg("isa") = 0,
+        "Dense forward attention over tensor specs or buffer-protocol arrays. Releases the GIL.");
+}

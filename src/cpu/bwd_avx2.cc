@@ -1,0 +1,27 @@
+// The backward kernels for the avx2 path: bwd_kernel-inl.h compiled against vec_avx2.h.
+// Registered in bwd_kernels.inc.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <immintrin.h>
+
+#include "cpu/bwd_args.h"
+#include "cpu/bwd_layout.h"
+#include "cpu/half.h"
+#include "cpu/philox.h"
+#include "cpu/simd/isa_target.h"
+
+ANYATTN_TARGET_BEGIN("avx2,fma,f16c")
+namespace anyattn::cpu::bwd_avx2 {
+
+#include "cpu/simd/vec_avx2.h"
+#include "cpu/simd/vec_math-inl.h"
+
+constexpr int kGemmRows = 6;
+constexpr int kGemmVecs = 2;
+
+#include "cpu/bwd_kernel-inl.h"
+
+}  // namespace anyattn::cpu::bwd_avx2
+ANYATTN_TARGET_END()

@@ -1,0 +1,34 @@
+// The backward kernels for the avx512 path: bwd_kernel-inl.h compiled against vec_avx512.h.
+// Registered in bwd_kernels.inc.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <immintrin.h>
+
+#include "cpu/bwd_args.h"
+#include "cpu/bwd_layout.h"
+#include "cpu/half.h"
+#include "cpu/philox.h"
+#include "cpu/simd/isa_target.h"
+
+// GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics
+// (_mm512_undefined_*) as uninitialised (GCC bug 105593); the warnings are false positives.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+namespace anyattn::cpu::bwd_avx512 {
+
+#include "cpu/simd/vec_avx512.h"
+#include "cpu/simd/vec_math-inl.h"
+
+constexpr int kGemmRows = 6;
+constexpr int kGemmVecs = 4;
+
+#include "cpu/bwd_kernel-inl.h"
+
+}  // namespace anyattn::cpu::bwd_avx512
+ANYATTN_TARGET_END()
