@@ -4,7 +4,8 @@
 # Python package installed in editable mode. Safe to run repeatedly.
 #
 #   scripts/setup.sh            system packages only
-#   scripts/setup.sh --python   system packages, then .venv with anyattn[test,torch]
+#   scripts/setup.sh --python   system packages, then .venv with numpy, pytest, torch (CPU use
+#                               of the PyPI wheel), transformers, and anyattn built from this tree
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,9 +33,12 @@ install_python_environment() {
     echo "setup: creating .venv"
     python3 -m venv .venv
   fi
+  # Build requirements are installed up front so the package builds without isolation, reusing
+  # its CMake build directory (build/python-*) and ccache between runs.
   .venv/bin/python -m pip install -q --upgrade pip
-  echo "setup: installing the anyattn Python package into .venv (editable)"
-  .venv/bin/python -m pip install -q -e ".[test,torch]"
+  .venv/bin/python -m pip install -q numpy pytest scikit-build-core nanobind torch transformers
+  echo "setup: building and installing the anyattn Python package into .venv"
+  .venv/bin/python -m pip install -q --no-build-isolation --no-deps .
 }
 
 install_system_packages

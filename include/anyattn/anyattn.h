@@ -203,6 +203,127 @@ ANYATTN_API anyattn_status anyattn_fwd(const anyattn_tensor* q, const anyattn_te
                                        const anyattn_tensor* v, const anyattn_tensor* out,
                                        const anyattn_tensor* lse, const anyattn_fwd_params* params);
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Variable-length forward                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Forward attention over B packed sequences of different lengths.
+ *   q   (total_q, Hq, D)     sequence b is rows [cu_seqlens_q[b], cu_seqlens_q[b+1])
+ *   k   (total_k, Hk, D)     sequence b is rows [cu_seqlens_k[b], cu_seqlens_k[b+1])
+ *   v   (total_k, Hk, Dv)
+ *   out (total_q, Hq, Dv)    written
+ *   lse (Hq, total_q) f32    written; may be NULL
+ *   cu_seqlens_q, cu_seqlens_k   i32 (B + 1), non-decreasing, starting at >= 0, within total_q /
+ *                                total_k, each length <= max_seqlen_q / max_seqlen_k
+ *   seqused_k    i32 (B) or NULL: sequence b uses only its first seqused_k[b] keys
+ * Every dense option applies per sequence (the mask is bottom-right aligned per sequence, ALiBi
+ * positions are per sequence). Rows of q outside every sequence are not written. */
+ANYATTN_API anyattn_status anyattn_fwd_varlen(
+    const anyattn_tensor* q, const anyattn_tensor* k, const anyattn_tensor* v,
+    const anyattn_tensor* out, const anyattn_tensor* lse, const anyattn_tensor* cu_seqlens_q,
+    const anyattn_tensor* cu_seqlens_k, const anyattn_tensor* seqused_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, const anyattn_fwd_params* params);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* KV-cache forward (flash_attn_with_kvcache)                                                     */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The cache-specific arguments of anyattn_fwd_kvcache. Initialise with anyattn_kvcache_params_init.
+ * All tensors are optional (NULL) unless stated. */
+typedef struct anyattn_kvcache_params {
+  size_t struct_size;
+  /* New keys/values (B, S_new, Hk, D) / (B, S_new, Hk, Dv), dtype of q: written into the cache at
+   * positions cache_seqlens[b] .. cache_seqlens[b] + S_new - 1 before attention. Both or neither. */
+  const anyattn_tensor* k_new;
+  const anyattn_tensor* v_new;
+  /* i32 (B): keys already in the cache per sequence. NULL: cache_seqlen for every sequence. */
+  const anyattn_tensor* cache_seqlens;
+  /* Used when cache_seqlens is NULL. -1 (the default) = the whole cache (S_cache; contiguous
+   * caches only). */
+  int64_t cache_seqlen;
+  /* i32 (B): sequence b uses cache batch cache_batch_idx[b] (contiguous caches only). */
+  const anyattn_tensor* cache_batch_idx;
+  /* i32 (B): sequence b's keys start at cache position cache_leftpad[b]. */
+  const anyattn_tensor* cache_leftpad;
+  /* i32 (B, max_blocks): paged cache. k_cache/v_cache are then (num_blocks, page_size, Hk, D) and
+   * cache position p of sequence b lives in page block_table[b][p / page_size]. */
+  const anyattn_tensor* block_table;
+  /* (S_ro, rotary_dim / 2), f32 or q's dtype: rotary embedding applied to the new keys at their
+   * cache positions and to q (at cache_seqlens[b] + i when causal or windowed, else at
+   * cache_seqlens[b]). Requires k_new. rotary_dim <= D, even. */
+  const anyattn_tensor* rotary_cos;
+  const anyattn_tensor* rotary_sin;
+  /* Non-zero: rotate pairs (2t, 2t+1) (GPT-J); zero: pairs (t, t + rotary_dim/2) (GPT-NeoX). */
+  int32_t rotary_interleaved;
+} anyattn_kvcache_params;
+
+/* Fills `cache` with defaults (no new keys, whole cache, no paging, no rotary). */
+ANYATTN_API void anyattn_kvcache_params_init(anyattn_kvcache_params* cache);
+
+/* Forward attention of q against a KV cache, with optional in-place append and rotary.
+ *   q       (B, Sq, Hq, D)
+ *   k_cache (B_cache, S_cache, Hk, D) or paged (num_blocks, page_size, Hk, D); written when
+ *           cache->k_new is given
+ *   v_cache (B_cache, S_cache, Hk, Dv) or paged (num_blocks, page_size, Hk, Dv); likewise
+ *   out     (B, Sq, Hq, Dv) written;  lse (B, Hq, Sq) f32 written, may be NULL
+ * Sequence b attends to cache positions [leftpad_b, cache_seqlens[b] + S_new); the mask is
+ * bottom-right aligned to that key count. Everything is validated (capacity, block table entries,
+ * rotary table length) before the first write: a failed call leaves the cache untouched. */
+ANYATTN_API anyattn_status anyattn_fwd_kvcache(const anyattn_tensor* q,
+                                               const anyattn_tensor* k_cache,
+                                               const anyattn_tensor* v_cache,
+                                               const anyattn_tensor* out, const anyattn_tensor* lse,
+                                               const anyattn_kvcache_params* cache,
+                                               const anyattn_fwd_params* params);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Merging partial attention results                                                              */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Merges two attentions of the same queries over disjoint key sets (split-KV, ring attention,
+ * cascades): out = (e^lse_a out_a + e^lse_b out_b) / (e^lse_a + e^lse_b), lse = log of the sum.
+ *   out_a, out_b, out   (T, H, Dv) with lse (H, T), or (B, S, H, Dv) with lse (B, H, S)
+ *   lse_a, lse_b        f32; -inf marks an empty partial result (it gets weight 0)
+ *   lse_out             f32, may be NULL
+ * out_a/out_b/out share one dtype (f32, f16, bf16). out may be exactly out_a or out_b (and lse_out
+ * exactly lse_a or lse_b): the in-place form. Both partials empty gives out = 0, lse = -inf. */
+ANYATTN_API anyattn_status anyattn_merge_attention_states(
+    const anyattn_tensor* out_a, const anyattn_tensor* lse_a, const anyattn_tensor* out_b,
+    const anyattn_tensor* lse_b, const anyattn_tensor* out, const anyattn_tensor* lse_out);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Backward                                                                                       */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Dense backward attention: the gradients of a loss L with respect to q, k, v (and the sinks),
+ * given dout = dL/dout of the forward call with the same q, k, v and params.
+ *   dout   (B, Sq, Hq, Dv)   same dtype as q
+ *   q      (B, Sq, Hq, D)    f32/f16/bf16
+ *   k      (B, Sk, Hk, D)    same dtype as q
+ *   v      (B, Sk, Hk, Dv)   same dtype as q
+ *   out    (B, Sq, Hq, Dv)   same dtype as q: the forward's output
+ *   lse    (B, Hq, Sq)       f32: the forward's LSE (natural log; -inf or the sink for fully
+ *                            masked rows). Required.
+ *   dq     (B, Sq, Hq, D)    same dtype as q; written
+ *   dk     (B, Sk, Hk, D)    same dtype as q; written (summed over each GQA group)
+ *   dv     (B, Sk, Hk, Dv)   same dtype as q; written (summed over each GQA group)
+ *   dsinks (Hq)              f32; written; required iff params->sinks is set, else NULL
+ *   params                   the forward's params (NULL = defaults): scale, softcap, causal,
+ *                            window, ALiBi (no slope gradient), sinks, dropout and isa mean the
+ *                            same as in anyattn_fwd. dropout_p in [0, 1) is supported: the keep
+ *                            mask is a pure function of (dropout_seed, dropout_offset, b, h, i, j)
+ *                            (docs/backward.md) and kept probabilities are scaled by 1/(1-p).
+ * Accumulation is f32. Gradients must not overlap each other or any input. Results are bitwise
+ * identical for any thread count. Workspace is O(B * Hq * Sq + threads * tile), never Sq x Sk.
+ * On any validation error nothing is written. */
+ANYATTN_API anyattn_status anyattn_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
+                                       const anyattn_tensor* k, const anyattn_tensor* v,
+                                       const anyattn_tensor* out, const anyattn_tensor* lse,
+                                       const anyattn_tensor* dq, const anyattn_tensor* dk,
+                                       const anyattn_tensor* dv,
+                                       const anyattn_tensor* dsinks_or_null,
+                                       const anyattn_fwd_params* params);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

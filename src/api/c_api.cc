@@ -6,16 +6,25 @@
 #include "anyattn/anyattn.h"
 #include "api/errors.h"
 #include "api/tensor_checks.h"
+#include "api/validate_bwd.h"
 #include "api/validate_fwd.h"
+#include "api/validate_kvcache.h"
+#include "api/validate_merge.h"
+#include "api/validate_varlen.h"
+#include "cpu/bwd_driver.h"
 #include "cpu/fwd_driver.h"
 #include "cpu/kernel_registry.h"
+#include "cpu/kvcache_append.h"
+#include "cpu/merge_states.h"
 #include "runtime/num_threads.h"
 
 using anyattn::api::guarded_call;
 
 extern "C" {
 
-int anyattn_version(void) { return ANYATTN_VERSION; }
+int anyattn_version(void) {
+  return ANYATTN_VERSION;
+}
 
 const char* anyattn_version_string(void) {
 #define ANYATTN_STRINGIFY2(x) #x
@@ -26,7 +35,9 @@ const char* anyattn_version_string(void) {
 #undef ANYATTN_STRINGIFY2
 }
 
-const char* anyattn_last_error(void) { return anyattn::api::last_error(); }
+const char* anyattn_last_error(void) {
+  return anyattn::api::last_error();
+}
 
 const char* anyattn_status_name(anyattn_status status) {
   switch (status) {
@@ -101,9 +112,13 @@ const char* anyattn_isa_name(anyattn_isa isa) {
   return "unknown";
 }
 
-void anyattn_set_num_threads(int n) { anyattn::runtime::set_num_threads(n); }
+void anyattn_set_num_threads(int n) {
+  anyattn::runtime::set_num_threads(n);
+}
 
-int anyattn_get_num_threads(void) { return anyattn::runtime::get_num_threads(); }
+int anyattn_get_num_threads(void) {
+  return anyattn::runtime::get_num_threads();
+}
 
 void anyattn_fwd_params_init(anyattn_fwd_params* params) {
   if (params == nullptr) return;
@@ -127,6 +142,63 @@ anyattn_status anyattn_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
   return guarded_call("anyattn_fwd", [&] {
     const anyattn::api::ValidatedFwd call = anyattn::api::validate_fwd(q, k, v, out, lse, params);
     anyattn::cpu::run_fwd(call.args, call.isa);
+  });
+}
+
+anyattn_status anyattn_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor* k,
+                                  const anyattn_tensor* v, const anyattn_tensor* out,
+                                  const anyattn_tensor* lse, const anyattn_tensor* cu_seqlens_q,
+                                  const anyattn_tensor* cu_seqlens_k,
+                                  const anyattn_tensor* seqused_k, int64_t max_seqlen_q,
+                                  int64_t max_seqlen_k, const anyattn_fwd_params* params) {
+  return guarded_call("anyattn_fwd_varlen", [&] {
+    const anyattn::api::ValidatedFwd call =
+        anyattn::api::validate_fwd_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                          max_seqlen_q, max_seqlen_k, params);
+    anyattn::cpu::run_fwd(call.args, call.isa);
+  });
+}
+
+void anyattn_kvcache_params_init(anyattn_kvcache_params* cache) {
+  if (cache == nullptr) return;
+  std::memset(cache, 0, sizeof(*cache));
+  cache->struct_size = sizeof(*cache);
+  cache->cache_seqlen = -1;
+}
+
+anyattn_status anyattn_fwd_kvcache(const anyattn_tensor* q, const anyattn_tensor* k_cache,
+                                   const anyattn_tensor* v_cache, const anyattn_tensor* out,
+                                   const anyattn_tensor* lse, const anyattn_kvcache_params* cache,
+                                   const anyattn_fwd_params* params) {
+  return guarded_call("anyattn_fwd_kvcache", [&] {
+    const anyattn::api::ValidatedKvcache call =
+        anyattn::api::validate_fwd_kvcache(q, k_cache, v_cache, out, lse, cache, params);
+    anyattn::cpu::append_to_cache(call.attention.args, call.append, call.cache_seqlens);
+    anyattn::cpu::run_fwd(call.attention.args, call.attention.isa);
+  });
+}
+
+anyattn_status anyattn_merge_attention_states(
+    const anyattn_tensor* out_a, const anyattn_tensor* lse_a, const anyattn_tensor* out_b,
+    const anyattn_tensor* lse_b, const anyattn_tensor* out, const anyattn_tensor* lse_out) {
+  return guarded_call("anyattn_merge_attention_states", [&] {
+    anyattn::cpu::merge_states(
+        anyattn::api::validate_merge(out_a, lse_a, out_b, lse_b, out, lse_out));
+  });
+}
+
+// ---- Backward (docs/backward.md) ----------------------------------------------------------------
+
+anyattn_status anyattn_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
+                           const anyattn_tensor* k, const anyattn_tensor* v,
+                           const anyattn_tensor* out, const anyattn_tensor* lse,
+                           const anyattn_tensor* dq, const anyattn_tensor* dk,
+                           const anyattn_tensor* dv, const anyattn_tensor* dsinks_or_null,
+                           const anyattn_fwd_params* params) {
+  return guarded_call("anyattn_bwd", [&] {
+    const anyattn::api::ValidatedBwd call =
+        anyattn::api::validate_bwd(dout, q, k, v, out, lse, dq, dk, dv, dsinks_or_null, params);
+    anyattn::cpu::run_bwd(call.args, call.isa);
   });
 }
 

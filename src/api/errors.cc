@@ -18,8 +18,12 @@ void set_last_error(std::string message) {
   }
 }
 
-void clear_last_error() { thread_message().clear(); }
+void clear_last_error() {
+  thread_message().clear();
+}
 
-const char* last_error() { return thread_message().c_str(); }
+const char* last_error() {
+  return thread_message().c_str();
+}
 
 }  // namespace anyattn::api

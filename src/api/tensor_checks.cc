@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "api/errors.h"
+#include "cpu/half.h"
 
 namespace anyattn::api {
 
@@ -99,7 +100,8 @@ TensorExtent check_tensor(const char* function, const char* name, const anyattn_
       __builtin_add_overflow(high_bytes, element, &high_bytes) ||
       (low_bytes < 0 && base < static_cast<uintptr_t>(-low_bytes)) ||
       base + static_cast<uintptr_t>(high_bytes) < base) {
-    fail_invalid(function, ": ", name, " spans memory outside the address space (strides too large"
+    fail_invalid(function, ": ", name,
+                 " spans memory outside the address space (strides too large"
                  " for its data pointer)");
   }
   extent.first_byte = base - static_cast<uintptr_t>(-low_bytes);
@@ -119,7 +121,8 @@ void check_no_self_overlap(const char* function, const char* name, const anyattn
     if (t->shape[d] > 1) dims[count++] = Dim{t->shape[d], std::llabs(t->strides[d])};
   }
   for (int i = 1; i < count; ++i) {  // insertion sort by stride: at most 4 dimensions
-    for (int j = i; j > 0 && dims[j].stride < dims[j - 1].stride; --j) std::swap(dims[j], dims[j - 1]);
+    for (int j = i; j > 0 && dims[j].stride < dims[j - 1].stride; --j)
+      std::swap(dims[j], dims[j - 1]);
   }
   int64_t span = 0;  // largest offset reachable by the dimensions checked so far
   for (int d = 0; d < count; ++d) {
@@ -139,6 +142,51 @@ void check_disjoint(const char* function, const char* out_name, const TensorExte
     fail_invalid(function, ": ", out_name, " overlaps ", in_name,
                  " in memory; outputs must not alias inputs or each other");
   }
+}
+
+std::vector<int32_t> read_int32_vector(const char* function, const char* name,
+                                       const anyattn_tensor* t, int64_t length) {
+  check_tensor(function, name, t, 1, "(n)", {ANYATTN_DTYPE_I32});
+  if (t->shape[0] != length) {
+    fail_invalid(function, ": ", name, ".shape[0] is ", t->shape[0], "; expected ", length);
+  }
+  std::vector<int32_t> values(static_cast<size_t>(length));
+  const int32_t* data = static_cast<const int32_t*>(t->data);
+  for (int64_t i = 0; i < length; ++i) values[i] = data[i * t->strides[0]];
+  return values;
+}
+
+std::pair<int64_t, std::vector<int32_t>> read_int32_matrix(const char* function, const char* name,
+                                                           const anyattn_tensor* t, int64_t rows) {
+  check_tensor(function, name, t, 2, "(rows, columns)", {ANYATTN_DTYPE_I32});
+  if (t->shape[0] != rows) {
+    fail_invalid(function, ": ", name, ".shape[0] is ", t->shape[0], "; expected ", rows);
+  }
+  const int64_t columns = t->shape[1];
+  std::vector<int32_t> values(static_cast<size_t>(rows * columns));
+  const int32_t* data = static_cast<const int32_t*>(t->data);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < columns; ++c) {
+      values[r * columns + c] = data[r * t->strides[0] + c * t->strides[1]];
+    }
+  }
+  return {columns, std::move(values)};
+}
+
+std::vector<float> read_float_rows(const char* function, const char* name, const anyattn_tensor* t,
+                                   int64_t rows) {
+  check_tensor(function, name, t, 2, "(positions, rotary_dim / 2)",
+               {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16});
+  const int64_t columns = t->shape[1];
+  std::vector<float> values(static_cast<size_t>(rows * columns));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < columns; ++c) {
+      const int64_t offset = r * t->strides[0] + c * t->strides[1];
+      values[r * columns + c] =
+          cpu::load_element(t->data, static_cast<cpu::DType>(t->dtype), offset);
+    }
+  }
+  return values;
 }
 
 }  // namespace anyattn::api

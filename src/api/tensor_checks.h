@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <utility>
+#include <vector>
 
 #include "anyattn/anyattn.h"
 
@@ -39,6 +41,19 @@ void check_no_self_overlap(const char* function, const char* name, const anyattn
 // Throws if the written tensor `out_name` shares any byte range with `in_name`.
 void check_disjoint(const char* function, const char* out_name, const TensorExtent& out,
                     const char* in_name, const TensorExtent& in);
+
+// Validates `t` as a 1-D int32 tensor of `length` elements and returns a copy of its values.
+std::vector<int32_t> read_int32_vector(const char* function, const char* name,
+                                       const anyattn_tensor* t, int64_t length);
+
+// Validates `t` as a 2-D int32 tensor with `rows` rows and returns (columns, row-major copy).
+std::pair<int64_t, std::vector<int32_t>> read_int32_matrix(const char* function, const char* name,
+                                                           const anyattn_tensor* t, int64_t rows);
+
+// Validates `t` as a 2-D float tensor (f32, f16 or bf16) and returns its rows [0, rows) as f32,
+// row-major, `columns` (its second dimension) per row.
+std::vector<float> read_float_rows(const char* function, const char* name, const anyattn_tensor* t,
+                                   int64_t rows);
 
 }  // namespace anyattn::api
 

@@ -30,21 +30,22 @@ void check_extent(const char* what, int64_t value) {
 }
 
 // Validates an optional f32 per-head tensor (ALiBi slopes or sinks). Returns its element pointer.
-const float* check_per_head_tensor(const char* name, const anyattn_tensor* t, int64_t batch,
-                                   int64_t heads_q, bool allow_batch, int64_t* batch_stride,
-                                   int64_t* head_stride) {
+const float* check_per_head_tensor(const char* function, const char* name, const anyattn_tensor* t,
+                                   int64_t batch, int64_t heads_q, bool allow_batch,
+                                   int64_t* batch_stride, int64_t* head_stride) {
   if (t->ndim == 2 && allow_batch) {
-    check_tensor(kFn, name, t, 2, "(B, Hq)", {ANYATTN_DTYPE_F32});
+    check_tensor(function, name, t, 2, "(B, Hq)", {ANYATTN_DTYPE_F32});
     if (t->shape[0] != batch || t->shape[1] != heads_q) {
-      fail_invalid(kFn, ": ", name, ".shape is (", t->shape[0], ", ", t->shape[1], "); expected (",
-                   heads_q, ") or (B, Hq) = (", batch, ", ", heads_q, ")");
+      fail_invalid(function, ": ", name, ".shape is (", t->shape[0], ", ", t->shape[1],
+                   "); expected (", heads_q, ") or (B, Hq) = (", batch, ", ", heads_q, ")");
     }
     *batch_stride = t->strides[0];
     *head_stride = t->shape[1] > 1 ? t->strides[1] : 1;
   } else {
-    check_tensor(kFn, name, t, 1, allow_batch ? "(Hq) or 2 (B, Hq)" : "(Hq)", {ANYATTN_DTYPE_F32});
+    check_tensor(function, name, t, 1, allow_batch ? "(Hq) or 2 (B, Hq)" : "(Hq)",
+                 {ANYATTN_DTYPE_F32});
     if (t->shape[0] != heads_q) {
-      fail_invalid(kFn, ": ", name, ".shape[0] is ", t->shape[0], "; expected Hq = ", heads_q);
+      fail_invalid(function, ": ", name, ".shape[0] is ", t->shape[0], "; expected Hq = ", heads_q);
     }
     *batch_stride = 0;
     *head_stride = t->shape[0] > 1 ? t->strides[0] : 1;
@@ -94,9 +95,60 @@ anyattn_isa resolve_isa(const char* function, int32_t requested) {
   return isa;
 }
 
-ValidatedFwd validate_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
-                          const anyattn_tensor* v, const anyattn_tensor* out,
-                          const anyattn_tensor* lse, const anyattn_fwd_params* params_in) {
+void apply_attention_options(const char* function, const anyattn_fwd_params& params,
+                             cpu::FwdArgs* args) {
+  if (!std::isfinite(params.softmax_scale)) {
+    fail_invalid(function, ": params->softmax_scale is ", params.softmax_scale,
+                 "; must be finite (0 selects the default 1/sqrt(D))");
+  }
+  args->softmax_scale =
+      params.softmax_scale != 0.f
+          ? params.softmax_scale
+          : static_cast<float>(1.0 / std::sqrt(static_cast<double>(args->head_dim)));
+  if (!(params.softcap >= 0.f) || !std::isfinite(params.softcap)) {
+    fail_invalid(function, ": params->softcap is ", params.softcap,
+                 "; must be finite and >= 0 (0 disables it)");
+  }
+  args->softcap = params.softcap;
+  if (params.window_left < -1) {
+    fail_invalid(function, ": params->window_left is ", params.window_left,
+                 "; must be >= -1 (-1 = unbounded)");
+  }
+  if (params.window_right < -1) {
+    fail_invalid(function, ": params->window_right is ", params.window_right,
+                 "; must be >= -1 (-1 = unbounded)");
+  }
+  args->window_left = window_bound(params.window_left);
+  args->window_right = params.causal ? 0 : window_bound(params.window_right);
+
+  if (params.alibi_slopes != nullptr) {
+    args->alibi_slopes = check_per_head_tensor(
+        function, "params->alibi_slopes", params.alibi_slopes, args->batch, args->heads_q, true,
+        &args->alibi_batch_stride, &args->alibi_head_stride);
+  }
+  if (params.sinks != nullptr) {
+    int64_t unused_batch_stride = 0;
+    args->sinks =
+        check_per_head_tensor(function, "params->sinks", params.sinks, args->batch, args->heads_q,
+                              false, &unused_batch_stride, &args->sinks_stride);
+  }
+  if (std::isnan(params.dropout_p) || params.dropout_p < 0.f || params.dropout_p >= 1.f) {
+    fail_invalid(function, ": params->dropout_p is ", params.dropout_p, "; must be in [0, 1)");
+  }
+  if (params.dropout_p > 0.f) {
+    fail_unsupported(function, ": params->dropout_p is ", params.dropout_p,
+                     "; dropout is not implemented in this version (only 0 is supported)");
+  }
+  if (params.num_splits < 0) {
+    fail_invalid(function, ": params->num_splits is ", params.num_splits,
+                 "; must be >= 0 (0 = automatic)");
+  }
+  args->num_splits = params.num_splits;
+}
+
+ValidatedFwd validate_fwd(const anyattn_tensor* q, const anyattn_tensor* k, const anyattn_tensor* v,
+                          const anyattn_tensor* out, const anyattn_tensor* lse,
+                          const anyattn_fwd_params* params_in) {
   const anyattn_fwd_params params = read_fwd_params(kFn, params_in);
   const std::initializer_list<int32_t> float_types = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16,
                                                       ANYATTN_DTYPE_BF16};
@@ -124,8 +176,8 @@ ValidatedFwd validate_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
   if (heads_q < 1) fail_invalid(kFn, ": q.shape[2] (Hq) is ", heads_q, "; must be >= 1");
   if (heads_k < 1) fail_invalid(kFn, ": k.shape[2] (Hk) is ", heads_k, "; must be >= 1");
   if (k->shape[0] != batch || v->shape[0] != batch || out->shape[0] != batch) {
-    fail_invalid(kFn, ": batch sizes differ: q.shape[0] = ", batch, ", k.shape[0] = ",
-                 k->shape[0], ", v.shape[0] = ", v->shape[0], ", out.shape[0] = ", out->shape[0]);
+    fail_invalid(kFn, ": batch sizes differ: q.shape[0] = ", batch, ", k.shape[0] = ", k->shape[0],
+                 ", v.shape[0] = ", v->shape[0], ", out.shape[0] = ", out->shape[0]);
   }
   if (k->shape[3] != head_dim) {
     fail_invalid(kFn, ": k.shape[3] is ", k->shape[3], "; must equal q.shape[3] (D) = ", head_dim);
@@ -184,9 +236,8 @@ ValidatedFwd validate_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
     const TensorExtent lse_extent =
         check_tensor(kFn, "lse", lse, 3, "(B, Hq, Sq)", {ANYATTN_DTYPE_F32});
     if (lse->shape[0] != batch || lse->shape[1] != heads_q || lse->shape[2] != seqlen_q) {
-      fail_invalid(kFn, ": lse.shape is (", lse->shape[0], ", ", lse->shape[1], ", ",
-                   lse->shape[2], "); expected (B, Hq, Sq) = (", batch, ", ", heads_q, ", ",
-                   seqlen_q, ")");
+      fail_invalid(kFn, ": lse.shape is (", lse->shape[0], ", ", lse->shape[1], ", ", lse->shape[2],
+                   "); expected (B, Hq, Sq) = (", batch, ", ", heads_q, ", ", seqlen_q, ")");
     }
     check_no_self_overlap(kFn, "lse", lse);
     check_disjoint(kFn, "lse", lse_extent, "q", q_extent);
@@ -199,51 +250,7 @@ ValidatedFwd validate_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
     a.lse_row_stride = lse->strides[2];
   }
 
-  if (!std::isfinite(params.softmax_scale)) {
-    fail_invalid(kFn, ": params->softmax_scale is ", params.softmax_scale,
-                 "; must be finite (0 selects the default 1/sqrt(D))");
-  }
-  a.softmax_scale = params.softmax_scale != 0.f
-                        ? params.softmax_scale
-                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  if (!(params.softcap >= 0.f) || !std::isfinite(params.softcap)) {
-    fail_invalid(kFn, ": params->softcap is ", params.softcap,
-                 "; must be finite and >= 0 (0 disables it)");
-  }
-  a.softcap = params.softcap;
-  if (params.window_left < -1) {
-    fail_invalid(kFn, ": params->window_left is ", params.window_left,
-                 "; must be >= -1 (-1 = unbounded)");
-  }
-  if (params.window_right < -1) {
-    fail_invalid(kFn, ": params->window_right is ", params.window_right,
-                 "; must be >= -1 (-1 = unbounded)");
-  }
-  a.window_left = window_bound(params.window_left);
-  a.window_right = params.causal ? 0 : window_bound(params.window_right);
-
-  if (params.alibi_slopes != nullptr) {
-    a.alibi_slopes = check_per_head_tensor("params->alibi_slopes", params.alibi_slopes, batch,
-                                           heads_q, true, &a.alibi_batch_stride,
-                                           &a.alibi_head_stride);
-  }
-  if (params.sinks != nullptr) {
-    int64_t unused_batch_stride = 0;
-    a.sinks = check_per_head_tensor("params->sinks", params.sinks, batch, heads_q, false,
-                                    &unused_batch_stride, &a.sinks_stride);
-  }
-  if (std::isnan(params.dropout_p) || params.dropout_p < 0.f || params.dropout_p >= 1.f) {
-    fail_invalid(kFn, ": params->dropout_p is ", params.dropout_p, "; must be in [0, 1)");
-  }
-  if (params.dropout_p > 0.f) {
-    fail_unsupported(kFn, ": params->dropout_p is ", params.dropout_p,
-                     "; dropout is not implemented in this version (only 0 is supported)");
-  }
-  if (params.num_splits < 0) {
-    fail_invalid(kFn, ": params->num_splits is ", params.num_splits,
-                 "; must be >= 0 (0 = automatic)");
-  }
-  a.num_splits = params.num_splits;
+  apply_attention_options(kFn, params, &result.args);
   result.isa = resolve_isa(kFn, params.isa);
   return result;
 }

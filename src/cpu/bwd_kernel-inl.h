@@ -454,7 +454,7 @@ void dq_task(const BwdArgs& args, const BwdLayout& layout, const float* delta_al
         }
       }
     }
-    const bool mask = keys < kTile || !tile_fully_visible(f, i0, i0 + rows, j0, j0 + keys);
+    const bool mask =  !tile_fully_visible(f, i0, i0 + rows, j0, j0 + keys);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = i0 + r;
       // Key j is visible iff i + offset - window_left <= j <= i + offset + window_right, j < Sk.

@@ -21,9 +21,9 @@ using runtime::AlignedBuffer;
 struct Pair {
   SeqInfo seq;
   int64_t head_k = 0;
-  int64_t blocks = 0;        // key blocks of the sequence
-  int64_t packed_first = 0;  // index of its first packed block within its group
-  int64_t partial_first = 0; // index of its first partial row within its group (split plans)
+  int64_t blocks = 0;         // key blocks of the sequence
+  int64_t packed_first = 0;   // index of its first packed block within its group
+  int64_t partial_first = 0;  // index of its first partial row within its group (split plans)
 };
 
 // Pairs packed together, then attended, then merged, before the next group is packed.
@@ -48,7 +48,8 @@ std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
   for (int64_t p = 0; p < static_cast<int64_t>(pairs.size()); ++p) {
     Pair& pair = pairs[p];
     const int64_t packed = plan.streaming ? 0 : pair.blocks;
-    const bool over_budget = (current.packed_blocks + packed) * block_bytes > plan::kPackBudgetBytes;
+    const bool over_budget =
+        (current.packed_blocks + packed) * block_bytes > plan::kPackBudgetBytes;
     if (current.pairs > 0 && !plan.streaming &&
         (over_budget || current_tasks >= plan.wanted_tasks)) {
       groups.push_back(std::move(current));
@@ -218,9 +219,10 @@ void merge_splits(const FwdArgs& args, const plan::FwdPlan& plan, const Workspac
       void* out_row = element_address(
           args.out, args.dtype,
           pair.seq.out_offset + i * args.out_row_stride + head_q * args.out_head_stride);
-      float* lse = args.lse == nullptr ? nullptr
-                                       : args.lse + pair.seq.lse_offset +
-                                             head_q * args.lse_head_stride + i * args.lse_row_stride;
+      float* lse = args.lse == nullptr
+                       ? nullptr
+                       : args.lse + pair.seq.lse_offset + head_q * args.lse_head_stride +
+                             i * args.lse_row_stride;
       combine_and_store_row(parts, has_sink, sink, args.head_dim_v, args.dtype, out_row, lse);
     }
   });
@@ -270,8 +272,7 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
       });
     }
     lease.run_each(static_cast<int64_t>(group.tasks.size()), [&](int64_t t, int worker) {
-      const Scratch scratch =
-          Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout);
+      const Scratch scratch = Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout);
       kernel->attend(args, layout, group.tasks[t], scratch);
     });
     if (plan.num_splits > 1) merge_splits(args, plan, ws, lease, pairs, group);

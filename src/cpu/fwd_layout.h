@@ -28,16 +28,20 @@ constexpr int64_t kAlignment = 64;
 inline int64_t round_up(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
-inline int64_t ceil_div(int64_t value, int64_t divisor) { return (value + divisor - 1) / divisor; }
+inline int64_t ceil_div(int64_t value, int64_t divisor) {
+  return (value + divisor - 1) / divisor;
+}
 
 // Column padding of V panels and output accumulators: a whole number of 16-float vectors.
-inline int64_t padded_dv(int64_t head_dim_v) { return round_up(head_dim_v, 16); }
+inline int64_t padded_dv(int64_t head_dim_v) {
+  return round_up(head_dim_v, 16);
+}
 
 struct PackedLayout {
-  int64_t head_dim = 0;     // D
-  int64_t dv_pad = 0;       // padded Dv
-  int64_t kt_floats = 0;    // D * 64, rounded to the alignment
-  int64_t block_floats = 0; // kt_floats + 64 * dv_pad
+  int64_t head_dim = 0;      // D
+  int64_t dv_pad = 0;        // padded Dv
+  int64_t kt_floats = 0;     // D * 64, rounded to the alignment
+  int64_t block_floats = 0;  // kt_floats + 64 * dv_pad
 
   static PackedLayout for_args(const FwdArgs& args) {
     PackedLayout layout;
@@ -53,9 +57,9 @@ struct PackedLayout {
 // partial result (o, and m/l in log2 units) that the driver merges; otherwise the task writes the
 // final out and lse rows itself.
 struct PartialOutput {
-  float* o = nullptr;        // row r of the task at o + r * o_row_stride, dv_pad floats
-  float* m = nullptr;        // row r at m[r * ml_row_stride]: max score, log2 units
-  float* l = nullptr;        // row r at l[r * ml_row_stride]: sum of 2^(s - m)
+  float* o = nullptr;  // row r of the task at o + r * o_row_stride, dv_pad floats
+  float* m = nullptr;  // row r at m[r * ml_row_stride]: max score, log2 units
+  float* l = nullptr;  // row r at l[r * ml_row_stride]: sum of 2^(s - m)
   int64_t o_row_stride = 0;
   int64_t ml_row_stride = 0;
 };
@@ -80,7 +84,9 @@ struct AttendTask {
 };
 
 // Key blocks of a sequence.
-inline int64_t key_blocks(const SeqInfo& seq) { return ceil_div(seq.seqlen_k, kKeyBlock); }
+inline int64_t key_blocks(const SeqInfo& seq) {
+  return ceil_div(seq.seqlen_k, kKeyBlock);
+}
 
 // Key blocks [begin, end) that hold a key visible to at least one query row in [q_begin, q_end);
 // empty (begin == end) when the window hides every key from every row.
@@ -101,11 +107,11 @@ inline BlockRange visible_key_blocks(const FwdArgs& args, const SeqInfo& seq, in
 
 // Per-thread scratch, sized by the driver for kMaxQBlockRows rows.
 struct Scratch {
-  float* q = nullptr;  // [row][D]  pre-scaled queries
-  float* s = nullptr;  // [row][64] scores, then probabilities, of one key block
-  float* o = nullptr;  // [row][dv_pad] output accumulators
-  float* m = nullptr;  // [row] running max (log2 units)
-  float* l = nullptr;  // [row] running denominator
+  float* q = nullptr;      // [row][D]  pre-scaled queries
+  float* s = nullptr;      // [row][64] scores, then probabilities, of one key block
+  float* o = nullptr;      // [row][dv_pad] output accumulators
+  float* m = nullptr;      // [row] running max (log2 units)
+  float* l = nullptr;      // [row] running denominator
   float* panel = nullptr;  // one packed K/V block, for streaming tasks
 
   static int64_t floats_needed(const PackedLayout& layout) {

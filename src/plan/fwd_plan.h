@@ -21,10 +21,10 @@ struct FwdPlan {
   // Streaming: all query rows of a kv head (group size x Sq) fit one task, so each K/V block is
   // used once; tasks pack blocks into their own scratch instead of a shared packed buffer.
   bool streaming = false;
-  int64_t q_block_rows = 0;     // query positions per AttendTask (x group size when streaming)
-  int64_t num_splits = 1;       // key-range splits per q block, merged by LSE
-  int64_t wanted_tasks = 0;     // attend tasks per packing group that keep every thread busy
-  int64_t scratch_floats = 0;   // per thread
+  int64_t q_block_rows = 0;    // query positions per AttendTask (x group size when streaming)
+  int64_t num_splits = 1;      // key-range splits per q block, merged by LSE
+  int64_t wanted_tasks = 0;    // attend tasks per packing group that keep every thread busy
+  int64_t scratch_floats = 0;  // per thread
 
   // Key blocks per split for a sequence with `blocks` key blocks.
   int64_t blocks_per_split(int64_t blocks) const { return cpu::ceil_div(blocks, num_splits); }

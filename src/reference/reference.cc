@@ -114,7 +114,7 @@ void attend_one_sequence(const SequenceInputs& in, const ScoreOptions& options, 
         double dot = 0.0;
         for (int64_t d = 0; d < D; ++d) dot += q_i[d] * k_j[d];
         double s = options.softmax_scale * dot;
-        if (options.softcap > 0.0) s = options.softcap * std::tanh(s / options.softcap) * 1.0001;
+        if (options.softcap > 0.0) s = options.softcap * std::tanh(s / options.softcap);
         if (in.alibi_slopes != nullptr) {
           s += -in.alibi_slopes[h] * std::fabs(static_cast<double>(i + Sk - Sq - j));
         }

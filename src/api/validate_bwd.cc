@@ -1,0 +1,272 @@
+#include "api/validate_bwd.h"
+
+#include <cmath>
+#include <utility>
+
+#include "api/errors.h"
+#include "api/tensor_checks.h"
+#include "api/validate_fwd.h"
+
+namespace anyattn::api {
+namespace {
+
+constexpr const char* kFn = "anyattn_bwd";
+constexpr int64_t kMaxHeadDim = 256;
+// As in anyattn_fwd: extents fit in int32, which also keeps the dropout counters exact.
+constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
+
+int64_t window_bound(int64_t value) {
+  return value < 0 || value >= cpu::kUnboundedWindow ? cpu::kUnboundedWindow : value;
+}
+
+void check_extent(const char* what, int64_t value) {
+  if (value > kMaxExtent) {
+    fail_unsupported(kFn, ": ", what, " is ", value, "; supported: up to ", kMaxExtent);
+  }
+}
+
+// Throws unless t's shape equals (a, b, c, d); `name` and `expected_doc` name it in the message.
+void check_shape4(const char* name, const anyattn_tensor* t, const char* expected_doc, int64_t a,
+                  int64_t b, int64_t c, int64_t d) {
+  if (t->shape[0] != a || t->shape[1] != b || t->shape[2] != c || t->shape[3] != d) {
+    fail_invalid(kFn, ": ", name, ".shape is (", t->shape[0], ", ", t->shape[1], ", ", t->shape[2],
+                 ", ", t->shape[3], "); expected ", expected_doc, " = (", a, ", ", b, ", ", c, ", ",
+                 d, ")");
+  }
+}
+
+// An f32 per-head tensor of shape (Hq), or (B, Hq) when allow_batch. Returns its data.
+const float* check_per_head(const char* name, const anyattn_tensor* t, int64_t batch,
+                            int64_t heads_q, bool allow_batch, int64_t* batch_stride,
+                            int64_t* head_stride) {
+  if (t->ndim == 2 && allow_batch) {
+    check_tensor(kFn, name, t, 2, "(B, Hq)", {ANYATTN_DTYPE_F32});
+    if (t->shape[0] != batch || t->shape[1] != heads_q) {
+      fail_invalid(kFn, ": ", name, ".shape is (", t->shape[0], ", ", t->shape[1], "); expected (",
+                   heads_q, ") or (B, Hq) = (", batch, ", ", heads_q, ")");
+    }
+    *batch_stride = t->strides[0];
+    *head_stride = t->shape[1] > 1 ? t->strides[1] : 1;
+  } else {
+    check_tensor(kFn, name, t, 1, allow_batch ? "(Hq) or 2 (B, Hq)" : "(Hq)", {ANYATTN_DTYPE_F32});
+    if (t->shape[0] != heads_q) {
+      fail_invalid(kFn, ": ", name, ".shape[0] is ", t->shape[0], "; expected Hq = ", heads_q);
+    }
+    *batch_stride = 0;
+    *head_stride = t->shape[0] > 1 ? t->strides[0] : 1;
+  }
+  return static_cast<const float*>(t->data);
+}
+
+}  // namespace
+
+ValidatedBwd validate_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
+                          const anyattn_tensor* k, const anyattn_tensor* v,
+                          const anyattn_tensor* out, const anyattn_tensor* lse,
+                          const anyattn_tensor* dq, const anyattn_tensor* dk,
+                          const anyattn_tensor* dv, const anyattn_tensor* dsinks,
+                          const anyattn_fwd_params* params_in) {
+  const anyattn_fwd_params params = read_fwd_params(kFn, params_in);
+  const std::initializer_list<int32_t> float_types = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16,
+                                                      ANYATTN_DTYPE_BF16};
+  const TensorExtent dout_x = check_tensor(kFn, "dout", dout, 4, "(B, Sq, Hq, Dv)", float_types);
+  const TensorExtent q_x = check_tensor(kFn, "q", q, 4, "(B, Sq, Hq, D)", float_types);
+  const TensorExtent k_x = check_tensor(kFn, "k", k, 4, "(B, Sk, Hk, D)", float_types);
+  const TensorExtent v_x = check_tensor(kFn, "v", v, 4, "(B, Sk, Hk, Dv)", float_types);
+  const TensorExtent out_x = check_tensor(kFn, "out", out, 4, "(B, Sq, Hq, Dv)", float_types);
+  const TensorExtent lse_x = check_tensor(kFn, "lse", lse, 3, "(B, Hq, Sq)", {ANYATTN_DTYPE_F32});
+  const TensorExtent dq_x = check_tensor(kFn, "dq", dq, 4, "(B, Sq, Hq, D)", float_types);
+  const TensorExtent dk_x = check_tensor(kFn, "dk", dk, 4, "(B, Sk, Hk, D)", float_types);
+  const TensorExtent dv_x = check_tensor(kFn, "dv", dv, 4, "(B, Sk, Hk, Dv)", float_types);
+  for (const auto& [name, t] :
+       {std::pair{"dout", dout}, std::pair{"k", k}, std::pair{"v", v}, std::pair{"out", out},
+        std::pair{"dq", dq}, std::pair{"dk", dk}, std::pair{"dv", dv}}) {
+    if (t->dtype != q->dtype) {
+      fail_invalid(kFn, ": ", name, ".dtype is ", dtype_name(t->dtype), " but q.dtype is ",
+                   dtype_name(q->dtype),
+                   "; q, k, v, out, dout, dq, dk and dv must share one dtype");
+    }
+  }
+  const int64_t batch = q->shape[0], seqlen_q = q->shape[1], heads_q = q->shape[2];
+  const int64_t head_dim = q->shape[3];
+  const int64_t seqlen_k = k->shape[1], heads_k = k->shape[2], head_dim_v = v->shape[3];
+  if (head_dim < 1 || head_dim > kMaxHeadDim) {
+    fail_invalid(kFn, ": q.shape[3] (head dim D) is ", head_dim, "; supported: 1..", kMaxHeadDim);
+  }
+  if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
+    fail_invalid(kFn, ": v.shape[3] (head dim Dv) is ", head_dim_v, "; supported: 1..",
+                 kMaxHeadDim);
+  }
+  if (heads_q < 1) fail_invalid(kFn, ": q.shape[2] (Hq) is ", heads_q, "; must be >= 1");
+  if (heads_k < 1) fail_invalid(kFn, ": k.shape[2] (Hk) is ", heads_k, "; must be >= 1");
+  check_shape4("k", k, "(B, Sk, Hk, D)", batch, seqlen_k, heads_k, head_dim);
+  check_shape4("v", v, "(B, Sk, Hk, Dv)", batch, seqlen_k, heads_k, head_dim_v);
+  if (heads_q % heads_k != 0) {
+    fail_invalid(kFn, ": Hq = ", heads_q, " is not a multiple of Hk = ", heads_k,
+                 "; GQA/MQA need Hq % Hk == 0");
+  }
+  check_shape4("out", out, "(B, Sq, Hq, Dv)", batch, seqlen_q, heads_q, head_dim_v);
+  check_shape4("dout", dout, "(B, Sq, Hq, Dv)", batch, seqlen_q, heads_q, head_dim_v);
+  check_shape4("dq", dq, "(B, Sq, Hq, D)", batch, seqlen_q, heads_q, head_dim);
+  check_shape4("dk", dk, "(B, Sk, Hk, D)", batch, seqlen_k, heads_k, head_dim);
+  check_shape4("dv", dv, "(B, Sk, Hk, Dv)", batch, seqlen_k, heads_k, head_dim_v);
+  if (lse->shape[0] != batch || lse->shape[1] != heads_q || lse->shape[2] != seqlen_q) {
+    fail_invalid(kFn, ": lse.shape is (", lse->shape[0], ", ", lse->shape[1], ", ", lse->shape[2],
+                 "); expected (B, Hq, Sq) = (", batch, ", ", heads_q, ", ", seqlen_q, ")");
+  }
+  check_extent("B", batch);
+  check_extent("Sq", seqlen_q);
+  check_extent("Sk", seqlen_k);
+  check_extent("Hq", heads_q);
+
+  // Gradients are written: each must address its elements once and share no byte with an input
+  // or with another gradient.
+  const std::pair<const char*, TensorExtent> inputs[] = {
+      {"dout", dout_x}, {"q", q_x}, {"k", k_x}, {"v", v_x}, {"out", out_x}, {"lse", lse_x}};
+  const std::pair<const char*, const anyattn_tensor*> grads[] = {
+      {"dq", dq}, {"dk", dk}, {"dv", dv}};
+  const TensorExtent grad_x[] = {dq_x, dk_x, dv_x};
+  for (int g = 0; g < 3; ++g) {
+    check_no_self_overlap(kFn, grads[g].first, grads[g].second);
+    for (const auto& [in_name, in_x] : inputs)
+      check_disjoint(kFn, grads[g].first, grad_x[g], in_name, in_x);
+    for (int other = 0; other < g; ++other) {
+      check_disjoint(kFn, grads[g].first, grad_x[g], grads[other].first, grad_x[other]);
+    }
+  }
+
+  ValidatedBwd result;
+  cpu::BwdArgs& bwd = result.args;
+  cpu::FwdArgs& a = bwd.fwd;
+  a.dtype = static_cast<cpu::DType>(q->dtype);
+  a.batch = batch;
+  a.seqlen_q = seqlen_q;
+  a.seqlen_k = seqlen_k;
+  a.heads_q = heads_q;
+  a.heads_k = heads_k;
+  a.head_dim = head_dim;
+  a.head_dim_v = head_dim_v;
+  a.q = q->data;
+  a.q_batch_stride = q->strides[0];
+  a.q_row_stride = q->strides[1];
+  a.q_head_stride = q->strides[2];
+  a.k = k->data;
+  a.k_batch_stride = k->strides[0];
+  a.k_row_stride = k->strides[1];
+  a.k_head_stride = k->strides[2];
+  a.v = v->data;
+  a.v_batch_stride = v->strides[0];
+  a.v_row_stride = v->strides[1];
+  a.v_head_stride = v->strides[2];
+  a.out = out->data;
+  a.out_batch_stride = out->strides[0];
+  a.out_row_stride = out->strides[1];
+  a.out_head_stride = out->strides[2];
+  a.lse = static_cast<float*>(lse->data);
+  a.lse_batch_stride = lse->strides[0];
+  a.lse_head_stride = lse->strides[1];
+  a.lse_row_stride = lse->strides[2];
+  bwd.dout = dout->data;
+  bwd.dout_batch_stride = dout->strides[0];
+  bwd.dout_row_stride = dout->strides[1];
+  bwd.dout_head_stride = dout->strides[2];
+  bwd.dq = dq->data;
+  bwd.dq_batch_stride = dq->strides[0];
+  bwd.dq_row_stride = dq->strides[1];
+  bwd.dq_head_stride = dq->strides[2];
+  bwd.dk = dk->data;
+  bwd.dk_batch_stride = dk->strides[0];
+  bwd.dk_row_stride = dk->strides[1];
+  bwd.dk_head_stride = dk->strides[2];
+  bwd.dv = dv->data;
+  bwd.dv_batch_stride = dv->strides[0];
+  bwd.dv_row_stride = dv->strides[1];
+  bwd.dv_head_stride = dv->strides[2];
+
+  if (!std::isfinite(params.softmax_scale)) {
+    fail_invalid(kFn, ": params->softmax_scale is ", params.softmax_scale,
+                 "; must be finite (0 selects the default 1/sqrt(D))");
+  }
+  a.softmax_scale = params.softmax_scale != 0.f
+                        ? params.softmax_scale
+                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  if (!(params.softcap >= 0.f) || !std::isfinite(params.softcap)) {
+    fail_invalid(kFn, ": params->softcap is ", params.softcap,
+                 "; must be finite and >= 0 (0 disables it)");
+  }
+  a.softcap = params.softcap;
+  if (params.window_left < -1) {
+    fail_invalid(kFn, ": params->window_left is ", params.window_left,
+                 "; must be >= -1 (-1 = unbounded)");
+  }
+  if (params.window_right < -1) {
+    fail_invalid(kFn, ": params->window_right is ", params.window_right,
+                 "; must be >= -1 (-1 = unbounded)");
+  }
+  a.window_left = window_bound(params.window_left);
+  a.window_right = params.causal ? 0 : window_bound(params.window_right);
+  if (params.alibi_slopes != nullptr) {
+    a.alibi_slopes = check_per_head("params->alibi_slopes", params.alibi_slopes, batch, heads_q,
+                                    true, &a.alibi_batch_stride, &a.alibi_head_stride);
+  }
+  if (params.sinks != nullptr) {
+    int64_t unused_batch_stride = 0;
+    a.sinks = check_per_head("params->sinks", params.sinks, batch, heads_q, false,
+                             &unused_batch_stride, &a.sinks_stride);
+  }
+  // The side inputs are read while gradients are written: they must not overlap either.
+  for (const auto& [side_name, side] : {std::pair{"params->alibi_slopes", params.alibi_slopes},
+                                        std::pair{"params->sinks", params.sinks}}) {
+    if (side == nullptr) continue;
+    const TensorExtent side_x =
+        check_tensor(kFn, side_name, side, side->ndim, "(Hq) or (B, Hq)", {ANYATTN_DTYPE_F32});
+    for (int g = 0; g < 3; ++g) check_disjoint(kFn, grads[g].first, grad_x[g], side_name, side_x);
+  }
+  if (std::isnan(params.dropout_p) || params.dropout_p < 0.f || params.dropout_p >= 1.f) {
+    fail_invalid(kFn, ": params->dropout_p is ", params.dropout_p, "; must be in [0, 1)");
+  }
+  bwd.dropout_p = params.dropout_p;
+  bwd.dropout_seed = params.dropout_seed;
+  bwd.dropout_offset = params.dropout_offset;
+  if (params.num_splits < 0) {
+    fail_invalid(kFn, ": params->num_splits is ", params.num_splits,
+                 "; must be >= 0 (0 = automatic)");
+  }
+
+  if (params.sinks != nullptr && dsinks == nullptr) {
+    fail_invalid(kFn,
+                 ": dsinks is NULL but params->sinks is set; pass an f32 (Hq) tensor to "
+                 "receive the sink gradient");
+  }
+  if (params.sinks == nullptr && dsinks != nullptr) {
+    fail_invalid(kFn,
+                 ": dsinks is given but params->sinks is NULL; dsinks must be NULL without "
+                 "sinks");
+  }
+  if (dsinks != nullptr) {
+    const TensorExtent dsinks_x =
+        check_tensor(kFn, "dsinks", dsinks, 1, "(Hq)", {ANYATTN_DTYPE_F32});
+    if (dsinks->shape[0] != heads_q) {
+      fail_invalid(kFn, ": dsinks.shape[0] is ", dsinks->shape[0], "; expected Hq = ", heads_q);
+    }
+    check_no_self_overlap(kFn, "dsinks", dsinks);
+    for (const auto& [in_name, in_x] : inputs)
+      check_disjoint(kFn, "dsinks", dsinks_x, in_name, in_x);
+    for (int g = 0; g < 3; ++g) check_disjoint(kFn, "dsinks", dsinks_x, grads[g].first, grad_x[g]);
+    const TensorExtent sinks_x =
+        check_tensor(kFn, "params->sinks", params.sinks, 1, "(Hq)", {ANYATTN_DTYPE_F32});
+    check_disjoint(kFn, "dsinks", dsinks_x, "params->sinks", sinks_x);
+    if (params.alibi_slopes != nullptr) {
+      const TensorExtent alibi_x =
+          check_tensor(kFn, "params->alibi_slopes", params.alibi_slopes, params.alibi_slopes->ndim,
+                       "(Hq) or (B, Hq)", {ANYATTN_DTYPE_F32});
+      check_disjoint(kFn, "dsinks", dsinks_x, "params->alibi_slopes", alibi_x);
+    }
+    bwd.dsinks = static_cast<float*>(dsinks->data);
+    bwd.dsinks_stride = dsinks->shape[0] > 1 ? dsinks->strides[0] : 1;
+  }
+  result.isa = resolve_isa(kFn, params.isa);
+  return result;
+}
+
+}  // namespace anyattn::api

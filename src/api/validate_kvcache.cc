@@ -1,0 +1,359 @@
+#include "api/validate_kvcache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "api/errors.h"
+#include "api/tensor_checks.h"
+
+namespace anyattn::api {
+namespace {
+
+constexpr const char* kFn = "anyattn_fwd_kvcache";
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
+
+anyattn_kvcache_params read_cache_params(const anyattn_kvcache_params* cache) {
+  anyattn_kvcache_params result;
+  anyattn_kvcache_params_init(&result);
+  if (cache == nullptr) return result;
+  if (cache->struct_size < sizeof(size_t)) {
+    fail_invalid(kFn, ": cache->struct_size is ", cache->struct_size,
+                 "; initialise it with anyattn_kvcache_params_init()");
+  }
+  const size_t copy = cache->struct_size < sizeof(result) ? cache->struct_size : sizeof(result);
+  std::memcpy(static_cast<void*>(&result), cache, copy);
+  result.struct_size = sizeof(result);
+  return result;
+}
+
+void check_same_dtype(const char* name, const anyattn_tensor* t, const anyattn_tensor* q) {
+  if (t->dtype != q->dtype) {
+    fail_invalid(kFn, ": ", name, ".dtype is ", dtype_name(t->dtype), " but q.dtype is ",
+                 dtype_name(q->dtype),
+                 "; q, the caches, the new keys/values and out share one "
+                 "dtype");
+  }
+}
+
+}  // namespace
+
+ValidatedKvcache validate_fwd_kvcache(const anyattn_tensor* q, const anyattn_tensor* k_cache,
+                                      const anyattn_tensor* v_cache, const anyattn_tensor* out,
+                                      const anyattn_tensor* lse,
+                                      const anyattn_kvcache_params* cache_in,
+                                      const anyattn_fwd_params* params_in) {
+  const anyattn_fwd_params params = read_fwd_params(kFn, params_in);
+  const anyattn_kvcache_params cache = read_cache_params(cache_in);
+  const std::initializer_list<int32_t> float_types = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16,
+                                                      ANYATTN_DTYPE_BF16};
+  const bool paged = cache.block_table != nullptr;
+  const char* cache_dims = paged ? "(num_blocks, page_size, Hk, D)" : "(B_cache, S_cache, Hk, D)";
+  const TensorExtent q_extent = check_tensor(kFn, "q", q, 4, "(B, Sq, Hq, D)", float_types);
+  const TensorExtent k_extent = check_tensor(kFn, "k_cache", k_cache, 4, cache_dims, float_types);
+  const TensorExtent v_extent = check_tensor(kFn, "v_cache", v_cache, 4, cache_dims, float_types);
+  const TensorExtent out_extent = check_tensor(kFn, "out", out, 4, "(B, Sq, Hq, Dv)", float_types);
+  check_same_dtype("k_cache", k_cache, q);
+  check_same_dtype("v_cache", v_cache, q);
+  check_same_dtype("out", out, q);
+  const int64_t batch = q->shape[0], seqlen_q = q->shape[1], heads_q = q->shape[2];
+  const int64_t head_dim = q->shape[3];
+  const int64_t cache_rows = k_cache->shape[0], cache_len = k_cache->shape[1];
+  const int64_t heads_k = k_cache->shape[2], head_dim_v = v_cache->shape[3];
+  if (head_dim < 1 || head_dim > kMaxHeadDim) {
+    fail_invalid(kFn, ": q.shape[3] (head dim D) is ", head_dim, "; supported: 1..", kMaxHeadDim);
+  }
+  if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
+    fail_invalid(kFn, ": v_cache.shape[3] (head dim Dv) is ", head_dim_v, "; supported: 1..",
+                 kMaxHeadDim);
+  }
+  if (heads_q < 1) fail_invalid(kFn, ": q.shape[2] (Hq) is ", heads_q, "; must be >= 1");
+  if (heads_k < 1) fail_invalid(kFn, ": k_cache.shape[2] (Hk) is ", heads_k, "; must be >= 1");
+  if (k_cache->shape[3] != head_dim) {
+    fail_invalid(kFn, ": k_cache.shape[3] is ", k_cache->shape[3],
+                 "; must equal q.shape[3] (D) = ", head_dim);
+  }
+  if (v_cache->shape[0] != cache_rows || v_cache->shape[1] != cache_len ||
+      v_cache->shape[2] != heads_k) {
+    fail_invalid(kFn, ": v_cache.shape (", v_cache->shape[0], ", ", v_cache->shape[1], ", ",
+                 v_cache->shape[2], ", ...) must match k_cache's (", cache_rows, ", ", cache_len,
+                 ", ", heads_k, ", ...)");
+  }
+  if (heads_q % heads_k != 0) {
+    fail_invalid(kFn, ": Hq = ", heads_q, " is not a multiple of Hk = ", heads_k,
+                 "; GQA/MQA need Hq % Hk == 0");
+  }
+  if (out->shape[0] != batch || out->shape[1] != seqlen_q || out->shape[2] != heads_q ||
+      out->shape[3] != head_dim_v) {
+    fail_invalid(kFn, ": out.shape is (", out->shape[0], ", ", out->shape[1], ", ", out->shape[2],
+                 ", ", out->shape[3], "); expected (B, Sq, Hq, Dv) = (", batch, ", ", seqlen_q,
+                 ", ", heads_q, ", ", head_dim_v, ")");
+  }
+  if (batch > kMaxExtent || seqlen_q > kMaxExtent || cache_len > kMaxExtent) {
+    fail_unsupported(kFn, ": B, Sq and the cache length are limited to ", kMaxExtent);
+  }
+  check_no_self_overlap(kFn, "out", out);
+  check_no_self_overlap(kFn, "k_cache", k_cache);
+  check_no_self_overlap(kFn, "v_cache", v_cache);
+  check_disjoint(kFn, "out", out_extent, "q", q_extent);
+  check_disjoint(kFn, "out", out_extent, "k_cache", k_extent);
+  check_disjoint(kFn, "out", out_extent, "v_cache", v_extent);
+  check_disjoint(kFn, "k_cache", k_extent, "v_cache", v_extent);
+
+  ValidatedKvcache result;
+  ValidatedFwd& attention = result.attention;
+  cpu::FwdArgs& a = attention.args;
+
+  // New keys and values.
+  int64_t new_tokens = 0;
+  if ((cache.k_new == nullptr) != (cache.v_new == nullptr)) {
+    fail_invalid(kFn, ": cache->k_new and cache->v_new must be given together");
+  }
+  if (cache.k_new != nullptr) {
+    const TensorExtent kn =
+        check_tensor(kFn, "cache->k_new", cache.k_new, 4, "(B, S_new, Hk, D)", float_types);
+    const TensorExtent vn =
+        check_tensor(kFn, "cache->v_new", cache.v_new, 4, "(B, S_new, Hk, Dv)", float_types);
+    check_same_dtype("cache->k_new", cache.k_new, q);
+    check_same_dtype("cache->v_new", cache.v_new, q);
+    new_tokens = cache.k_new->shape[1];
+    const int64_t* ks = cache.k_new->shape;
+    const int64_t* vs = cache.v_new->shape;
+    if (ks[0] != batch || ks[2] != heads_k || ks[3] != head_dim) {
+      fail_invalid(kFn, ": cache->k_new.shape is (", ks[0], ", ", ks[1], ", ", ks[2], ", ", ks[3],
+                   "); expected (B, S_new, Hk, D) = (", batch, ", S_new, ", heads_k, ", ", head_dim,
+                   ")");
+    }
+    if (vs[0] != batch || vs[1] != new_tokens || vs[2] != heads_k || vs[3] != head_dim_v) {
+      fail_invalid(kFn, ": cache->v_new.shape is (", vs[0], ", ", vs[1], ", ", vs[2], ", ", vs[3],
+                   "); expected (B, S_new, Hk, Dv) = (", batch, ", ", new_tokens, ", ", heads_k,
+                   ", ", head_dim_v, ")");
+    }
+    for (const auto& [name, e] : {std::pair{"k_cache", k_extent}, std::pair{"v_cache", v_extent}}) {
+      check_disjoint(kFn, name, e, "cache->k_new", kn);
+      check_disjoint(kFn, name, e, "cache->v_new", vn);
+    }
+    result.append.new_tokens = new_tokens;
+    result.append.k_new = cache.k_new->data;
+    result.append.k_new_batch_stride = cache.k_new->strides[0];
+    result.append.k_new_row_stride = cache.k_new->strides[1];
+    result.append.k_new_head_stride = cache.k_new->strides[2];
+    result.append.v_new = cache.v_new->data;
+    result.append.v_new_batch_stride = cache.v_new->strides[0];
+    result.append.v_new_row_stride = cache.v_new->strides[1];
+    result.append.v_new_head_stride = cache.v_new->strides[2];
+  }
+
+  // Where each sequence's keys live.
+  int64_t capacity = cache_len;  // cache positions available to one sequence
+  if (paged) {
+    auto [columns, table] = read_int32_matrix(kFn, "cache->block_table", cache.block_table, batch);
+    if (cache_len < 1) fail_invalid(kFn, ": the page size (k_cache.shape[1]) must be >= 1");
+    if (cache.cache_batch_idx != nullptr) {
+      fail_invalid(kFn, ": cache->cache_batch_idx cannot be combined with cache->block_table");
+    }
+    attention.block_table = std::move(table);
+    a.block_table_stride = columns;
+    a.page_size = cache_len;
+    capacity = columns * cache_len;
+  } else if (cache.cache_batch_idx != nullptr) {
+    attention.kv_batch_index =
+        read_int32_vector(kFn, "cache->cache_batch_idx", cache.cache_batch_idx, batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      const int32_t index = attention.kv_batch_index[b];
+      if (index < 0 || index >= cache_rows) {
+        fail_invalid(kFn, ": cache->cache_batch_idx[", b, "] is ", index,
+                     "; must be in [0, B_cache = ", cache_rows, ")");
+      }
+    }
+    if (new_tokens > 0) {
+      std::vector<int32_t> sorted = attention.kv_batch_index;
+      std::sort(sorted.begin(), sorted.end());
+      if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+        fail_invalid(kFn,
+                     ": cache->cache_batch_idx repeats a cache batch while new keys are "
+                     "appended; two sequences would write the same cache rows");
+      }
+    }
+  } else if (cache_rows != batch) {
+    fail_invalid(kFn, ": k_cache.shape[0] is ", cache_rows, " but B is ", batch,
+                 "; give cache->cache_batch_idx to map sequences to cache rows");
+  }
+
+  // Lengths.
+  if (cache.cache_seqlens != nullptr) {
+    result.cache_seqlens =
+        read_int32_vector(kFn, "cache->cache_seqlens", cache.cache_seqlens, batch);
+  } else {
+    int64_t length = cache.cache_seqlen;
+    if (length == -1) {
+      if (paged) {
+        fail_invalid(kFn, ": a paged cache needs cache->cache_seqlens or cache->cache_seqlen >= 0");
+      }
+      length = cache_len - new_tokens;
+    }
+    if (length < 0 || length > kMaxExtent) {
+      fail_invalid(kFn, ": cache->cache_seqlen is ", cache.cache_seqlen,
+                   "; must be -1 (whole cache) or in [0, ", kMaxExtent, "]");
+    }
+    result.cache_seqlens.assign(static_cast<size_t>(batch), static_cast<int32_t>(length));
+  }
+  attention.k_start.assign(static_cast<size_t>(batch), 0);
+  if (cache.cache_leftpad != nullptr) {
+    attention.k_start = read_int32_vector(kFn, "cache->cache_leftpad", cache.cache_leftpad, batch);
+  }
+  attention.seqlens_k.resize(static_cast<size_t>(batch));
+  int64_t max_keys = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t stored = result.cache_seqlens[b];
+    const int64_t total = stored + new_tokens;
+    const int64_t start = attention.k_start[b];
+    if (stored < 0) {
+      fail_invalid(kFn, ": cache->cache_seqlens[", b, "] is ", stored, "; must be >= 0");
+    }
+    if (total > capacity) {
+      fail_invalid(kFn, ": sequence ", b, " needs ", total, " cache positions (cache_seqlens ",
+                   stored, " + S_new ", new_tokens, ") but the cache holds ", capacity,
+                   paged ? " (block_table columns x page_size)" : " (S_cache)");
+    }
+    if (start < 0 || start > stored) {
+      fail_invalid(kFn, ": cache->cache_leftpad[", b, "] is ", start, "; must be in [0, ",
+                   "cache_seqlens[", b, "] = ", stored, "]");
+    }
+    if (paged) {
+      for (int64_t page = start / cache_len; page * cache_len < total; ++page) {
+        const int32_t entry = attention.block_table[b * a.block_table_stride + page];
+        if (entry < 0 || entry >= cache_rows) {
+          fail_invalid(kFn, ": cache->block_table[", b, "][", page, "] is ", entry,
+                       "; must be in [0, num_blocks = ", cache_rows,
+                       ") for every page holding a position the call reads or writes");
+        }
+      }
+    }
+    attention.seqlens_k[b] = static_cast<int32_t>(total);
+    max_keys = std::max(max_keys, total - start);
+  }
+
+  a.dtype = static_cast<cpu::DType>(q->dtype);
+  a.batch = batch;
+  a.seqlen_q = seqlen_q;
+  a.seqlen_k = max_keys;
+  a.heads_q = heads_q;
+  a.heads_k = heads_k;
+  a.head_dim = head_dim;
+  a.head_dim_v = head_dim_v;
+  a.q = q->data;
+  a.q_batch_stride = q->strides[0];
+  a.q_row_stride = q->strides[1];
+  a.q_head_stride = q->strides[2];
+  a.k = k_cache->data;
+  a.k_batch_stride = k_cache->strides[0];
+  a.k_row_stride = k_cache->strides[1];
+  a.k_head_stride = k_cache->strides[2];
+  a.v = v_cache->data;
+  a.v_batch_stride = v_cache->strides[0];
+  a.v_row_stride = v_cache->strides[1];
+  a.v_head_stride = v_cache->strides[2];
+  a.out = out->data;
+  a.out_batch_stride = out->strides[0];
+  a.out_row_stride = out->strides[1];
+  a.out_head_stride = out->strides[2];
+  if (lse != nullptr) {
+    const TensorExtent lse_extent =
+        check_tensor(kFn, "lse", lse, 3, "(B, Hq, Sq)", {ANYATTN_DTYPE_F32});
+    if (lse->shape[0] != batch || lse->shape[1] != heads_q || lse->shape[2] != seqlen_q) {
+      fail_invalid(kFn, ": lse.shape is (", lse->shape[0], ", ", lse->shape[1], ", ", lse->shape[2],
+                   "); expected (B, Hq, Sq) = (", batch, ", ", heads_q, ", ", seqlen_q, ")");
+    }
+    check_no_self_overlap(kFn, "lse", lse);
+    check_disjoint(kFn, "lse", lse_extent, "q", q_extent);
+    check_disjoint(kFn, "lse", lse_extent, "k_cache", k_extent);
+    check_disjoint(kFn, "lse", lse_extent, "v_cache", v_extent);
+    check_disjoint(kFn, "lse", lse_extent, "out", out_extent);
+    a.lse = static_cast<float*>(lse->data);
+    a.lse_batch_stride = lse->strides[0];
+    a.lse_head_stride = lse->strides[1];
+    a.lse_row_stride = lse->strides[2];
+  }
+  apply_attention_options(kFn, params, &a);
+
+  // Rotary: the new keys at their cache positions, q at cache_seqlens[b] (+ i when the mask is
+  // causal or windowed, as flash-attn does).
+  if ((cache.rotary_cos == nullptr) != (cache.rotary_sin == nullptr)) {
+    fail_invalid(kFn, ": cache->rotary_cos and cache->rotary_sin must be given together");
+  }
+  if (cache.rotary_cos != nullptr) {
+    if (new_tokens == 0) {
+      fail_invalid(kFn,
+                   ": rotary embedding needs new keys (cache->k_new): the cached keys are "
+                   "stored already rotated");
+    }
+    for (const auto& [name, t] : {std::pair{"cache->rotary_cos", cache.rotary_cos},
+                                  std::pair{"cache->rotary_sin", cache.rotary_sin}}) {
+      check_tensor(kFn, name, t, 2, "(S_rotary, rotary_dim / 2)",
+                   {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16});
+    }
+    const int64_t rotary_positions = cache.rotary_cos->shape[0];
+    const int64_t half = cache.rotary_cos->shape[1];
+    if (cache.rotary_sin->shape[0] != rotary_positions || cache.rotary_sin->shape[1] != half) {
+      fail_invalid(kFn, ": cache->rotary_sin.shape must equal cache->rotary_cos.shape (",
+                   rotary_positions, ", ", half, ")");
+    }
+    if (half < 1 || 2 * half > head_dim) {
+      fail_invalid(kFn, ": rotary_dim = 2 * cache->rotary_cos.shape[1] = ", 2 * half,
+                   "; must be in [2, D = ", head_dim, "]");
+    }
+    const bool q_per_row = params.causal || a.window_left < cpu::kUnboundedWindow ||
+                           a.window_right < cpu::kUnboundedWindow;
+    const int64_t q_rows = q_per_row ? std::max<int64_t>(seqlen_q, 1) : 1;
+    const int64_t needed_rows = std::max(new_tokens, q_rows);
+    for (int64_t b = 0; b < batch; ++b) {
+      if (result.cache_seqlens[b] + needed_rows > rotary_positions) {
+        fail_invalid(kFn, ": cache->rotary_cos has ", rotary_positions, " positions but sequence ",
+                     b, " uses positions up to ", result.cache_seqlens[b] + needed_rows - 1);
+      }
+    }
+    // Gather the rows used, as f32: rows b * needed_rows + t = position cache_seqlens[b] + t.
+    const std::vector<float> cos_all =
+        read_float_rows(kFn, "cache->rotary_cos", cache.rotary_cos, rotary_positions);
+    const std::vector<float> sin_all =
+        read_float_rows(kFn, "cache->rotary_sin", cache.rotary_sin, rotary_positions);
+    attention.rotary_cos.resize(static_cast<size_t>(batch * needed_rows * half));
+    attention.rotary_sin.resize(attention.rotary_cos.size());
+    attention.q_position.resize(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t t = 0; t < needed_rows; ++t) {
+        const int64_t src = (result.cache_seqlens[b] + t) * half;
+        const int64_t dst = (b * needed_rows + t) * half;
+        std::copy_n(cos_all.begin() + src, half, attention.rotary_cos.begin() + dst);
+        std::copy_n(sin_all.begin() + src, half, attention.rotary_sin.begin() + dst);
+      }
+      attention.q_position[b] = static_cast<int32_t>(b * needed_rows);
+    }
+    // The append reads the new keys' rows: b * new_tokens + t.
+    result.append.rotary_cos.resize(static_cast<size_t>(batch * new_tokens * half));
+    result.append.rotary_sin.resize(result.append.rotary_cos.size());
+    for (int64_t b = 0; b < batch; ++b) {
+      std::copy_n(attention.rotary_cos.begin() + b * needed_rows * half, new_tokens * half,
+                  result.append.rotary_cos.begin() + b * new_tokens * half);
+      std::copy_n(attention.rotary_sin.begin() + b * needed_rows * half, new_tokens * half,
+                  result.append.rotary_sin.begin() + b * new_tokens * half);
+    }
+    a.rotary_dim = 2 * half;
+    a.rotary_interleaved = cache.rotary_interleaved != 0;
+    a.rotary_q_per_row = q_per_row;
+    a.rotary_stride = half;
+  }
+  attention.isa = resolve_isa(kFn, params.isa);
+  a.seqlens_k = attention.seqlens_k.data();
+  a.k_start = attention.k_start.data();
+  a.kv_batch_index = attention.kv_batch_index.empty() ? nullptr : attention.kv_batch_index.data();
+  a.block_table = attention.block_table.empty() ? nullptr : attention.block_table.data();
+  a.rotary_cos = attention.rotary_cos.empty() ? nullptr : attention.rotary_cos.data();
+  a.rotary_sin = attention.rotary_sin.empty() ? nullptr : attention.rotary_sin.data();
+  a.q_position = attention.q_position.empty() ? nullptr : attention.q_position.data();
+  return result;
+}
+
+}  // namespace anyattn::api

@@ -1,0 +1,27 @@
+// Argument validation for anyattn_fwd_kvcache: contiguous or paged caches, cache lengths, left
+// padding, batch indices, new keys to append and rotary tables. Everything the append and the
+// attention will touch is checked here, before anything is written.
+#ifndef ANYATTN_API_VALIDATE_KVCACHE_H_
+#define ANYATTN_API_VALIDATE_KVCACHE_H_
+
+#include "anyattn/anyattn.h"
+#include "api/validate_fwd.h"
+#include "cpu/kvcache_append.h"
+
+namespace anyattn::api {
+
+struct ValidatedKvcache {
+  ValidatedFwd attention;              // the attention over the cache, after the append
+  cpu::CacheAppend append;             // the in-place append (append.new_tokens == 0: none)
+  std::vector<int32_t> cache_seqlens;  // before the append
+};
+
+ValidatedKvcache validate_fwd_kvcache(const anyattn_tensor* q, const anyattn_tensor* k_cache,
+                                      const anyattn_tensor* v_cache, const anyattn_tensor* out,
+                                      const anyattn_tensor* lse,
+                                      const anyattn_kvcache_params* cache,
+                                      const anyattn_fwd_params* params);
+
+}  // namespace anyattn::api
+
+#endif  // ANYATTN_API_VALIDATE_KVCACHE_H_

@@ -1,0 +1,189 @@
+#include "reference/reference_bwd.h"
+
+#include <cmath>
+#include <limits>
+
+#include "cpu/philox.h"
+
+namespace anyattn {
+namespace reference {
+
+SequenceGradients backprop_one_sequence(const SequenceInputs& in, const double* dout,
+                                        const ScoreOptions& options, const DropoutOptions& dropout,
+                                        int64_t batch) {
+  const int64_t Sq = in.seqlen_q, Sk = in.seqlen_k;
+  const int64_t Hq = in.num_heads_q, Hk = in.num_heads_k;
+  const int64_t D = in.head_dim, Dv = in.head_dim_v;
+  const int64_t group = Hq / Hk;
+  const double kMinusInf = -std::numeric_limits<double>::infinity();
+  const cpu::PhiloxKey dropout_key = cpu::dropout_key(dropout.seed, dropout.offset);
+  const uint32_t threshold = cpu::dropout_threshold(static_cast<float>(dropout.p));
+
+  SequenceGradients g;
+  g.out.assign(static_cast<size_t>(Sq * Hq * Dv), 0.0);
+  g.lse.assign(static_cast<size_t>(Hq * Sq), 0.0);
+  g.dq.assign(static_cast<size_t>(Sq * Hq * D), 0.0);
+  g.dk.assign(static_cast<size_t>(Sk * Hk * D), 0.0);
+  g.dv.assign(static_cast<size_t>(Sk * Hk * Dv), 0.0);
+  g.dsinks.assign(static_cast<size_t>(Hq), 0.0);
+
+  // Per key of one row: the softcap's tanh, the score, P, the dropout factor Z and dP.
+  std::vector<double> t(Sk), s(Sk), p(Sk), z(Sk), dp(Sk);
+  std::vector<char> visible(Sk);
+
+  for (int64_t h = 0; h < Hq; ++h) {
+    const int64_t kv_head = h / group;
+    const bool has_sink = in.sinks != nullptr;
+    const double sink = has_sink ? in.sinks[h] : kMinusInf;
+    for (int64_t i = 0; i < Sq; ++i) {
+      const double* q_i = in.q + (i * Hq + h) * D;
+      const double* dout_i = dout + (i * Hq + h) * Dv;
+      double* out_i = g.out.data() + (i * Hq + h) * Dv;
+      double* dq_i = g.dq.data() + (i * Hq + h) * D;
+
+      // Forward: scores, lse, P, dropout, out.
+      double row_max = sink;
+      bool any_visible = false;
+      for (int64_t j = 0; j < Sk; ++j) {
+        visible[j] = key_visible(i, j, Sq, Sk, options);
+        if (!visible[j]) continue;
+        any_visible = true;
+        const double* k_j = in.k + (j * Hk + kv_head) * D;
+        double dot = 0.0;
+        for (int64_t d = 0; d < D; ++d) dot += q_i[d] * k_j[d];
+        const double x = options.softmax_scale * dot;
+        if (options.softcap > 0.0) {
+          t[j] = std::tanh(x / options.softcap);
+          s[j] = options.softcap * t[j];
+        } else {
+          s[j] = x;
+        }
+        if (in.alibi_slopes != nullptr) {
+          s[j] += -in.alibi_slopes[h] * std::fabs(static_cast<double>(i + Sk - Sq - j));
+        }
+        if (s[j] > row_max) row_max = s[j];
+      }
+      if (!any_visible) {
+        // out = 0, lse = sink: P_sink = 1 but D_i = 0, so nothing flows anywhere.
+        g.lse[h * Sq + i] = sink;
+        continue;
+      }
+      double denominator = has_sink ? std::exp(sink - row_max) : 0.0;
+      for (int64_t j = 0; j < Sk; ++j) {
+        if (visible[j]) denominator += std::exp(s[j] - row_max);
+      }
+      const double lse = row_max + std::log(denominator);
+      g.lse[h * Sq + i] = lse;
+      for (int64_t j = 0; j < Sk; ++j) {
+        if (!visible[j]) continue;
+        p[j] = std::exp(s[j] - lse);
+        z[j] = 1.0;
+        if (dropout.p > 0.0) {
+          z[j] = cpu::dropout_keep(dropout_key, batch, h, i, j, threshold) ? 1.0 / (1.0 - dropout.p)
+                                                                           : 0.0;
+        }
+        const double* v_j = in.v + (j * Hk + kv_head) * Dv;
+        for (int64_t c = 0; c < Dv; ++c) out_i[c] += p[j] * z[j] * v_j[c];
+      }
+
+      // Backward of L = sum(dout * out) through this row.
+      double delta = 0.0;  // D_i = sum_j P_ij dP_ij = <dout_i, out_i>
+      for (int64_t j = 0; j < Sk; ++j) {
+        if (!visible[j]) continue;
+        const double* v_j = in.v + (j * Hk + kv_head) * Dv;
+        double dot = 0.0;
+        for (int64_t c = 0; c < Dv; ++c) dot += dout_i[c] * v_j[c];
+        dp[j] = z[j] * dot;
+        delta += p[j] * dp[j];
+        double* dv_j = g.dv.data() + (j * Hk + kv_head) * Dv;
+        for (int64_t c = 0; c < Dv; ++c) dv_j[c] += p[j] * z[j] * dout_i[c];
+      }
+      for (int64_t j = 0; j < Sk; ++j) {
+        if (!visible[j]) continue;
+        double dx = p[j] * (dp[j] - delta);                  // dL/ds_ij
+        if (options.softcap > 0.0) dx *= 1.0 - t[j] * t[j];  // ds/dx = 1 - tanh^2
+        const double* k_j = in.k + (j * Hk + kv_head) * D;
+        double* dk_j = g.dk.data() + (j * Hk + kv_head) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          dq_i[d] += options.softmax_scale * dx * k_j[d];
+          dk_j[d] += options.softmax_scale * dx * q_i[d];
+        }
+      }
+      // The sink is one more softmax entry with no value: dL/dsink = -P_sink * D_i.
+      if (has_sink) g.dsinks[h] -= std::exp(sink - lse) * delta;
+    }
+  }
+  return g;
+}
+
+namespace {
+
+// Batch entry b of a rank-4 tensor (B, S, H, X) as a rank-3 view (S, H, X).
+anyattn_tensor batch_slice(const anyattn_tensor& t, int64_t b) {
+  anyattn_tensor slice = t;
+  slice.ndim = 3;
+  for (int d = 0; d < 3; ++d) {
+    slice.shape[d] = t.shape[d + 1];
+    slice.strides[d] = t.strides[d + 1];
+  }
+  const int64_t element_size = t.dtype == ANYATTN_DTYPE_F32 ? 4 : 2;
+  slice.data = static_cast<char*>(t.data) + b * t.strides[0] * element_size;
+  return slice;
+}
+
+void append(std::vector<double>* to, const std::vector<double>& from) {
+  to->insert(to->end(), from.begin(), from.end());
+}
+
+}  // namespace
+
+DenseGradients bwd_dense(const anyattn_tensor& q, const anyattn_tensor& k, const anyattn_tensor& v,
+                         const anyattn_tensor& dout, const anyattn_fwd_params* params) {
+  const int64_t B = q.shape[0], Sq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
+  const int64_t Sk = k.shape[1], Hk = k.shape[2], Dv = v.shape[3];
+  const ScoreOptions options = resolve_options(params, D);
+  DropoutOptions dropout;
+  if (params != nullptr) {
+    dropout.p = params->dropout_p;
+    dropout.seed = params->dropout_seed;
+    dropout.offset = params->dropout_offset;
+  }
+  const anyattn_tensor* alibi = params != nullptr ? params->alibi_slopes : nullptr;
+  const anyattn_tensor* sinks_tensor = params != nullptr ? params->sinks : nullptr;
+  std::vector<double> alibi_all, sinks;
+  if (alibi != nullptr) alibi_all = to_contiguous_f64(*alibi);
+  if (sinks_tensor != nullptr) sinks = to_contiguous_f64(*sinks_tensor);
+
+  DenseGradients result;
+  result.dsinks.assign(static_cast<size_t>(Hq), 0.0);
+  std::vector<double> lse_all(static_cast<size_t>(B * Hq * Sq));
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<double> q_b = to_contiguous_f64(batch_slice(q, b));
+    const std::vector<double> k_b = to_contiguous_f64(batch_slice(k, b));
+    const std::vector<double> v_b = to_contiguous_f64(batch_slice(v, b));
+    const std::vector<double> dout_b = to_contiguous_f64(batch_slice(dout, b));
+    SequenceInputs in;
+    in.seqlen_q = Sq;
+    in.seqlen_k = Sk;
+    in.num_heads_q = Hq;
+    in.num_heads_k = Hk;
+    in.head_dim = D;
+    in.head_dim_v = Dv;
+    in.q = q_b.data();
+    in.k = k_b.data();
+    in.v = v_b.data();
+    if (alibi != nullptr) in.alibi_slopes = alibi_all.data() + (alibi->ndim == 2 ? b * Hq : 0);
+    if (sinks_tensor != nullptr) in.sinks = sinks.data();
+    const SequenceGradients g = backprop_one_sequence(in, dout_b.data(), options, dropout, b);
+    append(&result.out, g.out);
+    append(&result.lse, g.lse);
+    append(&result.dq, g.dq);
+    append(&result.dk, g.dk);
+    append(&result.dv, g.dv);
+    for (int64_t h = 0; h < Hq; ++h) result.dsinks[h] += g.dsinks[h];
+  }
+  return result;
+}
+
+}  // namespace reference
+}  // namespace anyattn

@@ -1,0 +1,58 @@
+// The f64 reference of anyattn's backward contract (docs/backward.md), with dropout.
+//
+// Like reference.h: plain loops in double precision, one query row at a time, meant to be read.
+// It recomputes the forward (out and lse, with dropout) from q, k, v itself and differentiates
+// the loss L = sum(dout * out) by hand, row by row:
+//   P_ij = exp(s_ij - lse_i), Z_ij = keep(b, h, i, j) / (1 - p) (1 without dropout)
+//   out_i = sum_j P_ij Z_ij v_j
+//   dv_j += P_ij Z_ij dout_i;  dP_ij = Z_ij <dout_i, v_j>;  D_i = sum_j P_ij dP_ij
+//   dS_ij = P_ij (dP_ij - D_i);  dX_ij = dS_ij * (1 - tanh^2) with softcap, else dS_ij
+//   dq_i += scale dX_ij k_j;  dk_j += scale dX_ij q_i;  dsink_h -= exp(sink_h - lse_i) D_i
+// The dropout keep mask is cpu/philox.h's dropout_keep, the same function the kernels use.
+// Inputs are assumed valid; nothing is checked.
+#ifndef ANYATTN_REFERENCE_REFERENCE_BWD_H_
+#define ANYATTN_REFERENCE_REFERENCE_BWD_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "anyattn/anyattn.h"
+#include "reference/reference.h"
+
+namespace anyattn {
+namespace reference {
+
+struct DropoutOptions {
+  double p = 0.0;  // 0 = off
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+// Forward results and gradients of one sequence, contiguous:
+//   out (Sq, Hq, Dv), lse (Hq, Sq), dq (Sq, Hq, D), dk (Sk, Hk, D), dv (Sk, Hk, Dv), dsinks (Hq).
+struct SequenceGradients {
+  std::vector<double> out, lse, dq, dk, dv, dsinks;
+};
+
+// The core: forward and backward of one sequence (batch index `batch`, which the dropout mask
+// reads). dout is (Sq, Hq, Dv) contiguous. dsinks is all zeros without sinks.
+SequenceGradients backprop_one_sequence(const SequenceInputs& in, const double* dout,
+                                        const ScoreOptions& options, const DropoutOptions& dropout,
+                                        int64_t batch);
+
+// Contiguous dense results: out (B, Sq, Hq, Dv), lse (B, Hq, Sq), dq (B, Sq, Hq, D),
+// dk (B, Sk, Hk, D), dv (B, Sk, Hk, Dv), dsinks (Hq) summed over the batch.
+struct DenseGradients {
+  std::vector<double> out, lse, dq, dk, dv, dsinks;
+};
+
+// The reference for anyattn_bwd (and for anyattn_fwd with dropout): strided tensors of any
+// supported dtype, read exactly as doubles. Honours every field of params (NULL = defaults) that
+// affects the result, dropout included.
+DenseGradients bwd_dense(const anyattn_tensor& q, const anyattn_tensor& k, const anyattn_tensor& v,
+                         const anyattn_tensor& dout, const anyattn_fwd_params* params);
+
+}  // namespace reference
+}  // namespace anyattn
+
+#endif  // ANYATTN_REFERENCE_REFERENCE_BWD_H_
