@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "test_support.h"
@@ -85,6 +86,25 @@ TEST_F(FwdErrors, ValidProblemSucceedsAndClearsTheLastError) {
   ASSERT_EQ(call(), ANYATTN_OK) << anyattn_last_error();
   EXPECT_STREQ(anyattn_last_error(), "");
   EXPECT_TRUE(check_outputs(p_, p_.reference(), p_.naive_same_dtype()));
+}
+
+TEST_F(FwdErrors, LastErrorIsPerThread) {
+  qp_ = nullptr;
+  ASSERT_EQ(call(), ANYATTN_E_INVALID_ARGUMENT);
+  const std::string mine = anyattn_last_error();
+  std::string other_before, other_after;
+  std::thread other([&] {
+    other_before = anyattn_last_error();  // A fresh thread has no error.
+    anyattn_fwd_params params;
+    anyattn_fwd_params_init(&params);
+    params.softcap = -1.0f;
+    anyattn_fwd(&q_, &k_, &v_, &out_, &lse_, &params);
+    other_after = anyattn_last_error();
+  });
+  other.join();
+  EXPECT_EQ(other_before, "");
+  EXPECT_TRUE(contains_word(other_after, "softcap")) << other_after;
+  EXPECT_EQ(std::string(anyattn_last_error()), mine);
 }
 
 // ---- Null pointers ------------------------------------------------------------------------------

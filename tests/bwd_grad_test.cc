@@ -1,0 +1,255 @@
+// anyattn_bwd against the f64 reference by the 2x rule (DESIGN §6), feature by feature: shapes
+// (Sq != Sk both ways, D != Dv, block edges), causal, window, softcap, ALiBi, sinks, GQA/MQA,
+// dtypes, layouts, every ISA path, and the empty and fully masked edge cases.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "bwd_test_support.h"
+
+namespace anyattn {
+namespace testing {
+namespace {
+
+Case base_case() {
+  Case c;
+  c.B = 1;
+  c.Sq = 70;
+  c.Sk = 90;
+  c.Hq = 2;
+  c.Hk = 1;
+  c.D = 40;
+  c.Dv = 24;
+  return c;
+}
+
+void expect_all(const std::vector<BwdCase>& cases) {
+  for (const BwdCase& c : cases) EXPECT_TRUE(run_and_check_bwd(c));
+}
+
+BwdCase with(const Case& c) {
+  BwdCase b;
+  b.fwd = c;
+  return b;
+}
+
+TEST(BwdGrad, ShapesF32) {
+  std::vector<BwdCase> cases;
+  const int64_t seqlens[][2] = {{1, 2}, {3, 2}, {7, 65}, {64, 64}, {65, 63}, {130, 257}, {257, 130}};
+  const int64_t dims[][2] = {{64, 64}, {59, 111}, {8, 32}, {128, 16}};
+  uint64_t seed = 1;
+  for (const auto& s : seqlens) {
+    for (const auto& d : dims) {
+      Case c = base_case();
+      c.Sq = s[0];
+      c.Sk = s[1];
+      c.D = d[0];
+      c.Dv = d[1];
+      c.seed = seed++;
+      if (s[0] * s[1] > 20000 && d[0] + d[1] > 120) continue;  // keep the reference fast
+      cases.push_back(with(c));
+    }
+  }
+  expect_all(cases);
+}
+
+// With one key and no sink P = 1, so dS = dP - rowsum(dout * out) = 0 and dq = dk = 0 exactly:
+// the 2x rule has no scale there (the reference and the naive result are both exactly 0). Bound
+// the library's result a priori instead: dP and rowsum(dout * out) are f32 dot products of Dv
+// terms of size <= max|dout| max|v|, each off by at most Dv 2^-24 of that (plus P's and out's
+// rounding, a few ulps), so |dq| <= scale max|k| 4 Dv 2^-23 max|dout| max|v|, likewise dk.
+TEST(BwdGrad, SingleKeyWithoutSinkGivesZeroDqDk) {
+  Case c = base_case();
+  c.Sq = 1;
+  c.Sk = 1;
+  c.D = 64;
+  c.Dv = 64;
+  BwdProblem p(with(c));
+  ASSERT_EQ(p.prepare_forward(), ANYATTN_OK);
+  ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+  auto max_abs = [](const std::vector<double>& x) {
+    double m = 0;
+    for (double e : x) m = std::max(m, std::fabs(e));
+    return m;
+  };
+  const double dout_max = max_abs(reference::to_contiguous_f64(p.dout));
+  const double v_max = max_abs(reference::to_contiguous_f64(p.fwd.v));
+  const double term = 4.0 * c.Dv * 0x1.0p-23 * dout_max * v_max / std::sqrt(64.0);
+  const Gradients g = p.gradients();
+  EXPECT_LE(max_abs(g.dq), term * max_abs(reference::to_contiguous_f64(p.fwd.k)));
+  EXPECT_LE(max_abs(g.dk), term * max_abs(reference::to_contiguous_f64(p.fwd.q)));
+  // dv is not degenerate: dv = dout summed over the query heads.
+  const reference::DenseGradients ref = p.reference();
+  EXPECT_TRUE(within_two_x_naive("dv", g.dv, ref.dv, p.naive_same_dtype().dv,
+                                 out_eps(c.dtype, max_abs(ref.dv)), {c.B, c.Sk, c.Hk, c.Dv}));
+}
+
+TEST(BwdGrad, SingleKeyWithSink) {
+  Case c = base_case();
+  c.Sq = 1;
+  c.Sk = 1;
+  c.sinks = true;
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
+}
+
+TEST(BwdGrad, CausalAndWindow) {
+  std::vector<BwdCase> cases;
+  for (const auto& s : {std::pair<int64_t, int64_t>{100, 100}, {60, 150}, {150, 60}}) {
+    Case c = base_case();
+    c.Sq = s.first;
+    c.Sk = s.second;
+    c.causal = true;
+    cases.push_back(with(c));
+    c.causal = false;
+    c.window_left = 20;
+    c.window_right = 5;
+    cases.push_back(with(c));
+    c.window_left = -1;
+    c.window_right = 0;
+    cases.push_back(with(c));
+    c.window_left = 0;
+    c.window_right = -1;
+    cases.push_back(with(c));
+  }
+  expect_all(cases);
+}
+
+TEST(BwdGrad, Softcap) {
+  Case c = base_case();
+  c.softcap = 5.f;
+  c.softmax_scale = 0.5f;  // scores large enough for the cap to bend them
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
+  c.causal = true;
+  c.softcap = 1.5f;
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
+}
+
+TEST(BwdGrad, Alibi) {
+  Case c = base_case();
+  c.Hq = 4;
+  c.alibi = Alibi::kPerHead;
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
+  c.B = 2;
+  c.alibi = Alibi::kPerBatchHead;
+  c.causal = true;
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
+}
+
+TEST(BwdGrad, SinksWithDsink) {
+  Case c = base_case();
+  c.Hq = 4;
+  c.Hk = 2;
+  c.B = 2;
+  c.sinks = true;
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
+  c.window_left = 10;
+  c.window_right = 0;
+  c.Sq = 120;
+  c.Sk = 70;  // rows before the diagonal see no key: lse = sink, dsink term 0
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
+}
+
+TEST(BwdGrad, GqaAndMqa) {
+  std::vector<BwdCase> cases;
+  for (const auto& heads : {std::pair<int64_t, int64_t>{4, 2}, {8, 2}, {8, 1}, {3, 3}}) {
+    Case c = base_case();
+    c.Hq = heads.first;
+    c.Hk = heads.second;
+    c.Sq = 66;
+    c.Sk = 129;
+    c.causal = heads.first == 8;
+    cases.push_back(with(c));
+  }
+  expect_all(cases);
+}
+
+TEST(BwdGrad, AllFeaturesCombined) {
+  Case c = base_case();
+  c.B = 2;
+  c.Hq = 4;
+  c.Hk = 2;
+  c.Sq = 100;
+  c.Sk = 140;
+  c.causal = true;
+  c.window_left = 50;
+  c.softcap = 4.f;
+  c.alibi = Alibi::kPerBatchHead;
+  c.sinks = true;
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
+}
+
+TEST(BwdGrad, HalfPrecisionDtypes) {
+  for (anyattn_dtype dtype : {ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16}) {
+    Case c = base_case();
+    c.dtype = dtype;
+    c.Sq = 96;
+    c.Sk = 130;
+    c.D = 64;
+    c.Dv = 48;
+    EXPECT_TRUE(run_and_check_bwd(with(c)));
+    c.Hq = 4;
+    c.Hk = 2;
+    c.causal = true;
+    c.softcap = 6.f;
+    c.alibi = Alibi::kPerHead;
+    c.sinks = true;
+    EXPECT_TRUE(run_and_check_bwd(with(c)));
+  }
+}
+
+TEST(BwdGrad, EveryIsaPath) {
+  for (anyattn_isa isa : supported_isas()) {
+    for (anyattn_dtype dtype : {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_BF16}) {
+      Case c = base_case();
+      c.isa = isa;
+      c.dtype = dtype;
+      c.Hq = 4;
+      c.Hk = 2;
+      c.Sq = 77;
+      c.Sk = 150;
+      c.D = 72;
+      c.Dv = 40;
+      c.causal = true;
+      c.window_left = 70;
+      c.softcap = 5.f;
+      c.alibi = Alibi::kPerHead;
+      c.sinks = true;
+      EXPECT_TRUE(run_and_check_bwd(with(c))) << anyattn_isa_name(isa);
+    }
+  }
+}
+
+TEST(BwdGrad, StridedLayouts) {
+  for (Layout layout : {Layout::kPacked, Layout::kTransposedBatch, Layout::kPaddedStrides,
+                        Layout::kBroadcast, Layout::kNegativeStrides}) {
+    Case c = base_case();
+    c.B = 2;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.layout = layout;
+    BwdCase b = with(c);
+    b.padded_grads = true;
+    EXPECT_TRUE(run_and_check_bwd(b)) << layout_name(layout);
+  }
+}
+
+TEST(BwdGrad, EmptyAndFullyMasked) {
+  Case c = base_case();
+  c.sinks = true;
+  c.Sq = 0;  // dk and dv are all zeros, dsinks 0
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
+  c.Sq = 20;
+  c.Sk = 0;  // dq is all zeros, dsinks 0 (lse = sink, out = 0)
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
+  c.Sk = 30;
+  c.Sq = 100;
+  c.causal = true;  // the first 70 rows see no key
+  c.sinks = false;
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace anyattn
