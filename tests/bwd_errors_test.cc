@@ -53,8 +53,8 @@ class BwdErrors : public ::testing::Test {
 
   void expect_rejected(anyattn_status expected, std::vector<std::string> words) {
     const std::vector<unsigned char> before = p_.gradient_bytes();
-    const anyattn_status status = anyattn_bwd(doutp_, &q_, &k_, &v_, &out_, lsep_, &dq_, &dk_,
-                                              &dv_, dsinksp_, &params_);
+    const anyattn_status status =
+        anyattn_bwd(doutp_, &q_, &k_, &v_, &out_, lsep_, &dq_, &dk_, &dv_, dsinksp_, &params_);
     const std::string message = anyattn_last_error();
     EXPECT_EQ(status, expected) << anyattn_status_name(status) << ": " << message;
     EXPECT_TRUE(names(message, "anyattn_bwd")) << message;

@@ -83,13 +83,13 @@ TEST(BwdFiniteDifference, ReferenceGradientsMatchCentralDifferences) {
       for (size_t e = 0; e < t.values->size(); ++e) {
         const double saved = (*t.values)[e];
         (*t.values)[e] = saved + h;
-        const double plus = loss(reference::backprop_one_sequence(seq.inputs(), seq.dout.data(),
-                                                                  options, dropout, 1),
-                                 seq.dout);
+        const double plus = loss(
+            reference::backprop_one_sequence(seq.inputs(), seq.dout.data(), options, dropout, 1),
+            seq.dout);
         (*t.values)[e] = saved - h;
-        const double minus = loss(reference::backprop_one_sequence(seq.inputs(), seq.dout.data(),
-                                                                   options, dropout, 1),
-                                  seq.dout);
+        const double minus = loss(
+            reference::backprop_one_sequence(seq.inputs(), seq.dout.data(), options, dropout, 1),
+            seq.dout);
         (*t.values)[e] = saved;
         const double fd = (plus - minus) / (2 * h);
         const double analytic = (*t.grad)[e];

@@ -37,7 +37,8 @@ BwdCase with(const Case& c) {
 
 TEST(BwdGrad, ShapesF32) {
   std::vector<BwdCase> cases;
-  const int64_t seqlens[][2] = {{1, 2}, {3, 2}, {7, 65}, {64, 64}, {65, 63}, {130, 257}, {257, 130}};
+  const int64_t seqlens[][2] = {{1, 2},   {3, 2},     {7, 65},   {64, 64},
+                                {65, 63}, {130, 257}, {257, 130}};
   const int64_t dims[][2] = {{64, 64}, {59, 111}, {8, 32}, {128, 16}};
   uint64_t seed = 1;
   for (const auto& s : seqlens) {

@@ -19,12 +19,15 @@ std::vector<int32_t> read_cu_seqlens(const char* name, const anyattn_tensor* t, 
                                      const char* max_name) {
   std::vector<int32_t> cu = read_int32_vector(kFn, name, t, batch + 1);
   if (cu[0] < 0) fail_invalid(kFn, ": ", name, "[0] is ", cu[0], "; must be >= 0");
+  // Order first: a decreasing entry is the root cause of any "length" error it would produce.
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t length = static_cast<int64_t>(cu[b + 1]) - cu[b];
-    if (length < 0) {
+    if (cu[b + 1] < cu[b]) {
       fail_invalid(kFn, ": ", name, " is not non-decreasing: ", name, "[", b, "] = ", cu[b], " > ",
                    name, "[", b + 1, "] = ", cu[b + 1]);
     }
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t length = static_cast<int64_t>(cu[b + 1]) - cu[b];
     if (length > max_seqlen) {
       fail_invalid(kFn, ": sequence ", b, " has ", length, " rows by ", name, " but ", max_name,
                    " is ", max_seqlen, "; ", max_name, " must be at least every length");

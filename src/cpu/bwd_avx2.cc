@@ -1,10 +1,10 @@
 // The backward kernels for the avx2 path: bwd_kernel-inl.h compiled against vec_avx2.h.
 // Registered in bwd_kernels.inc.
+#include <immintrin.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <immintrin.h>
 
 #include "cpu/bwd_args.h"
 #include "cpu/bwd_layout.h"

@@ -1,10 +1,10 @@
 // The backward kernels for the avx512 path: bwd_kernel-inl.h compiled against vec_avx512.h.
 // Registered in bwd_kernels.inc.
+#include <immintrin.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <immintrin.h>
 
 #include "cpu/bwd_args.h"
 #include "cpu/bwd_layout.h"

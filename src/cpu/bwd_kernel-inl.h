@@ -73,8 +73,8 @@ inline void gemm_tile(const float* a, int64_t lda, const float* b, int64_t ldb, 
 
 // All column vectors of R rows: whole kGemmVecs tiles, then one narrower tile for the rest.
 template <int R, int NV = kGemmVecs>
-inline void gemm_columns(int64_t vectors, const float* a, int64_t lda, const float* b,
-                         int64_t ldb, int64_t depth, float* c, int64_t ldc, bool accumulate) {
+inline void gemm_columns(int64_t vectors, const float* a, int64_t lda, const float* b, int64_t ldb,
+                         int64_t depth, float* c, int64_t ldc, bool accumulate) {
   if constexpr (NV == kGemmVecs) {
     for (; vectors >= NV; vectors -= NV, b += NV * kLanes, c += NV * kLanes) {
       gemm_tile<R, NV>(a, lda, b, ldb, depth, c, ldc, accumulate);
@@ -108,11 +108,10 @@ inline void gemm(int64_t rows, int64_t cols, int64_t depth, const float* a, int6
   const int64_t vectors = cols / kLanes;
   int64_t r = 0;
   for (; r + kGemmRows <= rows; r += kGemmRows) {
-    gemm_columns<kGemmRows>(vectors, a + r * lda, lda, b, ldb, depth, c + r * ldc, ldc,
-                            accumulate);
+    gemm_columns<kGemmRows>(vectors, a + r * lda, lda, b, ldb, depth, c + r * ldc, ldc, accumulate);
   }
-  gemm_row_remainder<kGemmRows - 1>(rows - r, vectors, a + r * lda, lda, b, ldb, depth,
-                                    c + r * ldc, ldc, accumulate);
+  gemm_row_remainder<kGemmRows - 1>(rows - r, vectors, a + r * lda, lda, b, ldb, depth, c + r * ldc,
+                                    ldc, accumulate);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -134,6 +133,19 @@ inline void load_row(const void* src, DType dtype, int64_t n, int64_t n_pad, flo
   }
   for (; c < n; ++c) dst[c] = load_element(src, dtype, c);
   for (; c < n_pad; ++c) dst[c] = 0.f;
+}
+
+// Asks for `rows` rows of n `dtype` values (row r at element offset first + r * row_stride) to be
+// brought into cache: the next tile's rows are strided (often a page apart), so hardware
+// prefetchers miss them and the conversion loop would stall on every row.
+inline void prefetch_rows(const void* base, DType dtype, int64_t first, int64_t row_stride,
+                          int64_t rows, int64_t n) {
+  const int64_t bytes = n * element_size(dtype);
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* row =
+        static_cast<const char*>(element_address(base, dtype, first + r * row_stride));
+    for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at);
+  }
 }
 
 inline void zero_floats(float* dst, int64_t n) {
@@ -159,9 +171,9 @@ inline void store_row(const float* src, int64_t n, float scale, DType dtype, voi
 // ---------------------------------------------------------------------------------------------
 
 struct TileMath {
-  float scale_log2 = 0.f;     // softmax_scale * log2(e), without softcap
-  float scale_over_cap = 0.f; // softmax_scale / softcap, with softcap
-  float cap_log2 = 0.f;       // softcap * log2(e)
+  float scale_log2 = 0.f;      // softmax_scale * log2(e), without softcap
+  float scale_over_cap = 0.f;  // softmax_scale / softcap, with softcap
+  float cap_log2 = 0.f;        // softcap * log2(e)
   bool softcap = false;
   bool alibi = false;
   bool dropout = false;
@@ -173,10 +185,10 @@ struct TileMath {
 // queries) come from lse2_cols / delta_cols; otherwise the row's own lse2_row / delta_row
 // (pass 2). ALiBi distance of column c is |alibi_base + c|; z_row holds dropout factors.
 template <bool kColumnStats>
-inline void tile_row_gradients(const TileMath& m, float neg_slope_log2, float* s_row,
-                               float* dp_row, const float* z_row, const float* lse2_cols,
-                               const float* delta_cols, float lse2_row, float delta_row,
-                               float alibi_base, bool mask, float lo, float hi) {
+inline void tile_row_gradients(const TileMath& m, float neg_slope_log2, float* s_row, float* dp_row,
+                               const float* z_row, const float* lse2_cols, const float* delta_cols,
+                               float lse2_row, float delta_row, float alibi_base, bool mask,
+                               float lo, float hi) {
   const Vec iota = Vec::iota();
   const Vec zero = Vec::zero();
   const Vec one = Vec::broadcast(1.f);
@@ -268,9 +280,9 @@ void row_dots(const BwdArgs& args, int64_t b, int64_t h, float* delta) {
     load_row(element_address(f.out, f.dtype,
                              b * f.out_batch_stride + i * f.out_row_stride + h * f.out_head_stride),
              f.dtype, dv, dv_pad, out_row);
-    load_row(element_address(args.dout, f.dtype,
-                             b * args.dout_batch_stride + i * args.dout_row_stride +
-                                 h * args.dout_head_stride),
+    load_row(element_address(
+                 args.dout, f.dtype,
+                 b * args.dout_batch_stride + i * args.dout_row_stride + h * args.dout_head_stride),
              f.dtype, dv, dv_pad, dout_row);
     Vec sum = Vec::zero();
     for (int64_t c = 0; c < dv_pad; c += kLanes) {
@@ -302,13 +314,13 @@ void dkdv_task(const BwdArgs& args, const BwdLayout& layout, const float* delta_
   float* qt = s.qt_or_dq;
 
   for (int64_t j = 0; j < keys; ++j) {
-    load_row(element_address(f.k, f.dtype,
-                             b * f.k_batch_stride + (j0 + j) * f.k_row_stride +
-                                 head_k * f.k_head_stride),
+    load_row(element_address(
+                 f.k, f.dtype,
+                 b * f.k_batch_stride + (j0 + j) * f.k_row_stride + head_k * f.k_head_stride),
              f.dtype, f.head_dim, d_pad, s.k + j * d_pad);
-    load_row(element_address(f.v, f.dtype,
-                             b * f.v_batch_stride + (j0 + j) * f.v_row_stride +
-                                 head_k * f.v_head_stride),
+    load_row(element_address(
+                 f.v, f.dtype,
+                 b * f.v_batch_stride + (j0 + j) * f.v_row_stride + head_k * f.v_head_stride),
              f.dtype, f.head_dim_v, dv_pad, s.v + j * dv_pad);
   }
   zero_floats(dk, keys * d_pad);
@@ -341,6 +353,16 @@ void dkdv_task(const BwdArgs& args, const BwdLayout& layout, const float* delta_
           s.delta[r] = 0.f;
         }
       }
+      if (i0 + kTile <= i_last) {
+        const int64_t next_rows = std::min(kTile, f.seqlen_q - i0 - kTile);
+        prefetch_rows(f.q, f.dtype,
+                      b * f.q_batch_stride + (i0 + kTile) * f.q_row_stride + h * f.q_head_stride,
+                      f.q_row_stride, next_rows, f.head_dim);
+        prefetch_rows(args.dout, f.dtype,
+                      b * args.dout_batch_stride + (i0 + kTile) * args.dout_row_stride +
+                          h * args.dout_head_stride,
+                      args.dout_row_stride, next_rows, f.head_dim_v);
+      }
       transpose_to_columns(s.q, d_pad, qt);
       transpose_to_columns(s.dout, dv_pad, s.doutt);
       gemm(keys, kTile, f.head_dim, s.k, d_pad, qt, kTile, s.s, kTile, false);
@@ -360,11 +382,11 @@ void dkdv_task(const BwdArgs& args, const BwdLayout& layout, const float* delta_
       for (int64_t j = 0; j < keys; ++j) {
         const int64_t key = j0 + j;
         // Query i sees key j iff j - offset - window_right <= i <= j - offset + window_left.
-        const ColumnRange range = clip_columns(key - offset - f.window_right - i0,
-                                               key - offset + f.window_left - i0 + 1);
+        const ColumnRange range =
+            clip_columns(key - offset - f.window_right - i0, key - offset + f.window_left - i0 + 1);
         tile_row_gradients<true>(m, slope, s.s + j * kTile, s.dp + j * kTile, s.z + j * kTile,
-                                 s.lse2, s.delta, 0.f, 0.f,
-                                 static_cast<float>(i0 + offset - key), mask, range.lo, range.hi);
+                                 s.lse2, s.delta, 0.f, 0.f, static_cast<float>(i0 + offset - key),
+                                 mask, range.lo, range.hi);
       }
       gemm(keys, dv_pad, rows, s.s, kTile, s.dout, dv_pad, dv, dv_pad, true);
       gemm(keys, d_pad, rows, s.dp, kTile, s.q, d_pad, dk, d_pad, true);
@@ -411,9 +433,9 @@ void dq_task(const BwdArgs& args, const BwdLayout& layout, const float* delta_al
     load_row(element_address(f.q, f.dtype,
                              b * f.q_batch_stride + i * f.q_row_stride + h * f.q_head_stride),
              f.dtype, f.head_dim, d_pad, s.q + r * d_pad);
-    load_row(element_address(args.dout, f.dtype,
-                             b * args.dout_batch_stride + i * args.dout_row_stride +
-                                 h * args.dout_head_stride),
+    load_row(element_address(
+                 args.dout, f.dtype,
+                 b * args.dout_batch_stride + i * args.dout_row_stride + h * args.dout_head_stride),
              f.dtype, f.head_dim_v, dv_pad, s.dout + r * dv_pad);
     s.lse2[r] = lse_log2(f, b, h, i);
     s.delta[r] = delta_all[(b * f.heads_q + h) * f.seqlen_q + i];
@@ -427,18 +449,27 @@ void dq_task(const BwdArgs& args, const BwdLayout& layout, const float* delta_al
     const int64_t keys = std::min(kTile, f.seqlen_k - j0);
     for (int64_t j = 0; j < kTile; ++j) {
       if (j < keys) {
-        load_row(element_address(f.k, f.dtype,
-                                 b * f.k_batch_stride + (j0 + j) * f.k_row_stride +
-                                     head_k * f.k_head_stride),
+        load_row(element_address(
+                     f.k, f.dtype,
+                     b * f.k_batch_stride + (j0 + j) * f.k_row_stride + head_k * f.k_head_stride),
                  f.dtype, f.head_dim, d_pad, s.k + j * d_pad);
-        load_row(element_address(f.v, f.dtype,
-                                 b * f.v_batch_stride + (j0 + j) * f.v_row_stride +
-                                     head_k * f.v_head_stride),
+        load_row(element_address(
+                     f.v, f.dtype,
+                     b * f.v_batch_stride + (j0 + j) * f.v_row_stride + head_k * f.v_head_stride),
                  f.dtype, f.head_dim_v, dv_pad, s.v + j * dv_pad);
       } else {
         zero_floats(s.k + j * d_pad, d_pad);
         zero_floats(s.v + j * dv_pad, dv_pad);
       }
+    }
+    if (j0 + kTile <= j_last) {
+      const int64_t next_keys = std::min(kTile, f.seqlen_k - j0 - kTile);
+      prefetch_rows(f.k, f.dtype,
+                    b * f.k_batch_stride + (j0 + kTile) * f.k_row_stride + head_k * f.k_head_stride,
+                    f.k_row_stride, next_keys, f.head_dim);
+      prefetch_rows(f.v, f.dtype,
+                    b * f.v_batch_stride + (j0 + kTile) * f.v_row_stride + head_k * f.v_head_stride,
+                    f.v_row_stride, next_keys, f.head_dim_v);
     }
     transpose_to_columns(s.k, d_pad, kt);
     transpose_to_columns(s.v, dv_pad, vt);
@@ -454,7 +485,7 @@ void dq_task(const BwdArgs& args, const BwdLayout& layout, const float* delta_al
         }
       }
     }
-    const bool mask =  !tile_fully_visible(f, i0, i0 + rows, j0, j0 + keys);
+    const bool mask = keys < kTile || !tile_fully_visible(f, i0, i0 + rows, j0, j0 + keys);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = i0 + r;
       // Key j is visible iff i + offset - window_left <= j <= i + offset + window_right, j < Sk.
@@ -471,8 +502,8 @@ void dq_task(const BwdArgs& args, const BwdLayout& layout, const float* delta_al
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
     store_row(dq + r * d_pad, f.head_dim, f.softmax_scale, f.dtype,
-              element_address(args.dq, f.dtype,
-                              b * args.dq_batch_stride + i * args.dq_row_stride +
-                                  h * args.dq_head_stride));
+              element_address(
+                  args.dq, f.dtype,
+                  b * args.dq_batch_stride + i * args.dq_row_stride + h * args.dq_head_stride));
   }
 }

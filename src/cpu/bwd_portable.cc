@@ -13,6 +13,8 @@
 namespace anyattn::cpu::bwd_portable {
 
 #include "cpu/simd/vec_portable.h"
+
+// After Vec: exp2 and tanh are written against it.
 #include "cpu/simd/vec_math-inl.h"
 
 constexpr int kGemmRows = 4;

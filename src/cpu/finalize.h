@@ -62,13 +62,13 @@ inline void combine_and_store_row(const RowPartials& parts, bool has_sink, float
     if (any_nan) weights[k] = std::numeric_limits<float>::quiet_NaN();
     denominator += l * weights[k];
   }
-  const float inverse = 1.f / denominator;
   for (int64_t c = 0; c < head_dim_v; ++c) {
     float sum = 0.f;
     for (int64_t k = 0; k < parts.count; ++k) {
       if (weights[k] != 0.f) sum += parts.o[k * parts.o_stride + c] * weights[k];
     }
-    store_element(out_row, dtype, c, sum * inverse);
+    // A division, not a multiplication by 1/denominator: one rounding instead of two.
+    store_element(out_row, dtype, c, sum / denominator);
   }
   if (lse != nullptr) lse[0] = (top + std::log2(denominator)) * kLn2;
 }

@@ -141,20 +141,29 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
   const PackedLayout& layout = plan.layout;
   const int64_t group_size = args.group_size();
   const int64_t splits = plan.num_splits;
-  // Streaming: one task (per split) holds every query row of the kv head.
-  const int64_t heads_per_task = plan.streaming ? group_size : 1;
   std::vector<AttendTask> tasks;
   std::vector<int64_t> costs;
-  for (int64_t p = group.first_pair; p < group.first_pair + group.pairs; ++p) {
+  // Streaming: one task (per split) holds every query row of stream_heads_k consecutive kv heads
+  // of one sequence; packed: one task per query head and q block.
+  int64_t p = group.first_pair;
+  while (p < group.first_pair + group.pairs) {
     const Pair& pair = pairs[p];
+    int64_t heads_k = 1;
+    while (plan.streaming && heads_k < plan.stream_heads_k &&
+           p + heads_k < group.first_pair + group.pairs &&
+           pairs[p + heads_k].seq.batch == pair.seq.batch) {
+      ++heads_k;
+    }
     const int64_t q_blocks = ceil_div(pair.seq.seqlen_q, plan.q_block_rows);
     const int64_t blocks_per_split = plan.blocks_per_split(pair.blocks);
-    for (int64_t g = 0; g < group_size; g += heads_per_task) {
+    const int64_t heads_per_task = plan.streaming ? heads_k * group_size : 1;
+    for (int64_t g = 0; g < heads_k * group_size; g += heads_per_task) {
       for (int64_t qb = 0; qb < q_blocks; ++qb) {
         AttendTask task;
         task.seq = pair.seq;
         task.head_q_begin = pair.head_k * group_size + g;
         task.heads = heads_per_task;
+        task.heads_k = plan.streaming ? heads_k : 1;
         task.q_begin = qb * plan.q_block_rows;
         task.q_end = std::min(task.q_begin + plan.q_block_rows, pair.seq.seqlen_q);
         if (!plan.streaming) {
@@ -183,6 +192,7 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
         }
       }
     }
+    p += plan.streaming ? heads_k : 1;
   }
   std::vector<int64_t> order(tasks.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
@@ -272,7 +282,8 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
       });
     }
     lease.run_each(static_cast<int64_t>(group.tasks.size()), [&](int64_t t, int worker) {
-      const Scratch scratch = Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout);
+      const Scratch scratch =
+          Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout, plan.stream_heads_k);
       kernel->attend(args, layout, group.tasks[t], scratch);
     });
     if (plan.num_splits > 1) merge_splits(args, plan, ws, lease, pairs, group);

@@ -62,7 +62,8 @@ inline void score_tile(const float* q, int64_t ldq, const float* kt, int64_t hea
 
 template <int R>
 inline void score_rows(const float* q, int64_t ldq, const float* kt, int64_t head_dim, float* s) {
-  for (int64_t c = 0; c < kKeyBlock; c += kScoreKeys) score_tile<R>(q, ldq, kt + c, head_dim, s + c);
+  for (int64_t c = 0; c < kKeyBlock; c += kScoreKeys)
+    score_tile<R>(q, ldq, kt + c, head_dim, s + c);
 }
 
 // Rows that do not fill a whole tile: dispatch the remaining count R = rows to a fixed-size tile.
@@ -131,9 +132,9 @@ inline void pv_column_remainder(int64_t vectors, const float* p, const float* v,
 template <int R>
 inline void pv_rows(const float* p, const float* v, int64_t keys, float* o, int64_t dv_pad) {
   int64_t c = 0;
-  for (; c + kPvCols <= dv_pad; c += kPvCols) pv_tile<R, kPvVecs>(p, v + c, dv_pad, keys, o + c, dv_pad);
-  pv_column_remainder<R, kPvVecs - 1>((dv_pad - c) / kLanes, p, v + c, dv_pad, keys, o + c,
-                                      dv_pad);
+  for (; c + kPvCols <= dv_pad; c += kPvCols)
+    pv_tile<R, kPvVecs>(p, v + c, dv_pad, keys, o + c, dv_pad);
+  pv_column_remainder<R, kPvVecs - 1>((dv_pad - c) / kLanes, p, v + c, dv_pad, keys, o + c, dv_pad);
 }
 
 template <int R>
@@ -193,7 +194,7 @@ struct ScoreTransform {
   bool softcap = false;
   float softcap_log2 = 0.f;  // softcap * log2(e)
   bool alibi = false;
-  float neg_slope_log2[kMaxQBlockRows];  // per task head: -slope * log2(e)
+  const float* neg_slope_log2 = nullptr;  // per query head of the rows: -slope * log2(e)
 };
 
 // Applies softcap, ALiBi and (when `apply_mask`) the window/end-of-keys mask to the scores of the
@@ -300,61 +301,85 @@ inline void convert_row(const void* src, DType dtype, int64_t n, float* dst) {
   for (; i < n; ++i) dst[i] = load_element(src, dtype, i);
 }
 
-void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
-                int64_t head_k, int64_t block, float* dst, uint8_t* v_nonfinite) {
+// Packs key block `block` of kv heads [head_k, head_k + heads_k) of sequence `seq` into
+// `heads_k` consecutive panels of PackedLayout::block_floats floats, and sets v_nonfinite[h] to 1
+// if head h's packed V holds a NaN or infinity, else 0.
+//
+// Memory order: each key row is read for all heads before the next row (rows of one head are
+// Hk * D elements apart, rows of all heads are contiguous), so a multi-head call sweeps memory
+// sequentially. K rows are converted into `staging` (heads_k * lanes rows of round_up(D, 16)
+// floats) one chunk of `lanes` keys at a time and transposed tile by tile into kt[d][j].
+void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
+                      int64_t head_k, int64_t heads_k, int64_t block, float* panels, float* staging,
+                      uint8_t* v_nonfinite) {
   const int64_t j0 = block * kKeyBlock;
   const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
   const int64_t head_dim = args.head_dim;
   const int64_t head_dim_v = args.head_dim_v;
   const int64_t dv_pad = layout.dv_pad;
-  float* kt = dst;
-  float* v_panel = dst + layout.kt_floats;
-
-  // K: convert the block's rows into a row-major staging tile (zero-padded to whole vectors and
-  // to 64 keys), then transpose it tile by tile into kt[d][j].
   const int64_t d_pad = round_up(head_dim, kLanes);
-  alignas(64) float staging[kKeyBlock * 256];
-  for (int64_t j = 0; j < kKeyBlock; ++j) {
-    float* staged = staging + j * d_pad;
-    if (j < keys) {
-      const int64_t offset = key_row_offset(args, seq, j0 + j, head_k, args.k_batch_stride,
-                                            args.k_row_stride, args.k_head_stride);
-      convert_row(element_address(args.k, args.dtype, offset), args.dtype, head_dim, staged);
-      for (int64_t d = head_dim; d < d_pad; ++d) staged[d] = 0.f;
-    } else {
-      for (int64_t d = 0; d < d_pad; d += kLanes) Vec::zero().store(staged + d);
-    }
-  }
+  const int64_t stage_stride = round_up(head_dim, 16);
+
   alignas(64) float transposed[kLanes * kLanes];
-  for (int64_t d0 = 0; d0 < d_pad; d0 += kLanes) {
-    for (int64_t j = 0; j < kKeyBlock; j += kLanes) {
-      if (d0 + kLanes <= head_dim) {
-        transpose_tile(staging + j * d_pad + d0, d_pad, kt + d0 * kKeyBlock + j, kKeyBlock);
-      } else {
-        transpose_tile(staging + j * d_pad + d0, d_pad, transposed, kLanes);
-        for (int64_t d = d0; d < head_dim; ++d) {
-          Vec::load(transposed + (d - d0) * kLanes).store(kt + d * kKeyBlock + j);
+  for (int64_t chunk = 0; chunk < kKeyBlock; chunk += kLanes) {
+    for (int64_t jj = 0; jj < kLanes; ++jj) {
+      const int64_t j = chunk + jj;
+      for (int64_t h = 0; h < heads_k; ++h) {
+        float* staged = staging + (h * kLanes + jj) * stage_stride;
+        if (j < keys) {
+          const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.k_batch_stride,
+                                                args.k_row_stride, args.k_head_stride);
+          convert_row(element_address(args.k, args.dtype, offset), args.dtype, head_dim, staged);
+          for (int64_t d = head_dim; d < d_pad; ++d) staged[d] = 0.f;
+        } else {
+          for (int64_t d = 0; d < d_pad; d += kLanes) Vec::zero().store(staged + d);
+        }
+      }
+    }
+    for (int64_t h = 0; h < heads_k; ++h) {
+      const float* stage = staging + h * kLanes * stage_stride;
+      float* kt = panels + h * layout.block_floats;
+      for (int64_t d0 = 0; d0 < d_pad; d0 += kLanes) {
+        if (d0 + kLanes <= head_dim) {
+          transpose_tile(stage + d0, stage_stride, kt + d0 * kKeyBlock + chunk, kKeyBlock);
+        } else {
+          transpose_tile(stage + d0, stage_stride, transposed, kLanes);
+          for (int64_t d = d0; d < head_dim; ++d) {
+            Vec::load(transposed + (d - d0) * kLanes).store(kt + d * kKeyBlock + chunk);
+          }
         }
       }
     }
   }
 
-  Vec finite_check = Vec::zero();  // stays finite unless some value is NaN or infinite
-  for (int64_t j = 0; j < keys; ++j) {
-    const int64_t offset = key_row_offset(args, seq, j0 + j, head_k, args.v_batch_stride,
-                                          args.v_row_stride, args.v_head_stride);
-    float* v_row = v_panel + j * dv_pad;
-    convert_row(element_address(args.v, args.dtype, offset), args.dtype, head_dim_v, v_row);
-    for (int64_t c = head_dim_v; c < dv_pad; ++c) v_row[c] = 0.f;
-    for (int64_t c = 0; c < dv_pad; c += kLanes) {
-      // x * 0 is 0 for finite x and NaN for NaN or +-inf.
-      finite_check = finite_check + Vec::load(v_row + c) * Vec::zero();
+  // Every product x * 0 is 0 for finite x and NaN for NaN or +-inf.
+  Vec finite_check[kMaxQBlockRows];
+  for (int64_t h = 0; h < heads_k; ++h) finite_check[h] = Vec::zero();
+  for (int64_t j = 0; j < kKeyBlock; ++j) {
+    for (int64_t h = 0; h < heads_k; ++h) {
+      float* v_row = panels + h * layout.block_floats + layout.kt_floats + j * dv_pad;
+      if (j >= keys) {
+        for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::zero().store(v_row + c);
+        continue;
+      }
+      const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.v_batch_stride,
+                                            args.v_row_stride, args.v_head_stride);
+      convert_row(element_address(args.v, args.dtype, offset), args.dtype, head_dim_v, v_row);
+      for (int64_t c = head_dim_v; c < dv_pad; ++c) v_row[c] = 0.f;
+      for (int64_t c = 0; c < dv_pad; c += kLanes) {
+        finite_check[h] = finite_check[h] + Vec::load(v_row + c) * Vec::zero();
+      }
     }
   }
-  for (int64_t j = keys; j < kKeyBlock; ++j) {
-    for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::zero().store(v_panel + j * dv_pad + c);
+  for (int64_t h = 0; h < heads_k; ++h) {
+    v_nonfinite[h] = std::isnan(reduce_add(finite_check[h])) ? 1 : 0;
   }
-  *v_nonfinite = std::isnan(reduce_add(finite_check)) ? 1 : 0;
+}
+
+void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, int64_t head_k,
+                int64_t block, float* dst, uint8_t* v_nonfinite) {
+  alignas(64) float staging[kLanes * 256];
+  pack_block_heads(args, layout, seq, head_k, 1, block, dst, staging, v_nonfinite);
 }
 
 // Rotates the first rotary_dim values of `row` by the angles of one position: pairs
@@ -389,18 +414,19 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
   transform.softcap = args.softcap > 0.f;
   transform.softcap_log2 = args.softcap * kLog2e;
   transform.alibi = args.alibi_slopes != nullptr;
+  float neg_slopes_log2[kMaxQBlockRows];
   for (int64_t h = 0; transform.alibi && h < task.heads; ++h) {
     const float slope = args.alibi_slopes[seq.batch * args.alibi_batch_stride +
                                           (task.head_q_begin + h) * args.alibi_head_stride];
-    transform.neg_slope_log2[h] = -slope * kLog2e;
+    neg_slopes_log2[h] = -slope * kLog2e;
   }
   const float q_scale =
       transform.softcap ? args.softmax_scale / args.softcap : args.softmax_scale * kLog2e;
 
   // Q rows, converted, rotated (KV cache with rotary) and pre-scaled.
   for (int64_t r = 0; r < rows.count; ++r) {
-    const int64_t offset = seq.q_offset + rows.position(r) * args.q_row_stride +
-                           rows.head(r) * args.q_head_stride;
+    const int64_t offset =
+        seq.q_offset + rows.position(r) * args.q_row_stride + rows.head(r) * args.q_head_stride;
     float* q_row = scratch.q + r * head_dim;
     convert_row(element_address(args.q, args.dtype, offset), args.dtype, head_dim, q_row);
     if (args.rotary_cos != nullptr) {
@@ -424,33 +450,44 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
   const BlockRange visible = visible_key_blocks(args, seq, task.q_begin, task.q_end);
   const int64_t block_begin = std::max(task.block_begin, visible.begin);
   const int64_t block_end = std::min(task.block_end, visible.end);
+  // Rows of kv head h of the task: [h * rows_per_kv, (h + 1) * rows_per_kv).
+  const int64_t rows_per_kv = rows.count / task.heads_k;
+  const int64_t heads_per_kv = task.heads / task.heads_k;
+  uint8_t stream_nonfinite[kMaxQBlockRows];
   for (int64_t block = block_begin; block < block_end; ++block) {
     const int64_t j0 = block * kKeyBlock;
-    const float* kt = task.packed + block * layout.block_floats;
-    uint8_t v_nonfinite = 0;
-    if (task.packed == nullptr) {
-      pack_block(args, layout, seq, head_k, block, scratch.panel, &v_nonfinite);
-      kt = scratch.panel;
-    } else {
-      v_nonfinite = task.v_nonfinite[block];
+    const bool streaming = task.packed == nullptr;
+    if (streaming) {
+      pack_block_heads(args, layout, seq, head_k, task.heads_k, block, scratch.panel,
+                       scratch.staging, stream_nonfinite);
     }
-    const float* v_panel = kt + layout.kt_floats;
-    const bool crosses_boundary = j0 < last_row_lo || j0 + kKeyBlock - 1 > first_row_hi ||
-                                  j0 + kKeyBlock > seq.seqlen_k;
-
-    compute_scores(scratch.q, rows.count, kt, head_dim, scratch.s);
-    if (transform.softcap || transform.alibi || crosses_boundary) {
-      transform_scores(args, seq, transform, crosses_boundary, rows, j0, scratch.s);
-    }
-    for (int64_t r = 0; r < rows.count; ++r) {
-      online_softmax_row(scratch.s + r * kKeyBlock, scratch.m + r, scratch.l + r,
-                         scratch.o + r * dv_pad, dv_pad);
-    }
+    const bool crosses_boundary =
+        j0 < last_row_lo || j0 + kKeyBlock - 1 > first_row_hi || j0 + kKeyBlock > seq.seqlen_k;
     const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
-    if (crosses_boundary && v_nonfinite) {
-      accumulate_pv_visible_only(args, seq, rows, j0, scratch.s, v_panel, scratch.o, dv_pad);
-    } else {
-      accumulate_pv(scratch.s, rows.count, v_panel, keys, scratch.o, dv_pad);
+    for (int64_t h = 0; h < task.heads_k; ++h) {
+      const float* kt = streaming ? scratch.panel + h * layout.block_floats
+                                  : task.packed + block * layout.block_floats;
+      const bool v_nonfinite = streaming ? stream_nonfinite[h] : task.v_nonfinite[block];
+      const float* v_panel = kt + layout.kt_floats;
+      const int64_t r0 = h * rows_per_kv;
+      const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
+                               rows_per_kv};
+      float* s = scratch.s + r0 * kKeyBlock;
+      float* o = scratch.o + r0 * dv_pad;
+      compute_scores(scratch.q + r0 * head_dim, rows_per_kv, kt, head_dim, s);
+      if (transform.softcap || transform.alibi || crosses_boundary) {
+        transform.neg_slope_log2 = neg_slopes_log2 + h * heads_per_kv;
+        transform_scores(args, seq, transform, crosses_boundary, head_rows, j0, s);
+      }
+      for (int64_t r = 0; r < rows_per_kv; ++r) {
+        online_softmax_row(s + r * kKeyBlock, scratch.m + r0 + r, scratch.l + r0 + r,
+                           o + r * dv_pad, dv_pad);
+      }
+      if (crosses_boundary && v_nonfinite) {
+        accumulate_pv_visible_only(args, seq, head_rows, j0, s, v_panel, o, dv_pad);
+      } else {
+        accumulate_pv(s, rows_per_kv, v_panel, keys, o, dv_pad);
+      }
     }
   }
 

@@ -65,13 +65,15 @@ struct PartialOutput {
 };
 
 // One unit of attention work: query positions [q_begin, q_end) of query heads
-// [head_q_begin, head_q_begin + heads) in batch `batch` (all of one kv head), against key blocks
+// [head_q_begin, head_q_begin + heads), which read kv heads
+// [head_q_begin / group, + heads_k), in sequence `seq`, against key blocks
 // [block_begin, block_end). Row r of the task is position q_begin + r % (q_end - q_begin) of head
 // head_q_begin + r / (q_end - q_begin); at most kMaxQBlockRows rows.
 struct AttendTask {
   SeqInfo seq;
   int64_t head_q_begin = 0;
   int64_t heads = 1;
+  int64_t heads_k = 1;  // > 1 only for streaming tasks: heads is then heads_k * group size
   int64_t q_begin = 0;
   int64_t q_end = 0;
   int64_t block_begin = 0;
@@ -107,19 +109,27 @@ inline BlockRange visible_key_blocks(const FwdArgs& args, const SeqInfo& seq, in
 
 // Per-thread scratch, sized by the driver for kMaxQBlockRows rows.
 struct Scratch {
-  float* q = nullptr;      // [row][D]  pre-scaled queries
-  float* s = nullptr;      // [row][64] scores, then probabilities, of one key block
-  float* o = nullptr;      // [row][dv_pad] output accumulators
-  float* m = nullptr;      // [row] running max (log2 units)
-  float* l = nullptr;      // [row] running denominator
-  float* panel = nullptr;  // one packed K/V block, for streaming tasks
+  float* q = nullptr;  // [row][D]  pre-scaled queries
+  float* s = nullptr;  // [row][64] scores, then probabilities, of one key block
+  float* o = nullptr;  // [row][dv_pad] output accumulators
+  float* m = nullptr;  // [row] running max (log2 units)
+  float* l = nullptr;  // [row] running denominator
+  // Streaming tasks: one packed block per kv head of the task, then the K staging rows.
+  float* panel = nullptr;
+  float* staging = nullptr;
 
-  static int64_t floats_needed(const PackedLayout& layout) {
+  // Staging floats for `heads_k` heads: 16 key rows per head, each padded to a multiple of 16.
+  static int64_t staging_floats(const PackedLayout& layout, int64_t heads_k) {
+    return heads_k * 16 * round_up(layout.head_dim, 16);
+  }
+  // For tasks of at most `stream_heads_k` kv heads (0: packed tasks only).
+  static int64_t floats_needed(const PackedLayout& layout, int64_t stream_heads_k) {
     return round_up(kMaxQBlockRows * layout.head_dim, 16) + kMaxQBlockRows * kKeyBlock +
-           kMaxQBlockRows * layout.dv_pad + 2 * kMaxQBlockRows + layout.block_floats;
+           kMaxQBlockRows * layout.dv_pad + 2 * kMaxQBlockRows +
+           stream_heads_k * layout.block_floats + staging_floats(layout, stream_heads_k);
   }
   // Carves the buffers out of `base` (64-byte aligned, floats_needed floats).
-  static Scratch carve(float* base, const PackedLayout& layout) {
+  static Scratch carve(float* base, const PackedLayout& layout, int64_t stream_heads_k) {
     Scratch scratch;
     scratch.q = base;
     scratch.s = scratch.q + round_up(kMaxQBlockRows * layout.head_dim, 16);
@@ -127,6 +137,7 @@ struct Scratch {
     scratch.m = scratch.o + kMaxQBlockRows * layout.dv_pad;
     scratch.l = scratch.m + kMaxQBlockRows;
     scratch.panel = scratch.l + kMaxQBlockRows;
+    scratch.staging = scratch.panel + stream_heads_k * layout.block_floats;
     return scratch;
   }
 };

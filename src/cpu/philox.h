@@ -100,8 +100,8 @@ inline bool dropout_keep(PhiloxKey key, int64_t b, int64_t h, int64_t i, int64_t
 
 // The keep decision of one element from the raw (seed, offset). Same result as the overload
 // above with key = dropout_key(seed, offset); prefer that one in loops.
-inline bool dropout_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h, int64_t i,
-                         int64_t j, uint32_t threshold) {
+inline bool dropout_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h, int64_t i, int64_t j,
+                         uint32_t threshold) {
   return dropout_keep(dropout_key(seed, offset), b, h, i, j, threshold);
 }
 

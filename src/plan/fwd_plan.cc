@@ -13,6 +13,8 @@ namespace {
 constexpr int64_t kTargetParallelUnits = 64;
 // Each split covers at least this many key blocks (256 keys), so the merge stays cheap.
 constexpr int64_t kMinBlocksPerSplit = 4;
+// Packed-panel floats per streaming task (1 MiB: comfortably inside L2).
+constexpr int64_t kStreamPanelFloats = int64_t{1} << 18;
 
 // `units`: attend tasks without splitting.
 int64_t choose_splits(const cpu::FwdArgs& args, int64_t units, int64_t num_key_blocks) {
@@ -37,11 +39,21 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, in
   plan.streaming = args.group_size() * args.seqlen_q <= cpu::kMaxQBlockRows;
   plan.q_block_rows = std::clamp<int64_t>(args.seqlen_q, 1, cpu::kMaxQBlockRows);
   const int64_t q_blocks = cpu::ceil_div(args.seqlen_q, plan.q_block_rows);
-  const int64_t units =
-      plan.streaming ? args.batch * args.heads_k : args.batch * args.heads_q * q_blocks;
+  if (plan.streaming) {
+    // As many kv heads per task as fit its 64 rows and ~1 MiB of packed panels: one task then
+    // sweeps whole key rows (all heads are contiguous in memory), which streams far better.
+    const int64_t by_rows =
+        cpu::kMaxQBlockRows / (args.group_size() * std::max<int64_t>(args.seqlen_q, 1));
+    const int64_t by_memory = std::max<int64_t>(1, kStreamPanelFloats / plan.layout.block_floats);
+    plan.stream_heads_k = std::clamp<int64_t>(std::min(by_rows, by_memory), 1, args.heads_k);
+  }
+  const int64_t units = plan.streaming
+                            ? args.batch * cpu::ceil_div(args.heads_k, plan.stream_heads_k)
+                            : args.batch * args.heads_q * q_blocks;
   plan.num_splits = choose_splits(args, units, cpu::ceil_div(args.seqlen_k, cpu::kKeyBlock));
   plan.wanted_tasks = kTasksPerThread * threads;
-  plan.scratch_floats = cpu::round_up(cpu::Scratch::floats_needed(plan.layout), 16);
+  plan.scratch_floats =
+      cpu::round_up(cpu::Scratch::floats_needed(plan.layout, plan.stream_heads_k), 16);
   return plan;
 }
 
@@ -53,7 +65,8 @@ std::string FwdPlan::describe(const cpu::FwdArgs& args) const {
        << " D=" << args.head_dim << " Dv=" << args.head_dim_v
        << (args.cu_seqlens_q != nullptr ? " varlen" : "")
        << (args.block_table != nullptr ? " paged" : "") << " q_block=" << q_block_rows
-       << " splits=" << num_splits << " scratch_bytes_per_thread=" << scratch_floats * 4;
+       << " stream_heads_k=" << stream_heads_k << " splits=" << num_splits
+       << " scratch_bytes_per_thread=" << scratch_floats * 4;
   return text.str();
 }
 

@@ -21,6 +21,7 @@ struct FwdPlan {
   // Streaming: all query rows of a kv head (group size x Sq) fit one task, so each K/V block is
   // used once; tasks pack blocks into their own scratch instead of a shared packed buffer.
   bool streaming = false;
+  int64_t stream_heads_k = 0;  // kv heads per streaming task (their rows fit one task)
   int64_t q_block_rows = 0;    // query positions per AttendTask (x group size when streaming)
   int64_t num_splits = 1;      // key-range splits per q block, merged by LSE
   int64_t wanted_tasks = 0;    // attend tasks per packing group that keep every thread busy

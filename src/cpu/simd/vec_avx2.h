@@ -18,14 +18,30 @@ struct Vec {
   void store(float* p) const { _mm256_storeu_ps(p, v); }
 };
 
-inline Vec operator+(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
-inline Vec operator-(Vec a, Vec b) { return {_mm256_sub_ps(a.v, b.v)}; }
-inline Vec operator*(Vec a, Vec b) { return {_mm256_mul_ps(a.v, b.v)}; }
-inline Vec operator/(Vec a, Vec b) { return {_mm256_div_ps(a.v, b.v)}; }
-inline Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
-inline Vec max_keep_b_nan(Vec a, Vec b) { return {_mm256_max_ps(a.v, b.v)}; }
-inline Vec min_keep_b_nan(Vec a, Vec b) { return {_mm256_min_ps(a.v, b.v)}; }
-inline Vec abs(Vec a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)}; }
+inline Vec operator+(Vec a, Vec b) {
+  return {_mm256_add_ps(a.v, b.v)};
+}
+inline Vec operator-(Vec a, Vec b) {
+  return {_mm256_sub_ps(a.v, b.v)};
+}
+inline Vec operator*(Vec a, Vec b) {
+  return {_mm256_mul_ps(a.v, b.v)};
+}
+inline Vec operator/(Vec a, Vec b) {
+  return {_mm256_div_ps(a.v, b.v)};
+}
+inline Vec fma(Vec a, Vec b, Vec c) {
+  return {_mm256_fmadd_ps(a.v, b.v, c.v)};
+}
+inline Vec max_keep_b_nan(Vec a, Vec b) {
+  return {_mm256_max_ps(a.v, b.v)};
+}
+inline Vec min_keep_b_nan(Vec a, Vec b) {
+  return {_mm256_min_ps(a.v, b.v)};
+}
+inline Vec abs(Vec a) {
+  return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)};
+}
 inline float reduce_max(Vec a) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));

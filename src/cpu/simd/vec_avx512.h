@@ -25,19 +25,39 @@ struct Vec {
   void store(float* p) const { _mm512_storeu_ps(p, v); }
 };
 
-inline Vec operator+(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
-inline Vec operator-(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
-inline Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
-inline Vec operator/(Vec a, Vec b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline Vec operator+(Vec a, Vec b) {
+  return {_mm512_add_ps(a.v, b.v)};
+}
+inline Vec operator-(Vec a, Vec b) {
+  return {_mm512_sub_ps(a.v, b.v)};
+}
+inline Vec operator*(Vec a, Vec b) {
+  return {_mm512_mul_ps(a.v, b.v)};
+}
+inline Vec operator/(Vec a, Vec b) {
+  return {_mm512_div_ps(a.v, b.v)};
+}
 // a * b + c, fused.
-inline Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline Vec fma(Vec a, Vec b, Vec c) {
+  return {_mm512_fmadd_ps(a.v, b.v, c.v)};
+}
 // max(a, b); if either is NaN the result is b (NaN-preserving only in b).
-inline Vec max_keep_b_nan(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
-inline Vec min_keep_b_nan(Vec a, Vec b) { return {_mm512_min_ps(a.v, b.v)}; }
-inline Vec abs(Vec a) { return {_mm512_abs_ps(a.v)}; }
+inline Vec max_keep_b_nan(Vec a, Vec b) {
+  return {_mm512_max_ps(a.v, b.v)};
+}
+inline Vec min_keep_b_nan(Vec a, Vec b) {
+  return {_mm512_min_ps(a.v, b.v)};
+}
+inline Vec abs(Vec a) {
+  return {_mm512_abs_ps(a.v)};
+}
 // Largest lane; NaN lanes may be ignored.
-inline float reduce_max(Vec a) { return _mm512_reduce_max_ps(a.v); }
-inline float reduce_add(Vec a) { return _mm512_reduce_add_ps(a.v); }
+inline float reduce_max(Vec a) {
+  return _mm512_reduce_max_ps(a.v);
+}
+inline float reduce_add(Vec a) {
+  return _mm512_reduce_add_ps(a.v);
+}
 // Lanes where lo <= position < hi keep `value`, the others become `fill`.
 inline Vec select_in_range(Vec value, Vec position, float lo, float hi, Vec fill) {
   const __mmask16 inside = _mm512_cmp_ps_mask(position.v, _mm512_set1_ps(lo), _CMP_GE_OQ) &
@@ -55,7 +75,9 @@ inline Vec copy_sign(Vec magnitude, Vec sign) {
   return {_mm512_or_ps(_mm512_andnot_ps(mask, magnitude.v), _mm512_and_ps(mask, sign.v))};
 }
 // 2^n * p for integral-valued n in [-150, 128].
-inline Vec scale_by_pow2(Vec p, Vec n) { return {_mm512_scalef_ps(p.v, n.v)}; }
+inline Vec scale_by_pow2(Vec p, Vec n) {
+  return {_mm512_scalef_ps(p.v, n.v)};
+}
 inline Vec round_nearest(Vec a) {
   return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
 }

@@ -36,20 +36,36 @@ struct Vec {
   }
 };
 
-#define ANYATTN_PORTABLE_LANEWISE(expression) \
-  Vec r;                                      \
+#define ANYATTN_PORTABLE_LANEWISE(expression)                  \
+  Vec r;                                                       \
   for (int i = 0; i < Vec::kLanes; ++i) r.v[i] = (expression); \
   return r
 
-inline Vec operator+(Vec a, Vec b) { ANYATTN_PORTABLE_LANEWISE(a.v[i] + b.v[i]); }
-inline Vec operator-(Vec a, Vec b) { ANYATTN_PORTABLE_LANEWISE(a.v[i] - b.v[i]); }
-inline Vec operator*(Vec a, Vec b) { ANYATTN_PORTABLE_LANEWISE(a.v[i] * b.v[i]); }
-inline Vec operator/(Vec a, Vec b) { ANYATTN_PORTABLE_LANEWISE(a.v[i] / b.v[i]); }
+inline Vec operator+(Vec a, Vec b) {
+  ANYATTN_PORTABLE_LANEWISE(a.v[i] + b.v[i]);
+}
+inline Vec operator-(Vec a, Vec b) {
+  ANYATTN_PORTABLE_LANEWISE(a.v[i] - b.v[i]);
+}
+inline Vec operator*(Vec a, Vec b) {
+  ANYATTN_PORTABLE_LANEWISE(a.v[i] * b.v[i]);
+}
+inline Vec operator/(Vec a, Vec b) {
+  ANYATTN_PORTABLE_LANEWISE(a.v[i] / b.v[i]);
+}
 // Not fused: a portable fma() call would be a slow library routine on targets without FMA.
-inline Vec fma(Vec a, Vec b, Vec c) { ANYATTN_PORTABLE_LANEWISE(a.v[i] * b.v[i] + c.v[i]); }
-inline Vec max_keep_b_nan(Vec a, Vec b) { ANYATTN_PORTABLE_LANEWISE(a.v[i] > b.v[i] ? a.v[i] : b.v[i]); }
-inline Vec min_keep_b_nan(Vec a, Vec b) { ANYATTN_PORTABLE_LANEWISE(a.v[i] < b.v[i] ? a.v[i] : b.v[i]); }
-inline Vec abs(Vec a) { ANYATTN_PORTABLE_LANEWISE(std::fabs(a.v[i])); }
+inline Vec fma(Vec a, Vec b, Vec c) {
+  ANYATTN_PORTABLE_LANEWISE(a.v[i] * b.v[i] + c.v[i]);
+}
+inline Vec max_keep_b_nan(Vec a, Vec b) {
+  ANYATTN_PORTABLE_LANEWISE(a.v[i] > b.v[i] ? a.v[i] : b.v[i]);
+}
+inline Vec min_keep_b_nan(Vec a, Vec b) {
+  ANYATTN_PORTABLE_LANEWISE(a.v[i] < b.v[i] ? a.v[i] : b.v[i]);
+}
+inline Vec abs(Vec a) {
+  ANYATTN_PORTABLE_LANEWISE(std::fabs(a.v[i]));
+}
 inline Vec select_in_range(Vec value, Vec position, float lo, float hi, Vec fill) {
   ANYATTN_PORTABLE_LANEWISE(position.v[i] >= lo && position.v[i] < hi ? value.v[i] : fill.v[i]);
 }
@@ -59,13 +75,16 @@ inline Vec select_abs_less(Vec a, float bound, Vec small, Vec large) {
 inline Vec copy_sign(Vec magnitude, Vec sign) {
   ANYATTN_PORTABLE_LANEWISE(std::copysign(magnitude.v[i], sign.v[i]));
 }
-inline Vec round_nearest(Vec a) { ANYATTN_PORTABLE_LANEWISE(std::nearbyint(a.v[i])); }
+inline Vec round_nearest(Vec a) {
+  ANYATTN_PORTABLE_LANEWISE(std::nearbyint(a.v[i]));
+}
 // 2^n * p for integral-valued n; n <= -127 (or NaN) scales by exactly 0, like the AVX2 path.
 inline Vec scale_by_pow2(Vec p, Vec n) {
   ANYATTN_PORTABLE_LANEWISE(
-      p.v[i] * bits_to_f32(static_cast<uint32_t>(
-                   (n.v[i] >= -127.f ? static_cast<int32_t>(n.v[i]) : -127) + 127)
-               << 23));
+      p.v[i] *
+      bits_to_f32(
+          static_cast<uint32_t>((n.v[i] >= -127.f ? static_cast<int32_t>(n.v[i]) : -127) + 127)
+          << 23));
 }
 #undef ANYATTN_PORTABLE_LANEWISE
 
