@@ -307,9 +307,9 @@ TEST_F(FwdErrors, InfiniteSoftmaxScale) {
   params_.softmax_scale = -std::numeric_limits<float>::infinity();
   expect_rejected(ANYATTN_E_INVALID_ARGUMENT, {"softmax_scale"});
 }
-TEST_F(FwdErrors, DropoutIsUnsupported) {
-  params_.dropout_p = 0.1f;
-  expect_rejected(ANYATTN_E_UNSUPPORTED, {"dropout_p"});
+TEST_F(FwdErrors, DropoutOfOneOrMoreIsRejected) {
+  params_.dropout_p = 1.0f;
+  expect_rejected(ANYATTN_E_INVALID_ARGUMENT, {"dropout_p", "[0, 1)"});
 }
 TEST_F(FwdErrors, NegativeNumSplits) {
   params_.num_splits = -1;

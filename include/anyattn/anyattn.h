@@ -173,8 +173,11 @@ typedef struct anyattn_fwd_params {
   /* Optional f32 per-head sink logits of shape (Hq), in score units (not scaled). The sink joins
    * the softmax denominator and contributes no value. NULL = off. */
   const anyattn_tensor* sinks;
-  /* Dropout probability. Only 0 is supported by the forward-only build; > 0 returns
-   * ANYATTN_E_UNSUPPORTED. */
+  /* Dropout probability in [0, 1). Probability P_ij of query head h in batch b is kept iff a
+   * Philox-4x32-10 draw keyed by (dropout_seed, dropout_offset) at counter (j/4, i, h, b) passes
+   * (docs/backward.md), then scaled by 1/(1-p); the softmax denominator and the LSE ignore
+   * dropout. The same inputs give the same mask in the forward and the backward, for any thread
+   * count. Not supported by anyattn_fwd_kvcache. */
   float dropout_p;
   uint64_t dropout_seed;
   uint64_t dropout_offset;

@@ -136,8 +136,9 @@ void apply_attention_options(const char* function, const anyattn_fwd_params& par
     fail_invalid(function, ": params->dropout_p is ", params.dropout_p, "; must be in [0, 1)");
   }
   if (params.dropout_p > 0.f) {
-    fail_unsupported(function, ": params->dropout_p is ", params.dropout_p,
-                     "; dropout is not implemented in this version (only 0 is supported)");
+    args->dropout_threshold = cpu::dropout_threshold(params.dropout_p);
+    args->dropout_key = cpu::dropout_key(params.dropout_seed, params.dropout_offset);
+    args->dropout_scale = 1.f / (1.f - params.dropout_p);
   }
   if (params.num_splits < 0) {
     fail_invalid(function, ": params->num_splits is ", params.num_splits,

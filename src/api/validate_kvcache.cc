@@ -277,6 +277,10 @@ ValidatedKvcache validate_fwd_kvcache(const anyattn_tensor* q, const anyattn_ten
     a.lse_row_stride = lse->strides[2];
   }
   apply_attention_options(kFn, params, &a);
+  if (a.dropout_threshold != 0) {
+    fail_unsupported(kFn, ": params->dropout_p is ", params.dropout_p,
+                     "; dropout is not supported with a KV cache (inference only)");
+  }
 
   // Rotary: the new keys at their cache positions, q at cache_seqlens[b] (+ i when the mask is
   // causal or windowed, as flash-attn does).

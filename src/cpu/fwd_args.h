@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "cpu/philox.h"
+
 namespace anyattn::cpu {
 
 enum class DType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
@@ -54,6 +56,13 @@ struct FwdArgs {
   int64_t sinks_stride = 0;
 
   int32_t num_splits = 0;  // 0 = choose from the shape
+
+  // Dropout (dropout_threshold == 0: off). Probability P_ij of query head h is kept iff
+  // dropout_keep(dropout_key, b, h, i, j, dropout_threshold), and then scaled by dropout_scale =
+  // 1 / (1 - p); the softmax denominator and the LSE do not see the dropout.
+  uint32_t dropout_threshold = 0;
+  PhiloxKey dropout_key;
+  float dropout_scale = 1.f;
 
   // ---- Variable-length and KV-cache layouts (all null for dense calls) ----
   // Varlen q: sequence b's positions are rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q/out

@@ -264,6 +264,23 @@ inline void online_softmax_row(float* s_row, float* m, float* l, float* o_row, i
   *m = new_max;
 }
 
+// Dropout on one block of probabilities, after the softmax update (the denominator keeps every
+// probability): P_ij becomes P_ij / (1 - p) where kept and 0 where dropped. The keep mask comes
+// from cpu/philox.h, a pure function of (seed, offset, b, h, i, j) shared with the backward.
+inline void apply_dropout(const FwdArgs& args, const SeqInfo& seq, const TaskRows& rows, int64_t j0,
+                          float* s) {
+  for (int64_t r = 0; r < rows.count; ++r) {
+    float* p_row = s + r * kKeyBlock;
+    for (int64_t c = 0; c < kKeyBlock; c += 16) {
+      const uint32_t keep = dropout_keep_bits16(args.dropout_key, seq.batch, rows.head(r),
+                                                rows.position(r), j0 + c, args.dropout_threshold);
+      for (int t = 0; t < 16; ++t) {
+        p_row[c + t] = (keep >> t) & 1u ? p_row[c + t] * args.dropout_scale : 0.f;
+      }
+    }
+  }
+}
+
 // O += P V restricted, per row, to the keys the row may see. Used for boundary blocks whose V
 // holds NaN or infinity, where 0 * inf from a masked key would otherwise leak NaN into the row.
 inline void accumulate_pv_visible_only(const FwdArgs& args, const SeqInfo& seq,
@@ -483,6 +500,7 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
         online_softmax_row(s + r * kKeyBlock, scratch.m + r0 + r, scratch.l + r0 + r,
                            o + r * dv_pad, dv_pad);
       }
+      if (args.dropout_threshold != 0) apply_dropout(args, seq, head_rows, j0, s);
       if (crosses_boundary && v_nonfinite) {
         accumulate_pv_visible_only(args, seq, head_rows, j0, s, v_panel, o, dv_pad);
       } else {
