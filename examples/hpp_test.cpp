@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace {
@@ -369,6 +370,64 @@ TEST(HppStorage, BFloat16KnownValuesAndRoundTrip) {
     if (std::isnan(f)) continue;
     ASSERT_EQ(BFloat16::from_float(f).bits, b) << std::hex << b;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// The varlen, KV-cache and merge wrappers reach their C entry points and report errors as Error.
+TEST(HppCacheAndVarlen, VarlenMatchesDensePerSequence) {
+  const int64_t h = 1, d = 8;
+  std::vector<float> q(5 * h * d), k(7 * h * d), v(7 * h * d), out(q.size()), dense(3 * h * d);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.3f * i);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = std::cos(0.2f * i);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * i;
+  std::vector<int32_t> cu_q{0, 2, 5}, cu_k{0, 3, 7};
+  anyattn::FwdOptions opt;
+  opt.causal = true;
+  anyattn::fwd_varlen({q.data(), {5, h, d}}, {k.data(), {7, h, d}}, {v.data(), {7, h, d}},
+                      {out.data(), {5, h, d}}, {cu_q.data(), {3}}, {cu_k.data(), {3}}, 3, 4,
+                      std::nullopt, std::nullopt, opt);
+  // Sequence 1 (q rows 2..4, k rows 3..6) by the dense entry point.
+  anyattn::fwd({q.data() + 2 * d, {1, 3, h, d}}, {k.data() + 3 * d, {1, 4, h, d}},
+               {v.data() + 3 * d, {1, 4, h, d}}, {dense.data(), {1, 3, h, d}}, opt);
+  for (int64_t i = 0; i < 3 * d; ++i) EXPECT_EQ(out[2 * d + i], dense[i]) << i;
+}
+
+TEST(HppCacheAndVarlen, KvCacheAppendsAndRejectsOverflow) {
+  const int64_t d = 4;
+  std::vector<float> k_cache(6 * d, 0.f), v_cache(6 * d, 0.f), q(d, 0.5f), out(d);
+  std::vector<float> k_new(2 * d, 1.f), v_new(2 * d, 2.f);
+  anyattn::KvCacheOptions cache;
+  cache.k_new = anyattn::TensorView(k_new.data(), {1, 2, 1, d});
+  cache.v_new = anyattn::TensorView(v_new.data(), {1, 2, 1, d});
+  cache.cache_seqlen = 3;
+  anyattn::fwd_kvcache({q.data(), {1, 1, 1, d}}, {k_cache.data(), {1, 6, 1, d}},
+                       {v_cache.data(), {1, 6, 1, d}}, {out.data(), {1, 1, 1, d}}, cache);
+  EXPECT_EQ(k_cache[3 * d], 1.f);
+  EXPECT_EQ(v_cache[4 * d + d - 1], 2.f);
+  EXPECT_EQ(k_cache[5 * d], 0.f);
+  cache.cache_seqlen = 5;  // 5 + 2 > 6 positions
+  try {
+    anyattn::fwd_kvcache({q.data(), {1, 1, 1, d}}, {k_cache.data(), {1, 6, 1, d}},
+                         {v_cache.data(), {1, 6, 1, d}}, {out.data(), {1, 1, 1, d}}, cache);
+    FAIL() << "an overflowing append was accepted";
+  } catch (const anyattn::Error& e) {
+    EXPECT_EQ(e.status(), ANYATTN_E_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("cache"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(k_cache[5 * d], 0.f) << "a rejected call wrote the cache";
+}
+
+TEST(HppCacheAndVarlen, MergeInPlace) {
+  std::vector<float> a{1.f, 2.f}, b{3.f, 4.f}, lse_a{0.f}, lse_b{0.f}, lse_out{0.f};
+  anyattn::merge_attention_states(
+      {a.data(), {1, 1, 2}}, {lse_a.data(), {1, 1}}, {b.data(), {1, 1, 2}}, {lse_b.data(), {1, 1}},
+      {a.data(), {1, 1, 2}}, anyattn::TensorView(lse_out.data(), {1, 1}));
+  EXPECT_FLOAT_EQ(a[0], 2.f);
+  EXPECT_FLOAT_EQ(a[1], 3.f);
+  EXPECT_FLOAT_EQ(lse_out[0], std::log(2.f));
 }
 
 }  // namespace

@@ -350,7 +350,8 @@ struct FwdOptions {
   std::optional<TensorView> alibi_slopes;
   // f32 per-query-head sink logits of shape (Hq), in score units.
   std::optional<TensorView> sinks;
-  // Dropout; only 0 is supported by the forward-only library (> 0 throws ANYATTN_E_UNSUPPORTED).
+  // Dropout probability in [0, 1) with its Philox seed and offset (see anyattn.h); the same
+  // values give the same mask in fwd and bwd. Not supported by fwd_kvcache.
   float dropout_p = 0.0f;
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;
@@ -407,6 +408,81 @@ inline void fwd(const TensorView& q, const TensorView& k, const TensorView& v,
 inline void fwd(const TensorView& q, const TensorView& k, const TensorView& v,
                 const TensorView& out, const FwdOptions& options) {
   fwd(q, k, v, out, std::nullopt, options);
+}
+
+// Variable-length forward over packed sequences; see anyattn_fwd_varlen in anyattn.h.
+//   q (total_q, Hq, D), k (total_k, Hk, D), v (total_k, Hk, Dv), out (total_q, Hq, Dv),
+//   lse (Hq, total_q) f32 when given; cu_seqlens_q / cu_seqlens_k int32 (B + 1); seqused_k
+//   int32 (B) when given. Throws Error on any invalid argument, and then writes nothing.
+inline void fwd_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const TensorView& cu_seqlens_q,
+                       const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                       const std::optional<TensorView>& lse = std::nullopt,
+                       const std::optional<TensorView>& seqused_k = std::nullopt,
+                       const FwdOptions& options = FwdOptions()) {
+  const anyattn_fwd_params params = options.to_c();
+  check(anyattn_fwd_varlen(&q.c_tensor(), &k.c_tensor(), &v.c_tensor(), &out.c_tensor(),
+                           lse ? &lse->c_tensor() : nullptr, &cu_seqlens_q.c_tensor(),
+                           &cu_seqlens_k.c_tensor(), seqused_k ? &seqused_k->c_tensor() : nullptr,
+                           max_seqlen_q, max_seqlen_k, &params));
+}
+
+// The cache-specific arguments of fwd_kvcache; every field mirrors anyattn_kvcache_params.
+struct KvCacheOptions {
+  std::optional<TensorView> k_new;            // (B, S_new, Hk, D): appended in place
+  std::optional<TensorView> v_new;            // (B, S_new, Hk, Dv)
+  std::optional<TensorView> cache_seqlens;    // int32 (B); else cache_seqlen for all
+  int64_t cache_seqlen = -1;                  // -1: the whole (contiguous) cache
+  std::optional<TensorView> cache_batch_idx;  // int32 (B)
+  std::optional<TensorView> cache_leftpad;    // int32 (B)
+  std::optional<TensorView> block_table;      // int32 (B, max_blocks): paged cache
+  std::optional<TensorView> rotary_cos;       // (S_rotary, rotary_dim / 2)
+  std::optional<TensorView> rotary_sin;
+  bool rotary_interleaved = false;
+
+  // The equivalent C struct; its pointers point into this object.
+  anyattn_kvcache_params to_c() const {
+    anyattn_kvcache_params c;
+    anyattn_kvcache_params_init(&c);
+    const auto ptr = [](const std::optional<TensorView>& t) {
+      return t ? &t->c_tensor() : nullptr;
+    };
+    c.k_new = ptr(k_new);
+    c.v_new = ptr(v_new);
+    c.cache_seqlens = ptr(cache_seqlens);
+    c.cache_seqlen = cache_seqlen;
+    c.cache_batch_idx = ptr(cache_batch_idx);
+    c.cache_leftpad = ptr(cache_leftpad);
+    c.block_table = ptr(block_table);
+    c.rotary_cos = ptr(rotary_cos);
+    c.rotary_sin = ptr(rotary_sin);
+    c.rotary_interleaved = rotary_interleaved ? 1 : 0;
+    return c;
+  }
+};
+
+// Attention of q against a KV cache with optional in-place append and rotary; see
+// anyattn_fwd_kvcache in anyattn.h. Everything is validated before the cache is written.
+inline void fwd_kvcache(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                        const TensorView& out, const KvCacheOptions& cache,
+                        const std::optional<TensorView>& lse = std::nullopt,
+                        const FwdOptions& options = FwdOptions()) {
+  const anyattn_fwd_params params = options.to_c();
+  const anyattn_kvcache_params cache_params = cache.to_c();
+  check(anyattn_fwd_kvcache(&q.c_tensor(), &k_cache.c_tensor(), &v_cache.c_tensor(),
+                            &out.c_tensor(), lse ? &lse->c_tensor() : nullptr, &cache_params,
+                            &params));
+}
+
+// Merges two partial attentions over disjoint key sets by their LSE; see
+// anyattn_merge_attention_states. out may be out_a (in place), lse_out may be lse_a.
+inline void merge_attention_states(const TensorView& out_a, const TensorView& lse_a,
+                                   const TensorView& out_b, const TensorView& lse_b,
+                                   const TensorView& out,
+                                   const std::optional<TensorView>& lse_out = std::nullopt) {
+  check(anyattn_merge_attention_states(&out_a.c_tensor(), &lse_a.c_tensor(), &out_b.c_tensor(),
+                                       &lse_b.c_tensor(), &out.c_tensor(),
+                                       lse_out ? &lse_out->c_tensor() : nullptr));
 }
 
 }  // namespace anyattn
