@@ -150,7 +150,8 @@ inline void naive_gathered(const reference::GatheredSequence& seq,
         any = true;
         const double* kj = &seq.k[(j * Hk + hk) * D];
         float dot = 0.0f;
-        for (int64_t d = 0; d < D; ++d) dot += static_cast<float>(qi[d]) * static_cast<float>(kj[d]);
+        for (int64_t d = 0; d < D; ++d)
+          dot += static_cast<float>(qi[d]) * static_cast<float>(kj[d]);
         float x = round(round(dot) * scale);
         if (softcap > 0.0f) x = round(softcap * std::tanh(x / softcap));
         if (!seq.alibi_slopes.empty()) x -= slope * std::fabs(static_cast<float>(i + Sk - Sq - j));
@@ -203,21 +204,18 @@ inline ::testing::AssertionResult naive_plausible(const char* what,
                                                        : 1.5e-1;
   const double ceiling = relative * std::max(1.0, max_abs_finite_of(ref));
   if (!(worst <= ceiling)) {
-    return ::testing::AssertionFailure() << what << ": naive differs from the f64 reference by "
-                                         << worst << " > " << ceiling;
+    return ::testing::AssertionFailure()
+           << what << ": naive differs from the f64 reference by " << worst << " > " << ceiling;
   }
   return ::testing::AssertionSuccess();
 }
 
 // out and lse of a call checked by the 2x rule, after checking that the naive side is plausible.
-inline ::testing::AssertionResult check_two_x(anyattn_dtype dtype, const std::vector<double>& out,
-                                              const std::vector<double>& ref_out,
-                                              const std::vector<double>& naive_out,
-                                              const std::vector<int64_t>& out_shape,
-                                              const std::vector<double>* lse,
-                                              const std::vector<double>& ref_lse,
-                                              const std::vector<double>& naive_lse,
-                                              const std::vector<int64_t>& lse_shape) {
+inline ::testing::AssertionResult check_two_x(
+    anyattn_dtype dtype, const std::vector<double>& out, const std::vector<double>& ref_out,
+    const std::vector<double>& naive_out, const std::vector<int64_t>& out_shape,
+    const std::vector<double>* lse, const std::vector<double>& ref_lse,
+    const std::vector<double>& naive_lse, const std::vector<int64_t>& lse_shape) {
   ::testing::AssertionResult r = naive_plausible("out", naive_out, ref_out, dtype);
   if (r) r = naive_plausible("lse", naive_lse, ref_lse, dtype);
   if (r) {

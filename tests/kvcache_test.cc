@@ -30,9 +30,9 @@ struct KvCase {
   bool scalar_seqlen = false;  // cache->cache_seqlen = seqlens[0] instead of a tensor.
   bool whole_cache = false;    // cache->cache_seqlen = -1 (contiguous only).
   int64_t S_new = 0;
-  int64_t capacity = 64;   // Positions per sequence: S_cache, or max_blocks * page_size.
-  int64_t page_size = 0;   // 0: contiguous cache.
-  bool batch_idx = false;  // Contiguous: B_cache = B + 2 and a permuted cache_batch_idx.
+  int64_t capacity = 64;         // Positions per sequence: S_cache, or max_blocks * page_size.
+  int64_t page_size = 0;         // 0: contiguous cache.
+  bool batch_idx = false;        // Contiguous: B_cache = B + 2 and a permuted cache_batch_idx.
   std::vector<int32_t> leftpad;  // Empty: none.
   int64_t rotary_dim = 0;
   bool interleaved = false;
@@ -55,12 +55,13 @@ struct KvCase {
     for (int32_t l : seqlens) s += std::to_string(l) + ",";
     s += "] scalar=" + std::to_string(scalar_seqlen) + " S_new=" + std::to_string(S_new) +
          " capacity=" + std::to_string(capacity) + " page=" + std::to_string(page_size) +
-         " batch_idx=" + std::to_string(batch_idx) + " leftpad=" + std::to_string(!leftpad.empty()) +
-         " rotary=" + std::to_string(rotary_dim) + (interleaved ? "i" : "") + " " +
-         dtype_name(dtype) + " causal=" + std::to_string(causal) + " window=(" +
-         std::to_string(window_left) + "," + std::to_string(window_right) +
-         ") softcap=" + std::to_string(softcap) + " alibi=" + std::to_string(static_cast<int>(alibi)) +
-         " sinks=" + std::to_string(sinks) + " splits=" + std::to_string(num_splits);
+         " batch_idx=" + std::to_string(batch_idx) +
+         " leftpad=" + std::to_string(!leftpad.empty()) + " rotary=" + std::to_string(rotary_dim) +
+         (interleaved ? "i" : "") + " " + dtype_name(dtype) + " causal=" + std::to_string(causal) +
+         " window=(" + std::to_string(window_left) + "," + std::to_string(window_right) +
+         ") softcap=" + std::to_string(softcap) +
+         " alibi=" + std::to_string(static_cast<int>(alibi)) + " sinks=" + std::to_string(sinks) +
+         " splits=" + std::to_string(num_splits);
     return s;
   }
 };
@@ -97,7 +98,8 @@ struct KvProblem {
       cache.cache_batch_idx = &batch_idx.t;
     }
     std::vector<int32_t> stored = c.seqlens;
-    if (c.whole_cache) stored.assign(static_cast<size_t>(c.B), static_cast<int32_t>(c.capacity - c.S_new));
+    if (c.whole_cache)
+      stored.assign(static_cast<size_t>(c.B), static_cast<int32_t>(c.capacity - c.S_new));
     if (c.scalar_seqlen) stored.assign(static_cast<size_t>(c.B), c.seqlens[0]);
     for (int64_t b = 0; b < c.B; ++b) {
       const int64_t first = c.leftpad.empty() ? 0 : c.leftpad[b];
@@ -105,8 +107,10 @@ struct KvProblem {
            ++position) {
         int64_t n = 0, r = 0;
         reference::cache_location(k_cache.t, cache, b, position, &n, &r);
-        for (int64_t x = 0; x < c.Hk * c.D; ++x) k_cache.set((n * rows1 + r) * c.Hk * c.D + x, rng.normal());
-        for (int64_t x = 0; x < c.Hk * c.Dv; ++x) v_cache.set((n * rows1 + r) * c.Hk * c.Dv + x, rng.normal());
+        for (int64_t x = 0; x < c.Hk * c.D; ++x)
+          k_cache.set((n * rows1 + r) * c.Hk * c.D + x, rng.normal());
+        for (int64_t x = 0; x < c.Hk * c.Dv; ++x)
+          v_cache.set((n * rows1 + r) * c.Hk * c.Dv + x, rng.normal());
       }
     }
     if (c.whole_cache) {
@@ -232,10 +236,9 @@ double unit_roundoff(anyattn_dtype dtype) {
       const int64_t v_row = ((n * rows1 + r) * c.Hk + h) * c.Dv;
       for (int64_t d = 0; d < c.Dv; ++d) {
         if (v_got[v_row + d] != ref.v_cache[v_row + d]) {
-          return ::testing::AssertionFailure()
-                 << "v_cache[" << n << "][" << r << "][" << h << "][" << d
-                 << "] = " << v_got[v_row + d] << ", expected " << ref.v_cache[v_row + d] << "\n  "
-                 << c.describe();
+          return ::testing::AssertionFailure() << "v_cache[" << n << "][" << r << "][" << h << "]["
+                                               << d << "] = " << v_got[v_row + d] << ", expected "
+                                               << ref.v_cache[v_row + d] << "\n  " << c.describe();
         }
       }
       const int64_t es = dtype_size(c.dtype);
@@ -425,7 +428,8 @@ TEST(Kvcache, ScoreOptions) {
       {"sinks", [](KvCase* c) { c->sinks = true; }},
       {"no_lse", [](KvCase* c) { c->with_lse = false; }},
       {"mqa", [](KvCase* c) { c->Hk = 1, c->Hq = 8; }},
-      {"all", [](KvCase* c) {
+      {"all",
+       [](KvCase* c) {
          c->causal = true, c->window_left = 20, c->softcap = 5.0f, c->sinks = true;
          c->alibi = Alibi::kPerBatchHead, c->rotary_dim = 16;
        }},
@@ -564,6 +568,17 @@ TEST(KvcacheErrors, BlockTableEntryOutsideCache) {
     p.block_table.set(2 * p.block_table.t.shape[1] + 2, entry);  // Position 41 of sequence 2.
     expect_error(&p, {"block_table[2][2]", std::to_string(entry), "num_blocks"});
   }
+}
+
+TEST(KvcacheErrors, TwoSequencesAppendingIntoOneCacheRow) {
+  KvCase c = appending_case();
+  c.page_size = 16;
+  c.seqlens = {17, 0, 33};  // Sequences 0 and 2 append at rows 1 and 2 of their page.
+  KvProblem p(c);
+  const int64_t columns = p.block_table.t.shape[1];
+  const int32_t shared_page = static_cast<const int32_t*>(p.block_table.t.data)[0 * columns + 1];
+  p.block_table.set(2 * columns + 2, shared_page);
+  expect_error(&p, {"sequences 0 and 2", "both append", "page " + std::to_string(shared_page)});
 }
 
 TEST(KvcacheErrors, SeqlensPlusNewBeyondCapacity) {

@@ -26,9 +26,9 @@ struct MergeProblem {
   MergeProblem(anyattn_dtype dtype, std::vector<int64_t> out_shape, uint64_t seed) : dtype(dtype) {
     CacheRng rng(seed);
     const bool four = out_shape.size() == 4;
-    std::vector<int64_t> lse_shape = four ? std::vector<int64_t>{out_shape[0], out_shape[2],
-                                                                 out_shape[1]}
-                                          : std::vector<int64_t>{out_shape[1], out_shape[0]};
+    std::vector<int64_t> lse_shape =
+        four ? std::vector<int64_t>{out_shape[0], out_shape[2], out_shape[1]}
+             : std::vector<int64_t>{out_shape[1], out_shape[0]};
     out_a = OwnedTensor(dtype, out_shape, 2);  // Padded strides.
     out_b = OwnedTensor(dtype, out_shape);
     out = OwnedTensor(dtype, out_shape, 1);
@@ -194,7 +194,8 @@ anyattn_tensor key_range(const anyattn_tensor& t, int64_t first, int64_t count) 
   const reference::DenseOutputs naive = whole.naive_same_dtype();
   const int64_t shift = c.Sk - m;
   OwnedTensor out_a(c.dtype, {c.B, c.Sq, c.Hq, c.Dv}), out_b(c.dtype, {c.B, c.Sq, c.Hq, c.Dv});
-  OwnedTensor lse_a(ANYATTN_DTYPE_F32, {c.B, c.Hq, c.Sq}), lse_b(ANYATTN_DTYPE_F32, {c.B, c.Hq, c.Sq});
+  OwnedTensor lse_a(ANYATTN_DTYPE_F32, {c.B, c.Hq, c.Sq}),
+      lse_b(ANYATTN_DTYPE_F32, {c.B, c.Hq, c.Sq});
   OwnedTensor out(c.dtype, {c.B, c.Sq, c.Hq, c.Dv}), lse(ANYATTN_DTYPE_F32, {c.B, c.Hq, c.Sq});
   anyattn_fwd_params first = whole.params, second = whole.params;
   const int32_t right = c.causal ? 0 : c.window_right;
@@ -303,8 +304,8 @@ TEST(MergeErrors, PartialOverlap) {
   p.lse_b.t.shape[1] = 7;
   p.out_a.t.shape[0] = 7;
   const std::vector<unsigned char> before = p.out_a.bytes;
-  EXPECT_EQ(anyattn_merge_attention_states(&p.out_a.t, &p.lse_a.t, &p.out_b.t, &p.lse_b.t,
-                                           &shifted, nullptr),
+  EXPECT_EQ(anyattn_merge_attention_states(&p.out_a.t, &p.lse_a.t, &p.out_b.t, &p.lse_b.t, &shifted,
+                                           nullptr),
             ANYATTN_E_INVALID_ARGUMENT);
   EXPECT_NE(std::string(anyattn_last_error()).find("out_a"), std::string::npos)
       << anyattn_last_error();

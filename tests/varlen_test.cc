@@ -231,7 +231,8 @@ TEST(Varlen, EveryDenseFeaturePerSequence) {
       {"alibi_head", [](VarlenCase* c) { c->alibi = Alibi::kPerHead; }},
       {"alibi_batch_head", [](VarlenCase* c) { c->alibi = Alibi::kPerBatchHead; }},
       {"sinks", [](VarlenCase* c) { c->sinks = true; }},
-      {"all", [](VarlenCase* c) {
+      {"all",
+       [](VarlenCase* c) {
          c->causal = true, c->window_left = 12, c->softcap = 3.0f;
          c->alibi = Alibi::kPerBatchHead, c->sinks = true;
        }},
@@ -250,8 +251,11 @@ TEST(Varlen, EveryDenseFeaturePerSequence) {
 }
 
 TEST(Varlen, HeadDimsAndGqa) {
-  for (auto [hq, hk, d, dv] : {std::array<int64_t, 4>{8, 1, 59, 40}, {8, 8, 8, 128},
-                               {6, 3, 128, 64}, {4, 1, 256, 256}, {2, 2, 1, 3}}) {
+  for (auto [hq, hk, d, dv] : {std::array<int64_t, 4>{8, 1, 59, 40},
+                               {8, 8, 8, 128},
+                               {6, 3, 128, 64},
+                               {4, 1, 256, 256},
+                               {2, 2, 1, 3}}) {
     VarlenCase c = mixed_lengths();
     c.Hq = hq, c.Hk = hk, c.D = d, c.Dv = dv;
     c.causal = true;

@@ -134,6 +134,22 @@ ANYATTN_API anyattn_isa anyattn_isa_default(void);
 /* "auto", "portable", "avx2", "avx512", or "unknown". Static storage. */
 ANYATTN_API const char* anyattn_isa_name(anyattn_isa isa);
 
+/* One forward kernel of the registry (src/cpu/kernels.inc): the list the dispatcher, the tests and
+ * the benchmark enumerate. */
+typedef struct anyattn_kernel_info {
+  const char* name;     /* e.g. "fwd_f32acc_avx512_6x64": ISA, then the score tile rows x keys */
+  int32_t isa;          /* an anyattn_isa value */
+  int32_t supported;    /* 1 if this CPU can run it */
+  int32_t vector_lanes; /* floats per vector register */
+  int32_t tile_rows;    /* query rows per register tile */
+  int32_t tile_keys;    /* keys per register tile */
+} anyattn_kernel_info;
+
+/* Number of forward kernels compiled into this build. */
+ANYATTN_API int anyattn_fwd_kernel_count(void);
+/* Fills *info for kernel `index` in [0, anyattn_fwd_kernel_count()). */
+ANYATTN_API anyattn_status anyattn_fwd_kernel_info(int index, anyattn_kernel_info* info);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Threads                                                                                        */
 /* ---------------------------------------------------------------------------------------------- */

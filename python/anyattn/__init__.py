@@ -7,16 +7,18 @@ SDPA (see ``anyattn.backends()`` and docs/python.md).
 
 from . import _core
 from ._info import backends, get_num_threads, isa, set_num_threads
-from ._not_yet import (
-    flash_attn_varlen_func,
-    flash_attn_varlen_kvpacked_func,
-    flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
-)
 from .flash_attn_interface import (
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
+)
+from .varlen_kvcache import (
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
+    merge_attention_states,
+    merge_attention_states_,
 )
 
 __version__ = _core.version_string()
@@ -33,5 +35,7 @@ __all__ = [
     "flash_attn_with_kvcache",
     "get_num_threads",
     "isa",
+    "merge_attention_states",
+    "merge_attention_states_",
     "set_num_threads",
 ]

@@ -161,6 +161,125 @@ void fwd(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle ls
   if (status != ANYATTN_OK) raise_status(status);
 }
 
+// The score options shared by every forward entry point.
+anyattn_fwd_params make_params(float softmax_scale, float softcap, bool causal, int32_t window_left,
+                               int32_t window_right, const anyattn_tensor* alibi,
+                               const anyattn_tensor* sinks, int32_t num_splits, int32_t isa) {
+  anyattn_fwd_params params;
+  anyattn_fwd_params_init(&params);
+  params.softmax_scale = softmax_scale;
+  params.softcap = softcap;
+  params.causal = causal ? 1 : 0;
+  params.window_left = window_left;
+  params.window_right = window_right;
+  params.alibi_slopes = alibi;
+  params.sinks = sinks;
+  params.num_splits = num_splits;
+  params.isa = isa;
+  return params;
+}
+
+// An optional tensor: nullptr for None, else `t` filled from the spec.
+const anyattn_tensor* optional_tensor(nb::handle spec, const char* name, BufferView& buf,
+                                      anyattn_tensor& t, bool writable = false) {
+  if (spec.is_none()) return nullptr;
+  t = to_tensor(spec, name, buf, writable);
+  return &t;
+}
+
+// Variable-length forward. See anyattn_fwd_varlen in anyattn.h; lse, seqused_k, alibi_slopes and
+// sinks may be None.
+void fwd_varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+                nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
+                int64_t max_seqlen_q, int64_t max_seqlen_k, float softmax_scale, float softcap,
+                bool causal, int32_t window_left, int32_t window_right, nb::handle alibi_slopes,
+                nb::handle sinks, int32_t num_splits, int32_t isa) {
+  BufferView bq, bk, bv, bout, blse, bcq, bck, bused, balibi, bsinks;
+  const anyattn_tensor tq = to_tensor(q, "q", bq);
+  const anyattn_tensor tk = to_tensor(k, "k", bk);
+  const anyattn_tensor tv = to_tensor(v, "v", bv);
+  const anyattn_tensor tout = to_tensor(out, "out", bout, /*writable=*/true);
+  const anyattn_tensor tcq = to_tensor(cu_seqlens_q, "cu_seqlens_q", bcq);
+  const anyattn_tensor tck = to_tensor(cu_seqlens_k, "cu_seqlens_k", bck);
+  anyattn_tensor tlse{}, tused{}, talibi{}, tsinks{};
+  const anyattn_tensor* plse = optional_tensor(lse, "lse", blse, tlse, /*writable=*/true);
+  const anyattn_tensor* pused = optional_tensor(seqused_k, "seqused_k", bused, tused);
+  const anyattn_fwd_params params = make_params(
+      softmax_scale, softcap, causal, window_left, window_right,
+      optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
+      optional_tensor(sinks, "sinks", bsinks, tsinks), num_splits, isa);
+  anyattn_status status;
+  {
+    nb::gil_scoped_release release;
+    status = anyattn_fwd_varlen(&tq, &tk, &tv, &tout, plse, &tcq, &tck, pused, max_seqlen_q,
+                                max_seqlen_k, &params);
+  }
+  if (status != ANYATTN_OK) raise_status(status);
+}
+
+// KV-cache forward with optional in-place append. See anyattn_fwd_kvcache in anyattn.h.
+// k_cache / v_cache are written when k_new / v_new are given; every optional tensor may be None.
+// cache_seqlen is used when cache_seqlens is None (-1 = the whole cache).
+void fwd_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle out,
+                 nb::handle lse, nb::handle k_new, nb::handle v_new, nb::handle cache_seqlens,
+                 int64_t cache_seqlen, nb::handle cache_batch_idx, nb::handle cache_leftpad,
+                 nb::handle block_table, nb::handle rotary_cos, nb::handle rotary_sin,
+                 bool rotary_interleaved, float softmax_scale, float softcap, bool causal,
+                 int32_t window_left, int32_t window_right, nb::handle alibi_slopes,
+                 nb::handle sinks, int32_t num_splits, int32_t isa) {
+  BufferView bq, bkc, bvc, bout, blse, bkn, bvn, bsl, bbi, blp, bbt, bcos, bsin, balibi, bsinks;
+  const anyattn_tensor tq = to_tensor(q, "q", bq);
+  const bool appends = !k_new.is_none();
+  const anyattn_tensor tkc = to_tensor(k_cache, "k_cache", bkc, appends);
+  const anyattn_tensor tvc = to_tensor(v_cache, "v_cache", bvc, appends);
+  const anyattn_tensor tout = to_tensor(out, "out", bout, /*writable=*/true);
+  anyattn_tensor tlse{}, tkn{}, tvn{}, tsl{}, tbi{}, tlp{}, tbt{}, tcos{}, tsin{}, talibi{},
+      tsinks{};
+  const anyattn_tensor* plse = optional_tensor(lse, "lse", blse, tlse, /*writable=*/true);
+  anyattn_kvcache_params cache;
+  anyattn_kvcache_params_init(&cache);
+  cache.k_new = optional_tensor(k_new, "k", bkn, tkn);
+  cache.v_new = optional_tensor(v_new, "v", bvn, tvn);
+  cache.cache_seqlens = optional_tensor(cache_seqlens, "cache_seqlens", bsl, tsl);
+  cache.cache_seqlen = cache_seqlen;
+  cache.cache_batch_idx = optional_tensor(cache_batch_idx, "cache_batch_idx", bbi, tbi);
+  cache.cache_leftpad = optional_tensor(cache_leftpad, "cache_leftpad", blp, tlp);
+  cache.block_table = optional_tensor(block_table, "block_table", bbt, tbt);
+  cache.rotary_cos = optional_tensor(rotary_cos, "rotary_cos", bcos, tcos);
+  cache.rotary_sin = optional_tensor(rotary_sin, "rotary_sin", bsin, tsin);
+  cache.rotary_interleaved = rotary_interleaved ? 1 : 0;
+  const anyattn_fwd_params params = make_params(
+      softmax_scale, softcap, causal, window_left, window_right,
+      optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
+      optional_tensor(sinks, "sinks", bsinks, tsinks), num_splits, isa);
+  anyattn_status status;
+  {
+    nb::gil_scoped_release release;
+    status = anyattn_fwd_kvcache(&tq, &tkc, &tvc, &tout, plse, &cache, &params);
+  }
+  if (status != ANYATTN_OK) raise_status(status);
+}
+
+// Merge of two partial attentions. See anyattn_merge_attention_states in anyattn.h; out may be
+// out_a or out_b (and lse_out lse_a or lse_b, or None).
+void merge_attention_states(nb::handle out_a, nb::handle lse_a, nb::handle out_b,
+                            nb::handle lse_b, nb::handle out, nb::handle lse_out) {
+  BufferView ba, bla, bb, blb, bo, blo;
+  const anyattn_tensor ta = to_tensor(out_a, "out_a", ba);
+  const anyattn_tensor tla = to_tensor(lse_a, "lse_a", bla);
+  const anyattn_tensor tb = to_tensor(out_b, "out_b", bb);
+  const anyattn_tensor tlb = to_tensor(lse_b, "lse_b", blb);
+  const anyattn_tensor to = to_tensor(out, "out", bo, /*writable=*/true);
+  anyattn_tensor tlo{};
+  const anyattn_tensor* plo = optional_tensor(lse_out, "lse_out", blo, tlo, /*writable=*/true);
+  anyattn_status status;
+  {
+    nb::gil_scoped_release release;
+    status = anyattn_merge_attention_states(&ta, &tla, &tb, &tlb, &to, plo);
+  }
+  if (status != ANYATTN_OK) raise_status(status);
+}
+
 anyattn_isa isa_from_name(const std::string& name) {
   for (anyattn_isa isa : {ANYATTN_ISA_AUTO, ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2,
                           ANYATTN_ISA_AVX512}) {
@@ -199,4 +318,24 @@ NB_MODULE(_core, m) {
         nb::arg("window_right"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
         nb::arg("num_splits") = 0, nb::arg("isa") = 0,
         "Dense forward attention over tensor specs or buffer-protocol arrays. Releases the GIL.");
+  m.def("fwd_varlen", &fwd_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"),
+        nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
+        nb::arg("softmax_scale"), nb::arg("softcap"), nb::arg("causal"), nb::arg("window_left"),
+        nb::arg("window_right"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
+        nb::arg("num_splits") = 0, nb::arg("isa") = 0,
+        "Variable-length forward attention (anyattn_fwd_varlen). Releases the GIL.");
+  m.def("fwd_kvcache", &fwd_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
+        nb::arg("out"), nb::arg("lse").none(), nb::arg("k_new").none(), nb::arg("v_new").none(),
+        nb::arg("cache_seqlens").none(), nb::arg("cache_seqlen"),
+        nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
+        nb::arg("block_table").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
+        nb::arg("rotary_interleaved"), nb::arg("softmax_scale"), nb::arg("softcap"),
+        nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
+        nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("num_splits") = 0,
+        nb::arg("isa") = 0,
+        "KV-cache forward attention with in-place append (anyattn_fwd_kvcache). Releases the GIL.");
+  m.def("merge_attention_states", &merge_attention_states, nb::arg("out_a"), nb::arg("lse_a"),
+        nb::arg("out_b"), nb::arg("lse_b"), nb::arg("out"), nb::arg("lse_out").none(),
+        "Merges two partial attentions (anyattn_merge_attention_states). Releases the GIL.");
 }

@@ -66,19 +66,6 @@ def test_c_abi_errors_surface_with_the_library_message():
         _core.isa_code("sse9")
 
 
-def test_not_yet_implemented_functions_name_the_alternative():
-    q = np.zeros((4, 2, 8), np.float32)
-    cu = np.array([0, 4], np.int32)
-    with pytest.raises(NotImplementedError, match="flash_attn_varlen_func.*flash_attn_func once per sequence"):
-        anyattn.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4)
-    with pytest.raises(NotImplementedError, match="flash_attn_varlen_qkvpacked_func"):
-        anyattn.flash_attn_varlen_qkvpacked_func(q, cu, 4)
-    with pytest.raises(NotImplementedError, match="flash_attn_varlen_kvpacked_func"):
-        anyattn.flash_attn_varlen_kvpacked_func(q, q, cu, cu, 4, 4)
-    with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache.*flash_attn_func"):
-        anyattn.flash_attn_with_kvcache(q[None], q[None], q[None])
-
-
 def test_torch_errors_name_the_argument():
     torch = pytest.importorskip("torch")
     q = torch.zeros(1, 3, 2, 8)

@@ -112,6 +112,28 @@ const char* anyattn_isa_name(anyattn_isa isa) {
   return "unknown";
 }
 
+int anyattn_fwd_kernel_count(void) {
+  return static_cast<int>(anyattn::cpu::fwd_kernels_end() - anyattn::cpu::fwd_kernels_begin());
+}
+
+anyattn_status anyattn_fwd_kernel_info(int index, anyattn_kernel_info* info) {
+  return guarded_call("anyattn_fwd_kernel_info", [&] {
+    constexpr const char* kFn = "anyattn_fwd_kernel_info";
+    if (info == nullptr) anyattn::api::fail_invalid(kFn, ": info is NULL");
+    const int count = anyattn_fwd_kernel_count();
+    if (index < 0 || index >= count) {
+      anyattn::api::fail_invalid(kFn, ": index is ", index, "; supported: 0..", count - 1);
+    }
+    const anyattn::cpu::FwdKernel& kernel = anyattn::cpu::fwd_kernels_begin()[index];
+    info->name = kernel.name;
+    info->isa = kernel.isa;
+    info->supported = kernel.cpu_supports() ? 1 : 0;
+    info->vector_lanes = kernel.vector_lanes;
+    info->tile_rows = kernel.tile_rows;
+    info->tile_keys = kernel.tile_keys;
+  });
+}
+
 void anyattn_set_num_threads(int n) {
   anyattn::runtime::set_num_threads(n);
 }

@@ -99,7 +99,6 @@ ValidatedKvcache validate_fwd_kvcache(const anyattn_tensor* q, const anyattn_ten
   check_disjoint(kFn, "out", out_extent, "q", q_extent);
   check_disjoint(kFn, "out", out_extent, "k_cache", k_extent);
   check_disjoint(kFn, "out", out_extent, "v_cache", v_extent);
-  check_disjoint(kFn, "k_cache", k_extent, "v_cache", v_extent);
 
   ValidatedKvcache result;
   ValidatedFwd& attention = result.attention;
@@ -134,6 +133,8 @@ ValidatedKvcache validate_fwd_kvcache(const anyattn_tensor* q, const anyattn_ten
       check_disjoint(kFn, name, e, "cache->k_new", kn);
       check_disjoint(kFn, name, e, "cache->v_new", vn);
     }
+    // Writing one cache would then change the other.
+    check_disjoint(kFn, "k_cache", k_extent, "v_cache", v_extent);
     result.append.new_tokens = new_tokens;
     result.append.k_new = cache.k_new->data;
     result.append.k_new_batch_stride = cache.k_new->strides[0];
@@ -233,6 +234,25 @@ ValidatedKvcache validate_fwd_kvcache(const anyattn_tensor* q, const anyattn_ten
     }
     attention.seqlens_k[b] = static_cast<int32_t>(total);
     max_keys = std::max(max_keys, total - start);
+  }
+  if (paged && new_tokens > 0) {
+    // Two sequences must not append into the same cache row (pages may be shared for reading).
+    std::vector<std::pair<int64_t, int64_t>> written;  // (page * page_size + row, sequence)
+    written.reserve(static_cast<size_t>(batch * new_tokens));
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t p = result.cache_seqlens[b]; p < result.cache_seqlens[b] + new_tokens; ++p) {
+        const int64_t page = attention.block_table[b * a.block_table_stride + p / cache_len];
+        written.emplace_back(page * cache_len + p % cache_len, b);
+      }
+    }
+    std::sort(written.begin(), written.end());
+    for (size_t i = 1; i < written.size(); ++i) {
+      if (written[i].first == written[i - 1].first) {
+        fail_invalid(kFn, ": sequences ", written[i - 1].second, " and ", written[i].second,
+                     " would both append into row ", written[i].first % cache_len, " of page ",
+                     written[i].first / cache_len, " (cache->block_table maps them to it)");
+      }
+    }
   }
 
   a.dtype = static_cast<cpu::DType>(q->dtype);

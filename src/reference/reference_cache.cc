@@ -106,8 +106,8 @@ std::vector<GatheredSequence> gather_varlen(const anyattn_tensor& q, const anyat
     GatheredSequence& seq = sequences[b];
     const int64_t q_first = int_at(cu_seqlens_q, b), k_first = int_at(cu_seqlens_k, b);
     seq.seqlen_q = int_at(cu_seqlens_q, b + 1) - q_first;
-    seq.seqlen_k = seqused_k != nullptr ? int_at(*seqused_k, b)
-                                        : int_at(cu_seqlens_k, b + 1) - k_first;
+    seq.seqlen_k =
+        seqused_k != nullptr ? int_at(*seqused_k, b) : int_at(cu_seqlens_k, b + 1) - k_first;
     append_rows(q, q_first, seq.seqlen_q, &seq.q);
     append_rows(k, k_first, seq.seqlen_k, &seq.k);
     append_rows(v, k_first, seq.seqlen_k, &seq.v);
@@ -324,8 +324,8 @@ MergeOutputs merge_states(const anyattn_tensor& out_a, const anyattn_tensor& lse
           const double b = wb != 0.0 ? wb * ob[o + d] : 0.0;
           result.out[o + d] = (a + b) / total;
         }
-        result.lse[l] = std::isnan(la[l]) || std::isnan(lb[l]) ? la[l] + lb[l]
-                                                               : top + std::log(total);
+        result.lse[l] =
+            std::isnan(la[l]) || std::isnan(lb[l]) ? la[l] + lb[l] : top + std::log(total);
       }
     }
   }

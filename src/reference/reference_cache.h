@@ -43,8 +43,8 @@ void attend_gathered(const GatheredSequence& seq, const HeadShape& shape,
 // ---- Varlen -------------------------------------------------------------------------------------
 
 struct VarlenOutputs {
-  std::vector<double> out;   // (total_q, Hq, Dv); rows outside every sequence are 0
-  std::vector<double> lse;   // (Hq, total_q); entries outside every sequence are 0
+  std::vector<double> out;            // (total_q, Hq, Dv); rows outside every sequence are 0
+  std::vector<double> lse;            // (Hq, total_q); entries outside every sequence are 0
   std::vector<char> row_in_sequence;  // (total_q): 1 for rows [cu_seqlens_q[0], cu_seqlens_q[B])
 };
 
@@ -104,8 +104,8 @@ KvcacheInputs gather_kvcache(const anyattn_tensor& q, const anyattn_tensor& k_ca
                              const anyattn_fwd_params* params, Rounding rounding);
 
 struct KvcacheOutputs {
-  std::vector<double> out;  // (B, Sq, Hq, Dv)
-  std::vector<double> lse;  // (B, Hq, Sq)
+  std::vector<double> out;               // (B, Sq, Hq, Dv)
+  std::vector<double> lse;               // (B, Hq, Sq)
   std::vector<double> k_cache, v_cache;  // after the append, as in KvcacheInputs
   std::vector<int64_t> appended_rows;
 };

@@ -1,0 +1,113 @@
+"""torch.library registration of the varlen, KV-cache and merge ops (CPU kernels + fake kernels).
+
+    anyattn::fwd_varlen             -> (out (total_q, Hq, Dv), lse (Hq, total_q))
+    anyattn::fwd_kvcache            mutates k_cache and v_cache (declared ``Tensor(a!)``,
+                                    ``Tensor(b!)``) -> (out (B, Sq, Hq, Dv), lse (B, Hq, Sq))
+    anyattn::merge_attention_states -> (out, lse)
+    anyattn::merge_attention_states_ mutates out_a and lse_a -> ()
+
+Like anyattn::fwd (``_torch_ops.py``) they are defined with ``torch.library.Library`` for low call
+overhead; the fake kernels let torch.compile and torch.export trace them. None of them has a
+backward (the KV-cache path never will; varlen's arrives with the backward pass): a call that
+needs a gradient raises NotImplementedError at ``.backward()`` through ``NoGrad``.
+
+Import this module only when torch is installed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._cache import kvcache_forward, merge_states, varlen_forward
+
+_LIB = torch.library.Library("anyattn", "FRAGMENT")
+_LIB.define(
+    "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+    "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, float softcap, "
+    "bool causal, int window_left, int window_right, Tensor? alibi_slopes, Tensor? sinks) "
+    "-> (Tensor, Tensor)"
+)
+_LIB.define(
+    "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, "
+    "Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, int cache_seqlen, "
+    "Tensor? cache_batch_idx, Tensor? cache_leftpad, Tensor? block_table, "
+    "bool rotary_interleaved, float softmax_scale, float softcap, bool causal, int window_left, "
+    "int window_right, Tensor? alibi_slopes, Tensor? sinks, int num_splits) -> (Tensor, Tensor)"
+)
+_LIB.define(
+    "merge_attention_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) "
+    "-> (Tensor, Tensor)"
+)
+_LIB.define(
+    "merge_attention_states_(Tensor(a!) out_a, Tensor(b!) lse_a, Tensor out_b, Tensor lse_b) -> ()"
+)
+
+
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                 softmax_scale, softcap, causal, window_left, window_right, alibi_slopes, sinks):
+    """out (total_q, Hq, Dv) in q's dtype, lse (Hq, total_q) float32."""
+    total_q, hq, _ = q.shape
+    return q.new_empty((total_q, hq, v.shape[-1])), q.new_empty((hq, total_q), dtype=torch.float32)
+
+
+def _kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
+                  cache_batch_idx, cache_leftpad, block_table, rotary_interleaved, softmax_scale,
+                  softcap, causal, window_left, window_right, alibi_slopes, sinks, num_splits):
+    """out (B, Sq, Hq, Dv) in q's dtype, lse (B, Hq, Sq) float32; the caches are mutated."""
+    b, sq, hq, _ = q.shape
+    return (q.new_empty((b, sq, hq, v_cache.shape[-1])),
+            q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+def _merge_cpu(out_a, lse_a, out_b, lse_b):
+    return merge_states(out_a, lse_a, out_b, lse_b)
+
+
+def _merge_fake(out_a, lse_a, out_b, lse_b):
+    return torch.empty_like(out_a, memory_format=torch.contiguous_format), torch.empty_like(
+        lse_a, dtype=torch.float32, memory_format=torch.contiguous_format)
+
+
+def _merge_inplace_cpu(out_a, lse_a, out_b, lse_b):
+    merge_states(out_a, lse_a, out_b, lse_b, out=out_a, lse_out=lse_a)
+
+
+def _merge_inplace_fake(out_a, lse_a, out_b, lse_b):
+    return None
+
+
+_LIB.impl("fwd_varlen", varlen_forward, "CPU")
+_LIB.impl("fwd_kvcache", kvcache_forward, "CPU")
+_LIB.impl("merge_attention_states", _merge_cpu, "CPU")
+_LIB.impl("merge_attention_states_", _merge_inplace_cpu, "CPU")
+torch.library.register_fake("anyattn::fwd_varlen", _varlen_fake, lib=_LIB)
+torch.library.register_fake("anyattn::fwd_kvcache", _kvcache_fake, lib=_LIB)
+torch.library.register_fake("anyattn::merge_attention_states", _merge_fake, lib=_LIB)
+torch.library.register_fake("anyattn::merge_attention_states_", _merge_inplace_fake, lib=_LIB)
+
+
+class NoGrad(torch.autograd.Function):
+    """Runs a forward op inside autograd; its backward raises NotImplementedError."""
+
+    @staticmethod
+    def forward(ctx, op, *args):
+        """The op itself; the LSE output is marked non-differentiable."""
+        out, lse = op(*args)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        """Always raises: these ops have no backward pass."""
+        raise NotImplementedError(
+            "anyattn's varlen and KV-cache functions have no backward pass on CPU yet. For "
+            "inference wrap the call in torch.no_grad() or torch.inference_mode()."
+        )
+
+
+def call(op, *args):
+    """``op(*args)``, through NoGrad when autograd would record the call."""
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                       for a in args):
+        return NoGrad.apply(op, *args)
+    return op(*args)

@@ -1,0 +1,391 @@
+"""Drop-in replacements for flash-attn 2.x's varlen and KV-cache functions, and merging.
+
+``flash_attn_varlen_func``, ``flash_attn_varlen_qkvpacked_func``, ``flash_attn_varlen_kvpacked_func``
+and ``flash_attn_with_kvcache`` keep flash-attn 2.x's names, argument order, defaults and return
+conventions, plus ``sinks=None``. ``merge_attention_states`` and ``merge_attention_states_`` (in
+place) merge two partial attentions over disjoint key sets. numpy arrays and CPU torch tensors run
+anyattn's C kernels (through torch.library ops for torch); torch tensors on other devices run a
+per-sequence path over ``flash_attn_func``'s device dispatch. docs/varlen_kvcache.md has the
+semantics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from ._cache import kvcache_forward, merge_states, varlen_forward
+from ._cpu import reject_dropout
+from ._options import make_options
+from ._tensors import is_torch_tensor, torch_module
+
+if torch_module() is not None:
+    from . import _cache_ops
+
+
+def _kind(x: Any, name: str) -> str:
+    if is_torch_tensor(x):
+        return "torch"
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    raise TypeError(f"{name}: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+
+
+def _check_rank(x: Any, name: str, ndim: int, dims: str) -> None:
+    if x.ndim != ndim:
+        raise ValueError(f"{name}: expected shape {dims}, got {tuple(x.shape)}")
+
+
+def _scale(q: Any, softmax_scale: Optional[float]) -> Tuple[Any, float]:
+    """(q, scale) for the C ABI, whose scale 0 means 1/sqrt(D); an explicit 0.0 runs q * 0."""
+    if softmax_scale is None:
+        return q, 0.0
+    if softmax_scale == 0.0:
+        return q * 0, 0.0
+    return q, float(softmax_scale)
+
+
+def _on_cpu(q: Any) -> bool:
+    return isinstance(q, np.ndarray) or q.device.type == "cpu"
+
+
+# ---- Varlen -------------------------------------------------------------------------------------
+
+
+def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options,
+            alibi_slopes, sinks, return_attn_probs, seqused_k=None):
+    kind = _kind(q, "q")
+    for name, x in (("k", k), ("v", v)):
+        if _kind(x, name) != kind:
+            raise TypeError(f"{name}: must be a {kind} array/tensor like q")
+    _check_rank(q, "q", 3, "(total_q, nheads, headdim)")
+    _check_rank(k, "k", 3, "(total_k, nheads_k, headdim)")
+    _check_rank(v, "v", 3, "(total_k, nheads_k, headdim_v)")
+    wl, wr = options.window_size
+    if _on_cpu(q):
+        reject_dropout(options.dropout_p)
+        q, scale = _scale(q, options.softmax_scale)
+        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
+                int(max_seqlen_k), scale, options.softcap, options.causal, wl, wr, alibi_slopes,
+                sinks)
+        if kind == "numpy":
+            out, lse = varlen_forward(*args)
+        else:
+            torch = torch_module()
+            args = args[:3] + tuple(_index_tensor(torch, x) for x in args[3:6]) + args[6:13] + (
+                _f32(torch, alibi_slopes), _f32(torch, sinks))
+            out, lse = _cache_ops.call(torch.ops.anyattn.fwd_varlen, *args)
+    else:
+        out, lse = _varlen_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options,
+                                     alibi_slopes, sinks)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _index_tensor(torch, x):
+    """An int32 CPU tensor from None, an int, a list or a tensor of any integer dtype."""
+    if x is None:
+        return None
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(np.asarray(x))
+    return x.to(device="cpu", dtype=torch.int32)
+
+
+def _f32(torch, x):
+    if x is None:
+        return None
+    return torch.as_tensor(x).to(torch.float32)
+
+
+def _varlen_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, alibi_slopes,
+                      sinks):
+    """Non-CPU torch tensors: flash_attn_func (device dispatch) once per sequence."""
+    from .flash_attn_interface import flash_attn_func  # noqa: PLC0415
+
+    torch = torch_module()
+    cu_q = [int(x) for x in torch.as_tensor(cu_seqlens_q).tolist()]
+    cu_k = [int(x) for x in torch.as_tensor(cu_seqlens_k).tolist()]
+    used = None if seqused_k is None else [int(x) for x in torch.as_tensor(seqused_k).tolist()]
+    hq = q.shape[1]
+    out = q.new_zeros((q.shape[0], hq, v.shape[-1]))
+    lse = torch.full((hq, q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0 = cu_q[b], cu_q[b + 1], cu_k[b]
+        k1 = cu_k[b + 1] if used is None else k0 + used[b]
+        if q1 == q0:
+            continue
+        slopes = alibi_slopes
+        if slopes is not None and slopes.dim() == 2:
+            slopes = slopes[b]
+        o, l, _ = flash_attn_func(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+                                  dropout_p=options.dropout_p, softmax_scale=options.softmax_scale,
+                                  causal=options.causal, window_size=options.window_size,
+                                  softcap=options.softcap, alibi_slopes=slopes,
+                                  return_attn_probs=True, sinks=sinks)
+        out[q0:q1] = o[0]
+        lse[:, q0:q1] = l[0]
+    return out, lse
+
+
+def flash_attn_varlen_func(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None, causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+    deterministic: bool = False, return_attn_probs: bool = False, block_table=None, sinks=None,
+    seqused_k=None,
+):
+    """Attention over packed sequences of different lengths, flash-attn 2.x compatible.
+
+    Arguments:
+        q: (total_q, nheads, headdim); k: (total_k, nheads_k, headdim); v: (total_k, nheads_k,
+            headdim_v).
+        cu_seqlens_q, cu_seqlens_k: (batch + 1,) int32 prefix sums: sequence b is rows
+            [cu_seqlens[b], cu_seqlens[b+1]).
+        max_seqlen_q, max_seqlen_k: at least every sequence's length.
+        causal / window_size / softcap / alibi_slopes ((nheads,) or (batch, nheads)) / sinks: as in
+            flash_attn_func, applied per sequence (bottom-right aligned per sequence).
+        block_table: flash-attn's paged varlen; not supported (NotImplementedError). Use
+            flash_attn_with_kvcache for paged caches.
+        seqused_k: optional (batch,) int32: sequence b uses only its first seqused_k[b] keys.
+    Returns:
+        out (total_q, nheads, headdim_v); with return_attn_probs, (out, softmax_lse
+        (nheads, total_q) float32, None).
+    """
+    if block_table is not None:
+        raise NotImplementedError(
+            "flash_attn_varlen_func: block_table (paged varlen) is not supported by anyattn; "
+            "use flash_attn_with_kvcache(..., block_table=...) for paged KV caches")
+    options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options,
+                   alibi_slopes, sinks, return_attn_probs, seqused_k)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv, cu_seqlens, max_seqlen, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes=None, deterministic: bool = False, return_attn_probs: bool = False, sinks=None,
+):
+    """flash_attn_varlen_func on packed qkv (total, 3, nheads, headdim): strided views, no copy."""
+    _kind(qkv, "qkv")
+    if qkv.ndim != 4 or qkv.shape[1] != 3:
+        raise ValueError(f"qkv: expected shape (total, 3, nheads, headdim), got {tuple(qkv.shape)}")
+    options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    return _varlen(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen,
+                   max_seqlen, options, alibi_slopes, sinks, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None, causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+    deterministic: bool = False, return_attn_probs: bool = False, sinks=None,
+):
+    """flash_attn_varlen_func with packed kv (total_k, 2, nheads_k, headdim): views, no copy."""
+    _kind(kv, "kv")
+    if kv.ndim != 4 or kv.shape[1] != 2:
+        raise ValueError(f"kv: expected shape (total_k, 2, nheads_k, headdim), got {tuple(kv.shape)}")
+    options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    return _varlen(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   options, alibi_slopes, sinks, return_attn_probs)
+
+
+# ---- KV cache -----------------------------------------------------------------------------------
+
+
+def flash_attn_with_kvcache(
+    q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+    cache_batch_idx=None, cache_leftpad=None, block_table=None,
+    softmax_scale: Optional[float] = None, causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, rotary_interleaved: bool = True,
+    alibi_slopes=None, num_splits: int = 0, return_softmax_lse: bool = False, sinks=None,
+):
+    """Attention of q against a KV cache, with optional in-place append; flash-attn 2.x compatible.
+
+    Arguments:
+        q: (batch, seqlen_q, nheads, headdim).
+        k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim[_v]), or paged
+            (num_blocks, page_size, nheads_k, headdim[_v]) with block_table; any page_size >= 1.
+        k, v: optional (batch, seqlen_new, nheads_k, headdim[_v]) written into the caches in place
+            at cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attention.
+        rotary_cos, rotary_sin: optional (seqlen_ro, rotary_dim / 2): rotary embedding of q and the
+            new k at their absolute positions (q at cache_seqlens[b] + i when causal or windowed,
+            else at cache_seqlens[b]); rotary_interleaved selects GPT-J (True) or GPT-NeoX pairs.
+        cache_seqlens: int, or (batch,) int32: keys already in the cache. None = the whole cache.
+        cache_batch_idx: optional (batch,) int32: the cache batch each sequence reads (contiguous).
+        cache_leftpad: optional (batch,) int32: each sequence's keys start at this cache position.
+        block_table: optional (batch, max_blocks) int32 for a paged cache.
+        softmax_scale, causal, window_size, softcap, alibi_slopes, sinks: as in flash_attn_func,
+            with the mask bottom-right aligned to cache_seqlens[b] + seqlen_new - cache_leftpad[b].
+        num_splits: key-dimension splits; 0 chooses automatically (never from the thread count).
+        return_softmax_lse: also return the LSE (batch, nheads, seqlen_q) float32.
+    Returns:
+        out (batch, seqlen_q, nheads, headdim_v), or (out, softmax_lse) with return_softmax_lse.
+    """
+    options = make_options(0.0, softmax_scale, causal, window_size, softcap, False)
+    kind = _kind(q, "q")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if x is not None and _kind(x, name) != kind:
+            raise TypeError(f"{name}: must be a {kind} array/tensor like q")
+    _check_rank(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
+    _check_rank(k_cache, "k_cache", 4, "(batch_cache, seqlen_cache, nheads_k, headdim)")
+    _check_rank(v_cache, "v_cache", 4, "(batch_cache, seqlen_cache, nheads_k, headdim_v)")
+    if (k is None) != (v is None):
+        raise ValueError("k, v: give both new keys and new values, or neither")
+    if k is not None:
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            last = cache.strides[-1] // cache.itemsize if kind == "numpy" else cache.stride(-1)
+            if cache.shape[-1] > 1 and last != 1:
+                raise ValueError(f"{name}: the last dimension must be contiguous (stride 1) to be "
+                                 f"appended to in place; got stride {last}")
+    cache_seqlen = -1
+    if cache_seqlens is not None and not hasattr(cache_seqlens, "shape"):
+        cache_seqlen = int(cache_seqlens)
+        if cache_seqlen < 0:
+            raise ValueError(f"cache_seqlens: must be >= 0, got {cache_seqlens}")
+        cache_seqlens = None
+    wl, wr = options.window_size
+    if _on_cpu(q):
+        q, scale = _scale(q, options.softmax_scale)
+        args = [q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
+                cache_batch_idx, cache_leftpad, block_table, bool(rotary_interleaved), scale,
+                options.softcap, options.causal, wl, wr, alibi_slopes, sinks, int(num_splits)]
+        if kind == "numpy":
+            out, lse = kvcache_forward(*args)
+        else:
+            torch = torch_module()
+            for i in (7, 9, 10, 11):
+                args[i] = _index_tensor(torch, args[i])
+            args[18], args[19] = _f32(torch, alibi_slopes), _f32(torch, sinks)
+            out, lse = _cache_ops.call(torch.ops.anyattn.fwd_kvcache, *args)
+    else:
+        out, lse = _kvcache_on_device(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                      cache_seqlens, cache_seqlen, cache_batch_idx, cache_leftpad,
+                                      block_table, rotary_interleaved, options, alibi_slopes, sinks)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _rotate(torch, x, cos, sin, interleaved):
+    """x (..., S, H, D) rotated by cos/sin (S, rotary_dim / 2) in float32, back in x's dtype."""
+    rd = cos.shape[-1] * 2
+    xf = x.float()
+    c, s = cos.float()[:, None, :], sin.float()[:, None, :]
+    if interleaved:
+        x0, x1 = xf[..., 0:rd:2], xf[..., 1:rd:2]
+    else:
+        x0, x1 = xf[..., : rd // 2], xf[..., rd // 2: rd]
+    r0, r1 = x0 * c - x1 * s, x0 * s + x1 * c
+    rot = torch.stack((r0, r1), dim=-1).flatten(-2) if interleaved else torch.cat((r0, r1), -1)
+    return torch.cat((rot, xf[..., rd:]), dim=-1).to(x.dtype)
+
+
+def _kvcache_on_device(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                       cache_seqlen, cache_batch_idx, cache_leftpad, block_table,
+                       rotary_interleaved, options, alibi_slopes, sinks):
+    """Non-CPU torch tensors: the append and rotary in torch, then flash_attn_func per sequence."""
+    from .flash_attn_interface import flash_attn_func  # noqa: PLC0415
+
+    torch = torch_module()
+    b, sq, hq, _ = q.shape
+    s_new = 0 if k is None else k.shape[1]
+    page = k_cache.shape[1]
+    if cache_seqlens is None:
+        stored = [cache_seqlen if cache_seqlen >= 0 else page - s_new] * b
+    else:
+        stored = [int(x) for x in torch.as_tensor(cache_seqlens).tolist()]
+    pad = [0] * b if cache_leftpad is None else [int(x) for x in cache_leftpad.tolist()]
+    table = None if block_table is None else block_table.tolist()
+    index = None if cache_batch_idx is None else [int(x) for x in cache_batch_idx.tolist()]
+    q_per_row = options.causal or options.window_size != (-1, -1)
+
+    def rows(bi, first, last):  # (cache dim-0 index, dim-1 index) tensors for positions.
+        pos = torch.arange(first, last)
+        if table is None:
+            return torch.full_like(pos, index[bi] if index else bi), pos
+        return torch.tensor(table[bi], dtype=torch.long)[pos // page], pos % page
+
+    out = q.new_zeros((b, sq, hq, v_cache.shape[-1]))
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    for bi in range(b):
+        if s_new:
+            kb = k[bi]
+            if rotary_cos is not None:
+                sl = slice(stored[bi], stored[bi] + s_new)
+                kb = _rotate(torch, kb, rotary_cos[sl], rotary_sin[sl], rotary_interleaved)
+            n, r = rows(bi, stored[bi], stored[bi] + s_new)
+            k_cache[n, r] = kb
+            v_cache[n, r] = v[bi]
+        qb = q[bi]
+        if rotary_cos is not None:
+            first = stored[bi]
+            sl = slice(first, first + sq) if q_per_row else [first] * sq
+            qb = _rotate(torch, qb, rotary_cos[sl], rotary_sin[sl], rotary_interleaved)
+        n, r = rows(bi, pad[bi], stored[bi] + s_new)
+        slopes = alibi_slopes
+        if slopes is not None and slopes.dim() == 2:
+            slopes = slopes[bi]
+        o, l, _ = flash_attn_func(qb[None], k_cache[n, r][None], v_cache[n, r][None],
+                                  softmax_scale=options.softmax_scale, causal=options.causal,
+                                  window_size=options.window_size, softcap=options.softcap,
+                                  alibi_slopes=slopes, return_attn_probs=True, sinks=sinks)
+        out[bi], lse[bi] = o[0], l[0]
+    return out, lse
+
+
+# ---- Merge --------------------------------------------------------------------------------------
+
+
+def _check_merge(out_a, lse_a, out_b, lse_b) -> str:
+    kind = _kind(out_a, "out_a")
+    for name, x in (("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        if _kind(x, name) != kind:
+            raise TypeError(f"{name}: must be a {kind} array/tensor like out_a")
+    return kind
+
+
+def _merge_on_device(out_a, lse_a, out_b, lse_b):
+    torch = torch_module()
+    # lse (.., H, T) -> (.., T, H, 1) to weight out (.., T, H, Dv).
+    la, lb = lse_a.float().transpose(-1, -2)[..., None], lse_b.float().transpose(-1, -2)[..., None]
+    top = torch.maximum(la, lb)
+    top = torch.where(torch.isinf(top) & (top < 0), torch.zeros_like(top), top)
+    wa, wb = torch.exp(la - top), torch.exp(lb - top)
+    total = wa + wb
+    xa = torch.where(wa > 0, wa * out_a.float(), torch.zeros_like(wa))
+    xb = torch.where(wb > 0, wb * out_b.float(), torch.zeros_like(wb))
+    out = torch.where(total > 0, (xa + xb) / total, torch.zeros_like(total)).to(out_a.dtype)
+    lse = (top + torch.log(total))[..., 0].transpose(-1, -2)
+    return out, lse
+
+
+def merge_attention_states(out_a, lse_a, out_b, lse_b):
+    """Merge two attentions of the same queries over disjoint key sets.
+
+    out_a, out_b: (T, H, Dv) with lse (H, T), or (B, S, H, Dv) with lse (B, H, S); lse float32,
+    natural log; -inf marks an empty partial result (weight 0, even if its out row holds NaN).
+    Returns (out, lse) with out = (e^lse_a out_a + e^lse_b out_b) / (e^lse_a + e^lse_b) and
+    lse = log(e^lse_a + e^lse_b); both empty gives out = 0, lse = -inf.
+    """
+    kind = _check_merge(out_a, lse_a, out_b, lse_b)
+    if kind == "numpy":
+        return merge_states(out_a, lse_a, out_b, lse_b)
+    if out_a.device.type != "cpu":
+        return _merge_on_device(out_a, lse_a, out_b, lse_b)
+    return torch_module().ops.anyattn.merge_attention_states(out_a, lse_a, out_b, lse_b)
+
+
+def merge_attention_states_(out_a, lse_a, out_b, lse_b):
+    """In-place merge_attention_states: writes the merged out into out_a and lse into lse_a.
+
+    Returns (out_a, lse_a).
+    """
+    kind = _check_merge(out_a, lse_a, out_b, lse_b)
+    if kind == "numpy":
+        merge_states(out_a, lse_a, out_b, lse_b, out=out_a, lse_out=lse_a)
+    elif out_a.device.type != "cpu":
+        out, lse = _merge_on_device(out_a, lse_a, out_b, lse_b)
+        out_a.copy_(out)
+        lse_a.copy_(lse)
+    else:
+        torch_module().ops.anyattn.merge_attention_states_(out_a, lse_a, out_b, lse_b)
+    return out_a, lse_a
