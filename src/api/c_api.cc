@@ -224,4 +224,21 @@ anyattn_status anyattn_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
   });
 }
 
+anyattn_status anyattn_bwd_varlen(const anyattn_tensor* dout, const anyattn_tensor* q,
+                                  const anyattn_tensor* k, const anyattn_tensor* v,
+                                  const anyattn_tensor* out, const anyattn_tensor* lse,
+                                  const anyattn_tensor* dq, const anyattn_tensor* dk,
+                                  const anyattn_tensor* dv, const anyattn_tensor* dsinks_or_null,
+                                  const anyattn_tensor* cu_seqlens_q,
+                                  const anyattn_tensor* cu_seqlens_k,
+                                  const anyattn_tensor* seqused_k_or_null, int64_t max_seqlen_q,
+                                  int64_t max_seqlen_k, const anyattn_fwd_params* params) {
+  return guarded_call("anyattn_bwd_varlen", [&] {
+    const anyattn::api::ValidatedBwdVarlen call = anyattn::api::validate_bwd_varlen(
+        dout, q, k, v, out, lse, dq, dk, dv, dsinks_or_null, cu_seqlens_q, cu_seqlens_k,
+        seqused_k_or_null, max_seqlen_q, max_seqlen_k, params);
+    anyattn::cpu::run_bwd(call.bwd.args, call.bwd.isa);
+  });
+}
+
 }  // extern "C"

@@ -6,6 +6,7 @@
 #define ANYATTN_API_VALIDATE_BWD_H_
 
 #include "anyattn/anyattn.h"
+#include "api/validate_fwd.h"
 #include "cpu/bwd_args.h"
 
 namespace anyattn::api {
@@ -25,6 +26,26 @@ ValidatedBwd validate_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
                           const anyattn_tensor* dq, const anyattn_tensor* dk,
                           const anyattn_tensor* dv, const anyattn_tensor* dsinks,
                           const anyattn_fwd_params* params);
+
+// A validated anyattn_bwd_varlen call. bwd.args.fwd points into forward's length arrays, so the
+// two travel together (moving keeps the arrays in place).
+struct ValidatedBwdVarlen {
+  ValidatedFwd forward;
+  ValidatedBwd bwd;
+};
+
+// Checks, in order: NULL lse; everything anyattn_fwd_varlen checks (q, k, v, out, lse (Hq,
+// total_q), cu_seqlens_q/k, seqused_k, max_seqlen_q/k, params; messages name anyattn_bwd_varlen);
+// then dout (total_q, Hq, Dv), dq (total_q, Hq, D), dk (total_k, Hk, D), dv (total_k, Hk, Dv):
+// rank, dtype, shape; that no gradient overlaps itself, another gradient, an input or a side input;
+// finally dsinks as in validate_bwd.
+ValidatedBwdVarlen validate_bwd_varlen(
+    const anyattn_tensor* dout, const anyattn_tensor* q, const anyattn_tensor* k,
+    const anyattn_tensor* v, const anyattn_tensor* out, const anyattn_tensor* lse,
+    const anyattn_tensor* dq, const anyattn_tensor* dk, const anyattn_tensor* dv,
+    const anyattn_tensor* dsinks, const anyattn_tensor* cu_seqlens_q,
+    const anyattn_tensor* cu_seqlens_k, const anyattn_tensor* seqused_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, const anyattn_fwd_params* params);
 
 }  // namespace anyattn::api
 

@@ -9,7 +9,7 @@
 #include "cpu/bwd_args.h"
 #include "cpu/bwd_layout.h"
 #include "cpu/half.h"
-#include "cpu/philox.h"
+#include "cpu/bwd_philox.h"
 #include "cpu/simd/isa_target.h"
 
 ANYATTN_TARGET_BEGIN("avx2,fma,f16c")

@@ -1,11 +1,15 @@
-// Runs a validated backward call on the CPU: allocates all workspace up front (so an allocation
-// failure leaves the gradients untouched), then runs three phases on the thread pool:
+// Runs a validated backward call (dense or varlen) on the CPU: allocates all workspace up front
+// (so an allocation failure leaves the gradients untouched), then runs on the thread pool:
 //   0. delta = rowsum(dout * out) per query row, and dsinks from it;
-//   1. dK and dV, one task per (batch, kv head, 64-key block);
-//   2. dQ, one task per (batch, query head, 64-row query block).
-// Every gradient element is written by exactly one task in a fixed summation order, so results are
-// bitwise identical for any thread count. Workspace: B * Hq * Sq floats for delta plus one
-// BwdLayout::scratch_floats() buffer per thread; nothing grows with Sq x Sk.
+//   1. the fused pass, one task per (sequence, kv head, key chunk): dK and dV of the chunk and its
+//      dQ contributions (bwd_kernel-inl.h);
+//   2. dQ of sequences split into several key chunks: the chunks' partials summed in chunk order.
+// Every gradient element is written by exactly one task in a fixed summation order, and the
+// chunking depends on the shape only, so results are bitwise identical for any thread count.
+// Workspace: total query rows (B * Hq * Sq dense) floats for delta, per thread
+// BwdLayout::scratch_floats() (the packed key chunk and its accumulators plus 64-row tiles), and
+// with several chunks num_chunks * total query rows * d_pad floats of dQ partials (bounded by
+// 128 MiB). Nothing grows with Sq x Sk.
 #ifndef ANYATTN_CPU_BWD_DRIVER_H_
 #define ANYATTN_CPU_BWD_DRIVER_H_
 

@@ -1,12 +1,19 @@
-// Tiles and per-thread scratch of the backward kernels, shared by the driver and every ISA's
-// bwd_kernel-inl.h.
+// Tiles, tasks and per-thread scratch of the backward kernels, shared by the driver and every
+// ISA's bwd_kernel-inl.h.
 //
-// Both passes work on 64 x 64 tiles of the attention matrix (64 query rows x 64 keys). Head dims
-// are zero-padded to whole 16-float vectors (d_pad, dv_pad), so every micro-kernel column count is
-// a whole number of vectors on every ISA and padded columns contribute exact zeros.
+// The backward works on 64 x 64 tiles of one sequence's attention matrix (64 query rows x 64
+// keys). Head dims are zero-padded to whole 16-float vectors (d_pad, dv_pad), so every
+// micro-kernel column count is a whole number of vectors on every ISA and padded columns
+// contribute exact zeros.
+//
+// A task is (sequence, kv head, key chunk): a chunk is a run of consecutive 64-key blocks. The
+// number of chunks per sequence depends only on the shape (BwdLayout::num_chunks), never on the
+// thread count; with one chunk a task writes dq directly, with several each chunk writes an f32
+// dq partial and a final pass sums the partials in chunk order.
 #ifndef ANYATTN_CPU_BWD_LAYOUT_H_
 #define ANYATTN_CPU_BWD_LAYOUT_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cpu/bwd_args.h"
@@ -16,44 +23,76 @@ namespace anyattn::cpu {
 // Query rows and keys per tile.
 constexpr int64_t kBwdBlock = 64;
 
+// One sequence of a backward call: the forward's SeqInfo plus where its rows live in dout and dq
+// and in the call's row-indexed workspace (delta, dq partials).
+struct BwdSeq {
+  SeqInfo seq;
+  int64_t dout_offset = 0;  // element offset of dout position 0, head 0
+  int64_t dq_offset = 0;    // element offset of dq position 0, head 0
+  // Workspace row of (head h, position i) is row_first + h * seq.seqlen_q + i.
+  int64_t row_first = 0;
+};
+
+inline BwdSeq bwd_sequence(const BwdArgs& args, int64_t b, int64_t row_first) {
+  BwdSeq s;
+  s.seq = sequence_info(args.fwd, b);
+  const int64_t q_start = args.fwd.cu_seqlens_q != nullptr ? args.fwd.cu_seqlens_q[b] : 0;
+  s.dout_offset = b * args.dout_batch_stride + q_start * args.dout_row_stride;
+  s.dq_offset = b * args.dq_batch_stride + q_start * args.dq_row_stride;
+  s.row_first = row_first;
+  return s;
+}
+
+// One task of the fused pass: keys [key_begin, key_end) of one sequence and kv head, for every
+// query head of the GQA group. key_begin is a multiple of 64.
+struct BwdTask {
+  BwdSeq seq;
+  int64_t head_k = 0;
+  int64_t key_begin = 0;
+  int64_t key_end = 0;
+  // f32 dq partial rows of this chunk (indexed by workspace row, d_pad floats each), or null when
+  // the sequence has one chunk and the task writes dq itself.
+  float* dq_partial = nullptr;
+};
+
 struct BwdLayout {
-  int64_t d_pad = 0;           // D rounded up to 16
-  int64_t dv_pad = 0;          // Dv rounded up to 16
-  int64_t num_key_blocks = 0;  // ceil(Sk / 64)
-  int64_t num_q_blocks = 0;    // ceil(Sq / 64)
+  int64_t d_pad = 0;         // D rounded up to 16
+  int64_t dv_pad = 0;        // Dv rounded up to 16
+  int64_t num_chunks = 1;    // key chunks per sequence (fewer when a sequence has fewer blocks)
+  int64_t chunk_keys = 0;    // keys of the largest chunk, a multiple of 64
 
-  static BwdLayout for_args(const BwdArgs& args) {
-    BwdLayout layout;
-    layout.d_pad = (args.fwd.head_dim + 15) / 16 * 16;
-    layout.dv_pad = (args.fwd.head_dim_v + 15) / 16 * 16;
-    layout.num_key_blocks = (args.fwd.seqlen_k + kBwdBlock - 1) / kBwdBlock;
-    layout.num_q_blocks = (args.fwd.seqlen_q + kBwdBlock - 1) / kBwdBlock;
-    return layout;
+  // Key blocks [first, end) of chunk c of a sequence with `blocks` key blocks: an even split.
+  static int64_t chunk_first_block(int64_t blocks, int64_t chunks, int64_t c) {
+    return blocks * c / chunks;
   }
+  int64_t chunks_for(int64_t blocks) const { return std::min(num_chunks, blocks); }
 
-  // Floats of one thread's scratch: enough for either pass (BwdScratch::carve).
+  // Floats of one thread's scratch (BwdScratch::carve).
   int64_t scratch_floats() const {
-    return kBwdBlock * (4 * d_pad + 4 * dv_pad) + 3 * kBwdBlock * kBwdBlock + 2 * kBwdBlock;
+    return chunk_keys * (3 * d_pad + 2 * dv_pad) + kBwdBlock * (2 * d_pad + 2 * dv_pad) +
+           3 * kBwdBlock * kBwdBlock + 2 * kBwdBlock;
   }
 };
 
-// One thread's buffers. Names follow the pass that uses them; all are 64-byte aligned when the
-// base is (every size is a multiple of 16 floats).
-//   key side:  k [64][d_pad], v [64][dv_pad], and for pass 1 the accumulators dk, dv (same shapes);
-//              for pass 2 the transposed panels kt [d_pad][64], vt [dv_pad][64].
-//   query side: q [64][d_pad], dout [64][dv_pad], and for pass 1 their transposes qt, doutt; for
-//              pass 2 the dq accumulator [64][d_pad].
-//   tiles:     s, dp, z [64][64] (scores then probabilities; dP then dS; dropout factors).
-//   per row:   lse2 [64] (lse in log2 units), delta [64] (rowsum(dout * out)).
+// One thread's buffers, all 64-byte aligned when the base is (every size is a multiple of 16
+// floats). Key side, for the task's chunk, packed once per task:
+//   kt  [chunk blocks][d_pad][64]   K transposed in 64-key panels (B operand of S = Q K^T)
+//   k   [chunk_keys][d_pad]         K rows (B operand of dQ += dS K)
+//   vt  [chunk blocks][dv_pad][64]  V transposed in 64-key panels (B operand of dP = dO V^T)
+//   dk  [chunk_keys][d_pad], dv [chunk_keys][dv_pad]   f32 accumulators
+// Query side, per 64-row query block:
+//   q [64][d_pad], dout [64][dv_pad], dq [64][d_pad], rows [64][dv_pad] (V rows while packing)
+// Tiles: s, dp, z [64][64] (scores then P Z; dP then dS; dropout factors); per row lse2, delta.
 struct BwdScratch {
+  float* kt = nullptr;
   float* k = nullptr;
-  float* v = nullptr;
-  float* key_acc_or_kt = nullptr;    // pass 1: dk [64][d_pad]; pass 2: kt [d_pad][64]
-  float* value_acc_or_vt = nullptr;  // pass 1: dv [64][dv_pad]; pass 2: vt [dv_pad][64]
+  float* vt = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
   float* q = nullptr;
   float* dout = nullptr;
-  float* qt_or_dq = nullptr;  // pass 1: qt [d_pad][64]; pass 2: dq [64][d_pad]
-  float* doutt = nullptr;     // pass 1 only: [dv_pad][64]
+  float* dq = nullptr;
+  float* rows = nullptr;
   float* s = nullptr;
   float* dp = nullptr;
   float* z = nullptr;
@@ -61,17 +100,18 @@ struct BwdScratch {
   float* delta = nullptr;
 
   static BwdScratch carve(float* base, const BwdLayout& layout) {
-    const int64_t kd = kBwdBlock * layout.d_pad, kv = kBwdBlock * layout.dv_pad;
+    const int64_t ck = layout.chunk_keys;
     BwdScratch s;
-    s.k = base;
-    s.v = s.k + kd;
-    s.key_acc_or_kt = s.v + kv;
-    s.value_acc_or_vt = s.key_acc_or_kt + kd;
-    s.q = s.value_acc_or_vt + kv;
-    s.dout = s.q + kd;
-    s.qt_or_dq = s.dout + kv;
-    s.doutt = s.qt_or_dq + kd;
-    s.s = s.doutt + kv;
+    s.kt = base;
+    s.k = s.kt + ck * layout.d_pad;
+    s.vt = s.k + ck * layout.d_pad;
+    s.dk = s.vt + ck * layout.dv_pad;
+    s.dv = s.dk + ck * layout.d_pad;
+    s.q = s.dv + ck * layout.dv_pad;
+    s.dout = s.q + kBwdBlock * layout.d_pad;
+    s.dq = s.dout + kBwdBlock * layout.dv_pad;
+    s.rows = s.dq + kBwdBlock * layout.d_pad;
+    s.s = s.rows + kBwdBlock * layout.dv_pad;
     s.dp = s.s + kBwdBlock * kBwdBlock;
     s.z = s.dp + kBwdBlock * kBwdBlock;
     s.lse2 = s.z + kBwdBlock * kBwdBlock;

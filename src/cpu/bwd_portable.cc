@@ -8,7 +8,7 @@
 #include "cpu/bwd_args.h"
 #include "cpu/bwd_layout.h"
 #include "cpu/half.h"
-#include "cpu/philox.h"
+#include "cpu/bwd_philox.h"
 
 namespace anyattn::cpu::bwd_portable {
 

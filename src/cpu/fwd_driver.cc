@@ -36,8 +36,9 @@ struct Group {
 };
 
 // Splits the pairs into groups: each packs at most kPackBudgetBytes (but at least one pair) and
-// stops growing once it holds enough attend tasks to keep every thread busy, so that its packed
-// K/V is still in the caches when it is used. Streaming plans pack nothing: one group.
+// stops growing once it holds enough attend tasks to keep every thread busy and about
+// kPackGroupTargetBytes of packed K/V, which is then still in the caches when it is used.
+// Streaming plans pack nothing: one group.
 std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
                                std::vector<Pair>& pairs) {
   const int64_t group_size = args.group_size();
@@ -50,8 +51,9 @@ std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
     const int64_t packed = plan.streaming ? 0 : pair.blocks;
     const bool over_budget =
         (current.packed_blocks + packed) * block_bytes > plan::kPackBudgetBytes;
-    if (current.pairs > 0 && !plan.streaming &&
-        (over_budget || current_tasks >= plan.wanted_tasks)) {
+    const bool big_enough = current_tasks >= plan.wanted_tasks &&
+                            current.packed_blocks * block_bytes >= plan::kPackGroupTargetBytes;
+    if (current.pairs > 0 && !plan.streaming && (over_budget || big_enough)) {
       groups.push_back(std::move(current));
       current = Group{};
       current.first_pair = p;

@@ -39,6 +39,10 @@ constexpr int64_t kMaxSplits = 64;
 constexpr int64_t kPackBudgetBytes = int64_t{48} << 20;
 // Attend tasks per thread in one packing group: enough for the cost-ordered queue to balance.
 constexpr int64_t kTasksPerThread = 8;
+// A packing group keeps growing until it holds this many packed bytes (or the task count above):
+// small enough to stay in the last-level cache while attended, large enough that the barrier
+// between packing and attending is paid rarely.
+constexpr int64_t kPackGroupTargetBytes = int64_t{8} << 20;
 
 FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, int threads);
 

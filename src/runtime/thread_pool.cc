@@ -28,9 +28,10 @@ inline void cpu_relax() {
 #endif
 }
 
-// Iterations a worker spins on the job generation before sleeping. Calls run several phases back
-// to back (pack, attend, merge); spinning for a few microseconds keeps the hand-off cheap.
-constexpr int kSpinIterations = 20000;
+// Iterations a thread spins (with pause, ~30-140 cycles each) before sleeping: a few tens of
+// microseconds. Calls run several phases back to back (pack, attend, merge), so a short spin keeps
+// the hand-off cheap; a long one burns the CPU time of oversubscribed machines.
+constexpr int kSpinIterations = 2000;
 
 class Pool {
  public:
@@ -55,8 +56,12 @@ class Pool {
     return pool;
   }
 
-  bool try_reserve() { return call_mutex_.try_lock(); }
-  void release() { call_mutex_.unlock(); }
+  bool try_reserve() {
+    return call_mutex_.try_lock();
+  }
+  void release() {
+    call_mutex_.unlock();
+  }
 
   // Requires a reservation. Starts workers so that `threads - 1` exist.
   void ensure_workers(int threads) {

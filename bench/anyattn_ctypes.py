@@ -1,0 +1,137 @@
+"""anyattn's C ABI (include/anyattn/anyattn.h) through ctypes, for the benchmark scripts.
+
+Only what the benchmarks need: contiguous tensors, the forward call, thread control and the error
+message. The structs mirror the header field by field; `AnyattnLibrary` checks that the library's
+own anyattn_fwd_params_init agrees with the size ctypes computes, so a header change that is not
+mirrored here fails loudly instead of corrupting memory.
+"""
+
+import ctypes
+import os
+
+DTYPE_F32 = 0
+DTYPE_F16 = 1
+DTYPE_BF16 = 2
+MAX_NDIM = 4
+STATUS_OK = 0
+
+
+class AnyattnTensor(ctypes.Structure):
+    """Mirror of `anyattn_tensor`: data, dtype, ndim, shape and strides in elements."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_NDIM),
+        ("strides", ctypes.c_int64 * MAX_NDIM),
+    ]
+
+
+class AnyattnFwdParams(ctypes.Structure):
+    """Mirror of `anyattn_fwd_params`, in the header's field order."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("softmax_scale", ctypes.c_float),
+        ("softcap", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+        ("alibi_slopes", ctypes.c_void_p),
+        ("sinks", ctypes.c_void_p),
+        ("dropout_p", ctypes.c_float),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("num_splits", ctypes.c_int32),
+        ("isa", ctypes.c_int32),
+    ]
+
+
+def contiguous_tensor(data_ptr, dtype, shape):
+    """An AnyattnTensor describing a C-contiguous buffer at address `data_ptr` of `shape`."""
+    tensor = AnyattnTensor()
+    tensor.data = data_ptr
+    tensor.dtype = dtype
+    tensor.ndim = len(shape)
+    stride = 1
+    for axis in reversed(range(len(shape))):
+        tensor.shape[axis] = shape[axis]
+        tensor.strides[axis] = stride
+        stride *= shape[axis]
+    return tensor
+
+
+class AnyattnLibrary:
+    """The loaded libanyattn.so with typed entry points."""
+
+    def __init__(self, path):
+        """Loads the shared library at `path`; raises OSError if it cannot be loaded."""
+        self.path = os.path.abspath(path)
+        self._lib = ctypes.CDLL(self.path)
+        lib = self._lib
+        lib.anyattn_version_string.restype = ctypes.c_char_p
+        lib.anyattn_last_error.restype = ctypes.c_char_p
+        lib.anyattn_status_name.restype = ctypes.c_char_p
+        lib.anyattn_status_name.argtypes = [ctypes.c_int]
+        lib.anyattn_set_num_threads.argtypes = [ctypes.c_int]
+        lib.anyattn_get_num_threads.restype = ctypes.c_int
+        lib.anyattn_fwd_params_init.argtypes = [ctypes.POINTER(AnyattnFwdParams)]
+        pointer = ctypes.POINTER(AnyattnTensor)
+        lib.anyattn_fwd.argtypes = [pointer, pointer, pointer, pointer, pointer,
+                                    ctypes.POINTER(AnyattnFwdParams)]
+        lib.anyattn_fwd.restype = ctypes.c_int
+        probe = AnyattnFwdParams()
+        lib.anyattn_fwd_params_init(ctypes.byref(probe))
+        if probe.struct_size != ctypes.sizeof(AnyattnFwdParams):
+            raise OSError(
+                f"anyattn_fwd_params is {probe.struct_size} bytes in {self.path} but "
+                f"{ctypes.sizeof(AnyattnFwdParams)} in anyattn_ctypes.py; update the mirror")
+
+    def version(self):
+        """The loaded library's "major.minor.patch"."""
+        return self._lib.anyattn_version_string().decode()
+
+    def set_num_threads(self, threads):
+        """anyattn_set_num_threads(threads); returns the count the library then reports."""
+        self._lib.anyattn_set_num_threads(threads)
+        return self._lib.anyattn_get_num_threads()
+
+    def fwd_call(self, q_ptr, k_ptr, v_ptr, out_ptr, dtype, batch, seqlen_q, seqlen_k, heads_q,
+                 heads_k, head_dim, causal):
+        """A zero-argument function that runs one dense forward call on contiguous (B, S, H, D)
+        buffers at the given addresses and raises RuntimeError with anyattn's message on failure.
+        The descriptors are built once, so calling it times only the library."""
+        q = contiguous_tensor(q_ptr, dtype, (batch, seqlen_q, heads_q, head_dim))
+        k = contiguous_tensor(k_ptr, dtype, (batch, seqlen_k, heads_k, head_dim))
+        v = contiguous_tensor(v_ptr, dtype, (batch, seqlen_k, heads_k, head_dim))
+        out = contiguous_tensor(out_ptr, dtype, (batch, seqlen_q, heads_q, head_dim))
+        params = AnyattnFwdParams()
+        self._lib.anyattn_fwd_params_init(ctypes.byref(params))
+        params.causal = 1 if causal else 0
+        fwd = self._lib.anyattn_fwd
+        refs = (ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out), None,
+                ctypes.byref(params))
+
+        def run():
+            status = fwd(*refs)
+            if status != STATUS_OK:
+                name = self._lib.anyattn_status_name(status).decode()
+                raise RuntimeError(f"{name}: {self._lib.anyattn_last_error().decode()}")
+
+        run.keepalive = (q, k, v, out, params)
+        return run
+
+
+def find_library(explicit_path=None):
+    """`explicit_path` if given, else the first libanyattn.so in the usual build folders of this
+    repository, else None."""
+    if explicit_path:
+        return explicit_path
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for build in ("build-bench", "build", "build-release"):
+        for sub in ("src", "."):
+            candidate = os.path.join(repo, build, sub, "libanyattn.so")
+            if os.path.exists(candidate):
+                return candidate
+    return None

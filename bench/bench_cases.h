@@ -1,0 +1,41 @@
+// The three kinds of measurement: a forward-table row, a decode-table row and the peak-RSS case.
+#ifndef ANYATTN_BENCH_BENCH_CASES_H_
+#define ANYATTN_BENCH_BENCH_CASES_H_
+
+#include "anyattn/anyattn.h"
+#include "results.h"
+#include "timing.h"
+
+namespace anyattn_bench {
+
+// Settings shared by every case of one run.
+struct CaseSettings {
+  TimingPolicy policy;
+  anyattn_isa isa = ANYATTN_ISA_AUTO;
+  bool run_baseline = true;
+  // The baseline is skipped where its score matrix exceeds this many bytes.
+  double baseline_cap_bytes = 0.0;
+};
+
+// Times anyattn and (unless skipped) the unfused OpenBLAS baseline on `shape` with random inputs,
+// and compares their outputs. The caller has already set `threads` with anyattn_set_num_threads;
+// `limits` gives the FMA peak for the percentage. Failures are recorded in the row, never thrown.
+FwdRow RunFwdCase(const FwdShape& shape, const MachineLimits& limits, const CaseSettings& settings);
+
+// Times anyattn on the decode `shape`. When K/V fit in twice the last-level cache, the timed runs
+// cycle through enough copies of them that every run reads K/V from memory. The caller has already
+// set the thread count; `limits` gives the read bandwidth for the percentage.
+DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
+                        const CaseSettings& settings);
+
+// Runs one forward call on B=1, Sq=Sk=32768, Hq=Hk=8, D=128, f32, no mask, with `threads` threads,
+// and reports the process's peak RSS against the bytes of q, k, v and out. Meaningful only as the
+// first large allocation of a fresh process (anyattn_bench --rss-case).
+RssCaseResult RunRssCase(int threads, anyattn_isa isa);
+
+// The RSS case's row key, "rss/f32/full/B1/Hq8/Hk8/D128/S32768", which --filter matches.
+const char* RssCaseKey();
+
+}  // namespace anyattn_bench
+
+#endif  // ANYATTN_BENCH_BENCH_CASES_H_

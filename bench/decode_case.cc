@@ -1,0 +1,80 @@
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "anyattn_runner.h"
+#include "bench_cases.h"
+#include "process_info.h"
+#include "tensors.h"
+
+namespace anyattn_bench {
+namespace {
+
+// Bytes the rotated K/V copies may take in all.
+constexpr double kMaxRotationBytes = 2.0 * 1024 * 1024 * 1024;
+constexpr int kMaxCopies = 32;
+
+// How many K/V copies to cycle through so that the set exceeds twice the last-level cache.
+int KvCopies(double kv_bytes) {
+  const double llc_bytes = static_cast<double>(LastLevelCacheBytes());
+  if (kv_bytes >= 2.0 * llc_bytes) return 1;
+  const int wanted = static_cast<int>(std::ceil(2.0 * llc_bytes / kv_bytes));
+  const int affordable = static_cast<int>(kMaxRotationBytes / kv_bytes);
+  return std::max(1, std::min({wanted, affordable, kMaxCopies}));
+}
+
+}  // namespace
+
+DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
+                        const CaseSettings& settings) {
+  DecodeRow row;
+  row.shape = shape;
+  row.threads = limits.threads;
+  row.kv_bytes = DecodeKvBytes(shape);
+  row.read_bandwidth_gbps = limits.read_bandwidth_gbps;
+  row.kv_copies = KvCopies(row.kv_bytes);
+
+  const size_t element_bytes = DTypeBytes(shape.dtype);
+  const size_t q_elements = shape.batch * shape.heads_q * shape.head_dim;
+  const size_t kv_elements = shape.batch * shape.seqlen_k * shape.heads_k * shape.head_dim;
+  AlignedBuffer q(q_elements * element_bytes);
+  AlignedBuffer out(q_elements * element_bytes);
+  std::vector<AlignedBuffer> k_copies;
+  std::vector<AlignedBuffer> v_copies;
+  for (int c = 0; c < row.kv_copies; ++c) {
+    k_copies.emplace_back(kv_elements * element_bytes);
+    v_copies.emplace_back(kv_elements * element_bytes);
+    if (!k_copies.back().data() || !v_copies.back().data()) {
+      row.anyattn_error = "benchmark could not allocate the KV copies";
+      return row;
+    }
+  }
+  if (!q.data() || !out.data()) {
+    row.anyattn_error = "benchmark could not allocate q and out";
+    return row;
+  }
+  FillUniform(q.data(), shape.dtype, q_elements, 11);
+  FillUniform(out.data(), shape.dtype, q_elements, 12);
+  FillUniform(k_copies[0].data(), shape.dtype, kv_elements, 13);
+  FillUniform(v_copies[0].data(), shape.dtype, kv_elements, 14);
+  for (int c = 1; c < row.kv_copies; ++c) {
+    std::memcpy(k_copies[c].data(), k_copies[0].data(), kv_elements * element_bytes);
+    std::memcpy(v_copies[c].data(), v_copies[0].data(), kv_elements * element_bytes);
+  }
+
+  AnyattnFwdCall call(shape.batch, 1, shape.seqlen_k, shape.heads_q, shape.heads_k, shape.head_dim,
+                      shape.dtype, false, settings.isa, q.data(), k_copies[0].data(),
+                      v_copies[0].data(), out.data());
+  size_t next_copy = 0;
+  row.anyattn = TimeRepeated(
+      [&] {
+        const size_t c = next_copy++ % k_copies.size();
+        call.SetKv(k_copies[c].data(), v_copies[c].data());
+        return call.Run(&row.anyattn_error);
+      },
+      settings.policy);
+  return row;
+}
+
+}  // namespace anyattn_bench

@@ -1,0 +1,95 @@
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "anyattn_runner.h"
+#include "baseline_openblas.h"
+#include "bench_cases.h"
+#include "tensors.h"
+
+namespace anyattn_bench {
+namespace {
+
+// Largest |a - b| over `count` elements of `dtype`; NaN if any element is NaN.
+double MaxAbsDiff(const void* a, const void* b, DType dtype, size_t count) {
+  double worst = 0.0;
+  for (size_t i = 0; i < count; ++i) {
+    const double diff = std::fabs(static_cast<double>(LoadAsF32(a, dtype, i)) -
+                                  static_cast<double>(LoadAsF32(b, dtype, i)));
+    if (std::isnan(diff)) return diff;
+    worst = std::max(worst, diff);
+  }
+  return worst;
+}
+
+// Agreement bound between anyattn and the baseline for inputs uniform in [-1, 1): f32 results
+// differ only by summation order; bf16 results may land one bf16 rounding step (2^-8 relative)
+// apart, on outputs below 1 in magnitude.
+double Tolerance(DType dtype) {
+  return dtype == DType::kF32 ? 1e-4 : 2e-2;
+}
+
+}  // namespace
+
+FwdRow RunFwdCase(const FwdShape& shape, const MachineLimits& limits,
+                  const CaseSettings& settings) {
+  FwdRow row;
+  row.shape = shape;
+  row.threads = limits.threads;
+  row.flops = FwdFlops(shape);
+  row.peak_gflops = limits.fma_peak_gflops;
+  row.max_abs_diff = std::nan("");
+
+  const size_t element_bytes = DTypeBytes(shape.dtype);
+  const size_t q_elements = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim;
+  const size_t kv_elements = shape.batch * shape.seqlen_k * shape.heads_k * shape.head_dim;
+  AlignedBuffer q(q_elements * element_bytes);
+  AlignedBuffer k(kv_elements * element_bytes);
+  AlignedBuffer v(kv_elements * element_bytes);
+  AlignedBuffer out(q_elements * element_bytes);
+  if (!q.data() || !k.data() || !v.data() || !out.data()) {
+    row.anyattn_error = "benchmark could not allocate the inputs";
+    return row;
+  }
+  FillUniform(q.data(), shape.dtype, q_elements, 1);
+  FillUniform(k.data(), shape.dtype, kv_elements, 2);
+  FillUniform(v.data(), shape.dtype, kv_elements, 3);
+  FillUniform(out.data(), shape.dtype, q_elements, 4);
+
+  const AnyattnFwdCall call(shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads_q,
+                            shape.heads_k, shape.head_dim, shape.dtype, shape.causal, settings.isa,
+                            q.data(), k.data(), v.data(), out.data());
+  row.anyattn = TimeRepeated([&] { return call.Run(&row.anyattn_error); }, settings.policy);
+
+  if (!settings.run_baseline) {
+    row.baseline_skipped = "disabled";
+    return row;
+  }
+  const double score_bytes = UnfusedBaseline::ScoreBytes(shape);
+  if (score_bytes > settings.baseline_cap_bytes) {
+    std::ostringstream reason;
+    reason << "scores " << score_bytes / (1 << 20) << " MiB > cap "
+           << settings.baseline_cap_bytes / (1 << 20) << " MiB";
+    row.baseline_skipped = reason.str();
+    return row;
+  }
+  AlignedBuffer baseline_out(q_elements * element_bytes);
+  UnfusedBaseline baseline(shape, limits.threads);
+  if (!baseline.ok() || !baseline_out.data()) {
+    row.baseline_skipped = "could not allocate the score matrix";
+    return row;
+  }
+  row.baseline = TimeRepeated(
+      [&] {
+        baseline.Run(q.data(), k.data(), v.data(), baseline_out.data());
+        return true;
+      },
+      settings.policy);
+  if (row.anyattn) {
+    row.max_abs_diff = MaxAbsDiff(out.data(), baseline_out.data(), shape.dtype, q_elements);
+    row.outputs_agree = row.max_abs_diff <= Tolerance(shape.dtype);
+  }
+  return row;
+}
+
+}  // namespace anyattn_bench

@@ -1,0 +1,31 @@
+// Measures this machine's compute and memory limits, the denominators of every percentage the
+// benchmark prints. Nothing here is hard-coded: each figure is measured when the benchmark starts.
+#ifndef ANYATTN_BENCH_MACHINE_LIMITS_H_
+#define ANYATTN_BENCH_MACHINE_LIMITS_H_
+
+#include <cstddef>
+
+namespace anyattn_bench {
+
+// The widest f32 vector instruction set the running CPU offers, chosen at run time.
+enum class VectorIsa { kScalar, kAvx2Fma, kAvx512 };
+
+// The ISA the measurement loops use on this CPU (AVX-512F if present, else AVX2+FMA, else scalar).
+VectorIsa DetectVectorIsa();
+
+// "avx512", "avx2+fma" or "scalar". Static storage.
+const char* VectorIsaName(VectorIsa isa);
+
+// f32 FMA throughput in GFLOP/s (one FMA = 2 FLOPs) of `threads` threads running at once, each an
+// unrolled register-only FMA loop with independent accumulators. Spends about `seconds` in 15
+// trials and returns the best. Requires threads >= 1.
+double MeasureFmaPeakGflops(int threads, double seconds);
+
+// Streaming read bandwidth in GB/s (1e9 bytes/s) of `threads` threads summing disjoint slices of
+// one buffer of `bytes` bytes with vector loads. The buffer is written once first so that every
+// page is resident; returns the best of `passes` timed passes. Requires threads >= 1, passes >= 1.
+double MeasureReadBandwidthGbps(int threads, size_t bytes, int passes);
+
+}  // namespace anyattn_bench
+
+#endif  // ANYATTN_BENCH_MACHINE_LIMITS_H_

@@ -1,0 +1,157 @@
+#include "options.h"
+
+#include <cstdlib>
+#include <sstream>
+
+namespace anyattn_bench {
+namespace {
+
+// Parses a positive integer; false on anything else.
+bool ParsePositiveInt(const std::string& text, int* value) {
+  char* end = nullptr;
+  const long parsed = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || parsed <= 0 || parsed > 4096) return false;
+  *value = static_cast<int>(parsed);
+  return true;
+}
+
+// Parses a positive finite number; false on anything else.
+bool ParsePositiveDouble(const std::string& text, double* value) {
+  char* end = nullptr;
+  const double parsed = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !(parsed > 0.0) || parsed > 1e12) return false;
+  *value = parsed;
+  return true;
+}
+
+// Parses "1,2,4" into positive thread counts.
+bool ParseThreadsList(const std::string& text, std::vector<int>* threads) {
+  threads->clear();
+  std::istringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    int value = 0;
+    if (!ParsePositiveInt(item, &value)) return false;
+    threads->push_back(value);
+  }
+  return !threads->empty();
+}
+
+}  // namespace
+
+std::string UsageText() {
+  return R"(anyattn_bench: anyattn forward vs the unfused OpenBLAS baseline, with this machine's limits.
+
+Usage: anyattn_bench [options]
+  --threads-list 1,2     thread counts to run every table for (default: anyattn's default, then 1)
+  --quick                a subset of rows with shorter timings (about a minute)
+  --filter TERMS         run rows whose key contains every comma-separated term, e.g.
+                         --filter fwd/f32,D128,S4096   or   --filter decode/bf16;
+                         repeat --filter to run the rows matching any of them
+                         keys: fwd/<f32|bf16>/<full|causal>/B1/Hq16/Hk<16|4>/D<64|128>/S<len>
+                               decode/<bf16|f32>/B<1|8>/Hq32/Hk8/D128/Sk<4096|32768>
+                               rss/f32/full/B1/Hq8/Hk8/D128/S32768 (the peak-RSS child)
+  --json PATH            results file (default bench/results/latest.json, relative to cwd)
+  --no-forward           skip the forward table
+  --no-baseline          skip the unfused OpenBLAS baseline
+  --no-decode            skip the decode table
+  --no-rss-case          do not spawn the peak-RSS case at the end (--quick never does)
+  --rss-case             run only the peak-RSS case (S=32768, D=128, H=8, f32) in this process
+  --baseline-cap-mib N   skip the baseline where its score matrix exceeds N MiB (default 64,
+                         i.e. S <= 4096; 256 includes S = 8192)
+  --target-seconds X     timed-run budget per case and implementation (default 0.5; quick 0.2)
+  --min-runs N           minimum timed runs per case (default 3)
+  --isa NAME             anyattn path: auto, portable, avx2, avx512 (default auto)
+  --bandwidth-mib N      buffer streamed by the read-bandwidth measurement (default 1024)
+  --help                 this text
+Set OPENBLAS_CORETYPE=Cooperlake on AVX-512 machines (bench/run_bench.sh does it), or Debian's
+OpenBLAS 0.3.21 runs its SSE3 kernels and the baseline is far slower than it should be.
+)";
+}
+
+bool ParseOptions(int argc, char** argv, Options* options, std::string* error) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    // Returns the value following a flag, or null (with *error set) when it is missing.
+    auto next_value = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        *error = arg + " needs a value";
+        return nullptr;
+      }
+      return argv[++i];
+    };
+    const char* value = nullptr;
+    if (arg == "--help" || arg == "-h") {
+      options->help = true;
+    } else if (arg == "--quick") {
+      options->quick = true;
+    } else if (arg == "--no-forward") {
+      options->run_forward = false;
+    } else if (arg == "--no-baseline") {
+      options->run_baseline = false;
+    } else if (arg == "--no-decode") {
+      options->run_decode = false;
+    } else if (arg == "--no-rss-case") {
+      options->run_rss_case = false;
+    } else if (arg == "--rss-case") {
+      options->rss_case_mode = true;
+    } else if (arg == "--threads-list") {
+      if (!(value = next_value())) return false;
+      if (!ParseThreadsList(value, &options->threads_list)) {
+        *error =
+            std::string("--threads-list wants positive integers like 1,2; got '") + value + "'";
+        return false;
+      }
+    } else if (arg == "--filter") {
+      if (!(value = next_value())) return false;
+      options->filters.push_back(value);
+    } else if (arg == "--json") {
+      if (!(value = next_value())) return false;
+      options->json_path = value;
+    } else if (arg == "--baseline-cap-mib") {
+      if (!(value = next_value())) return false;
+      if (!ParsePositiveDouble(value, &options->baseline_cap_mib)) {
+        *error = std::string("--baseline-cap-mib wants a positive number; got '") + value + "'";
+        return false;
+      }
+    } else if (arg == "--target-seconds") {
+      if (!(value = next_value())) return false;
+      if (!ParsePositiveDouble(value, &options->target_seconds)) {
+        *error = std::string("--target-seconds wants a positive number; got '") + value + "'";
+        return false;
+      }
+    } else if (arg == "--min-runs") {
+      if (!(value = next_value())) return false;
+      if (!ParsePositiveInt(value, &options->min_runs)) {
+        *error = std::string("--min-runs wants a positive integer; got '") + value + "'";
+        return false;
+      }
+    } else if (arg == "--isa") {
+      if (!(value = next_value())) return false;
+      options->isa = value;
+      if (options->isa != "auto" && options->isa != "portable" && options->isa != "avx2" &&
+          options->isa != "avx512") {
+        *error = "--isa wants auto, portable, avx2 or avx512; got '" + options->isa + "'";
+        return false;
+      }
+    } else if (arg == "--bandwidth-mib") {
+      if (!(value = next_value())) return false;
+      if (!ParsePositiveDouble(value, &options->bandwidth_mib)) {
+        *error = std::string("--bandwidth-mib wants a positive number; got '") + value + "'";
+        return false;
+      }
+    } else if (arg == "--child-bandwidth") {
+      if (!(value = next_value())) return false;
+      if (!ParsePositiveInt(value, &options->child_bandwidth_threads)) {
+        *error = std::string("--child-bandwidth wants a positive integer; got '") + value + "'";
+        return false;
+      }
+    } else {
+      *error = "unknown option '" + arg + "' (see --help)";
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace anyattn_bench

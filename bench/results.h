@@ -1,0 +1,113 @@
+// What one benchmark run measured: the records the table printer and the JSON writer share.
+#ifndef ANYATTN_BENCH_RESULTS_H_
+#define ANYATTN_BENCH_RESULTS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shapes.h"
+#include "timing.h"
+
+namespace anyattn_bench {
+
+// This machine's limits for one thread count, measured at start-up.
+struct MachineLimits {
+  int threads = 0;
+  // f32 FMA throughput of `threads` threads running at once, GFLOP/s.
+  double fma_peak_gflops = 0.0;
+  // The same FMA measurement repeated after the tables: a noise indicator only (the tables use
+  // fma_peak_gflops). A large difference means other work shared the cores during the run.
+  double fma_peak_gflops_end = 0.0;
+  // Streaming read bandwidth of `threads` threads, GB/s; 0 if the measurement failed.
+  double read_bandwidth_gbps = 0.0;
+};
+
+// One row of the forward table.
+struct FwdRow {
+  FwdShape shape;
+  int threads = 0;
+  double flops = 0.0;
+  // The FMA peak of `threads` threads, the denominator of the percentage.
+  double peak_gflops = 0.0;
+  std::optional<TimingResult> anyattn;
+  // anyattn's status name and anyattn_last_error() when a call failed.
+  std::string anyattn_error;
+  std::optional<TimingResult> baseline;
+  // Why the baseline did not run ("disabled", "scores 4096 MiB > cap 1024 MiB", ...), if it did
+  // not.
+  std::string baseline_skipped;
+  // max |anyattn out - baseline out| over all elements, or NaN when not both ran.
+  double max_abs_diff = 0.0;
+  // False when max_abs_diff exceeds the dtype's tolerance.
+  bool outputs_agree = true;
+};
+
+// One row of the decode table.
+struct DecodeRow {
+  DecodeShape shape;
+  int threads = 0;
+  double kv_bytes = 0.0;
+  double read_bandwidth_gbps = 0.0;
+  // Copies of K/V that the timed runs cycle through so that each run reads from DRAM, not cache.
+  int kv_copies = 1;
+  std::optional<TimingResult> anyattn;
+  std::string anyattn_error;
+};
+
+// The --rss-case measurement: one S=32768, D=128, H=8, f32 forward call in a fresh process.
+struct RssCaseResult {
+  bool ran = false;
+  std::string error;
+  int threads = 0;
+  int64_t inputs_outputs_bytes = 0;
+  int64_t rss_before_call_bytes = 0;
+  int64_t peak_rss_bytes = 0;
+  double seconds = 0.0;
+};
+
+// One target: the worst measured value over the rows it covers, against its threshold.
+struct TargetCheck {
+  std::string name;
+  // What the value is, e.g. "% of FMA peak" or "x".
+  std::string unit;
+  double threshold = 0.0;
+  // The worst (lowest) value over the covered rows; meaningful only when rows > 0.
+  double worst = 0.0;
+  // The key of the row that gave `worst`.
+  std::string worst_row;
+  int rows = 0;
+  bool met() const { return rows > 0 && worst >= threshold; }
+};
+
+// Everything one invocation measured.
+struct BenchReport {
+  std::string command_line;
+  std::string timestamp;
+  std::string cpu_model;
+  std::string fma_isa;
+  std::string anyattn_version;
+  std::string anyattn_isa;
+  std::string openblas_corename;
+  std::string openblas_config;
+  std::string openblas_coretype_env;
+  std::string baseline_description;
+  TimingPolicy policy;
+  std::vector<MachineLimits> limits;
+  std::vector<FwdRow> forward;
+  std::vector<DecodeRow> decode;
+  std::optional<RssCaseResult> rss_case;
+  // Issue 3's targets checked at target_threads threads.
+  int target_threads = 0;
+  std::vector<TargetCheck> targets;
+  int64_t peak_rss_bytes = 0;
+  double total_seconds = 0.0;
+  // 1-minute load average when the run started and ended (other work on the machine).
+  double load_average_start = 0.0;
+  double load_average_end = 0.0;
+};
+
+}  // namespace anyattn_bench
+
+#endif  // ANYATTN_BENCH_RESULTS_H_

@@ -1,0 +1,134 @@
+#include "shapes.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace anyattn_bench {
+
+int64_t VisiblePairs(int64_t seqlen_q, int64_t seqlen_k, bool causal) {
+  if (!causal) return seqlen_q * seqlen_k;
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < seqlen_q; ++i) {
+    const int64_t last_visible = i + seqlen_k - seqlen_q;
+    pairs += std::clamp<int64_t>(last_visible + 1, 0, seqlen_k);
+  }
+  return pairs;
+}
+
+double FwdFlops(const FwdShape& shape) {
+  return 4.0 * shape.batch * shape.heads_q * shape.head_dim *
+         static_cast<double>(VisiblePairs(shape.seqlen_q, shape.seqlen_k, shape.causal));
+}
+
+namespace {
+
+// "S2048" when Sq == Sk, else "Sq1/Sk4096".
+std::string SeqlenText(int64_t seqlen_q, int64_t seqlen_k) {
+  std::ostringstream text;
+  if (seqlen_q == seqlen_k) {
+    text << "S" << seqlen_q;
+  } else {
+    text << "Sq" << seqlen_q << "/Sk" << seqlen_k;
+  }
+  return text.str();
+}
+
+}  // namespace
+
+std::string FwdKey(const FwdShape& shape) {
+  std::ostringstream key;
+  key << "fwd/" << DTypeName(shape.dtype) << "/" << (shape.causal ? "causal" : "full") << "/B"
+      << shape.batch << "/Hq" << shape.heads_q << "/Hk" << shape.heads_k << "/D" << shape.head_dim
+      << "/" << SeqlenText(shape.seqlen_q, shape.seqlen_k);
+  return key.str();
+}
+
+std::string FwdLabel(const FwdShape& shape) {
+  std::ostringstream label;
+  label << "B" << shape.batch << " H" << shape.heads_q << "/" << shape.heads_k << " D"
+        << shape.head_dim << " " << SeqlenText(shape.seqlen_q, shape.seqlen_k);
+  return label.str();
+}
+
+std::vector<FwdShape> ForwardTableShapes(bool quick) {
+  const std::vector<DType> dtypes = {DType::kF32, DType::kBf16};
+  const std::vector<int64_t> kv_heads =
+      quick ? std::vector<int64_t>{4} : std::vector<int64_t>{16, 4};
+  const std::vector<int64_t> head_dims = {64, 128};
+  const std::vector<bool> masks = {false, true};
+  const std::vector<int64_t> seqlens =
+      quick ? std::vector<int64_t>{1024, 2048} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192};
+  std::vector<FwdShape> shapes;
+  for (DType dtype : dtypes) {
+    for (int64_t heads_k : kv_heads) {
+      for (int64_t head_dim : head_dims) {
+        for (bool causal : masks) {
+          for (int64_t seqlen : seqlens) {
+            FwdShape shape;
+            shape.heads_k = heads_k;
+            shape.head_dim = head_dim;
+            shape.causal = causal;
+            shape.dtype = dtype;
+            shape.seqlen_q = shape.seqlen_k = seqlen;
+            shapes.push_back(shape);
+          }
+        }
+      }
+    }
+  }
+  return shapes;
+}
+
+double DecodeKvBytes(const DecodeShape& shape) {
+  return 2.0 * shape.batch * shape.seqlen_k * shape.heads_k * shape.head_dim *
+         DTypeBytes(shape.dtype);
+}
+
+std::string DecodeKey(const DecodeShape& shape) {
+  std::ostringstream key;
+  key << "decode/" << DTypeName(shape.dtype) << "/B" << shape.batch << "/Hq" << shape.heads_q
+      << "/Hk" << shape.heads_k << "/D" << shape.head_dim << "/Sk" << shape.seqlen_k;
+  return key.str();
+}
+
+std::string DecodeLabel(const DecodeShape& shape) {
+  std::ostringstream label;
+  label << "B" << shape.batch << " H" << shape.heads_q << "/" << shape.heads_k << " D"
+        << shape.head_dim << " Sk" << shape.seqlen_k;
+  return label.str();
+}
+
+std::vector<DecodeShape> DecodeTableShapes(bool quick) {
+  std::vector<DecodeShape> shapes;
+  for (DType dtype : {DType::kBf16, DType::kF32}) {
+    for (int64_t batch : quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 8}) {
+      for (int64_t seqlen_k : {4096, 32768}) {
+        DecodeShape shape;
+        shape.batch = batch;
+        shape.seqlen_k = seqlen_k;
+        shape.dtype = dtype;
+        shapes.push_back(shape);
+      }
+    }
+  }
+  return shapes;
+}
+
+bool MatchesFilter(const std::string& key, const std::string& filter) {
+  std::istringstream terms(filter);
+  std::string term;
+  while (std::getline(terms, term, ',')) {
+    if (!term.empty() && key.find(term) == std::string::npos) return false;
+  }
+  return true;
+}
+
+bool MatchesAnyFilter(const std::string& key, const std::vector<std::string>& filters) {
+  if (filters.empty()) return true;
+  for (const std::string& filter : filters) {
+    if (MatchesFilter(key, filter)) return true;
+  }
+  return false;
+}
+
+}  // namespace anyattn_bench

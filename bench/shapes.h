@@ -1,0 +1,74 @@
+// The benchmark's cases: the forward table of issues 2 and 3, the decode table of issue 3, their
+// row keys (what --filter matches) and their FLOP and byte counts (DESIGN.md §5).
+#ifndef ANYATTN_BENCH_SHAPES_H_
+#define ANYATTN_BENCH_SHAPES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensors.h"
+
+namespace anyattn_bench {
+
+// One dense forward call: q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), out (B, Sq, Hq, D).
+struct FwdShape {
+  int64_t batch = 1;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t heads_q = 16;
+  int64_t heads_k = 16;
+  int64_t head_dim = 128;
+  bool causal = false;
+  DType dtype = DType::kF32;
+};
+
+// Query-key pairs the mask leaves visible: Sq*Sk without a mask; with the bottom-right aligned
+// causal mask, query i sees keys j <= i + Sk - Sq (Sq(Sq+1)/2 when Sq == Sk).
+int64_t VisiblePairs(int64_t seqlen_q, int64_t seqlen_k, bool causal);
+
+// Forward FLOPs by DESIGN.md §5: 4 * B * Hq * D * visible pairs.
+double FwdFlops(const FwdShape& shape);
+
+// Row key, e.g. "fwd/f32/causal/B1/Hq16/Hk4/D128/S2048" (S is Sq = Sk; "Sq.../Sk..." otherwise).
+std::string FwdKey(const FwdShape& shape);
+
+// Short label for the table's shape column, e.g. "B1 H16/4 D128 S2048".
+std::string FwdLabel(const FwdShape& shape);
+
+// The forward table: B=1, Hq=16, Hk in {16, 4}, D in {64, 128}, S in {512 .. 8192}, both masks and
+// both dtypes. `quick` keeps a subset that runs in about a minute.
+std::vector<FwdShape> ForwardTableShapes(bool quick);
+
+// One decode call: one query token per sequence against a KV cache of Sk tokens.
+struct DecodeShape {
+  int64_t batch = 1;
+  int64_t heads_q = 32;
+  int64_t heads_k = 8;
+  int64_t head_dim = 128;
+  int64_t seqlen_k = 0;
+  DType dtype = DType::kBf16;
+};
+
+// Bytes of K and V one call must read: 2 * B * Sk * Hk * D * element size.
+double DecodeKvBytes(const DecodeShape& shape);
+
+// Row key, e.g. "decode/bf16/B8/Hq32/Hk8/D128/Sk32768".
+std::string DecodeKey(const DecodeShape& shape);
+
+// Short label for the decode table's shape column, e.g. "B8 H32/8 D128 Sk32768".
+std::string DecodeLabel(const DecodeShape& shape);
+
+// The decode table: Sq=1, B in {1, 8}, Hq=32, Hk=8, D=128, Sk in {4096, 32768}, bf16 and f32.
+// `quick` keeps B=1.
+std::vector<DecodeShape> DecodeTableShapes(bool quick);
+
+// True when `filter` is empty or `key` contains every comma-separated term of `filter`.
+bool MatchesFilter(const std::string& key, const std::string& filter);
+
+// True when `filters` is empty or `key` matches at least one of them (MatchesFilter).
+bool MatchesAnyFilter(const std::string& key, const std::vector<std::string>& filters);
+
+}  // namespace anyattn_bench
+
+#endif  // ANYATTN_BENCH_SHAPES_H_

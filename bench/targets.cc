@@ -1,0 +1,153 @@
+#include "targets.h"
+
+#include <cstdio>
+#include <functional>
+
+namespace anyattn_bench {
+namespace {
+
+// anyattn's GFLOP/s on `row` (the row must have an anyattn timing).
+double AnyattnGflops(const FwdRow& row) {
+  return row.flops / row.anyattn->median_seconds * 1e-9;
+}
+
+// The row of `rows` with the same shape as `shape` but `dtype` and `threads`, or null.
+const FwdRow* FindRow(const std::vector<FwdRow>& rows, FwdShape shape, DType dtype, int threads) {
+  shape.dtype = dtype;
+  const std::string key = FwdKey(shape);
+  for (const FwdRow& row : rows) {
+    if (row.threads == threads && row.anyattn && FwdKey(row.shape) == key) return &row;
+  }
+  return nullptr;
+}
+
+// Folds value(row) over the forward rows at `threads` that `covers` selects and that have a
+// value (value returns false when the row has none).
+TargetCheck FoldForward(const BenchReport& report, int threads, const std::string& name,
+                        const std::string& unit, double threshold,
+                        const std::function<bool(const FwdRow&)>& covers,
+                        const std::function<bool(const FwdRow&, double*)>& value) {
+  TargetCheck check;
+  check.name = name;
+  check.unit = unit;
+  check.threshold = threshold;
+  for (const FwdRow& row : report.forward) {
+    double measured = 0.0;
+    if (row.threads != threads || !row.anyattn || !covers(row) || !value(row, &measured)) continue;
+    if (check.rows == 0 || measured < check.worst) {
+      check.worst = measured;
+      check.worst_row = FwdKey(row.shape);
+    }
+    ++check.rows;
+  }
+  return check;
+}
+
+}  // namespace
+
+std::vector<TargetCheck> CheckTargets(const BenchReport& report, int threads) {
+  std::vector<TargetCheck> checks;
+  auto percent_of_peak = [](const FwdRow& row, double* value) {
+    *value = 100.0 * AnyattnGflops(row) / row.peak_gflops;
+    return true;
+  };
+  auto long_f32 = [](const FwdRow& row, int64_t head_dim, bool causal) {
+    return row.shape.dtype == DType::kF32 && row.shape.head_dim == head_dim &&
+           row.shape.causal == causal && row.shape.seqlen_q >= 2048;
+  };
+  checks.push_back(FoldForward(
+      report, threads, "f32 D=128 S>=2048 no mask", "% peak", 80.0,
+      [&](const FwdRow& row) { return long_f32(row, 128, false); }, percent_of_peak));
+  checks.push_back(FoldForward(
+      report, threads, "f32 D=64 S>=2048 no mask", "% peak", 70.0,
+      [&](const FwdRow& row) { return long_f32(row, 64, false); }, percent_of_peak));
+  checks.push_back(FoldForward(
+      report, threads, "f32 causal D=64,128 S>=2048", "% peak", 70.0,
+      [&](const FwdRow& row) { return long_f32(row, 64, true) || long_f32(row, 128, true); },
+      percent_of_peak));
+  checks.push_back(FoldForward(
+      report, threads, "bf16 rate / f32 rate, S>=2048", "x", 0.9,
+      [](const FwdRow& row) {
+        return row.shape.dtype == DType::kBf16 && row.shape.seqlen_q >= 2048;
+      },
+      [&](const FwdRow& row, double* value) {
+        const FwdRow* f32 = FindRow(report.forward, row.shape, DType::kF32, row.threads);
+        if (f32 == nullptr) return false;
+        *value = AnyattnGflops(row) / AnyattnGflops(*f32);
+        return true;
+      }));
+  auto vs_blas = [](const FwdRow& row, double* value) {
+    if (!row.baseline) return false;
+    *value = row.baseline->median_seconds / row.anyattn->median_seconds;
+    return true;
+  };
+  checks.push_back(FoldForward(
+      report, threads, "x OpenBLAS unfused, D=128 S>=2048", "x", 1.4,
+      [](const FwdRow& row) { return row.shape.head_dim == 128 && row.shape.seqlen_q >= 2048; },
+      vs_blas));
+  checks.push_back(FoldForward(
+      report, threads, "x OpenBLAS unfused, D=64 S>=2048", "x", 1.8,
+      [](const FwdRow& row) { return row.shape.head_dim == 64 && row.shape.seqlen_q >= 2048; },
+      vs_blas));
+  if (threads != 1) {
+    checks.push_back(FoldForward(
+        report, threads, "scaling vs 1 thread, S>=2048", "x", 1.85,
+        [](const FwdRow& row) { return row.shape.seqlen_q >= 2048; },
+        [&](const FwdRow& row, double* value) {
+          const FwdRow* single = FindRow(report.forward, row.shape, row.shape.dtype, 1);
+          if (single == nullptr) return false;
+          *value = AnyattnGflops(row) / AnyattnGflops(*single);
+          return true;
+        }));
+  }
+
+  TargetCheck decode;
+  decode.name = "decode bf16 Sk=32768";
+  decode.unit = "% read bw";
+  decode.threshold = 70.0;
+  for (const DecodeRow& row : report.decode) {
+    if (row.threads != threads || !row.anyattn || row.shape.dtype != DType::kBf16 ||
+        row.shape.seqlen_k != 32768) {
+      continue;
+    }
+    const double percent =
+        100.0 * row.kv_bytes / row.anyattn->median_seconds * 1e-9 / row.read_bandwidth_gbps;
+    if (decode.rows == 0 || percent < decode.worst) {
+      decode.worst = percent;
+      decode.worst_row = DecodeKey(row.shape);
+    }
+    ++decode.rows;
+  }
+  checks.push_back(decode);
+
+  TargetCheck rss;
+  rss.name = "RSS case: 64 MiB - (peak - inputs - outputs)";
+  rss.unit = "MiB";
+  rss.threshold = 0.0;
+  if (report.rss_case && report.rss_case->ran) {
+    rss.rows = 1;
+    rss.worst = 64.0 - (report.rss_case->peak_rss_bytes - report.rss_case->inputs_outputs_bytes) /
+                           (1024.0 * 1024.0);
+    rss.worst_row = "rss-case";
+  }
+  checks.push_back(rss);
+  return checks;
+}
+
+void PrintTargetChecks(const std::vector<TargetCheck>& checks, int threads) {
+  std::printf("\nIssue 3 targets at %d thread(s): worst measured row against the bar\n", threads);
+  std::printf("%-46s %10s %10s %-10s %s\n", "target", "worst", "bar", "unit", "result");
+  for (const TargetCheck& check : checks) {
+    if (check.rows == 0) {
+      std::printf("%-46s %10s %10.2f %-10s not measured in this run\n", check.name.c_str(), "-",
+                  check.threshold, check.unit.c_str());
+      continue;
+    }
+    std::printf("%-46s %10.2f %10.2f %-10s %s (%d rows; worst %s)\n", check.name.c_str(),
+                check.worst, check.threshold, check.unit.c_str(), check.met() ? "met" : "MISSED",
+                check.rows, check.worst_row.c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace anyattn_bench

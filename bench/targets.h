@@ -1,0 +1,23 @@
+// Issue 3's performance targets, checked against the rows one run measured. The thresholds are
+// the issue's; the measured values come only from the report.
+#ifndef ANYATTN_BENCH_TARGETS_H_
+#define ANYATTN_BENCH_TARGETS_H_
+
+#include <string>
+#include <vector>
+
+#include "results.h"
+
+namespace anyattn_bench {
+
+// Checks every target that the report has rows for, at `threads` threads (issue 3 sets its
+// targets at 2); the scaling target compares `threads` with 1 thread. Targets without rows come
+// back with rows == 0.
+std::vector<TargetCheck> CheckTargets(const BenchReport& report, int threads);
+
+// Prints the checks as a small table.
+void PrintTargetChecks(const std::vector<TargetCheck>& checks, int threads);
+
+}  // namespace anyattn_bench
+
+#endif  // ANYATTN_BENCH_TARGETS_H_

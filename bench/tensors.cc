@@ -1,0 +1,72 @@
+#include "tensors.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace anyattn_bench {
+
+const char* DTypeName(DType dtype) {
+  return dtype == DType::kF32 ? "f32" : "bf16";
+}
+
+size_t DTypeBytes(DType dtype) {
+  return dtype == DType::kF32 ? 4 : 2;
+}
+
+void AlignedBuffer::FreeDeleter::operator()(void* p) const {
+  std::free(p);
+}
+
+AlignedBuffer::AlignedBuffer(size_t bytes) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  data_.reset(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+  bytes_ = data_ ? bytes : 0;
+}
+
+uint16_t F32ToBf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+float Bf16ToF32(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+void ConvertBf16ToF32(const uint16_t* src, float* dst, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = Bf16ToF32(src[i]);
+}
+
+void ConvertF32ToBf16(const float* src, uint16_t* dst, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = F32ToBf16(src[i]);
+}
+
+void FillUniform(void* data, DType dtype, size_t count, uint64_t seed) {
+  // splitmix64: a tiny counter-based generator; its top 24 bits make a uniform float in [0, 1).
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (size_t i = 0; i < count; ++i) {
+    state += 0x9e3779b97f4a7c15ull;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float value = static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    if (dtype == DType::kF32) {
+      static_cast<float*>(data)[i] = value;
+    } else {
+      static_cast<uint16_t*>(data)[i] = F32ToBf16(value);
+    }
+  }
+}
+
+float LoadAsF32(const void* data, DType dtype, size_t index) {
+  if (dtype == DType::kF32) return static_cast<const float*>(data)[index];
+  return Bf16ToF32(static_cast<const uint16_t*>(data)[index]);
+}
+
+}  // namespace anyattn_bench

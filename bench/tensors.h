@@ -1,0 +1,62 @@
+// Host buffers for the benchmark's inputs and outputs, and the f32 <-> bf16 conversions that the
+// unfused baseline and the result check need.
+#ifndef ANYATTN_BENCH_TENSORS_H_
+#define ANYATTN_BENCH_TENSORS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace anyattn_bench {
+
+// Element types the benchmark runs.
+enum class DType { kF32, kBf16 };
+
+// "f32" or "bf16". Static storage.
+const char* DTypeName(DType dtype);
+
+// Bytes per element of `dtype`.
+size_t DTypeBytes(DType dtype);
+
+// An owned, 64-byte aligned, uninitialised block of memory. Moves, never copies.
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  // Allocates `bytes` bytes (rounded up to 64). On allocation failure data() is null.
+  explicit AlignedBuffer(size_t bytes);
+
+  void* data() const { return data_.get(); }
+  size_t bytes() const { return bytes_; }
+  float* f32() const { return static_cast<float*>(data_.get()); }
+  uint16_t* u16() const { return static_cast<uint16_t*>(data_.get()); }
+
+ private:
+  struct FreeDeleter {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, FreeDeleter> data_;
+  size_t bytes_ = 0;
+};
+
+// Rounds f32 to the nearest bf16 (ties to even); NaN stays NaN.
+uint16_t F32ToBf16(float value);
+
+// Widens a bf16 bit pattern to f32 exactly.
+float Bf16ToF32(uint16_t bits);
+
+// dst[i] = Bf16ToF32(src[i]) for i < count.
+void ConvertBf16ToF32(const uint16_t* src, float* dst, size_t count);
+
+// dst[i] = F32ToBf16(src[i]) for i < count.
+void ConvertF32ToBf16(const float* src, uint16_t* dst, size_t count);
+
+// Writes `count` elements of `dtype` to `data`, uniform in [-1, 1), from a deterministic generator
+// seeded with `seed`. Touches every page, so later timings see no first-touch faults.
+void FillUniform(void* data, DType dtype, size_t count, uint64_t seed);
+
+// Element `index` of `data` (of `dtype`) as f32.
+float LoadAsF32(const void* data, DType dtype, size_t index);
+
+}  // namespace anyattn_bench
+
+#endif  // ANYATTN_BENCH_TENSORS_H_

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""anyattn against torch.nn.functional.scaled_dot_product_attention on CPU, in the same process.
+
+Runs anyattn_bench's shapes (the forward table and the decode table) for each thread count, with
+both implementations timed the same way (warm-up, then the median of several runs), prints the
+ratios as it goes, writes JSON and, when matplotlib is installed, a PNG of GFLOP/s against
+sequence length with one line per implementation.
+
+    python3 bench/torch_sdpa.py --lib build-bench/src/libanyattn.so [--quick] [--threads-list 1,2]
+
+Each implementation gets its own natural layout, outside the timing: anyattn reads (B, S, H, D)
+like flash-attn; torch reads (B, H, S, D) contiguous, the layout SDPA is written for. GQA uses
+SDPA's enable_gqa where this torch has it; otherwise K and V are expanded with repeat_interleave
+inside the timed call, as a user of that torch would have to. torch's is_causal is top-left aligned
+and anyattn's causal mask bottom-right aligned; every shape here has Sq == Sk (or Sq = 1 without a
+mask), where the two coincide.
+
+If torch is not importable the script says so and exits 0.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+SCRIPT_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, SCRIPT_DIR)
+
+from anyattn_ctypes import DTYPE_BF16, DTYPE_F32, AnyattnLibrary, find_library  # noqa: E402
+from plot_results import plot_gflops  # noqa: E402
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", help="path to libanyattn.so (default: search build-bench/ and "
+                        "build/ of this repository)")
+    parser.add_argument("--threads-list", help="thread counts, e.g. 1,2 (default: anyattn's "
+                        "default, then 1)")
+    parser.add_argument("--quick", action="store_true", help="a subset of rows, shorter timings")
+    parser.add_argument("--filter", action="append", default=[],
+                        help="run rows whose key contains every comma-separated term (keys as in "
+                        "anyattn_bench); repeat to run the rows matching any")
+    parser.add_argument("--no-decode", action="store_true", help="skip the decode shapes")
+    parser.add_argument("--json", default=os.path.join("bench", "results", "torch_sdpa.json"),
+                        help="results file (default bench/results/torch_sdpa.json)")
+    parser.add_argument("--png", default=None,
+                        help="plot file (default: the JSON path with .png)")
+    parser.add_argument("--target-seconds", type=float, default=None,
+                        help="timed-run budget per case and implementation (default 0.5; quick 0.2)")
+    parser.add_argument("--min-runs", type=int, default=3, help="minimum timed runs (default 3)")
+    return parser.parse_args()
+
+
+def forward_shapes(quick):
+    """The forward table of anyattn_bench (bench/shapes.cc), as dicts."""
+    shapes = []
+    for dtype in ("f32", "bf16"):
+        for heads_k in ((4,) if quick else (16, 4)):
+            for head_dim in (64, 128):
+                for causal in (False, True):
+                    for seqlen in ((1024, 2048) if quick else (512, 1024, 2048, 4096, 8192)):
+                        shapes.append(dict(kind="fwd", dtype=dtype, batch=1, seqlen_q=seqlen,
+                                           seqlen_k=seqlen, heads_q=16, heads_k=heads_k,
+                                           head_dim=head_dim, causal=causal))
+    return shapes
+
+
+def decode_shapes(quick):
+    """The decode table of anyattn_bench: Sq = 1, Hq = 32, Hk = 8, D = 128."""
+    shapes = []
+    for dtype in ("bf16", "f32"):
+        for batch in ((1,) if quick else (1, 8)):
+            for seqlen_k in (4096, 32768):
+                shapes.append(dict(kind="decode", dtype=dtype, batch=batch, seqlen_q=1,
+                                   seqlen_k=seqlen_k, heads_q=32, heads_k=8, head_dim=128,
+                                   causal=False))
+    return shapes
+
+
+def row_key(shape):
+    """The row key anyattn_bench uses for the same shape (what --filter matches)."""
+    if shape["kind"] == "decode":
+        return (f"decode/{shape['dtype']}/B{shape['batch']}/Hq{shape['heads_q']}"
+                f"/Hk{shape['heads_k']}/D{shape['head_dim']}/Sk{shape['seqlen_k']}")
+    mask = "causal" if shape["causal"] else "full"
+    return (f"fwd/{shape['dtype']}/{mask}/B{shape['batch']}/Hq{shape['heads_q']}"
+            f"/Hk{shape['heads_k']}/D{shape['head_dim']}/S{shape['seqlen_q']}")
+
+
+def matches(key, filters):
+    """True when `filters` is empty or, for one of them, every comma-separated term occurs in key."""
+    if not filters:
+        return True
+    return any(all(term in key for term in text.split(",") if term) for text in filters)
+
+
+def visible_pairs(seqlen_q, seqlen_k, causal):
+    """Query-key pairs left visible by the bottom-right aligned causal mask (or all of them)."""
+    if not causal:
+        return seqlen_q * seqlen_k
+    return sum(min(max(i + seqlen_k - seqlen_q + 1, 0), seqlen_k) for i in range(seqlen_q))
+
+
+def flops(shape):
+    """Forward FLOPs by DESIGN.md section 5: 4 * B * Hq * D * visible pairs."""
+    return 4.0 * shape["batch"] * shape["heads_q"] * shape["head_dim"] * visible_pairs(
+        shape["seqlen_q"], shape["seqlen_k"], shape["causal"])
+
+
+def time_repeated(run, target_seconds, min_runs, max_runs=25, warmup_seconds=0.1,
+                  long_run_seconds=2.0, min_runs_long=2):
+    """Times run() the way anyattn_bench does (bench/timing.h): warm-up of at least one run and
+    warmup_seconds, then clamp(ceil(target / run time), min_runs, max_runs) timed runs
+    (min_runs_long runs when a single run exceeds long_run_seconds). Returns median/min/max in
+    seconds and the count."""
+    start = time.perf_counter()
+    while True:
+        run_start = time.perf_counter()
+        run()
+        single = time.perf_counter() - run_start
+        if time.perf_counter() - start >= warmup_seconds:
+            break
+    runs = max(min_runs, min(max_runs, -(-target_seconds // max(single, 1e-9))))
+    runs = min(min_runs, min_runs_long) if single > long_run_seconds else int(runs)
+    samples = []
+    for _ in range(runs):
+        run_start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - run_start)
+    return dict(median_s=statistics.median(samples), min_s=min(samples), max_s=max(samples),
+                runs=runs)
+
+
+def gqa_supported(torch, functional):
+    """Whether this torch's SDPA accepts enable_gqa (torch >= 2.5)."""
+    q = torch.zeros(1, 4, 2, 8)
+    kv = torch.zeros(1, 2, 2, 8)
+    try:
+        functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+        return True
+    except (TypeError, RuntimeError):
+        return False
+
+
+def make_torch_call(torch, functional, q, k, v, causal, use_gqa):
+    """A zero-argument function running SDPA on (B, H, S, D) tensors; it returns the output."""
+    group = q.shape[1] // k.shape[1]
+    if group == 1:
+        return lambda: functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if use_gqa:
+        return lambda: functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                               enable_gqa=True)
+    return lambda: functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), is_causal=causal)
+
+
+def run_row(torch, functional, lib, shape, threads, timing, use_gqa):
+    """Times both implementations on one shape; returns the row dict."""
+    dtype = torch.float32 if shape["dtype"] == "f32" else torch.bfloat16
+    abi_dtype = DTYPE_F32 if shape["dtype"] == "f32" else DTYPE_BF16
+    batch, sq, sk = shape["batch"], shape["seqlen_q"], shape["seqlen_k"]
+    hq, hk, d = shape["heads_q"], shape["heads_k"], shape["head_dim"]
+    generator = torch.Generator().manual_seed(1)
+    q = (torch.rand(batch, sq, hq, d, generator=generator) * 2 - 1).to(dtype)
+    k = (torch.rand(batch, sk, hk, d, generator=generator) * 2 - 1).to(dtype)
+    v = (torch.rand(batch, sk, hk, d, generator=generator) * 2 - 1).to(dtype)
+    out = torch.zeros(batch, sq, hq, d, dtype=dtype)
+    row = dict(shape, key=row_key(shape), threads=threads, flops=flops(shape))
+    if shape["kind"] == "decode":
+        row["kv_bytes"] = 2 * batch * sk * hk * d * q.element_size()
+
+    anyattn_run = lib.fwd_call(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                               abi_dtype, batch, sq, sk, hq, hk, d, shape["causal"])
+    try:
+        row["anyattn"] = time_repeated(anyattn_run, **timing)
+    except RuntimeError as error:
+        row["anyattn"] = None
+        row["anyattn_error"] = str(error)
+
+    q_t, k_t, v_t = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    torch_run = make_torch_call(torch, functional, q_t, k_t, v_t, shape["causal"], use_gqa)
+    try:
+        with torch.inference_mode():
+            row["torch_sdpa"] = time_repeated(torch_run, **timing)
+            torch_out = torch_run().transpose(1, 2)
+    except RuntimeError as error:
+        row["torch_sdpa"] = None
+        row["torch_error"] = str(error)
+        torch_out = None
+
+    for name in ("anyattn", "torch_sdpa"):
+        if row.get(name):
+            row[name]["gflops"] = row["flops"] / row[name]["median_s"] * 1e-9
+            if "kv_bytes" in row:
+                row[name]["kv_gbps"] = row["kv_bytes"] / row[name]["median_s"] * 1e-9
+    if row.get("anyattn") and row.get("torch_sdpa"):
+        row["speedup_vs_torch_sdpa"] = row["torch_sdpa"]["median_s"] / row["anyattn"]["median_s"]
+        row["max_abs_diff_vs_torch_sdpa"] = float(
+            (out.float() - torch_out.float()).abs().max().item())
+    return row
+
+
+def format_row(row):
+    """One table line for a row."""
+    if row["kind"] == "decode":
+        label = f"B{row['batch']} H{row['heads_q']}/{row['heads_k']} D{row['head_dim']} " \
+                f"Sk{row['seqlen_k']}"
+    else:
+        label = f"B{row['batch']} H{row['heads_q']}/{row['heads_k']} D{row['head_dim']} " \
+                f"S{row['seqlen_q']}"
+    mask = "causal" if row["causal"] else "none"
+    cells = [f"{label:<22} {row['dtype']:<5} {mask:<6} {row['threads']:>3}"]
+    for name in ("anyattn", "torch_sdpa"):
+        result = row.get(name)
+        if result:
+            rate = (f"{result['kv_gbps']:8.1f}GB/s" if "kv_gbps" in result
+                    else f"{result['gflops']:8.1f}GF/s")
+            cells.append(f"{result['median_s'] * 1e3:10.3f} {rate}")
+        else:
+            cells.append(f"{'error':>10} {'-':>12}")
+    if "speedup_vs_torch_sdpa" in row:
+        cells.append(f"{row['speedup_vs_torch_sdpa']:7.2f} {row['max_abs_diff_vs_torch_sdpa']:9.1e}")
+    else:
+        cells.append(f"{'-':>7} {'-':>9}")
+    errors = [row[k] for k in ("anyattn_error", "torch_error") if k in row]
+    return " | ".join(cells) + ("  " + "; ".join(errors) if errors else "")
+
+
+def main():
+    args = parse_args()
+    try:
+        import torch
+        import torch.nn.functional as functional
+    except ImportError:
+        print("torch is not importable in this Python; nothing to compare with. Install torch "
+              "(pip install torch) to run this comparison.")
+        return 0
+
+    library_path = find_library(args.lib)
+    if library_path is None:
+        print("libanyattn.so not found: build the library and pass --lib PATH", file=sys.stderr)
+        return 1
+    lib = AnyattnLibrary(library_path)
+    default_threads = lib.set_num_threads(0)
+    if args.threads_list:
+        thread_counts = [int(t) for t in args.threads_list.split(",")]
+    else:
+        thread_counts = [default_threads] + ([1] if default_threads != 1 and not args.quick
+                                              else [])
+    target = args.target_seconds or (0.2 if args.quick else 0.5)
+    timing = dict(target_seconds=target, min_runs=args.min_runs)
+    use_gqa = gqa_supported(torch, functional)
+    shapes = forward_shapes(args.quick) + ([] if args.no_decode else decode_shapes(args.quick))
+    shapes = [s for s in shapes if matches(row_key(s), args.filter)]
+
+    print(f"anyattn {lib.version()} ({lib.path}) vs torch {torch.__version__} SDPA on CPU; "
+          f"GQA via {'enable_gqa' if use_gqa else 'repeat_interleave in the timed call'}")
+    print("x torch = torch ms / anyattn ms (>1: anyattn faster); GF/s = 4*B*Hq*D*visible_pairs / "
+          "median time; decode rows show GB/s of K and V")
+    rows = []
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        got = lib.set_num_threads(threads)
+        print(f"\n{threads} thread(s) (torch {torch.get_num_threads()}, anyattn {got})")
+        print(f"{'shape':<22} {'dtype':<5} {'mask':<6} {'thr':>3} | {'anyattn ms':>10} "
+              f"{'rate':>12} | {'torch ms':>10} {'rate':>12} | {'x torch':>7} {'max|diff|':>9}")
+        for shape in shapes:
+            row = run_row(torch, functional, lib, shape, threads, timing, use_gqa)
+            rows.append(row)
+            print(format_row(row), flush=True)
+    lib.set_num_threads(0)
+
+    report = dict(schema="anyattn-torch-sdpa/1",
+                  timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  command_line=" ".join(sys.argv), anyattn_library=lib.path,
+                  anyattn_version=lib.version(), torch_version=torch.__version__,
+                  torch_gqa="enable_gqa" if use_gqa else "repeat_interleave",
+                  timing_policy=timing, rows=rows)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as handle:
+        json.dump(report, handle, indent=2)
+    print(f"\nJSON: {args.json}")
+
+    panels = {}
+    for row in rows:
+        if row["kind"] != "fwd":
+            continue
+        mask = "causal" if row["causal"] else "none"
+        name = (f"{row['threads']} thr {row['dtype']} {mask} D{row['head_dim']} "
+                f"H{row['heads_q']}/{row['heads_k']}")
+        for impl in ("anyattn", "torch_sdpa"):
+            result = row.get(impl)
+            panels.setdefault(name, {}).setdefault(impl, []).append(
+                (row["seqlen_q"], result["gflops"] if result else None))
+    if panels:
+        plot_gflops(panels, args.png or args.json.rsplit(".", 1)[0] + ".png",
+                    f"anyattn vs torch SDPA (torch {torch.__version__})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
