@@ -99,19 +99,20 @@ TEST(HppError, IsARuntimeErrorAndCheckPassesOk) {
   EXPECT_THROW(anyattn::fwd(bad, TensorView(), bad, bad), std::runtime_error);
 }
 
-TEST(HppError, DtypeMismatchAndUnsupportedDropout) {
+TEST(HppError, DtypeMismatchAndOutOfRangeDropout) {
   Problem p(2, 3, 1, 1, 4);
   std::vector<BFloat16> kb(p.k.size());
   std::vector<float> out(p.q.size());
   TensorView o(out.data(), {1, p.sq, p.hq, p.d});
   EXPECT_THROW(anyattn::fwd(p.qv(), TensorView(kb.data(), {1, p.sk, p.hk, p.d}), p.vv(), o), Error);
   FwdOptions opt;
-  opt.dropout_p = 0.5f;
+  opt.dropout_p = 1.0f;
   try {
     anyattn::fwd(p.qv(), p.kv(), p.vv(), o, opt);
-    FAIL() << "dropout_p > 0 accepted by the forward-only build";
+    FAIL() << "dropout_p = 1 accepted";
   } catch (const Error& e) {
-    EXPECT_EQ(e.status(), ANYATTN_E_UNSUPPORTED) << e.what();
+    EXPECT_EQ(e.status(), ANYATTN_E_INVALID_ARGUMENT) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dropout_p"), std::string::npos) << e.what();
   }
 }
 

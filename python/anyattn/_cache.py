@@ -11,6 +11,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from . import _core
+from ._cpu import seed_offset
 from ._tensors import numpy_dtype_code, numpy_spec, torch_dtype_code, torch_module, torch_spec
 
 
@@ -71,12 +72,15 @@ def _empty(like: Any, shape: Tuple[int, ...], f32: bool = False) -> Any:
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q: int,
                    max_seqlen_k: int, softmax_scale: float, softcap: float, causal: bool,
-                   window_left: int, window_right: int, alibi_slopes, sinks):
+                   window_left: int, window_right: int, alibi_slopes, sinks,
+                   dropout_p: float = 0.0, rng_state=None):
     """anyattn_fwd_varlen: returns (out (total_q, Hq, Dv) in q's dtype, lse (Hq, total_q) f32).
 
     ``softmax_scale`` 0 selects 1/sqrt(D). Rows of q outside every sequence are 0 in out and
-    -inf in lse.
+    -inf in lse. With ``dropout_p > 0`` (torch only) the keep mask is keyed by ``rng_state``, an
+    int64 tensor (2,) = (seed, offset).
     """
+    seed, offset = seed_offset(rng_state)
     specs = _Specs()
     code = float_code(q, "q")
     total_q, hq = q.shape[0], q.shape[1]
@@ -88,8 +92,37 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q:
                      specs(lse, _core.DTYPE_F32), specs.i32(cu_seqlens_q), specs.i32(cu_seqlens_k),
                      specs.i32(seqused_k), int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
                      softcap, causal, window_left, window_right, specs.f32(alibi_slopes),
-                     specs.f32(sinks))
+                     specs.f32(sinks), dropout_p=dropout_p, dropout_seed=seed,
+                     dropout_offset=offset)
     return out, lse
+
+
+def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, softcap: float,
+                    causal: bool, window_left: int, window_right: int, alibi_slopes, sinks,
+                    dropout_p: float, rng_state):
+    """anyattn_bwd_varlen on CPU torch tensors, with the forward's arguments.
+
+    Returns (dq, dk, dv in q's dtype, shaped like q, k, v, zero in rows outside every sequence
+    and, for dk/dv, keys beyond seqused_k; dsinks f32 (Hq,), or (0,) without sinks).
+    """
+    torch = torch_module()
+    specs = _Specs()
+    code = float_code(q, "q")
+    seed, offset = seed_offset(rng_state)
+    dq = torch.zeros(tuple(q.shape), dtype=q.dtype)
+    dk = torch.zeros(tuple(k.shape), dtype=q.dtype)
+    dv = torch.zeros(tuple(v.shape), dtype=q.dtype)
+    dsinks = torch.empty((0 if sinks is None else sinks.shape[0],), dtype=torch.float32)
+    _core.bwd_varlen(specs(dout.to(q.dtype), code), specs(q, code), specs(k, code),
+                     specs(v, code), specs(out, code), specs(lse, _core.DTYPE_F32),
+                     specs(dq, code), specs(dk, code), specs(dv, code),
+                     None if sinks is None else specs(dsinks, _core.DTYPE_F32),
+                     specs.i32(cu_seqlens_q), specs.i32(cu_seqlens_k), specs.i32(seqused_k),
+                     int(max_seqlen_q), int(max_seqlen_k), softmax_scale, softcap, causal,
+                     window_left, window_right, specs.f32(alibi_slopes), specs.f32(sinks),
+                     dropout_p=dropout_p, dropout_seed=seed, dropout_offset=offset)
+    return dq, dk, dv, dsinks
 
 
 def kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,

@@ -1,15 +1,19 @@
 """torch.library registration of the varlen, KV-cache and merge ops (CPU kernels + fake kernels).
 
     anyattn::fwd_varlen             -> (out (total_q, Hq, Dv), lse (Hq, total_q))
+    anyattn::bwd_varlen             -> (dq, dk, dv, dsinks (Hq,) f32 or (0,) without sinks)
     anyattn::fwd_kvcache            mutates k_cache and v_cache (declared ``Tensor(a!)``,
                                     ``Tensor(b!)``) -> (out (B, Sq, Hq, Dv), lse (B, Hq, Sq))
     anyattn::merge_attention_states -> (out, lse)
     anyattn::merge_attention_states_ mutates out_a and lse_a -> ()
 
 Like anyattn::fwd (``_torch_ops.py``) they are defined with ``torch.library.Library`` for low call
-overhead; the fake kernels let torch.compile and torch.export trace them. None of them has a
-backward (the KV-cache path never will; varlen's arrives with the backward pass): a call that
-needs a gradient raises NotImplementedError at ``.backward()`` through ``NoGrad``.
+overhead; the fake kernels let torch.compile and torch.export trace them.
+
+Autograd: anyattn::fwd_varlen is differentiable in q, k, v and sinks (register_autograd, backward
+anyattn::bwd_varlen over anyattn_bwd_varlen); its LSE output is non-differentiable. The KV-cache op has no backward (it
+mutates its caches and is for inference): a call that needs a gradient raises NotImplementedError
+at ``.backward()`` through ``NoGrad``.
 
 Import this module only when torch is installed.
 """
@@ -18,14 +22,21 @@ from __future__ import annotations
 
 import torch
 
-from ._cache import kvcache_forward, merge_states, varlen_forward
+from ._cache import kvcache_forward, merge_states, varlen_backward, varlen_forward
 
 _LIB = torch.library.Library("anyattn", "FRAGMENT")
 _LIB.define(
     "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
     "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, float softcap, "
-    "bool causal, int window_left, int window_right, Tensor? alibi_slopes, Tensor? sinks) "
-    "-> (Tensor, Tensor)"
+    "bool causal, int window_left, int window_right, Tensor? alibi_slopes, Tensor? sinks, "
+    "float dropout_p=0.0, Tensor? rng_state=None) -> (Tensor, Tensor)"
+)
+_LIB.define(
+    "bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+    "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, "
+    "int max_seqlen_k, float softmax_scale, float softcap, bool causal, int window_left, "
+    "int window_right, Tensor? alibi_slopes, Tensor? sinks, float dropout_p, Tensor? rng_state) "
+    "-> (Tensor, Tensor, Tensor, Tensor)"
 )
 _LIB.define(
     "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, "
@@ -44,10 +55,20 @@ _LIB.define(
 
 
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                 softmax_scale, softcap, causal, window_left, window_right, alibi_slopes, sinks):
+                 softmax_scale, softcap, causal, window_left, window_right, alibi_slopes, sinks,
+                 dropout_p=0.0, rng_state=None):
     """out (total_q, Hq, Dv) in q's dtype, lse (Hq, total_q) float32."""
     total_q, hq, _ = q.shape
     return q.new_empty((total_q, hq, v.shape[-1])), q.new_empty((hq, total_q), dtype=torch.float32)
+
+
+def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                     max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal, window_left,
+                     window_right, alibi_slopes, sinks, dropout_p, rng_state):
+    """dq, dk, dv shaped like q, k, v in q's dtype; dsinks float32 (Hq,) or (0,)."""
+    n_sinks = 0 if sinks is None else sinks.shape[0]
+    return (q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape),
+            q.new_empty((n_sinks,), dtype=torch.float32))
 
 
 def _kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
@@ -77,13 +98,39 @@ def _merge_inplace_fake(out_a, lse_a, out_b, lse_b):
 
 
 _LIB.impl("fwd_varlen", varlen_forward, "CPU")
+_LIB.impl("bwd_varlen", varlen_backward, "CPU")
 _LIB.impl("fwd_kvcache", kvcache_forward, "CPU")
 _LIB.impl("merge_attention_states", _merge_cpu, "CPU")
 _LIB.impl("merge_attention_states_", _merge_inplace_cpu, "CPU")
 torch.library.register_fake("anyattn::fwd_varlen", _varlen_fake, lib=_LIB)
+torch.library.register_fake("anyattn::bwd_varlen", _bwd_varlen_fake, lib=_LIB)
 torch.library.register_fake("anyattn::fwd_kvcache", _kvcache_fake, lib=_LIB)
 torch.library.register_fake("anyattn::merge_attention_states", _merge_fake, lib=_LIB)
 torch.library.register_fake("anyattn::merge_attention_states_", _merge_inplace_fake, lib=_LIB)
+
+
+def _varlen_setup_context(ctx, inputs, output) -> None:
+    """Saves the inputs, out, lse and the dropout rng_state for anyattn::bwd_varlen."""
+    (q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, scale, softcap, causal, wl, wr, alibi_slopes,
+     sinks, dropout_p, rng_state) = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi_slopes, sinks, rng_state)
+    ctx.scalars = (max_q, max_k, scale, softcap, causal, wl, wr, dropout_p)
+
+
+def _varlen_backward(ctx, dout, dlse):
+    """Gradients for fwd_varlen's inputs: q, k, v and sinks; None for the rest."""
+    q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi_slopes, sinks, rng_state = ctx.saved_tensors
+    max_q, max_k, scale, softcap, causal, wl, wr, dropout_p = ctx.scalars
+    dq, dk, dv, dsinks = torch.ops.anyattn.bwd_varlen(
+        dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, scale, softcap, causal, wl,
+        wr, alibi_slopes, sinks, dropout_p, rng_state)
+    return (dq, dk, dv) + (None,) * 11 + (None if sinks is None else dsinks, None, None)
+
+
+torch.library.register_autograd("anyattn::fwd_varlen", _varlen_backward,
+                                setup_context=_varlen_setup_context, lib=_LIB)
 
 
 class NoGrad(torch.autograd.Function):
@@ -98,10 +145,11 @@ class NoGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        """Always raises: these ops have no backward pass."""
+        """Always raises: the KV-cache op has no backward pass."""
         raise NotImplementedError(
-            "anyattn's varlen and KV-cache functions have no backward pass on CPU yet. For "
-            "inference wrap the call in torch.no_grad() or torch.inference_mode()."
+            "anyattn.flash_attn_with_kvcache has no backward pass (it is an inference path that "
+            "writes into its caches). Wrap the call in torch.no_grad() or torch.inference_mode(); "
+            "to train, use flash_attn_func or flash_attn_varlen_func."
         )
 
 

@@ -1,13 +1,20 @@
-"""Registration of ``torch.ops.anyattn.fwd`` with torch.library, without compiling against libtorch.
+"""Registration of ``torch.ops.anyattn.fwd`` and ``torch.ops.anyattn.bwd`` with torch.library, and
+the autograd formula that ties them together, without compiling against libtorch.
 
-The op is defined with ``torch.library.Library`` (schema + CPU kernel + fake kernel) rather than
-``torch.library.custom_op``: the latter wraps every call in Python-level dispatch and autograd
-layers that cost far more than the ~20 us budget on small inputs (``python -m anyattn.bench
---overhead`` measures both). The fake kernel lets torch.compile and torch.export trace the op.
+    anyattn::fwd(q, k, v, ..., dropout_p, rng_state) -> (out (B, Sq, Hq, Dv), lse (B, Hq, Sq))
+    anyattn::bwd(dout, q, k, v, out, lse, ..., dropout_p, rng_state)
+        -> (dq, dk, dv, dsinks)     dsinks is float32 (Hq,), or (0,) when there are no sinks
 
-Autograd: the backward pass does not exist yet. Calls that need a graph go through
-``NoBackward``, whose backward raises NotImplementedError, so a training step fails loudly at
-``.backward()`` instead of silently producing no gradient.
+The ops are defined with ``torch.library.Library`` (schema + CPU kernel + fake kernel) rather than
+``torch.library.custom_op``: the latter wraps every call in Python-level dispatch layers that cost
+far more than the ~20 us budget on small inputs (``python -m anyattn.bench --overhead`` measures
+both). The fake kernels let torch.compile and torch.export trace the ops, forward and backward.
+
+Autograd is attached with ``torch.library.register_autograd``: q, k and v get gradients, and so do
+the sinks (dsinks); ALiBi slopes get none (like flash-attn, they are treated as constants). The
+LSE output is marked non-differentiable (its ``requires_grad`` is False), so a loss that uses it
+gets no gradient through it rather than a wrong one. ``rng_state`` is an int64 tensor (2,) holding
+the dropout (seed, offset); the backward reuses the forward's, so both see the same keep mask.
 
 Import this module only when torch is installed; ``anyattn/__init__.py`` does so.
 """
@@ -18,15 +25,24 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._cpu import torch_forward
+from ._cpu import torch_backward, torch_forward
 
+_SCORE_ARGS = (
+    "float softmax_scale, float softcap, bool causal, int window_left, int window_right, "
+    "Tensor? alibi_slopes, Tensor? sinks"
+)
 SCHEMA = (
-    "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, float softcap, bool causal, "
-    "int window_left, int window_right, Tensor? alibi_slopes, Tensor? sinks) -> (Tensor, Tensor)"
+    f"fwd(Tensor q, Tensor k, Tensor v, {_SCORE_ARGS}, float dropout_p=0.0, "
+    "Tensor? rng_state=None) -> (Tensor, Tensor)"
+)
+BWD_SCHEMA = (
+    f"bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_SCORE_ARGS}, "
+    "float dropout_p, Tensor? rng_state) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 
 _LIB = torch.library.Library("anyattn", "DEF")
 _LIB.define(SCHEMA)
+_LIB.define(BWD_SCHEMA)
 
 
 def _fwd_cpu(
@@ -40,10 +56,13 @@ def _fwd_cpu(
     window_right: int,
     alibi_slopes: Optional[torch.Tensor],
     sinks: Optional[torch.Tensor],
+    dropout_p: float = 0.0,
+    rng_state: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """CPU kernel of anyattn::fwd: runs the C library (see anyattn._cpu.torch_forward)."""
     return torch_forward(
-        q, k, v, softmax_scale, softcap, causal, window_left, window_right, alibi_slopes, sinks
+        q, k, v, softmax_scale, softcap, causal, window_left, window_right, alibi_slopes, sinks,
+        dropout_p, rng_state,
     )
 
 
@@ -58,6 +77,8 @@ def _fwd_fake(
     window_right: int,
     alibi_slopes: Optional[torch.Tensor],
     sinks: Optional[torch.Tensor],
+    dropout_p: float = 0.0,
+    rng_state: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Fake (meta) kernel: out (B, Sq, Hq, Dv) contiguous in q's dtype, lse (B, Hq, Sq) float32."""
     b, sq, hq, _ = q.shape
@@ -66,40 +87,46 @@ def _fwd_fake(
     return out, lse
 
 
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, softcap, causal, window_left, window_right,
+              alibi_slopes, sinks, dropout_p, rng_state):
+    """Fake (meta) kernel: contiguous dq, dk, dv shaped like q, k, v in q's dtype; dsinks f32."""
+    n_sinks = 0 if sinks is None else sinks.shape[0]
+    return (q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape),
+            q.new_empty((n_sinks,), dtype=torch.float32))
+
+
 _LIB.impl("fwd", _fwd_cpu, "CPU")
+_LIB.impl("bwd", torch_backward, "CPU")
 torch.library.register_fake("anyattn::fwd", _fwd_fake, lib=_LIB)
+torch.library.register_fake("anyattn::bwd", _bwd_fake, lib=_LIB)
 
 
-class NoBackward(torch.autograd.Function):
-    """Runs anyattn::fwd inside autograd; its backward raises NotImplementedError."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes, sinks):
-        """Forward: the op itself; the LSE output is marked non-differentiable."""
-        out, lse = torch.ops.anyattn.fwd(
-            q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes, sinks
-        )
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        """Always raises: anyattn has no backward pass yet."""
-        raise NotImplementedError(
-            "anyattn.flash_attn_func has no backward pass on CPU yet (it arrives in a later "
-            "release). For training on CPU use torch.nn.functional.scaled_dot_product_attention; "
-            "for inference wrap the call in torch.no_grad() or torch.inference_mode()."
-        )
+def _setup_context(ctx, inputs, output) -> None:
+    """Saves what anyattn::bwd needs: the inputs, out, lse and the dropout rng_state."""
+    (q, k, v, scale, softcap, causal, wl, wr, alibi_slopes, sinks, dropout_p, rng_state) = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks, rng_state)
+    ctx.scalars = (scale, softcap, causal, wl, wr, dropout_p)
 
 
-def fwd(q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes, sinks):
-    """Call anyattn::fwd on CPU tensors, routing through NoBackward when a gradient is wanted."""
-    if torch.is_grad_enabled() and (
-        q.requires_grad
-        or k.requires_grad
-        or v.requires_grad
-        or (sinks is not None and sinks.requires_grad)
-        or (alibi_slopes is not None and alibi_slopes.requires_grad)
-    ):
-        return NoBackward.apply(q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes, sinks)
-    return torch.ops.anyattn.fwd(q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes, sinks)
+def _backward(ctx, dout, dlse):
+    """Gradients for (q, k, v, ..., sinks, ...): anyattn::bwd with the forward's arguments."""
+    q, k, v, out, lse, alibi_slopes, sinks, rng_state = ctx.saved_tensors
+    scale, softcap, causal, wl, wr, dropout_p = ctx.scalars
+    dq, dk, dv, dsinks = torch.ops.anyattn.bwd(
+        dout, q, k, v, out, lse, scale, softcap, causal, wl, wr, alibi_slopes, sinks, dropout_p,
+        rng_state,
+    )
+    return (dq, dk, dv, None, None, None, None, None, None,
+            None if sinks is None else dsinks, None, None)
+
+
+torch.library.register_autograd("anyattn::fwd", _backward, setup_context=_setup_context, lib=_LIB)
+
+
+def fwd(q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes, sinks, dropout_p=0.0,
+        rng_state=None):
+    """Call anyattn::fwd on CPU tensors (differentiable in q, k, v and sinks)."""
+    return torch.ops.anyattn.fwd(q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes,
+                                 sinks, dropout_p, rng_state)

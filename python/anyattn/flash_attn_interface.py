@@ -15,12 +15,12 @@ import numpy as np
 
 from . import _dispatch
 from ._checks import check_dense_shapes, check_per_head, check_same_dtype
-from ._cpu import numpy_forward, reject_dropout
+from ._cpu import numpy_forward, reject_numpy_dropout
 from ._options import AttnOptions, make_options
 from ._tensors import is_torch_tensor, numpy_dtype_code, torch_dtype_code, torch_module
 
 if torch_module() is not None:
-    from . import _torch_ops
+    from . import _dropout, _torch_ops
 
 _TORCH_DTYPES = "float32, float16 or bfloat16"
 
@@ -57,7 +57,7 @@ def _zero_scale(q: Any, options: AttnOptions) -> Tuple[Any, float]:
 
 
 def _numpy_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs):
-    reject_dropout(options.dropout_p)
+    reject_numpy_dropout(options.dropout_p)
     b, _, _, hq, _, _, _ = check_dense_shapes(q, k, v)
     check_same_dtype((("q", q), ("k", k), ("v", v)))
     if numpy_dtype_code(q.dtype) is None:
@@ -104,12 +104,16 @@ def _torch_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs):
         check_per_head(sinks, "sinks", b, hq, allow_batched=False)
 
     if device.type == "cpu":
-        reject_dropout(options.dropout_p)
         q, scale = _zero_scale(q, options)
         wl, wr = options.window_size
-        out, lse = _torch_ops.fwd(q, k, v, scale, options.softcap, options.causal, wl, wr,
-                                  alibi_slopes, sinks)
-        return (out, lse, None) if return_attn_probs else out
+        score_args = (scale, options.softcap, options.causal, wl, wr, alibi_slopes, sinks)
+        rng_state = _dropout.maybe_rng_state(options.dropout_p)
+        out, lse = _torch_ops.fwd(q, k, v, *score_args, options.dropout_p, rng_state)
+        if not return_attn_probs:
+            return out
+        if rng_state is None:
+            return out, lse, None
+        return out, lse, _dropout.dropout_pattern(q, k, score_args, options.dropout_p, rng_state)
     return _device_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs, d, dv)
 
 
@@ -161,22 +165,30 @@ def flash_attn_func(
         q: (batch, seqlen_q, nheads, headdim)
         k: (batch, seqlen_k, nheads_k, headdim); nheads % nheads_k == 0 (GQA/MQA)
         v: (batch, seqlen_k, nheads_k, headdim_v); headdim and headdim_v in [1, 256]
-        dropout_p: dropout probability. anyattn's CPU kernels raise NotImplementedError for > 0.
+        dropout_p: dropout probability in [0, 1), applied whenever > 0 (pass 0.0 for evaluation,
+            as with flash-attn). On CPU the seed is drawn from torch's default generator
+            (torch.manual_seed reproduces it); numpy inputs raise NotImplementedError for > 0.
         softmax_scale: scale of QK^T; None means 1/sqrt(headdim). 0.0 is honoured (all scores 0).
         causal: bottom-right aligned causal mask (flash-attn >= 2.1 convention).
         window_size: (left, right) sliding window, -1 = unbounded; key j is visible to query i iff
             i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right.
         softcap: if > 0, scores become softcap * tanh(scores / softcap).
         alibi_slopes: (nheads,) or (batch, nheads) float32; adds -slope * |i + seqlen_k - seqlen_q - j|.
-        deterministic: accepted for compatibility; anyattn's forward is always deterministic.
-        return_attn_probs: if True, return (out, softmax_lse, None) like flash-attn's non-dropout path.
+        deterministic: accepted for compatibility; anyattn's forward and backward are always
+            deterministic (bitwise, for any thread count).
+        return_attn_probs: if True, return (out, softmax_lse, S_dmask). S_dmask is None without
+            dropout (like flash-attn); with dropout on CPU it is (batch, nheads, seqlen_q,
+            seqlen_k) in q's dtype: the probability where kept, its negation where dropped (see
+            docs/python.md for how it differs from flash-attn's).
         sinks: optional (nheads,) sink logits (score units, not scaled) joining the softmax denominator.
     Returns:
         out: (batch, seqlen_q, nheads, headdim_v) in q's dtype and framework; with
-        return_attn_probs, also softmax_lse (batch, nheads, seqlen_q) float32, natural log.
+        return_attn_probs, also softmax_lse (batch, nheads, seqlen_q) float32, natural log (not
+        differentiable), and S_dmask.
+    Autograd (torch): q, k, v and sinks get gradients; alibi_slopes get none; numpy is forward-only.
     Raises:
         TypeError / ValueError naming the argument for bad input; NotImplementedError for dropout
-        on CPU.
+        on numpy inputs.
     """
     options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     return _attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs)

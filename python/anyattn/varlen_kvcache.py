@@ -17,12 +17,12 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from ._cache import kvcache_forward, merge_states, varlen_forward
-from ._cpu import reject_dropout
+from ._cpu import reject_numpy_dropout
 from ._options import make_options
 from ._tensors import is_torch_tensor, torch_module
 
 if torch_module() is not None:
-    from . import _cache_ops
+    from . import _cache_ops, _dropout
 
 
 def _kind(x: Any, name: str) -> str:
@@ -65,7 +65,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt
     _check_rank(v, "v", 3, "(total_k, nheads_k, headdim_v)")
     wl, wr = options.window_size
     if _on_cpu(q):
-        reject_dropout(options.dropout_p)
+        if kind == "numpy":
+            reject_numpy_dropout(options.dropout_p)
         q, scale = _scale(q, options.softmax_scale)
         args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
                 int(max_seqlen_k), scale, options.softcap, options.causal, wl, wr, alibi_slopes,
@@ -76,7 +77,13 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt
             torch = torch_module()
             args = args[:3] + tuple(_index_tensor(torch, x) for x in args[3:6]) + args[6:13] + (
                 _f32(torch, alibi_slopes), _f32(torch, sinks))
-            out, lse = _cache_ops.call(torch.ops.anyattn.fwd_varlen, *args)
+            if options.dropout_p > 0.0 and return_attn_probs:
+                raise NotImplementedError(
+                    "flash_attn_varlen_func: return_attn_probs=True with dropout_p > 0 is not "
+                    "supported (no per-sequence dropout pattern); use flash_attn_func for the "
+                    "pattern, or dropout_p=0.0")
+            rng_state = _dropout.maybe_rng_state(options.dropout_p)
+            out, lse = torch.ops.anyattn.fwd_varlen(*args, options.dropout_p, rng_state)
     else:
         out, lse = _varlen_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options,
                                      alibi_slopes, sinks)
@@ -148,6 +155,11 @@ def flash_attn_varlen_func(
         block_table: flash-attn's paged varlen; not supported (NotImplementedError). Use
             flash_attn_with_kvcache for paged caches.
         seqused_k: optional (batch,) int32: sequence b uses only its first seqused_k[b] keys.
+        dropout_p: as in flash_attn_func (torch tensors only); sequence b uses batch index b's
+            mask with positions counted within the sequence. return_attn_probs with dropout raises
+            NotImplementedError.
+        deterministic: accepted; results are always deterministic.
+    Autograd (torch): q, k, v and sinks get gradients (anyattn_bwd_varlen); alibi_slopes none.
     Returns:
         out (total_q, nheads, headdim_v); with return_attn_probs, (out, softmax_lse
         (nheads, total_q) float32, None).

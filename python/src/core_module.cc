@@ -11,7 +11,7 @@
 // Errors: every non-OK status becomes a Python exception carrying anyattn_last_error():
 //   ANYATTN_E_INVALID_ARGUMENT -> ValueError, ANYATTN_E_UNSUPPORTED -> NotImplementedError,
 //   ANYATTN_E_OUT_OF_MEMORY -> MemoryError, anything else -> RuntimeError.
-// The GIL is released while the kernel runs.
+// The GIL is released while the kernel runs (forward, backward, merge).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -126,11 +126,11 @@ anyattn_tensor to_tensor(nb::handle spec, const char* name, BufferView& buf, boo
 }
 
 // Dense forward. See anyattn_fwd in anyattn.h for shapes and semantics; `lse`, `alibi_slopes`
-// and `sinks` may be None.
+// and `sinks` may be None. dropout_p = 0 disables dropout (seed and offset are then unused).
 void fwd(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
          float softmax_scale, float softcap, bool causal, int32_t window_left,
          int32_t window_right, nb::handle alibi_slopes, nb::handle sinks, int32_t num_splits,
-         int32_t isa) {
+         int32_t isa, float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
   BufferView bq, bk, bv, bout, blse, balibi, bsinks;
   const anyattn_tensor tq = to_tensor(q, "q", bq);
   const anyattn_tensor tk = to_tensor(k, "k", bk);
@@ -152,6 +152,9 @@ void fwd(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle ls
   params.sinks = sinks.is_none() ? nullptr : &tsinks;
   params.num_splits = num_splits;
   params.isa = isa;
+  params.dropout_p = dropout_p;
+  params.dropout_seed = dropout_seed;
+  params.dropout_offset = dropout_offset;
 
   anyattn_status status;
   {
@@ -164,7 +167,9 @@ void fwd(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle ls
 // The score options shared by every forward entry point.
 anyattn_fwd_params make_params(float softmax_scale, float softcap, bool causal, int32_t window_left,
                                int32_t window_right, const anyattn_tensor* alibi,
-                               const anyattn_tensor* sinks, int32_t num_splits, int32_t isa) {
+                               const anyattn_tensor* sinks, int32_t num_splits, int32_t isa,
+                               float dropout_p = 0.0f, uint64_t dropout_seed = 0,
+                               uint64_t dropout_offset = 0) {
   anyattn_fwd_params params;
   anyattn_fwd_params_init(&params);
   params.softmax_scale = softmax_scale;
@@ -176,6 +181,9 @@ anyattn_fwd_params make_params(float softmax_scale, float softcap, bool causal, 
   params.sinks = sinks;
   params.num_splits = num_splits;
   params.isa = isa;
+  params.dropout_p = dropout_p;
+  params.dropout_seed = dropout_seed;
+  params.dropout_offset = dropout_offset;
   return params;
 }
 
@@ -193,7 +201,8 @@ void fwd_varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::ha
                 nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
                 int64_t max_seqlen_q, int64_t max_seqlen_k, float softmax_scale, float softcap,
                 bool causal, int32_t window_left, int32_t window_right, nb::handle alibi_slopes,
-                nb::handle sinks, int32_t num_splits, int32_t isa) {
+                nb::handle sinks, int32_t num_splits, int32_t isa, float dropout_p,
+                uint64_t dropout_seed, uint64_t dropout_offset) {
   BufferView bq, bk, bv, bout, blse, bcq, bck, bused, balibi, bsinks;
   const anyattn_tensor tq = to_tensor(q, "q", bq);
   const anyattn_tensor tk = to_tensor(k, "k", bk);
@@ -207,7 +216,8 @@ void fwd_varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::ha
   const anyattn_fwd_params params = make_params(
       softmax_scale, softcap, causal, window_left, window_right,
       optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
-      optional_tensor(sinks, "sinks", bsinks, tsinks), num_splits, isa);
+      optional_tensor(sinks, "sinks", bsinks, tsinks), num_splits, isa, dropout_p, dropout_seed,
+      dropout_offset);
   anyattn_status status;
   {
     nb::gil_scoped_release release;
@@ -280,6 +290,78 @@ void merge_attention_states(nb::handle out_a, nb::handle lse_a, nb::handle out_b
   if (status != ANYATTN_OK) raise_status(status);
 }
 
+// Dense backward. See anyattn_bwd in anyattn.h: dq, dk, dv (and dsinks, f32 (Hq), when `sinks`
+// is given; else None) are written. The score options, dropout seed and offset must be the
+// forward's.
+void bwd(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+         nb::handle dq, nb::handle dk, nb::handle dv, nb::handle dsinks, float softmax_scale,
+         float softcap, bool causal, int32_t window_left, int32_t window_right,
+         nb::handle alibi_slopes, nb::handle sinks, float dropout_p, uint64_t dropout_seed,
+         uint64_t dropout_offset, int32_t isa) {
+  BufferView bdo, bq, bk, bv, bout, blse, bdq, bdk, bdv, bds, balibi, bsinks;
+  const anyattn_tensor tdo = to_tensor(dout, "dout", bdo);
+  const anyattn_tensor tq = to_tensor(q, "q", bq);
+  const anyattn_tensor tk = to_tensor(k, "k", bk);
+  const anyattn_tensor tv = to_tensor(v, "v", bv);
+  const anyattn_tensor tout = to_tensor(out, "out", bout);
+  const anyattn_tensor tlse = to_tensor(lse, "lse", blse);
+  const anyattn_tensor tdq = to_tensor(dq, "dq", bdq, /*writable=*/true);
+  const anyattn_tensor tdk = to_tensor(dk, "dk", bdk, /*writable=*/true);
+  const anyattn_tensor tdv = to_tensor(dv, "dv", bdv, /*writable=*/true);
+  anyattn_tensor tds{}, talibi{}, tsinks{};
+  const anyattn_tensor* pds = optional_tensor(dsinks, "dsinks", bds, tds, /*writable=*/true);
+  const anyattn_fwd_params params = make_params(
+      softmax_scale, softcap, causal, window_left, window_right,
+      optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
+      optional_tensor(sinks, "sinks", bsinks, tsinks), /*num_splits=*/0, isa, dropout_p,
+      dropout_seed, dropout_offset);
+  anyattn_status status;
+  {
+    nb::gil_scoped_release release;
+    status = anyattn_bwd(&tdo, &tq, &tk, &tv, &tout, &tlse, &tdq, &tdk, &tdv, pds, &params);
+  }
+  if (status != ANYATTN_OK) raise_status(status);
+}
+
+// Variable-length backward. See anyattn_bwd_varlen in anyattn.h; dq, dk, dv (and dsinks when
+// `sinks` is given, else None) are written for the rows of every sequence. The lengths, score
+// options, dropout seed and offset must be the forward's.
+void bwd_varlen(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+                nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, nb::handle dsinks,
+                nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
+                int64_t max_seqlen_q, int64_t max_seqlen_k, float softmax_scale, float softcap,
+                bool causal, int32_t window_left, int32_t window_right, nb::handle alibi_slopes,
+                nb::handle sinks, float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset,
+                int32_t isa) {
+  BufferView bdo, bq, bk, bv, bout, blse, bdq, bdk, bdv, bds, bcq, bck, bused, balibi, bsinks;
+  const anyattn_tensor tdo = to_tensor(dout, "dout", bdo);
+  const anyattn_tensor tq = to_tensor(q, "q", bq);
+  const anyattn_tensor tk = to_tensor(k, "k", bk);
+  const anyattn_tensor tv = to_tensor(v, "v", bv);
+  const anyattn_tensor tout = to_tensor(out, "out", bout);
+  const anyattn_tensor tlse = to_tensor(lse, "lse", blse);
+  const anyattn_tensor tdq = to_tensor(dq, "dq", bdq, /*writable=*/true);
+  const anyattn_tensor tdk = to_tensor(dk, "dk", bdk, /*writable=*/true);
+  const anyattn_tensor tdv = to_tensor(dv, "dv", bdv, /*writable=*/true);
+  const anyattn_tensor tcq = to_tensor(cu_seqlens_q, "cu_seqlens_q", bcq);
+  const anyattn_tensor tck = to_tensor(cu_seqlens_k, "cu_seqlens_k", bck);
+  anyattn_tensor tds{}, tused{}, talibi{}, tsinks{};
+  const anyattn_tensor* pds = optional_tensor(dsinks, "dsinks", bds, tds, /*writable=*/true);
+  const anyattn_tensor* pused = optional_tensor(seqused_k, "seqused_k", bused, tused);
+  const anyattn_fwd_params params = make_params(
+      softmax_scale, softcap, causal, window_left, window_right,
+      optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
+      optional_tensor(sinks, "sinks", bsinks, tsinks), /*num_splits=*/0, isa, dropout_p,
+      dropout_seed, dropout_offset);
+  anyattn_status status;
+  {
+    nb::gil_scoped_release release;
+    status = anyattn_bwd_varlen(&tdo, &tq, &tk, &tv, &tout, &tlse, &tdq, &tdk, &tdv, pds, &tcq,
+                                &tck, pused, max_seqlen_q, max_seqlen_k, &params);
+  }
+  if (status != ANYATTN_OK) raise_status(status);
+}
+
 anyattn_isa isa_from_name(const std::string& name) {
   for (anyattn_isa isa : {ANYATTN_ISA_AUTO, ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2,
                           ANYATTN_ISA_AVX512}) {
@@ -316,14 +398,16 @@ NB_MODULE(_core, m) {
   m.def("fwd", &fwd, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
         nb::arg("softmax_scale"), nb::arg("softcap"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
-        nb::arg("num_splits") = 0, nb::arg("isa") = 0,
+        nb::arg("num_splits") = 0, nb::arg("isa") = 0, nb::arg("dropout_p") = 0.0f,
+        nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
         "Dense forward attention over tensor specs or buffer-protocol arrays. Releases the GIL.");
   m.def("fwd_varlen", &fwd_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"),
         nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
         nb::arg("softmax_scale"), nb::arg("softcap"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
-        nb::arg("num_splits") = 0, nb::arg("isa") = 0,
+        nb::arg("num_splits") = 0, nb::arg("isa") = 0, nb::arg("dropout_p") = 0.0f,
+        nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
         "Variable-length forward attention (anyattn_fwd_varlen). Releases the GIL.");
   m.def("fwd_kvcache", &fwd_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
         nb::arg("out"), nb::arg("lse").none(), nb::arg("k_new").none(), nb::arg("v_new").none(),
@@ -338,4 +422,21 @@ NB_MODULE(_core, m) {
   m.def("merge_attention_states", &merge_attention_states, nb::arg("out_a"), nb::arg("lse_a"),
         nb::arg("out_b"), nb::arg("lse_b"), nb::arg("out"), nb::arg("lse_out").none(),
         "Merges two partial attentions (anyattn_merge_attention_states). Releases the GIL.");
+  m.def("bwd", &bwd, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dsinks").none(),
+        nb::arg("softmax_scale"), nb::arg("softcap"), nb::arg("causal"), nb::arg("window_left"),
+        nb::arg("window_right"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
+        nb::arg("dropout_p") = 0.0f, nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
+        nb::arg("isa") = 0,
+        "Dense backward attention (anyattn_bwd): writes dq, dk, dv (and dsinks). Releases the GIL.");
+  m.def("bwd_varlen", &bwd_varlen, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+        nb::arg("dsinks").none(), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"),
+        nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
+        nb::arg("softmax_scale"), nb::arg("softcap"), nb::arg("causal"), nb::arg("window_left"),
+        nb::arg("window_right"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
+        nb::arg("dropout_p") = 0.0f, nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
+        nb::arg("isa") = 0,
+        "Variable-length backward (anyattn_bwd_varlen): writes dq, dk, dv (and dsinks). Releases "
+        "the GIL.");
 }

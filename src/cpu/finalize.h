@@ -70,7 +70,12 @@ inline void combine_and_store_row(const RowPartials& parts, bool has_sink, float
     // A division, not a multiplication by 1/denominator: one rounding instead of two.
     store_element(out_row, dtype, c, sum / denominator);
   }
-  if (lse != nullptr) lse[0] = (top + std::log2(denominator)) * kLn2;
+  // In double: one rounding to f32 at the end instead of three.
+  if (lse != nullptr) {
+    lse[0] = static_cast<float>(
+        (static_cast<double>(top) + std::log2(static_cast<double>(denominator))) *
+        0.69314718055994530942);
+  }
 }
 
 }  // namespace anyattn::cpu
