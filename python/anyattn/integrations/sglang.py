@@ -4,7 +4,8 @@ sglang's vision encoders call ``backend.forward(q, k, v, cu_seqlens, bsz, seq_le
 forward_metadata=..., **kwargs)`` with packed q/k/v of shape (total_tokens, heads, head_dim) and
 expect (total_tokens, heads, head_dim_v) back. ``VisionAnyAttention`` honours ``softmax_scale``,
 ``window_size`` and ``s_aux`` (sinks) from those kwargs, which most of sglang's backends drop, and
-runs on any device through ``anyattn.flash_attn_func`` (CPU kernels, flash_attn or SDPA).
+runs on any device through ``anyattn.flash_attn_varlen_func`` (one call for the whole packed
+batch on CPU; flash_attn or SDPA elsewhere).
 
 Until anyattn's varlen kernels exist, each sequence of the packed batch is one dense call on a
 zero-copy slice. Registering it with sglang, e.g.
@@ -18,7 +19,7 @@ from typing import Any, List, Optional
 
 import torch
 
-from ..flash_attn_interface import flash_attn_func
+from ..varlen_kvcache import flash_attn_varlen_func
 
 
 def _resolve_cu_seqlens(cu_seqlens: Any, bsz: int, seq_len: int, forward_metadata: Any) -> List[int]:
@@ -84,11 +85,9 @@ class VisionAnyAttention(torch.nn.Module):
             window_size=tuple(kwargs.get("window_size", (-1, -1)) or (-1, -1)),
             sinks=kwargs.get("s_aux"),
         )
-        out = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]))
-        for start, stop in zip(bounds[:-1], bounds[1:]):
-            if stop > start:
-                sl = slice(start, stop)
-                out[sl] = flash_attn_func(q[None, sl], k[None, sl], v[None, sl], **options)[0]
+        cu = torch.tensor(bounds, dtype=torch.int32)
+        longest = max((b - a for a, b in zip(bounds[:-1], bounds[1:])), default=0)
+        out = flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, **options)
         if batched:
             out = out.reshape(bsz, -1, *out.shape[1:])
         return out
