@@ -58,6 +58,19 @@ TEST(BwdDeterminism, BitwiseAcrossThreadCountsBf16) {
   expect_bitwise_across_threads(c);
 }
 
+// B * Hk >= 16: one key chunk per (batch, kv head), so each task writes its dq directly (the
+// cases above split the keys into chunks and sum dq partials).
+TEST(BwdDeterminism, BitwiseAcrossThreadCountsOneChunk) {
+  BwdCase c;
+  c.fwd = determinism_case();
+  c.fwd.B = 2;
+  c.fwd.Hq = 16;
+  c.fwd.Hk = 8;
+  c.fwd.Sq = 100;
+  c.fwd.Sk = 140;
+  expect_bitwise_across_threads(c);
+}
+
 TEST(BwdDeterminism, BitwiseAcrossThreadCountsWithDropout) {
   BwdCase c;
   c.fwd = determinism_case();

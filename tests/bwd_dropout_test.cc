@@ -1,13 +1,35 @@
 // Dropout: Philox-4x32-10 against Random123's published known answers, the keep mask's rate and
 // its pure-function property, and anyattn_bwd with dropout against the f64 reference.
 #include <gtest/gtest.h>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "bwd_test_support.h"
+#include "cpu/bwd_philox.h"
 #include "cpu/philox.h"
+#include "cpu/simd/isa_target.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+// GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics
+// (_mm512_undefined_*) as uninitialised (GCC bug 105593); the warnings are false positives.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// The AVX-512 kernels' 64-key draw, compiled here exactly as bwd_avx512.cc compiles it.
+ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+namespace anyattn::testing::avx512_draw {
+using cpu::PhiloxKey;
+#include "cpu/bwd_philox_avx512-inl.h"
+}  // namespace anyattn::testing::avx512_draw
+ANYATTN_TARGET_END()
+#endif
 
 namespace anyattn {
 namespace testing {
@@ -63,6 +85,50 @@ TEST(DropoutMask, KeepRateMatchesOneMinusP) {
   }
   // p = 0 keeps everything.
   EXPECT_EQ(dropout_keep_bits16(dropout_key(1, 2), 0, 0, 0, 0, dropout_threshold(0.f)), 0xFFFFu);
+}
+
+// The backward's 16-lane draws (bwd_philox.h, and the AVX-512 one when the CPU has it) make
+// exactly dropout_keep's decisions, for
+// thresholds at the extremes and in between and for coordinates up to 2^31 - 1.
+TEST(DropoutMask, SixtyFourKeyFactorsMatchTheScalarMask) {
+  const float scale = 1.f / (1.f - 0.4f);
+  int64_t kept = 0, total = 0;
+  for (const float p : {0.f, 0.4f, 0.999f}) {
+    const uint32_t threshold = cpu::dropout_threshold(p);
+    for (const uint64_t seed : {uint64_t{0}, uint64_t{0x0123456789abcdefULL}}) {
+      const cpu::PhiloxKey key = cpu::dropout_key(seed, seed ^ 77);
+      const int64_t coords[][4] = {{0, 0, 0, 0},
+                                   {3, 7, 129, 64},
+                                   {1, 2, 5000, 4096},
+                                   {2147483647, 1, 2147483647, 2147483584}};
+      for (const auto& c : coords) {
+        float factors[64];
+        cpu::dropout_keep_factors64(key, c[0], c[1], c[2], c[3], threshold, scale, factors);
+        float avx512_factors[64];
+#if defined(__x86_64__) || defined(_M_X64)
+        if (anyattn_isa_supported(ANYATTN_ISA_AVX512)) {
+          avx512_draw::dropout_keep_factors64_avx512(key, c[0], c[1], c[2], c[3], threshold, scale,
+                                                     avx512_factors);
+        } else {
+          std::copy(factors, factors + 64, avx512_factors);
+        }
+#else
+        std::copy(factors, factors + 64, avx512_factors);
+#endif
+        for (int64_t t = 0; t < 64; ++t) {
+          const bool keep = cpu::dropout_keep(key, c[0], c[1], c[2], c[3] + t, threshold);
+          ASSERT_EQ(factors[t], keep ? scale : 0.f)
+              << "p=" << p << " b=" << c[0] << " h=" << c[1] << " i=" << c[2] << " j=" << c[3] + t;
+          ASSERT_EQ(avx512_factors[t], factors[t]) << "AVX-512 draw, t=" << t;
+          kept += keep ? 1 : 0;
+          ++total;
+        }
+      }
+    }
+  }
+  // Not vacuous: both decisions occur.
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(kept, total);
 }
 
 TEST(DropoutMask, IsAPureFunctionOfItsCoordinates) {

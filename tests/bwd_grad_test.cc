@@ -236,6 +236,28 @@ TEST(BwdGrad, StridedLayouts) {
   }
 }
 
+// B * Hk >= 16 gives one key chunk per (batch, kv head): tasks write dq directly rather than
+// through the chunk partials the smaller cases use (bwd_layout.h). Also with Sq > Sk causal, where
+// leading query rows see no key and must get dq = 0.
+TEST(BwdGrad, OneChunkPerKvHead) {
+  Case c = base_case();
+  c.B = 2;
+  c.Hq = 16;
+  c.Hk = 8;
+  c.D = 32;
+  c.Dv = 48;
+  c.causal = true;
+  c.sinks = true;
+  BwdCase bc = with(c);
+  EXPECT_TRUE(run_and_check_bwd(bc));
+  c.Sq = 100;
+  c.Sk = 40;
+  c.softcap = 3.f;
+  bc = with(c);
+  bc.dropout_p = 0.2f;
+  EXPECT_TRUE(run_and_check_bwd(bc));
+}
+
 TEST(BwdGrad, EmptyAndFullyMasked) {
   Case c = base_case();
   c.sinks = true;

@@ -39,8 +39,12 @@
 // Under ASan/TSan a request beyond the allocator's limit (1 TiB) must return null, as malloc does,
 // instead of aborting the process: that is what a production allocator does and what the library
 // must handle. The environment's ASAN_OPTIONS/TSAN_OPTIONS are applied on top of these defaults.
-extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }
-extern "C" const char* __tsan_default_options() { return "allocator_may_return_null=1"; }
+extern "C" const char* __asan_default_options() {
+  return "allocator_may_return_null=1";
+}
+extern "C" const char* __tsan_default_options() {
+  return "allocator_may_return_null=1";
+}
 
 namespace anyattn {
 namespace testing {
@@ -71,10 +75,10 @@ uint64_t virtual_size() {
 }
 
 // A request that validates and then needs about 4 TiB of packed K/V workspace: Sk = 2^31 - 1 keys
-// of head dim 256, all the same row (k and v have stride 0 over keys), and enough queries (64
-// rows) that the packed (not streaming) path is chosen.
+// of head dim 256, all the same row (k and v have stride 0 over keys), and more query rows (65)
+// than the streaming path takes (64), so the keys are packed.
 struct HugeRequest {
-  static constexpr int64_t kSq = 64, kSk = (int64_t{1} << 31) - 1, kD = 256;
+  static constexpr int64_t kSq = 65, kSk = (int64_t{1} << 31) - 1, kD = 256;
   std::vector<float> q = std::vector<float>(kSq * kD, 0.5f);
   std::vector<float> kv = std::vector<float>(kD, 0.25f);
   std::vector<float> out = std::vector<float>(kSq * kD, 7.0f);

@@ -280,18 +280,20 @@ ValidatedBwd validate_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
   return result;
 }
 
-
-ValidatedBwdVarlen validate_bwd_varlen(
-    const anyattn_tensor* dout, const anyattn_tensor* q, const anyattn_tensor* k,
-    const anyattn_tensor* v, const anyattn_tensor* out, const anyattn_tensor* lse,
-    const anyattn_tensor* dq, const anyattn_tensor* dk, const anyattn_tensor* dv,
-    const anyattn_tensor* dsinks, const anyattn_tensor* cu_seqlens_q,
-    const anyattn_tensor* cu_seqlens_k, const anyattn_tensor* seqused_k, int64_t max_seqlen_q,
-    int64_t max_seqlen_k, const anyattn_fwd_params* params_in) {
+ValidatedBwdVarlen validate_bwd_varlen(const anyattn_tensor* dout, const anyattn_tensor* q,
+                                       const anyattn_tensor* k, const anyattn_tensor* v,
+                                       const anyattn_tensor* out, const anyattn_tensor* lse,
+                                       const anyattn_tensor* dq, const anyattn_tensor* dk,
+                                       const anyattn_tensor* dv, const anyattn_tensor* dsinks,
+                                       const anyattn_tensor* cu_seqlens_q,
+                                       const anyattn_tensor* cu_seqlens_k,
+                                       const anyattn_tensor* seqused_k, int64_t max_seqlen_q,
+                                       int64_t max_seqlen_k, const anyattn_fwd_params* params_in) {
   constexpr const char* kVarlenFn = "anyattn_bwd_varlen";
   constexpr const char* kFwdFn = "anyattn_fwd_varlen";
   if (lse == nullptr) {
-    fail_invalid(kVarlenFn, ": lse is NULL; the backward needs the forward's f32 (Hq, total_q) LSE");
+    fail_invalid(kVarlenFn,
+                 ": lse is NULL; the backward needs the forward's f32 (Hq, total_q) LSE");
   }
   ValidatedBwdVarlen result;
   // The forward's checks of q, k, v, out, lse, the lengths and params, under this function's name.
@@ -300,8 +302,7 @@ ValidatedBwdVarlen validate_bwd_varlen(
                                          max_seqlen_q, max_seqlen_k, params_in);
   } catch (const ApiError& error) {
     std::string message = error.what();
-    for (size_t at = message.find(kFwdFn); at != std::string::npos;
-         at = message.find(kFwdFn, at)) {
+    for (size_t at = message.find(kFwdFn); at != std::string::npos; at = message.find(kFwdFn, at)) {
       message.replace(at, std::char_traits<char>::length(kFwdFn), kVarlenFn);
     }
     throw ApiError(error.status(), message);
@@ -335,9 +336,9 @@ ValidatedBwdVarlen validate_bwd_varlen(
                   {"dv", dv, "(total_k, Hk, Dv)", total_k, a.heads_k, a.head_dim_v}};
   for (const auto& e : expected) {
     if (e.t->shape[0] != e.rows || e.t->shape[1] != e.heads || e.t->shape[2] != e.dim) {
-      fail_invalid(kVarlenFn, ": ", e.name, ".shape is (", e.t->shape[0], ", ", e.t->shape[1],
-                   ", ", e.t->shape[2], "); expected ", e.doc, " = (", e.rows, ", ", e.heads, ", ",
-                   e.dim, ")");
+      fail_invalid(kVarlenFn, ": ", e.name, ".shape is (", e.t->shape[0], ", ", e.t->shape[1], ", ",
+                   e.t->shape[2], "); expected ", e.doc, " = (", e.rows, ", ", e.heads, ", ", e.dim,
+                   ")");
     }
   }
   const TensorExtent q_x = check_tensor(kVarlenFn, "q", q, 3, "(total_q, Hq, D)", float_types);

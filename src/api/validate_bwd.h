@@ -39,13 +39,15 @@ struct ValidatedBwdVarlen {
 // then dout (total_q, Hq, Dv), dq (total_q, Hq, D), dk (total_k, Hk, D), dv (total_k, Hk, Dv):
 // rank, dtype, shape; that no gradient overlaps itself, another gradient, an input or a side input;
 // finally dsinks as in validate_bwd.
-ValidatedBwdVarlen validate_bwd_varlen(
-    const anyattn_tensor* dout, const anyattn_tensor* q, const anyattn_tensor* k,
-    const anyattn_tensor* v, const anyattn_tensor* out, const anyattn_tensor* lse,
-    const anyattn_tensor* dq, const anyattn_tensor* dk, const anyattn_tensor* dv,
-    const anyattn_tensor* dsinks, const anyattn_tensor* cu_seqlens_q,
-    const anyattn_tensor* cu_seqlens_k, const anyattn_tensor* seqused_k, int64_t max_seqlen_q,
-    int64_t max_seqlen_k, const anyattn_fwd_params* params);
+ValidatedBwdVarlen validate_bwd_varlen(const anyattn_tensor* dout, const anyattn_tensor* q,
+                                       const anyattn_tensor* k, const anyattn_tensor* v,
+                                       const anyattn_tensor* out, const anyattn_tensor* lse,
+                                       const anyattn_tensor* dq, const anyattn_tensor* dk,
+                                       const anyattn_tensor* dv, const anyattn_tensor* dsinks,
+                                       const anyattn_tensor* cu_seqlens_q,
+                                       const anyattn_tensor* cu_seqlens_k,
+                                       const anyattn_tensor* seqused_k, int64_t max_seqlen_q,
+                                       int64_t max_seqlen_k, const anyattn_fwd_params* params);
 
 }  // namespace anyattn::api
 

@@ -8,8 +8,8 @@
 
 #include "cpu/bwd_args.h"
 #include "cpu/bwd_layout.h"
-#include "cpu/half.h"
 #include "cpu/bwd_philox.h"
+#include "cpu/half.h"
 #include "cpu/simd/isa_target.h"
 
 ANYATTN_TARGET_BEGIN("avx2,fma,f16c")
@@ -20,6 +20,12 @@ namespace anyattn::cpu::bwd_avx2 {
 
 constexpr int kGemmRows = 6;
 constexpr int kGemmVecs = 2;
+
+// The dropout factors of 64 keys: the portable loop, vectorised by the compiler in this region.
+inline void dropout_row_factors(PhiloxKey key, int64_t b, int64_t h, int64_t i, int64_t j0,
+                                uint32_t threshold, float keep_scale, float* factor) {
+  dropout_keep_factors64(key, b, h, i, j0, threshold, keep_scale, factor);
+}
 
 #include "cpu/bwd_kernel-inl.h"
 

@@ -8,8 +8,8 @@
 
 #include "cpu/bwd_args.h"
 #include "cpu/bwd_layout.h"
-#include "cpu/half.h"
 #include "cpu/bwd_philox.h"
+#include "cpu/half.h"
 #include "cpu/simd/isa_target.h"
 
 // GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics
@@ -27,6 +27,14 @@ namespace anyattn::cpu::bwd_avx512 {
 
 constexpr int kGemmRows = 6;
 constexpr int kGemmVecs = 4;
+
+#include "cpu/bwd_philox_avx512-inl.h"
+
+// The dropout factors of 64 keys, in AVX-512 integer code.
+inline void dropout_row_factors(PhiloxKey key, int64_t b, int64_t h, int64_t i, int64_t j0,
+                                uint32_t threshold, float keep_scale, float* factor) {
+  dropout_keep_factors64_avx512(key, b, h, i, j0, threshold, keep_scale, factor);
+}
 
 #include "cpu/bwd_kernel-inl.h"
 

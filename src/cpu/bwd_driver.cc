@@ -13,13 +13,13 @@
 
 namespace anyattn::cpu {
 
-#define ANYATTN_BWD_KERNEL(ns, isa, name)                                                     \
-  namespace ns {                                                                              \
-  void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta);               \
-  void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,            \
-                const float* delta, float* scratch);                                          \
-  void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, int64_t h,    \
-                 const float* partials, int64_t chunk_stride, int64_t chunks);                \
+#define ANYATTN_BWD_KERNEL(ns, isa, name)                                                  \
+  namespace ns {                                                                           \
+  void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta);            \
+  void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,         \
+                const float* delta, float* scratch);                                       \
+  void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, int64_t h, \
+                 const float* partials, int64_t chunk_stride, int64_t chunks);             \
   }
 #include "cpu/bwd_kernels.inc"
 #undef ANYATTN_BWD_KERNEL
@@ -56,7 +56,9 @@ constexpr int64_t kWantedTasks = 16;
 constexpr int64_t kMaxChunks = 16;
 constexpr int64_t kPartialBudgetBytes = int64_t{128} << 20;
 
-int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div64(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Number of 64-row blocks overlapping [first, last] (0 when empty).
 int64_t blocks_between(int64_t first, int64_t last) {
@@ -111,7 +113,8 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
   int64_t chunks = std::min({ceil_div64(kWantedTasks, std::max<int64_t>(pairs, 1)), kMaxChunks,
                              std::max<int64_t>(max_blocks, 1)});
   const int64_t partial_row_bytes = std::max<int64_t>(total_rows * layout.d_pad * 4, 1);
-  if (chunks > 1) chunks = std::max<int64_t>(1, std::min(chunks, kPartialBudgetBytes / partial_row_bytes));
+  if (chunks > 1)
+    chunks = std::max<int64_t>(1, std::min(chunks, kPartialBudgetBytes / partial_row_bytes));
   layout.num_chunks = chunks;
   layout.chunk_keys = ceil_div64(max_blocks, chunks) * kBwdBlock;
   const bool partials = chunks > 1;
@@ -139,8 +142,9 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
         task.seq = seqs[b];
         task.head_k = head_k;
         task.key_begin = BwdLayout::chunk_first_block(blocks, seq_chunks, c) * kBwdBlock;
-        task.key_end = std::min(seqs[b].seq.seqlen_k,
-                                BwdLayout::chunk_first_block(blocks, seq_chunks, c + 1) * kBwdBlock);
+        task.key_end =
+            std::min(seqs[b].seq.seqlen_k,
+                     BwdLayout::chunk_first_block(blocks, seq_chunks, c + 1) * kBwdBlock);
         task.dq_partial = seq_chunks > 1 ? partial_base + c * chunk_stride : nullptr;
         tasks.push_back(task);
         costs.push_back(task_cost(f, task));
@@ -165,8 +169,7 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
       double sum = 0.0;
       for (const BwdSeq& s : seqs) {
         for (int64_t i = 0; i < s.seq.seqlen_q; ++i) {
-          const double lse =
-              f.lse[s.seq.lse_offset + h * f.lse_head_stride + i * f.lse_row_stride];
+          const double lse = f.lse[s.seq.lse_offset + h * f.lse_head_stride + i * f.lse_row_stride];
           sum += std::exp(sink - lse) * delta[s.row_first + h * s.seq.seqlen_q + i];
         }
       }

@@ -2,7 +2,9 @@
 //
 // Included by bwd_<isa>.cc inside namespace anyattn::cpu::bwd_<isa> (inside that ISA's target
 // region), after Vec (simd/vec_<isa>.h), exp2/tanh (simd/vec_math-inl.h) and the register tile
-//   kGemmRows x kGemmVecs   rows x column vectors of the C += A B micro-kernel.
+//   kGemmRows x kGemmVecs   rows x column vectors of the C += A B micro-kernel
+// and dropout_row_factors(key, b, h, i, j0, threshold, keep_scale, z): that ISA's
+// dropout_keep_factors64 (bwd_philox.h), the dropout factors of 64 keys of one row.
 //
 // Math (docs/backward.md): with x = <q_i, k_j> * scale, t = tanh(x / softcap), s = softcap * t (or
 // s = x), s += ALiBi, P = exp(s - lse_i), Z the dropout factors (0 or 1/(1-p); 1 without dropout)
@@ -190,9 +192,9 @@ inline void store_row(const float* src, int64_t n, float scale, DType dtype, voi
 // ---------------------------------------------------------------------------------------------
 
 struct TileMath {
-  float scale_log2 = 0.f;      // softmax_scale * log2(e), without softcap
+  float scale = 0.f;           // softmax_scale, without softcap
   float scale_over_cap = 0.f;  // softmax_scale / softcap, with softcap
-  float cap_log2 = 0.f;        // softcap * log2(e)
+  float cap = 0.f;             // softcap
   bool softcap = false;
   bool alibi = false;
   bool dropout = false;
@@ -202,9 +204,9 @@ inline TileMath tile_math(const BwdArgs& args) {
   const FwdArgs& f = args.fwd;
   TileMath m;
   m.softcap = f.softcap > 0.f;
-  m.scale_log2 = f.softmax_scale * kLog2eF;
+  m.scale = f.softmax_scale;
   m.scale_over_cap = m.softcap ? f.softmax_scale / f.softcap : 0.f;
-  m.cap_log2 = f.softcap * kLog2eF;
+  m.cap = f.softcap;
   m.alibi = f.alibi_slopes != nullptr;
   m.dropout = args.dropout_p > 0.f;
   return m;
@@ -212,31 +214,42 @@ inline TileMath tile_math(const BwdArgs& args) {
 
 // One row of a tile, kTile columns (keys): s_row holds raw scores <q, k>, dp_row holds
 // <dout, v>. On return s_row holds P Z and dp_row holds dX (the gradient of the pre-softcap
-// score, unscaled). Columns outside [lo, hi) get 0 in both when `mask`. lse2 is the row's LSE in
-// log2 units, delta its rowsum(dout * out); the ALiBi distance of column c is |alibi_base + c|;
-// z_row holds the dropout factors.
-inline void tile_row_gradients(const TileMath& m, float neg_slope_log2, float* s_row, float* dp_row,
-                               const float* z_row, float lse2_row, float delta_row,
+// score, unscaled). Columns outside [lo, hi) get 0 in both when `mask`. neg_lse is minus the
+// row's LSE (-inf for a row that saw no key, so that its P is exactly 0), delta its
+// rowsum(dout * out); the ALiBi distance of column c is |alibi_base + c|; z_row holds the dropout
+// factors. s - lse is formed in natural-log units with one fused multiply-add where possible
+// (no ALiBi), and only then scaled by log2(e) for exp2: P's relative error stays a few ulps even
+// when the scores and the LSE are large and nearly cancel.
+inline void tile_row_gradients(const TileMath& m, float neg_slope, float* s_row, float* dp_row,
+                               const float* z_row, float neg_lse_row, float delta_row,
                                float alibi_base, bool mask, float lo, float hi) {
   const Vec iota = Vec::iota();
   const Vec zero = Vec::zero();
   const Vec one = Vec::broadcast(1.f);
-  const Vec lse2 = Vec::broadcast(lse2_row);
+  const Vec log2e = Vec::broadcast(kLog2eF);
+  const Vec neg_lse = Vec::broadcast(neg_lse_row);
   const Vec delta = Vec::broadcast(delta_row);
   for (int64_t c = 0; c < kTile; c += kLanes) {
     const Vec position = iota + Vec::broadcast(static_cast<float>(c));
     const Vec x = Vec::load(s_row + c);
-    Vec t = zero, s2;
+    Vec t = zero, factor, score;
     if (m.softcap) {
       t = tanh(x * Vec::broadcast(m.scale_over_cap));
-      s2 = t * Vec::broadcast(m.cap_log2);
+      score = t;
+      factor = Vec::broadcast(m.cap);
     } else {
-      s2 = x * Vec::broadcast(m.scale_log2);
+      score = x;
+      factor = Vec::broadcast(m.scale);
     }
+    Vec centered;  // s - lse
     if (m.alibi) {
-      s2 = fma(Vec::broadcast(neg_slope_log2), abs(Vec::broadcast(alibi_base) + position), s2);
+      const Vec s = fma(Vec::broadcast(neg_slope), abs(Vec::broadcast(alibi_base) + position),
+                        score * factor);
+      centered = s + neg_lse;
+    } else {
+      centered = fma(score, factor, neg_lse);
     }
-    const Vec p = exp2(s2 - lse2);
+    const Vec p = exp2(centered * log2e);
     Vec dp = Vec::load(dp_row + c);
     Vec kept = p;
     if (m.dropout) {
@@ -255,15 +268,15 @@ inline void tile_row_gradients(const TileMath& m, float neg_slope_log2, float* s
   }
 }
 
-inline float neg_slope_log2(const FwdArgs& f, int64_t b, int64_t h) {
+inline float neg_slope_of(const FwdArgs& f, int64_t b, int64_t h) {
   if (f.alibi_slopes == nullptr) return 0.f;
-  return -f.alibi_slopes[b * f.alibi_batch_stride + h * f.alibi_head_stride] * kLog2eF;
+  return -f.alibi_slopes[b * f.alibi_batch_stride + h * f.alibi_head_stride];
 }
 
-// lse in log2 units; a row that saw no key (lse = -inf) gets +inf so that its P is exactly 0.
-inline float lse_log2(const FwdArgs& f, const SeqInfo& seq, int64_t h, int64_t i) {
+// -lse of row i; -inf for a row that saw no key (lse = -inf), so that its P is exactly 0.
+inline float neg_lse_of(const FwdArgs& f, const SeqInfo& seq, int64_t h, int64_t i) {
   const float lse = f.lse[seq.lse_offset + h * f.lse_head_stride + i * f.lse_row_stride];
-  return lse == -kInfinityF ? kInfinityF : lse * kLog2eF;
+  return lse == -kInfinityF ? -kInfinityF : -lse;
 }
 
 // [lo, hi) clipped to [0, kTile), as floats for select_in_range.
@@ -316,9 +329,9 @@ void pack_key_block(const FwdArgs& f, const SeqInfo& seq, int64_t head_k, const 
                     int64_t n_pad, int64_t j0, int64_t count, float* rows, float* panel) {
   for (int64_t j = 0; j < kTile; ++j) {
     if (j < count) {
-      load_row(element_address(base, f.dtype,
-                               key_row_offset(f, seq, j0 + j, head_k, batch_stride, row_stride,
-                                              head_stride)),
+      load_row(element_address(
+                   base, f.dtype,
+                   key_row_offset(f, seq, j0 + j, head_k, batch_stride, row_stride, head_stride)),
                f.dtype, n, n_pad, rows + j * n_pad);
     } else {
       zero_floats(rows + j * n_pad, n_pad);
@@ -358,7 +371,7 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
 
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = task.head_k * group + g;
-    const float slope = neg_slope_log2(f, seq.batch, h);
+    const float slope = neg_slope_of(f, seq.batch, h);
     const float* delta_head = delta_all + task.seq.row_first + h * seq.seqlen_q;
     for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kTile) {
       const int64_t rows = std::min(kTile, seq.seqlen_q - i0);
@@ -372,11 +385,11 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
           load_row(element_address(f.q, f.dtype,
                                    seq.q_offset + i * f.q_row_stride + h * f.q_head_stride),
                    f.dtype, f.head_dim, d_pad, s.q + r * d_pad);
-          load_row(element_address(args.dout, f.dtype,
-                                   task.seq.dout_offset + i * args.dout_row_stride +
-                                       h * args.dout_head_stride),
+          load_row(element_address(
+                       args.dout, f.dtype,
+                       task.seq.dout_offset + i * args.dout_row_stride + h * args.dout_head_stride),
                    f.dtype, f.head_dim_v, dv_pad, s.dout + r * dv_pad);
-          s.lse2[r] = lse_log2(f, seq, h, i);
+          s.neg_lse[r] = neg_lse_of(f, seq, h, i);
           s.delta[r] = delta_head[i];
         }
         if (i0 + kTile < seq.seqlen_q) {
@@ -403,8 +416,8 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
                       s.dp, kTile, false);
           if (m.dropout) {
             for (int64_t r = 0; r < rows; ++r) {
-              dropout_keep_factors64(dropout_rng, seq.batch, h, i0 + r, j0, threshold, keep_scale,
-                                     s.z + r * kTile);
+              dropout_row_factors(dropout_rng, seq.batch, h, i0 + r, j0, threshold, keep_scale,
+                                  s.z + r * kTile);
             }
           }
           // Query i sees key j iff i + offset - window_left <= j <= i + offset + window_right
@@ -417,7 +430,7 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
                 clip_columns(i + offset - f.window_left - j0,
                              std::min(i + offset + f.window_right + 1, seq.seqlen_k) - j0);
             tile_row_gradients(m, slope, s.s + r * kTile, s.dp + r * kTile, s.z + r * kTile,
-                               s.lse2[r], s.delta[r], static_cast<float>(j0 - i - offset), mask,
+                               s.neg_lse[r], s.delta[r], static_cast<float>(j0 - i - offset), mask,
                                range.lo, range.hi);
           }
           gemm<true>(keys, dv_pad, rows, s.s, kTile, s.dout, dv_pad, dv, dv_pad, true);
@@ -429,12 +442,13 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
         const int64_t i = i0 + r;
         if (task.dq_partial == nullptr) {
           store_row(s.dq + r * d_pad, f.head_dim, f.softmax_scale, f.dtype,
-                    element_address(args.dq, f.dtype,
-                                    task.seq.dq_offset + i * args.dq_row_stride +
-                                        h * args.dq_head_stride));
+                    element_address(
+                        args.dq, f.dtype,
+                        task.seq.dq_offset + i * args.dq_row_stride + h * args.dq_head_stride));
         } else {
           float* partial = task.dq_partial + (task.seq.row_first + h * seq.seqlen_q + i) * d_pad;
-          for (int64_t c = 0; c < d_pad; c += kLanes) Vec::load(s.dq + r * d_pad + c).store(partial + c);
+          for (int64_t c = 0; c < d_pad; c += kLanes)
+            Vec::load(s.dq + r * d_pad + c).store(partial + c);
         }
       }
     }

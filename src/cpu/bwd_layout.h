@@ -56,10 +56,10 @@ struct BwdTask {
 };
 
 struct BwdLayout {
-  int64_t d_pad = 0;         // D rounded up to 16
-  int64_t dv_pad = 0;        // Dv rounded up to 16
-  int64_t num_chunks = 1;    // key chunks per sequence (fewer when a sequence has fewer blocks)
-  int64_t chunk_keys = 0;    // keys of the largest chunk, a multiple of 64
+  int64_t d_pad = 0;       // D rounded up to 16
+  int64_t dv_pad = 0;      // Dv rounded up to 16
+  int64_t num_chunks = 1;  // key chunks per sequence (fewer when a sequence has fewer blocks)
+  int64_t chunk_keys = 0;  // keys of the largest chunk, a multiple of 64
 
   // Key blocks [first, end) of chunk c of a sequence with `blocks` key blocks: an even split.
   static int64_t chunk_first_block(int64_t blocks, int64_t chunks, int64_t c) {
@@ -82,7 +82,8 @@ struct BwdLayout {
 //   dk  [chunk_keys][d_pad], dv [chunk_keys][dv_pad]   f32 accumulators
 // Query side, per 64-row query block:
 //   q [64][d_pad], dout [64][dv_pad], dq [64][d_pad], rows [64][dv_pad] (V rows while packing)
-// Tiles: s, dp, z [64][64] (scores then P Z; dP then dS; dropout factors); per row lse2, delta.
+// Tiles: s, dp, z [64][64] (scores then P Z; dP then dS; dropout factors); per row neg_lse (minus
+// the LSE) and delta.
 struct BwdScratch {
   float* kt = nullptr;
   float* k = nullptr;
@@ -96,7 +97,7 @@ struct BwdScratch {
   float* s = nullptr;
   float* dp = nullptr;
   float* z = nullptr;
-  float* lse2 = nullptr;
+  float* neg_lse = nullptr;
   float* delta = nullptr;
 
   static BwdScratch carve(float* base, const BwdLayout& layout) {
@@ -114,8 +115,8 @@ struct BwdScratch {
     s.s = s.rows + kBwdBlock * layout.dv_pad;
     s.dp = s.s + kBwdBlock * kBwdBlock;
     s.z = s.dp + kBwdBlock * kBwdBlock;
-    s.lse2 = s.z + kBwdBlock * kBwdBlock;
-    s.delta = s.lse2 + kBwdBlock;
+    s.neg_lse = s.z + kBwdBlock * kBwdBlock;
+    s.delta = s.neg_lse + kBwdBlock;
     return s;
   }
 };

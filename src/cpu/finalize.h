@@ -1,10 +1,11 @@
 // Turning unnormalised attention state into the final output row and LSE, shared by every ISA's
 // kernel (one partial) and by the split-KV merge (several partials).
 //
-// A partial result over a key subset is (o, m, l): m the largest score seen (log2 units, -inf if
-// none), l = sum_j 2^(s_j - m), o = sum_j 2^(s_j - m) v_j. Partials over disjoint key sets combine
-// exactly: with M = max(m_k, sink), denominator = sum_k l_k 2^(m_k - M) + 2^(sink - M), and
-// out = sum_k o_k 2^(m_k - M) / denominator, lse = ln 2 * (M + log2(denominator)).
+// A partial result over a key subset is (o, m, l): m the largest score seen (natural units, -inf
+// if none), l = sum_j e^(s_j - m), o = sum_j e^(s_j - m) v_j. Partials over disjoint key sets
+// combine exactly: with M = max(m_k, sink), denominator = sum_k l_k e^(m_k - M) + e^(sink - M),
+// out = sum_k o_k e^(m_k - M) / denominator, lse = M + log(denominator). The scalar part runs in
+// double, so no sink or score in the f32 range can overflow it.
 #ifndef ANYATTN_CPU_FINALIZE_H_
 #define ANYATTN_CPU_FINALIZE_H_
 
@@ -18,7 +19,6 @@
 namespace anyattn::cpu {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Partial results of one query row: partial k has o at o + k * o_stride, m[k * ml_stride],
 // l[k * ml_stride].
@@ -31,14 +31,16 @@ struct RowPartials {
   int64_t ml_stride = 0;
 };
 
+// Most partials one row can have (the split-KV limit).
+constexpr int64_t kMaxRowPartials = 64;
+
 // Combines the partials (and `sink`, natural-log score units, when `has_sink`) and writes
 // head_dim_v values of `dtype` to out_row and, if lse is non-null, the row's LSE. A row that saw
 // no key writes zeros and LSE -inf (or the sink). NaN in any partial makes the row NaN.
 inline void combine_and_store_row(const RowPartials& parts, bool has_sink, float sink,
                                   int64_t head_dim_v, DType dtype, void* out_row, float* lse) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  const float sink_log2 = sink * kLog2e;
-  float top = has_sink ? sink_log2 : kNegInf;
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+  double top = has_sink ? static_cast<double>(sink) : kNegInf;
   bool any_keys = false;
   bool any_nan = false;
   for (int64_t k = 0; k < parts.count; ++k) {
@@ -50,32 +52,28 @@ inline void combine_and_store_row(const RowPartials& parts, bool has_sink, float
   }
   if (!any_keys && !any_nan) {
     for (int64_t c = 0; c < head_dim_v; ++c) store_element(out_row, dtype, c, 0.f);
-    if (lse != nullptr) lse[0] = has_sink ? sink : kNegInf;
+    if (lse != nullptr) lse[0] = has_sink ? sink : -std::numeric_limits<float>::infinity();
     return;
   }
-  float weights[64];  // per-partial factor 2^(m_k - M); splits never exceed 64 per row
-  float denominator = has_sink ? std::exp2(sink_log2 - top) : 0.f;
+  double denominator = has_sink ? std::exp(static_cast<double>(sink) - top) : 0.0;
+  double factors[kMaxRowPartials];
   for (int64_t k = 0; k < parts.count; ++k) {
     const float m = parts.m[k * parts.ml_stride];
     const float l = parts.l[k * parts.ml_stride];
-    weights[k] = l != 0.f || std::isnan(l) ? std::exp2(m - top) : 0.f;
-    if (any_nan) weights[k] = std::numeric_limits<float>::quiet_NaN();
-    denominator += l * weights[k];
+    factors[k] = l != 0.f || std::isnan(l) ? std::exp(static_cast<double>(m) - top) : 0.0;
+    if (any_nan) factors[k] = std::numeric_limits<double>::quiet_NaN();
+    denominator += static_cast<double>(l) * factors[k];
   }
+  // In double, rounded to f32 once: (sum_k o_k e^(m_k - M)) / denominator.
   for (int64_t c = 0; c < head_dim_v; ++c) {
-    float sum = 0.f;
+    double sum = 0.0;
     for (int64_t k = 0; k < parts.count; ++k) {
-      if (weights[k] != 0.f) sum += parts.o[k * parts.o_stride + c] * weights[k];
+      if (factors[k] != 0.0)
+        sum += static_cast<double>(parts.o[k * parts.o_stride + c]) * factors[k];
     }
-    // A division, not a multiplication by 1/denominator: one rounding instead of two.
-    store_element(out_row, dtype, c, sum / denominator);
+    store_element(out_row, dtype, c, static_cast<float>(sum / denominator));
   }
-  // In double: one rounding to f32 at the end instead of three.
-  if (lse != nullptr) {
-    lse[0] = static_cast<float>(
-        (static_cast<double>(top) + std::log2(static_cast<double>(denominator))) *
-        0.69314718055994530942);
-  }
+  if (lse != nullptr) lse[0] = static_cast<float>(top + std::log(denominator));
 }
 
 }  // namespace anyattn::cpu

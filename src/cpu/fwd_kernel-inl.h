@@ -7,10 +7,11 @@
 //
 // Design (one AttendTask = up to 64 query rows of one head against a range of 64-key blocks):
 //
-//   Q rows are converted to f32 and pre-scaled once per task by scale * log2(e) (or by
-//   scale / softcap when softcap is on), so scores come out in log2 units and the softmax needs
-//   only exp2. K and V were packed by pack_block once per (batch, kv head) and are shared by every
-//   task of that kv head, including all query heads of a GQA group.
+//   Q rows are converted to f32 and pre-scaled once per task by softmax_scale, so scores come out
+//   in natural units (log2(e) is applied inside the exponent, (s - max) * log2(e), never to q or
+//   to a score: folding it in earlier overflows or underflows f32 for extreme scales and softcaps).
+//   K and V were packed by pack_block once per (batch, kv head) and are shared by every task of
+//   that kv head, including all query heads of a GQA group.
 //
 //   Per key block (64 keys):
 //     1. S[rows][64] = Q K^T with a kScoreRows x (kScoreVecs * lanes) register tile: per head-dim
@@ -192,9 +193,10 @@ struct TaskRows {
 
 struct ScoreTransform {
   bool softcap = false;
-  float softcap_log2 = 0.f;  // softcap * log2(e)
+  float softcap_value = 0.f;
+  float inverse_softcap = 0.f;
   bool alibi = false;
-  const float* neg_slope_log2 = nullptr;  // per query head of the rows: -slope * log2(e)
+  const float* neg_slope = nullptr;  // per query head of the rows: -slope
 };
 
 // Applies softcap, ALiBi and (when `apply_mask`) the window/end-of-keys mask to the scores of the
@@ -204,7 +206,8 @@ inline void transform_scores(const FwdArgs& args, const SeqInfo& seq,
                              int64_t j0, float* s) {
   const Vec iota = Vec::iota();
   const Vec negative_infinity = Vec::broadcast(kNegInfinity);
-  const Vec cap = Vec::broadcast(transform.softcap_log2);
+  const Vec cap = Vec::broadcast(transform.softcap_value);
+  const Vec inverse_cap = Vec::broadcast(transform.inverse_softcap);
   for (int64_t r = 0; r < rows.count; ++r) {
     float* s_row = s + r * kKeyBlock;
     const int64_t i = rows.position(r);
@@ -212,13 +215,14 @@ inline void transform_scores(const FwdArgs& args, const SeqInfo& seq,
         apply_mask ? visible_in_block(args, seq, i, j0) : VisibleRange{0, kKeyBlock};
     const float lo = static_cast<float>(range.lo);
     const float hi = static_cast<float>(range.hi);
-    const Vec slope = Vec::broadcast(transform.neg_slope_log2[r / rows.positions]);
+    const Vec slope =
+        Vec::broadcast(transform.alibi ? transform.neg_slope[r / rows.positions] : 0.f);
     // Distance origin for ALiBi: key j is at |diagonal - (j - j0)| from the diagonal.
     const Vec diagonal = Vec::broadcast(static_cast<float>(i + seq.seqlen_k - seq.seqlen_q - j0));
     for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
       Vec x = Vec::load(s_row + c);
       const Vec position = iota + Vec::broadcast(static_cast<float>(c));
-      if (transform.softcap) x = cap * tanh(x);
+      if (transform.softcap) x = cap * tanh(x * inverse_cap);
       if (transform.alibi) x = fma(slope, abs(diagonal - position), x);
       if (apply_mask) x = select_in_range(x, position, lo, hi, negative_infinity);
       x.store(s_row + c);
@@ -226,9 +230,10 @@ inline void transform_scores(const FwdArgs& args, const SeqInfo& seq,
   }
 }
 
-// One online-softmax step for one row and one key block: s_row (64 scores, log2 units, masked
-// = -inf) becomes probabilities relative to the updated max; *m and *l are updated and o_row is
-// rescaled only if the max moved. NaN scores make the row NaN.
+// One online-softmax step for one row and one key block: s_row (64 scores, natural units,
+// masked = -inf) becomes probabilities relative to the updated max; *m and *l are updated and
+// o_row is rescaled only if the max moved. NaN scores make the row NaN, and so does a +inf score
+// (an infinite input, or a product beyond the f32 range), as in exact arithmetic (inf - inf).
 inline void online_softmax_row(float* s_row, float* m, float* l, float* o_row, int64_t dv_pad) {
   Vec block_max_vec = Vec::load(s_row);
   for (int64_t c = kLanes; c < kKeyBlock; c += kLanes) {
@@ -248,14 +253,15 @@ inline void online_softmax_row(float* s_row, float* m, float* l, float* o_row, i
     return;
   }
   const Vec shift = Vec::broadcast(new_max);
+  const Vec log2e = Vec::broadcast(kLog2e);
   Vec sum = Vec::zero();
   for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
-    const Vec p = exp2(Vec::load(s_row + c) - shift);
+    const Vec p = exp2((Vec::load(s_row + c) - shift) * log2e);
     p.store(s_row + c);
     sum = sum + p;
   }
   if (!(new_max == old_max)) {
-    const float alpha = std::exp2(old_max - new_max);
+    const float alpha = std::exp(old_max - new_max);
     *l *= alpha;
     const Vec scale = Vec::broadcast(alpha);
     for (int64_t c = 0; c < dv_pad; c += kLanes) (Vec::load(o_row + c) * scale).store(o_row + c);
@@ -429,16 +435,16 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
 
   ScoreTransform transform;
   transform.softcap = args.softcap > 0.f;
-  transform.softcap_log2 = args.softcap * kLog2e;
+  transform.softcap_value = args.softcap;
+  transform.inverse_softcap = transform.softcap ? 1.f / args.softcap : 0.f;
   transform.alibi = args.alibi_slopes != nullptr;
-  float neg_slopes_log2[kMaxQBlockRows];
+  float neg_slopes[kMaxQBlockRows];
   for (int64_t h = 0; transform.alibi && h < task.heads; ++h) {
     const float slope = args.alibi_slopes[seq.batch * args.alibi_batch_stride +
                                           (task.head_q_begin + h) * args.alibi_head_stride];
-    neg_slopes_log2[h] = -slope * kLog2e;
+    neg_slopes[h] = -slope;
   }
-  const float q_scale =
-      transform.softcap ? args.softmax_scale / args.softcap : args.softmax_scale * kLog2e;
+  const float q_scale = args.softmax_scale;
 
   // Q rows, converted, rotated (KV cache with rotary) and pre-scaled.
   for (int64_t r = 0; r < rows.count; ++r) {
@@ -493,7 +499,7 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
       float* o = scratch.o + r0 * dv_pad;
       compute_scores(scratch.q + r0 * head_dim, rows_per_kv, kt, head_dim, s);
       if (transform.softcap || transform.alibi || crosses_boundary) {
-        transform.neg_slope_log2 = neg_slopes_log2 + h * heads_per_kv;
+        transform.neg_slope = neg_slopes + h * heads_per_kv;
         transform_scores(args, seq, transform, crosses_boundary, head_rows, j0, s);
       }
       for (int64_t r = 0; r < rows_per_kv; ++r) {

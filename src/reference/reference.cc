@@ -133,8 +133,17 @@ void attend_one_sequence(const SequenceInputs& in, const ScoreOptions& options, 
       // 3. Softmax with the sink in the denominator, shifted by the row max for range only.
       //    A NaN score is skipped by the max but poisons the sum below, as it should.
       double row_max = sink;
+      bool any_nan = false;
       for (int64_t j = 0; j < Sk; ++j) {
         if (visible[j] && scores[j] > row_max) row_max = scores[j];
+        if (visible[j] && std::isnan(scores[j])) any_nan = true;
+      }
+      // Every visible score is -inf (an infinite q or k can do that): each weight is 0 in the
+      // limit, so the row is treated as fully masked, as flash-attn does.
+      if (row_max == kMinusInf && !any_nan) {
+        for (int64_t d = 0; d < Dv; ++d) out_i[d] = 0.0;
+        lse[h * lse_head_stride + i] = sink;
+        continue;
       }
       double denominator = has_sink ? std::exp(sink - row_max) : 0.0;
       for (int64_t j = 0; j < Sk; ++j) {

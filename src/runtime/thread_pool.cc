@@ -131,9 +131,10 @@ class Pool {
   }
 
   // In a forked child only the forking thread exists: forget the parent's workers (their handles
-  // are leaked on purpose; joining them would hang) and start afresh.
+  // are leaked on purpose; joining them would hang) and start afresh. The abandoned handles stay
+  // reachable from abandoned_after_fork_ so that LeakSanitizer does not report them at exit.
   void reset_after_fork() {
-    workers_.release();
+    abandoned_after_fork_ = new AbandonedWorkers{workers_.release(), abandoned_after_fork_};
     workers_ = std::make_unique<std::vector<std::thread>>();
     new (&call_mutex_) std::mutex();
     new (&state_mutex_) std::mutex();
@@ -142,6 +143,12 @@ class Pool {
     pending_workers_.store(0);
     job_threads_ = 0;
   }
+
+  struct AbandonedWorkers {
+    std::vector<std::thread>* workers;
+    AbandonedWorkers* next;
+  };
+  static inline AbandonedWorkers* abandoned_after_fork_ = nullptr;
 
   std::mutex call_mutex_;   // held by the lease owner for a whole call
   std::mutex state_mutex_;  // guards the job fields and the condition variables

@@ -1,0 +1,231 @@
+// Shared machinery of the libFuzzer harnesses (fuzz/README.md): tensors over small real buffers
+// whose every addressed element lies inside the allocation (so AddressSanitizer sees any access
+// the library makes outside the caller's view), random strides (permuted, padded, zero, negative),
+// sentinel-filled outputs, and the checks each harness applies after a call:
+//   - an error status leaves every output byte untouched and sets a non-empty message;
+//   - a success writes only the logical elements of the outputs and matches the f64 reference
+//     within a loose bound of the dtype (fuzz_check_close).
+// A failed check calls __builtin_trap() so that libFuzzer records the input as a crash.
+#ifndef ANYATTN_FUZZ_FUZZ_COMMON_H_
+#define ANYATTN_FUZZ_FUZZ_COMMON_H_
+
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "anyattn/anyattn.h"
+#include "reference/half_convert.h"
+#include "reference/reference.h"
+
+namespace anyattn_fuzz {
+
+[[noreturn]] inline void fail(const char* what, int64_t index, double got, double want) {
+  std::fprintf(stderr, "anyattn fuzz check failed: %s at %lld: got %.9g want %.9g (%s)\n", what,
+               static_cast<long long>(index), got, want, anyattn_last_error());
+  __builtin_trap();
+}
+
+// Prints a descriptor (for the report of a failed check).
+inline void print_tensor(const char* name, const anyattn_tensor* t) {
+  if (t == nullptr) {
+    std::fprintf(stderr, "  %s: NULL\n", name);
+    return;
+  }
+  std::fprintf(stderr, "  %s: dtype %d shape (", name, t->dtype);
+  for (int d = 0; d < t->ndim; ++d)
+    std::fprintf(stderr, "%lld ", static_cast<long long>(t->shape[d]));
+  std::fprintf(stderr, ") strides (");
+  for (int d = 0; d < t->ndim; ++d) {
+    std::fprintf(stderr, "%lld ", static_cast<long long>(t->strides[d]));
+  }
+  std::fprintf(stderr, ") data %p\n", t->data);
+}
+
+inline int64_t dtype_bytes(int32_t dtype) {
+  return dtype == ANYATTN_DTYPE_F16 || dtype == ANYATTN_DTYPE_BF16 ? 2 : 4;
+}
+
+// How a tensor's strides are laid out.
+enum class StrideKind {
+  kContiguous,  // C-contiguous
+  kPadded,      // every non-last stride padded by a few elements
+  kPermuted,    // the non-last dimensions stored in another order
+  kZero,        // one non-last dimension broadcast (stride 0); never valid for outputs
+  kNegative,    // one non-last dimension reversed
+};
+
+// A tensor over its own buffer. The buffer covers exactly the element offsets the strides can
+// address ([min_offset, max_offset]), so any access outside the view is outside the allocation.
+struct FuzzTensor {
+  anyattn_tensor t{};
+  std::unique_ptr<unsigned char[]> storage;
+  int64_t storage_bytes = 0;
+  int64_t base_element = 0;  // element offset of t.data within storage
+
+  // Element offsets (relative to t.data) of every logical element, in row-major index order.
+  std::vector<int64_t> offsets() const {
+    std::vector<int64_t> result;
+    int64_t n = 1;
+    for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];
+    result.reserve(static_cast<size_t>(n));
+    int64_t index[ANYATTN_MAX_NDIM] = {0, 0, 0, 0};
+    for (int64_t e = 0; e < n; ++e) {
+      int64_t offset = 0;
+      for (int d = 0; d < t.ndim; ++d) offset += index[d] * t.strides[d];
+      result.push_back(offset);
+      for (int d = t.ndim - 1; d >= 0; --d) {
+        if (++index[d] < t.shape[d]) break;
+        index[d] = 0;
+      }
+    }
+    return result;
+  }
+};
+
+// Builds a tensor of `shape` (ndim dims) with strides of `kind`, over a buffer filled with
+// `fill` bytes. Shapes are small (the harnesses bound them), so nothing overflows here.
+inline FuzzTensor make_tensor(int32_t dtype, int ndim, const int64_t* shape, StrideKind kind,
+                              int which_dim, int pad, unsigned char fill) {
+  FuzzTensor f;
+  f.t.dtype = dtype;
+  f.t.ndim = ndim;
+  int order[ANYATTN_MAX_NDIM] = {0, 1, 2, 3};
+  if (kind == StrideKind::kPermuted && ndim > 2) {
+    std::swap(order[which_dim % (ndim - 1)], order[(which_dim + 1) % (ndim - 1)]);
+  }
+  // Strides from the innermost stored dimension outwards.
+  int64_t stride = 1;
+  for (int k = ndim - 1; k >= 0; --k) {
+    const int d = order[k];
+    f.t.shape[d] = shape[d];
+    f.t.strides[d] = stride;
+    stride *= std::max<int64_t>(shape[d], 1) + (kind == StrideKind::kPadded && k > 0 ? pad : 0);
+  }
+  if (ndim > 1 && kind == StrideKind::kZero) f.t.strides[which_dim % (ndim - 1)] = 0;
+  if (ndim > 1 && kind == StrideKind::kNegative) {
+    f.t.strides[which_dim % (ndim - 1)] *= -1;
+  }
+  int64_t low = 0, high = 0;
+  bool empty = false;
+  for (int d = 0; d < ndim; ++d) {
+    if (shape[d] == 0) empty = true;
+    const int64_t span = (shape[d] - 1) * f.t.strides[d];
+    if (span > 0) high += span;
+    if (span < 0) low += span;
+  }
+  if (empty) low = high = 0;
+  const int64_t elements = high - low + 1;
+  f.storage_bytes = elements * dtype_bytes(dtype);
+  f.storage.reset(new unsigned char[static_cast<size_t>(f.storage_bytes)]);
+  std::memset(f.storage.get(), fill, static_cast<size_t>(f.storage_bytes));
+  f.base_element = -low;
+  f.t.data = f.storage.get() + f.base_element * dtype_bytes(dtype);
+  return f;
+}
+
+// Stores `value` rounded to the tensor's dtype at element offset `offset`.
+inline void store_value(const FuzzTensor& f, int64_t offset, double value) {
+  unsigned char* p = static_cast<unsigned char*>(f.t.data) + offset * dtype_bytes(f.t.dtype);
+  if (f.t.dtype == ANYATTN_DTYPE_F16) {
+    const uint16_t h = anyattn::reference::f32_to_f16(static_cast<float>(value));
+    std::memcpy(p, &h, 2);
+  } else if (f.t.dtype == ANYATTN_DTYPE_BF16) {
+    const uint16_t h = anyattn::reference::f32_to_bf16(static_cast<float>(value));
+    std::memcpy(p, &h, 2);
+  } else if (f.t.dtype == ANYATTN_DTYPE_I32) {
+    const int32_t i = static_cast<int32_t>(value);
+    std::memcpy(p, &i, 4);
+  } else {
+    const float x = static_cast<float>(value);
+    std::memcpy(p, &x, 4);
+  }
+}
+
+// Fills every logical element with a value in [-2, 2] from the fuzz input (0 once it runs out);
+// with `hostile`, some elements become NaN or a subnormal. Infinities are left to
+// tests/reliability_numerics_test.cc: where every score of a row is -inf (an infinite q or k) the
+// f64 reference gives NaN (0/0) and the kernels give the fully-masked answer (0, lse -inf), like
+// flash-attn; docs/reliability.md records the divergence. Harnesses poison at most one of q, k, v
+// per input.
+inline void fill_values(FuzzedDataProvider& data, const FuzzTensor& f, bool hostile) {
+  for (int64_t offset : f.offsets()) {
+    double value = (static_cast<double>(data.ConsumeIntegral<uint8_t>()) - 127.5) / 64.0;
+    if (hostile) {
+      switch (data.ConsumeIntegralInRange<int>(0, 30)) {
+        case 0:
+          value = std::numeric_limits<double>::quiet_NaN();
+          break;
+        case 1:
+          value = 1e-40;
+          break;
+        case 2:
+          value = -1e-41;
+          break;
+        default:
+          break;
+      }
+    }
+    store_value(f, offset, value);
+  }
+}
+
+// A snapshot of an output's bytes, to check what a call wrote.
+struct Snapshot {
+  const FuzzTensor* f = nullptr;
+  std::vector<unsigned char> bytes;
+  explicit Snapshot(const FuzzTensor* tensor) : f(tensor) {
+    if (f != nullptr) bytes.assign(f->storage.get(), f->storage.get() + f->storage_bytes);
+  }
+  bool unchanged() const {
+    return f == nullptr || std::memcmp(bytes.data(), f->storage.get(), bytes.size()) == 0;
+  }
+  // Traps if a byte outside the logical elements changed.
+  void check_padding(const char* what) const {
+    if (f == nullptr) return;
+    std::vector<char> logical(static_cast<size_t>(f->storage_bytes), 0);
+    const int64_t size = dtype_bytes(f->t.dtype);
+    for (int64_t offset : f->offsets()) {
+      for (int64_t b = 0; b < size; ++b) {
+        logical[static_cast<size_t>((f->base_element + offset) * size + b)] = 1;
+      }
+    }
+    for (int64_t b = 0; b < f->storage_bytes; ++b) {
+      if (!logical[b] && bytes[b] != f->storage[b]) fail(what, b, f->storage[b], bytes[b]);
+    }
+  }
+};
+
+// The loose bound of a successful call, relative to the value's scale: f32 outputs must agree
+// with the f64 reference to 5e-5, f16 to 4e-3 and bf16 to 3e-2 (a few units in the last place of
+// the output dtype, plus accumulation error, for inputs in [-2, 2] and moderate scales).
+inline double tolerance(int32_t dtype) {
+  return dtype == ANYATTN_DTYPE_F32 ? 5e-5 : dtype == ANYATTN_DTYPE_F16 ? 4e-3 : 3e-2;
+}
+
+// Compares got (gathered from a tensor) with the reference, element by element:
+// NaN must be NaN, an infinity the same infinity, a finite value within tol * (scale + |want|).
+inline void check_close(const char* what, const std::vector<double>& got,
+                        const std::vector<double>& want, double tol, double scale) {
+  if (got.size() != want.size()) fail(what, -1, static_cast<double>(got.size()), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = want[i];
+    if (std::isnan(w)) {
+      if (!std::isnan(g)) fail(what, static_cast<int64_t>(i), g, w);
+    } else if (std::isinf(w)) {
+      if (g != w) fail(what, static_cast<int64_t>(i), g, w);
+    } else if (!(std::fabs(g - w) <= tol * (scale + std::fabs(w)))) {
+      fail(what, static_cast<int64_t>(i), g, w);
+    }
+  }
+}
+
+}  // namespace anyattn_fuzz
+
+#endif  // ANYATTN_FUZZ_FUZZ_COMMON_H_

@@ -1,0 +1,229 @@
+// libFuzzer harness for anyattn_fwd: random small shapes, dtypes, strides (padded, permuted, zero,
+// negative), GQA ratios, masks, softcap, ALiBi, sinks, split counts, ISA paths and thread counts,
+// hostile values (NaN, inf, subnormals) and hostile parameters (NaN/inf scale, negative softcap,
+// huge windows), plus misuse the validation must reject (null data, aliased outputs, broadcast
+// outputs, bad ranks). Checks: a rejected call writes nothing and explains itself; an accepted
+// call writes only out/lse and matches the f64 reference (fuzz_common.h).
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "fuzz_common.h"
+
+using anyattn_fuzz::FuzzTensor;
+using anyattn_fuzz::StrideKind;
+
+namespace {
+
+StrideKind pick_kind(FuzzedDataProvider& data) {
+  return static_cast<StrideKind>(data.ConsumeIntegralInRange<int>(0, 4));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
+  FuzzedDataProvider data(bytes, size);
+  const int32_t dtypes[] = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16,
+                            ANYATTN_DTYPE_F32, ANYATTN_DTYPE_I32};
+  const int32_t dtype = dtypes[data.ConsumeIntegralInRange<int>(0, 4)];
+  const int64_t B = data.ConsumeIntegralInRange<int64_t>(0, 3);
+  const int64_t Sq = data.ConsumeIntegralInRange<int64_t>(0, 9);
+  const int64_t Sk = data.ConsumeIntegralInRange<int64_t>(0, 9);
+  const int64_t Hk = data.ConsumeIntegralInRange<int64_t>(1, 3);
+  const int64_t ratio = data.ConsumeIntegralInRange<int64_t>(1, 3);
+  const bool bad_heads = data.ConsumeIntegralInRange<int>(0, 15) == 0;
+  const int64_t Hq = Hk * ratio + (bad_heads ? 1 : 0);
+  const int64_t dims[] = {1, 2, 3, 8, 16, 17, 24, 0, 257};
+  const int64_t D = dims[data.ConsumeIntegralInRange<int>(0, 8)];
+  const int64_t Dv = dims[data.ConsumeIntegralInRange<int>(0, 8)];
+  const bool hostile_values = data.ConsumeBool();
+
+  const int64_t q_shape[4] = {B, Sq, Hq, D}, k_shape[4] = {B, Sk, Hk, D};
+  const int64_t v_shape[4] = {B, Sk, Hk, Dv}, out_shape[4] = {B, Sq, Hq, Dv};
+  const int64_t lse_shape[3] = {B, Hq, Sq};
+  auto tensor = [&](int32_t dt, int ndim, const int64_t* shape, unsigned char fill) {
+    const StrideKind kind = pick_kind(data);
+    const int which = data.ConsumeIntegralInRange<int>(0, 3);
+    const int pad = data.ConsumeIntegralInRange<int>(1, 3);
+    return anyattn_fuzz::make_tensor(dt, ndim, shape, kind, which, pad, fill);
+  };
+  FuzzTensor q = tensor(dtype, 4, q_shape, 0), k = tensor(dtype, 4, k_shape, 0);
+  FuzzTensor v = tensor(dtype, 4, v_shape, 0);
+  FuzzTensor out = tensor(dtype, 4, out_shape, 0xA5);
+  FuzzTensor lse = tensor(ANYATTN_DTYPE_F32, 3, lse_shape, 0x5A);
+  const bool valid_dtype = dtype != ANYATTN_DTYPE_I32;
+  if (valid_dtype) {
+    const int poisoned = hostile_values ? data.ConsumeIntegralInRange<int>(0, 2) : -1;
+    anyattn_fuzz::fill_values(data, q, poisoned == 0);
+    anyattn_fuzz::fill_values(data, k, poisoned == 1);
+    anyattn_fuzz::fill_values(data, v, poisoned == 2);
+  }
+
+  // Parameters: moderate ones keep the numeric check meaningful; hostile ones must be rejected
+  // or computed without a crash.
+  anyattn_fwd_params params;
+  anyattn_fwd_params_init(&params);
+  const float scales[] = {0.f, 0.5f, 1.f, NAN, INFINITY, -1.f, 1e30f, 1e-30f};
+  const float softcaps[] = {0.f, 5.f, 50.f, -1.f, NAN, INFINITY, 1e30f};
+  const int32_t windows[] = {
+      -1, 0, 1, 3, -2, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min()};
+  const int scale_pick = data.ConsumeIntegralInRange<int>(0, 7);
+  const int softcap_pick = data.ConsumeIntegralInRange<int>(0, 6);
+  params.softmax_scale = scales[scale_pick];
+  params.softcap = softcaps[softcap_pick];
+  params.causal = data.ConsumeBool() ? 1 : 0;
+  const int wl_pick = data.ConsumeIntegralInRange<int>(0, 6);
+  const int wr_pick = data.ConsumeIntegralInRange<int>(0, 6);
+  params.window_left = data.ConsumeIntegralInRange<int>(0, 3) == 0 ? windows[wl_pick] : -1;
+  params.window_right = data.ConsumeIntegralInRange<int>(0, 3) == 0 ? windows[wr_pick] : -1;
+  const int32_t splits[] = {0, 1, 2, 3, 64, -1};
+  params.num_splits = splits[data.ConsumeIntegralInRange<int>(0, 5)];
+  const int isa_pick = data.ConsumeIntegralInRange<int>(0, 4);
+  params.isa = isa_pick == 4 ? 9 : isa_pick;
+  const int dropout_pick = data.ConsumeIntegralInRange<int>(0, 15);
+  params.dropout_p = dropout_pick == 0 ? 1.0f : dropout_pick == 1 ? NAN : 0.0f;
+
+  // ALiBi slopes (Hq) or (B, Hq) and sinks (Hq), over real buffers.
+  const int alibi_pick = data.ConsumeIntegralInRange<int>(0, 3);
+  const int64_t alibi_rows = alibi_pick == 2 ? B : 1;
+  const int64_t alibi_shape[2] = {alibi_rows, Hq};
+  FuzzTensor alibi = anyattn_fuzz::make_tensor(ANYATTN_DTYPE_F32, alibi_pick == 2 ? 2 : 1,
+                                               alibi_pick == 2 ? alibi_shape : alibi_shape + 1,
+                                               StrideKind::kContiguous, 0, 1, 0);
+  for (int64_t offset : alibi.offsets()) {
+    anyattn_fuzz::store_value(alibi, offset, data.ConsumeIntegralInRange<int>(0, 8) / 8.0);
+  }
+  if (alibi_pick == 1 || alibi_pick == 2) params.alibi_slopes = &alibi.t;
+  const int64_t sinks_shape[1] = {Hq};
+  FuzzTensor sinks = anyattn_fuzz::make_tensor(ANYATTN_DTYPE_F32, 1, sinks_shape,
+                                               StrideKind::kContiguous, 0, 1, 0);
+  for (int64_t offset : sinks.offsets()) {
+    anyattn_fuzz::store_value(sinks, offset, data.ConsumeIntegralInRange<int>(-12, 12) / 4.0);
+  }
+  if (data.ConsumeBool()) params.sinks = &sinks.t;
+
+  // Misuse that validation must reject.
+  const int misuse = data.ConsumeIntegralInRange<int>(0, 15);
+  const anyattn_tensor* q_arg = &q.t;
+  const anyattn_tensor* out_arg = &out.t;
+  const anyattn_tensor* lse_arg = data.ConsumeBool() ? &lse.t : nullptr;
+  anyattn_tensor bad = out.t;
+  bool must_fail = false;
+  switch (misuse) {
+    case 1:  // null data in a non-empty tensor
+      bad = q.t;
+      bad.data = nullptr;
+      q_arg = &bad;
+      must_fail = B * Sq * Hq * D > 0;
+      break;
+    case 2:  // out is q (same bytes): out must not overlap an input
+      if (D == Dv) {
+        bad = q.t;
+        out_arg = &bad;
+        must_fail = B * Sq * Hq * D > 0;
+      }
+      break;
+    case 3:  // lse placed inside out's bytes
+      if (lse_arg != nullptr) {
+        bad = lse.t;
+        bad.data = out.t.data;
+        lse_arg = &bad;
+        const int64_t lse_n = B * Hq * Sq, out_n = B * Sq * Hq * Dv;
+        if (lse.base_element == 0 && out.base_element == 0 &&
+            lse.storage_bytes <= out.storage_bytes) {
+          must_fail = lse_n > 0 && out_n > 0;
+        } else {
+          lse_arg = &lse.t;
+        }
+      }
+      break;
+    case 4:  // rank 3 where 4 is required
+      bad = q.t;
+      bad.ndim = 3;
+      q_arg = &bad;
+      must_fail = true;
+      break;
+    case 5:  // null descriptor for a required tensor
+      out_arg = nullptr;
+      must_fail = true;
+      break;
+    case 6:  // negative dimension
+      bad = q.t;
+      bad.shape[1] = -1;
+      q_arg = &bad;
+      must_fail = true;
+      break;
+    default:
+      break;
+  }
+  // Broadcast (stride 0) out or lse over a dimension of size > 1 overlaps itself.
+  for (int d = 0; d < 3; ++d) {
+    if (out_arg == &out.t && out.t.strides[d] == 0 && out.t.shape[d] > 1 && Dv > 0) {
+      must_fail = must_fail || B * Sq * Hq > 0;
+    }
+    if (lse_arg == &lse.t && lse.t.strides[d] == 0 && lse.t.shape[d] > 1 && B * Hq * Sq > 0) {
+      must_fail = true;
+    }
+  }
+  const bool valid_params = std::isfinite(params.softmax_scale) && params.softcap >= 0.f &&
+                            std::isfinite(params.softcap) && params.window_left >= -1 &&
+                            params.window_right >= -1 && params.dropout_p == 0.0f &&
+                            params.isa != 9 && params.num_splits >= 0;
+  if (!valid_dtype || Hq % Hk != 0 || D < 1 || D > 256 || Dv < 1 || Dv > 256 || !valid_params) {
+    must_fail = true;
+  }
+
+  // The reference, from the inputs as they are before the call.
+  const bool numeric_check = !must_fail && scale_pick <= 2 && softcap_pick <= 2;
+  anyattn::reference::DenseOutputs ref;
+  if (numeric_check) ref = anyattn::reference::fwd_dense(q.t, k.t, v.t, &params);
+
+  anyattn_set_num_threads(data.ConsumeIntegralInRange<int>(1, 3));
+  const anyattn_fuzz::Snapshot out_before(&out), lse_before(&lse), q_before(&q);
+  const anyattn_status status = anyattn_fwd(q_arg, &k.t, &v.t, out_arg, lse_arg, &params);
+  if (status != ANYATTN_OK) {
+    if (std::strlen(anyattn_last_error()) == 0) anyattn_fuzz::fail("empty message", status, 0, 0);
+    if (!out_before.unchanged() || !lse_before.unchanged() || !q_before.unchanged()) {
+      anyattn_fuzz::fail("a rejected call wrote", status, 0, 0);
+    }
+    return 0;
+  }
+  auto dump = [&] {
+    anyattn_fuzz::print_tensor("q", q_arg);
+    anyattn_fuzz::print_tensor("k", &k.t);
+    anyattn_fuzz::print_tensor("v", &v.t);
+    anyattn_fuzz::print_tensor("out", out_arg);
+    anyattn_fuzz::print_tensor("lse", lse_arg);
+    std::fprintf(stderr, "  scale %g softcap %g window (%d, %d) dropout %g isa %d splits %d\n",
+                 params.softmax_scale, params.softcap, params.window_left, params.window_right,
+                 params.dropout_p, params.isa, params.num_splits);
+    std::fprintf(stderr, "  causal %d alibi %d sinks %d\n", params.causal,
+                 params.alibi_slopes != nullptr, params.sinks != nullptr);
+    if (std::getenv("ANYATTN_FUZZ_VERBOSE") != nullptr && numeric_check) {
+      for (const FuzzTensor* t : {&q, &k, &v, &sinks}) {
+        std::fprintf(stderr, "  values:");
+        for (double x : anyattn::reference::to_contiguous_f64(t->t)) std::fprintf(stderr, " %g", x);
+        std::fprintf(stderr, "\n");
+      }
+    }
+  };
+  if (must_fail) {
+    dump();
+    anyattn_fuzz::fail("invalid call accepted", misuse, 0, 0);
+  }
+  out_before.check_padding("out padding");
+  lse_before.check_padding("lse padding");
+  if (lse_arg == nullptr && !lse_before.unchanged()) anyattn_fuzz::fail("lse written", 0, 0, 0);
+  if (!numeric_check) return 0;
+
+  const double tol = anyattn_fuzz::tolerance(dtype);
+  if (std::getenv("ANYATTN_FUZZ_VERBOSE") != nullptr) dump();
+  anyattn_fuzz::check_close("out", anyattn::reference::to_contiguous_f64(out.t), ref.out, tol, 2.0);
+  if (lse_arg != nullptr) {
+    anyattn_fuzz::check_close("lse", anyattn::reference::to_contiguous_f64(lse.t), ref.lse, 1e-4,
+                              1.0);
+  }
+  return 0;
+}
