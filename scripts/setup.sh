@@ -9,7 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SYSTEM_PACKAGES=(cmake ninja-build g++ pkg-config ccache libgtest-dev libopenblas-dev python3-venv)
+# clang and its runtime serve the libFuzzer harnesses (fuzz/); everything else is the build.
+SYSTEM_PACKAGES=(cmake ninja-build g++ pkg-config ccache libgtest-dev libopenblas-dev python3-venv
+                 clang libclang-rt-14-dev)
 
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Runs every test: set-up, then the C++ suite (ctest, Release), the C++ suite again under
-# AddressSanitizer + UndefinedBehaviorSanitizer with the reduced sweep, the Python tests (pytest)
-# and the Rust crates (cargo test). Stops at the first failing stage; each runner prints its own
-# summary line.
-#   scripts/test.sh             everything
-#   scripts/test.sh --fast      skip the sanitizer build
+# Runs every test, after set-up (scripts/setup.sh --python):
+#   1. the C++ suite (ctest, Release): forward, varlen, KV cache, merge, backward, reliability,
+#      the C++ header, the examples and the install/consumer test;
+#   2. the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer (reduced sweep);
+#   3. the concurrency and resource tests under ThreadSanitizer;
+#   4. each libFuzzer harness for 60 s (fuzz/run_fuzzers.sh);
+#   5. the Python package (pytest);
+#   6. the Rust crates (cargo test).
+# Stops at the first failing stage; each runner prints its own summary line.
+#   scripts/test.sh            everything
+#   scripts/test.sh --fast     stages 1, 5 and 6 only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST=0
@@ -26,6 +31,14 @@ if [ "$FAST" -eq 0 ]; then
   cmake --preset asan >/dev/null
   cmake --build --preset asan -j "$JOBS"
   ctest --preset asan -j "$JOBS"
+
+  stage "Concurrency and resource tests under TSan"
+  cmake --preset tsan >/dev/null
+  cmake --build --preset tsan -j "$JOBS" --target anyattn_reliability_tests
+  ctest --preset tsan -R Reliability
+
+  stage "Fuzzers (60 s each)"
+  fuzz/run_fuzzers.sh 60
 fi
 
 stage "Python tests (pytest)"
