@@ -333,7 +333,8 @@ ANYATTN_API anyattn_status anyattn_merge_attention_states(
  *                            mask is a pure function of (dropout_seed, dropout_offset, b, h, i, j)
  *                            (docs/backward.md) and kept probabilities are scaled by 1/(1-p).
  * Accumulation is f32. Gradients must not overlap each other or any input. Results are bitwise
- * identical for any thread count. Workspace is O(B * Hq * Sq + threads * tile), never Sq x Sk.
+ * identical for any thread count. Workspace is O(B * Hq * Sq) plus, per thread, O((3D + 2Dv) x
+ * the keys of one chunk) (the key range is cut into chunks within a fixed budget), never Sq x Sk.
  * On any validation error nothing is written. */
 ANYATTN_API anyattn_status anyattn_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
                                        const anyattn_tensor* k, const anyattn_tensor* v,
@@ -342,6 +343,29 @@ ANYATTN_API anyattn_status anyattn_bwd(const anyattn_tensor* dout, const anyattn
                                        const anyattn_tensor* dv,
                                        const anyattn_tensor* dsinks_or_null,
                                        const anyattn_fwd_params* params);
+
+/* Variable-length backward: the gradients of anyattn_fwd_varlen with the same q, k, v, lengths and
+ * params, given dout = dL/dout.
+ *   dout (total_q, Hq, Dv), q (total_q, Hq, D), k (total_k, Hk, D), v (total_k, Hk, Dv),
+ *   out (total_q, Hq, Dv): as in anyattn_fwd_varlen, one dtype (f32/f16/bf16)
+ *   lse  (Hq, total_q) f32: the forward's LSE. Required.
+ *   dq   (total_q, Hq, D)     written for the rows of every sequence
+ *   dk   (total_k, Hk, D)     written for the rows of every sequence (summed over each GQA group);
+ *   dv   (total_k, Hk, Dv)    keys beyond seqused_k[b] get exact zeros
+ *   dsinks (Hq) f32           written; required iff params->sinks is set, else NULL
+ *   cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k: as in anyattn_fwd_varlen
+ * Rows of dq, dk, dv outside every sequence are not written. The dropout mask of sequence b is
+ * that of batch index b, positions counted within the sequence (as in the forward). Validation
+ * and determinism as in anyattn_bwd. Workspace: Hq * total_q floats, per thread about
+ * (3 D + 2 Dv) floats per key of the longest sequence's key chunk, and at most 128 MiB of dq
+ * partials (docs/backward.md); never Sq x Sk. */
+ANYATTN_API anyattn_status anyattn_bwd_varlen(
+    const anyattn_tensor* dout, const anyattn_tensor* q, const anyattn_tensor* k,
+    const anyattn_tensor* v, const anyattn_tensor* out, const anyattn_tensor* lse,
+    const anyattn_tensor* dq, const anyattn_tensor* dk, const anyattn_tensor* dv,
+    const anyattn_tensor* dsinks_or_null, const anyattn_tensor* cu_seqlens_q,
+    const anyattn_tensor* cu_seqlens_k, const anyattn_tensor* seqused_k_or_null,
+    int64_t max_seqlen_q, int64_t max_seqlen_k, const anyattn_fwd_params* params);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -485,6 +485,56 @@ inline void merge_attention_states(const TensorView& out_a, const TensorView& ls
                                        lse_out ? &lse_out->c_tensor() : nullptr));
 }
 
+// ------------------------------------------------------------------------------------------------
+// Backward
+// ------------------------------------------------------------------------------------------------
+
+// Dense backward attention; see anyattn_bwd in anyattn.h and docs/backward.md. Pass the forward's
+// q, k, v, out, lse and the same options.
+//   dout (B, Sq, Hq, Dv), q (B, Sq, Hq, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv),
+//   out (B, Sq, Hq, Dv): one dtype; lse (B, Hq, Sq) f32, required
+//   dq, dk, dv: shaped like q, k, v; written (dk, dv summed over each GQA group)
+//   dsinks (Hq) f32: written; required iff options.sinks is set
+// Throws Error on any invalid argument, and then writes nothing.
+inline void bwd(const TensorView& dout, const TensorView& q, const TensorView& k,
+                const TensorView& v, const TensorView& out, const TensorView& lse,
+                const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                const std::optional<TensorView>& dsinks = std::nullopt,
+                const FwdOptions& options = FwdOptions()) {
+  const anyattn_fwd_params params = options.to_c();
+  check(anyattn_bwd(&dout.c_tensor(), &q.c_tensor(), &k.c_tensor(), &v.c_tensor(), &out.c_tensor(),
+                    &lse.c_tensor(), &dq.c_tensor(), &dk.c_tensor(), &dv.c_tensor(),
+                    dsinks ? &dsinks->c_tensor() : nullptr, &params));
+}
+
+// The same without sinks.
+inline void bwd(const TensorView& dout, const TensorView& q, const TensorView& k,
+                const TensorView& v, const TensorView& out, const TensorView& lse,
+                const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                const FwdOptions& options) {
+  bwd(dout, q, k, v, out, lse, dq, dk, dv, std::nullopt, options);
+}
+
+// Variable-length backward over packed sequences; see anyattn_bwd_varlen in anyattn.h. Tensors as
+// in fwd_varlen plus dout (total_q, Hq, Dv), lse (Hq, total_q) f32 (required), dq/dk/dv shaped
+// like q/k/v, dsinks (Hq) f32 iff options.sinks is set. Throws Error on any invalid argument, and
+// then writes nothing.
+inline void bwd_varlen(const TensorView& dout, const TensorView& q, const TensorView& k,
+                       const TensorView& v, const TensorView& out, const TensorView& lse,
+                       const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                       const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                       int64_t max_seqlen_q, int64_t max_seqlen_k,
+                       const std::optional<TensorView>& dsinks = std::nullopt,
+                       const std::optional<TensorView>& seqused_k = std::nullopt,
+                       const FwdOptions& options = FwdOptions()) {
+  const anyattn_fwd_params params = options.to_c();
+  check(anyattn_bwd_varlen(
+      &dout.c_tensor(), &q.c_tensor(), &k.c_tensor(), &v.c_tensor(), &out.c_tensor(),
+      &lse.c_tensor(), &dq.c_tensor(), &dk.c_tensor(), &dv.c_tensor(),
+      dsinks ? &dsinks->c_tensor() : nullptr, &cu_seqlens_q.c_tensor(), &cu_seqlens_k.c_tensor(),
+      seqused_k ? &seqused_k->c_tensor() : nullptr, max_seqlen_q, max_seqlen_k, &params));
+}
+
 }  // namespace anyattn
 
 #endif  // ANYATTN_ANYATTN_HPP_
