@@ -3,18 +3,34 @@
 namespace anyattn_bench {
 namespace {
 
-// Fills `tensor` as a contiguous rank-4 view of `data` with the ABI's own helper. On failure
-// records the helper's status and message in *error unless an earlier failure is already there.
-void DescribeContiguous(anyattn_tensor* tensor, const void* data, DType dtype, int64_t dim0,
-                        int64_t dim1, int64_t dim2, int64_t dim3, std::string* error) {
-  const int64_t shape[4] = {dim0, dim1, dim2, dim3};
-  const anyattn_dtype abi_dtype = dtype == DType::kF32 ? ANYATTN_DTYPE_F32 : ANYATTN_DTYPE_BF16;
+// Fills `tensor` as a contiguous view of `data` with the ABI's own helper. On failure records the
+// helper's status and message in *error unless an earlier failure is already there.
+void DescribeContiguousAbi(anyattn_tensor* tensor, const void* data, anyattn_dtype dtype, int rank,
+                           const int64_t* shape, std::string* error) {
   const anyattn_status status =
-      anyattn_tensor_init_contiguous(tensor, const_cast<void*>(data), abi_dtype, 4, shape);
+      anyattn_tensor_init_contiguous(tensor, const_cast<void*>(data), dtype, rank, shape);
   if (status != ANYATTN_OK && error->empty()) {
     *error = std::string("anyattn_tensor_init_contiguous: ") + anyattn_status_name(status) + ": " +
              anyattn_last_error();
   }
+}
+
+// DescribeContiguousAbi for a rank-4 tensor of the benchmark's `dtype`.
+void DescribeContiguous(anyattn_tensor* tensor, const void* data, DType dtype, int64_t dim0,
+                        int64_t dim1, int64_t dim2, int64_t dim3, std::string* error) {
+  const int64_t shape[4] = {dim0, dim1, dim2, dim3};
+  const anyattn_dtype abi_dtype = dtype == DType::kF32 ? ANYATTN_DTYPE_F32 : ANYATTN_DTYPE_BF16;
+  DescribeContiguousAbi(tensor, data, abi_dtype, 4, shape, error);
+}
+
+// True for ANYATTN_OK; otherwise stores "STATUS_NAME: anyattn_last_error()" in *error (if not
+// null) and returns false.
+bool Succeeded(anyattn_status status, std::string* error) {
+  if (status == ANYATTN_OK) return true;
+  if (error != nullptr) {
+    *error = std::string(anyattn_status_name(status)) + ": " + anyattn_last_error();
+  }
+  return false;
 }
 
 }  // namespace
@@ -42,12 +58,50 @@ bool AnyattnFwdCall::Run(std::string* error) const {
     if (error != nullptr) *error = setup_error_;
     return false;
   }
-  const anyattn_status status = anyattn_fwd(&q_, &k_, &v_, &out_, nullptr, &params_);
-  if (status == ANYATTN_OK) return true;
-  if (error != nullptr) {
-    *error = std::string(anyattn_status_name(status)) + ": " + anyattn_last_error();
+  return Succeeded(anyattn_fwd(&q_, &k_, &v_, &out_, nullptr, &params_), error);
+}
+
+AnyattnBwdCall::AnyattnBwdCall(const FwdShape& shape, anyattn_isa isa, const BwdBuffers& buffers) {
+  const int64_t b = shape.batch;
+  const int64_t d = shape.head_dim;
+  DescribeContiguous(&q_, buffers.q, shape.dtype, b, shape.seqlen_q, shape.heads_q, d,
+                     &setup_error_);
+  DescribeContiguous(&k_, buffers.k, shape.dtype, b, shape.seqlen_k, shape.heads_k, d,
+                     &setup_error_);
+  DescribeContiguous(&v_, buffers.v, shape.dtype, b, shape.seqlen_k, shape.heads_k, d,
+                     &setup_error_);
+  DescribeContiguous(&dout_, buffers.dout, shape.dtype, b, shape.seqlen_q, shape.heads_q, d,
+                     &setup_error_);
+  DescribeContiguous(&out_, buffers.out, shape.dtype, b, shape.seqlen_q, shape.heads_q, d,
+                     &setup_error_);
+  DescribeContiguous(&dq_, buffers.dq, shape.dtype, b, shape.seqlen_q, shape.heads_q, d,
+                     &setup_error_);
+  DescribeContiguous(&dk_, buffers.dk, shape.dtype, b, shape.seqlen_k, shape.heads_k, d,
+                     &setup_error_);
+  DescribeContiguous(&dv_, buffers.dv, shape.dtype, b, shape.seqlen_k, shape.heads_k, d,
+                     &setup_error_);
+  const int64_t lse_shape[3] = {b, shape.heads_q, shape.seqlen_q};
+  DescribeContiguousAbi(&lse_, buffers.lse, ANYATTN_DTYPE_F32, 3, lse_shape, &setup_error_);
+  anyattn_fwd_params_init(&params_);
+  params_.causal = shape.causal ? 1 : 0;
+  params_.isa = isa;
+}
+
+bool AnyattnBwdCall::RunForward(std::string* error) const {
+  if (!setup_error_.empty()) {
+    if (error != nullptr) *error = setup_error_;
+    return false;
   }
-  return false;
+  return Succeeded(anyattn_fwd(&q_, &k_, &v_, &out_, &lse_, &params_), error);
+}
+
+bool AnyattnBwdCall::Run(std::string* error) const {
+  if (!setup_error_.empty()) {
+    if (error != nullptr) *error = setup_error_;
+    return false;
+  }
+  return Succeeded(
+      anyattn_bwd(&dout_, &q_, &k_, &v_, &out_, &lse_, &dq_, &dk_, &dv_, nullptr, &params_), error);
 }
 
 }  // namespace anyattn_bench

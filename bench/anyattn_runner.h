@@ -1,4 +1,5 @@
-// One anyattn forward call over contiguous (B, S, H, D) buffers, through the public C ABI only.
+// One anyattn forward or backward call over contiguous (B, S, H, D) buffers, through the public C
+// ABI only.
 #ifndef ANYATTN_BENCH_ANYATTN_RUNNER_H_
 #define ANYATTN_BENCH_ANYATTN_RUNNER_H_
 
@@ -6,6 +7,7 @@
 #include <string>
 
 #include "anyattn/anyattn.h"
+#include "shapes.h"
 #include "tensors.h"
 
 namespace anyattn_bench {
@@ -34,6 +36,52 @@ class AnyattnFwdCall {
   anyattn_tensor out_{};
   anyattn_fwd_params params_{};
   // Non-empty when describing a tensor failed; Run() then reports it instead of calling anyattn.
+  std::string setup_error_;
+};
+
+// The caller's buffers of one backward call, all contiguous: q, dq, dout and out (B, Sq, Hq, D);
+// k, v, dk and dv (B, Sk, Hk, D), of the shape's dtype; lse (B, Hq, Sq) f32.
+struct BwdBuffers {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* dout = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+};
+
+// The tensor descriptors and parameters of one dense backward call on `shape` (default scale, no
+// sinks, no dropout), and of the forward call that produces its out and lse, built once and run
+// many times.
+class AnyattnBwdCall {
+ public:
+  // `isa` is passed through (ANYATTN_ISA_AUTO for the library's choice). The buffers must outlive
+  // the object.
+  AnyattnBwdCall(const FwdShape& shape, anyattn_isa isa, const BwdBuffers& buffers);
+
+  // Calls anyattn_fwd, writing out and lse. On failure stores "STATUS_NAME: anyattn_last_error()"
+  // in *error (if not null) and returns false.
+  bool RunForward(std::string* error) const;
+
+  // Calls anyattn_bwd, writing dq, dk and dv from dout, q, k, v, out and lse. Errors as RunForward.
+  bool Run(std::string* error) const;
+
+ private:
+  anyattn_tensor q_{};
+  anyattn_tensor k_{};
+  anyattn_tensor v_{};
+  anyattn_tensor dout_{};
+  anyattn_tensor out_{};
+  anyattn_tensor lse_{};
+  anyattn_tensor dq_{};
+  anyattn_tensor dk_{};
+  anyattn_tensor dv_{};
+  anyattn_fwd_params params_{};
+  // Non-empty when describing a tensor failed; the Run methods then report it instead of calling
+  // anyattn.
   std::string setup_error_;
 };
 

@@ -1,4 +1,5 @@
-// The three kinds of measurement: a forward-table row, a decode-table row and the peak-RSS case.
+// The four kinds of measurement: a forward-table row, a backward-table row, a decode-table row and
+// the peak-RSS case.
 #ifndef ANYATTN_BENCH_BENCH_CASES_H_
 #define ANYATTN_BENCH_BENCH_CASES_H_
 
@@ -21,6 +22,13 @@ struct CaseSettings {
 // and compares their outputs. The caller has already set `threads` with anyattn_set_num_threads;
 // `limits` gives the FMA peak for the percentage. Failures are recorded in the row, never thrown.
 FwdRow RunFwdCase(const FwdShape& shape, const MachineLimits& limits, const CaseSettings& settings);
+
+// Times anyattn_bwd on `shape` with random q, k, v and dout, after one anyattn_fwd (untimed)
+// has written out and lse, and checks that dq, dk and dv are finite. The caller has already set
+// the thread count; `limits` gives the FMA peak for the percentage. settings.run_baseline and
+// baseline_cap_bytes do not apply (there is no backward baseline). Failures are recorded in the
+// row, never thrown.
+BwdRow RunBwdCase(const FwdShape& shape, const MachineLimits& limits, const CaseSettings& settings);
 
 // Times anyattn on the decode `shape`. When K/V fit in twice the last-level cache, the timed runs
 // cycle through enough copies of them that every run reads K/V from memory. The caller has already

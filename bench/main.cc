@@ -1,5 +1,6 @@
 // anyattn_bench: measures this machine's limits, then anyattn's forward pass against them and
-// against the unfused OpenBLAS baseline, and prints and saves the tables. See bench/README.md.
+// against the unfused OpenBLAS baseline, and its backward pass against them, and prints and saves
+// the tables. See bench/README.md.
 #include <cblas.h>
 
 #include <algorithm>
@@ -127,6 +128,19 @@ int RunBenchmark(int argc, char** argv, const Options& options) {
         report.forward.push_back(RunFwdCase(shape, limits, settings));
         PrintFwdRow(report.forward.back());
         if (!report.forward.back().anyattn || !report.forward.back().outputs_agree) ++failures;
+      }
+    }
+    if (options.run_backward) {
+      bool printed_header = false;
+      for (const FwdShape& shape : BackwardTableShapes(options.quick)) {
+        if (!MatchesAnyFilter(BwdKey(shape), options.filters)) continue;
+        if (!printed_header) PrintBwdTableHeader(limits.threads);
+        printed_header = true;
+        report.backward.push_back(RunBwdCase(shape, limits, settings));
+        PrintBwdRow(report.backward.back());
+        if (!report.backward.back().anyattn || !report.backward.back().gradients_finite) {
+          ++failures;
+        }
       }
     }
     if (options.run_decode) {

@@ -40,19 +40,22 @@ bool ParseThreadsList(const std::string& text, std::vector<int>* threads) {
 }  // namespace
 
 std::string UsageText() {
-  return R"(anyattn_bench: anyattn forward vs the unfused OpenBLAS baseline, with this machine's limits.
+  return R"(anyattn_bench: anyattn forward vs the unfused OpenBLAS baseline, and anyattn backward,
+against this machine's limits.
 
 Usage: anyattn_bench [options]
   --threads-list 1,2     thread counts to run every table for (default: anyattn's default, then 1)
-  --quick                a subset of rows with shorter timings (about a minute)
+  --quick                a subset of rows with shorter timings (a minute or two)
   --filter TERMS         run rows whose key contains every comma-separated term, e.g.
                          --filter fwd/f32,D128,S4096   or   --filter decode/bf16;
                          repeat --filter to run the rows matching any of them
                          keys: fwd/<f32|bf16>/<full|causal>/B1/Hq16/Hk<16|4>/D<64|128>/S<len>
+                               bwd/<f32|bf16>/<full|causal>/B1/Hq16/Hk16/D<64|128>/S<len>
                                decode/<bf16|f32>/B<1|8>/Hq32/Hk8/D128/Sk<4096|32768>
                                rss/f32/full/B1/Hq8/Hk8/D128/S32768 (the peak-RSS child)
   --json PATH            results file (default bench/results/latest.json, relative to cwd)
   --no-forward           skip the forward table
+  --no-backward          skip the backward table
   --no-baseline          skip the unfused OpenBLAS baseline
   --no-decode            skip the decode table
   --no-rss-case          do not spawn the peak-RSS case at the end (--quick never does)
@@ -87,6 +90,8 @@ bool ParseOptions(int argc, char** argv, Options* options, std::string* error) {
       options->quick = true;
     } else if (arg == "--no-forward") {
       options->run_forward = false;
+    } else if (arg == "--no-backward") {
+      options->run_backward = false;
     } else if (arg == "--no-baseline") {
       options->run_baseline = false;
     } else if (arg == "--no-decode") {

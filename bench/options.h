@@ -10,12 +10,13 @@ namespace anyattn_bench {
 struct Options {
   // Thread counts to run the tables for; empty means "anyattn's default, then 1".
   std::vector<int> threads_list;
-  // A subset of rows and shorter timings, about a minute in all.
+  // A subset of rows and shorter timings, a minute or two in all.
   bool quick = false;
   // Filters (--filter, repeatable): a row runs when it matches any of them (see shapes.h).
   std::vector<std::string> filters;
   std::string json_path = "bench/results/latest.json";
   bool run_forward = true;
+  bool run_backward = true;
   bool run_baseline = true;
   bool run_decode = true;
   // Whether the full run also spawns the --rss-case measurement in a child process.

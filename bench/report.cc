@@ -78,6 +78,40 @@ void WriteForwardRows(JsonWriter* json, const BenchReport& report) {
   json->EndArray();
 }
 
+// Writes the backward rows.
+void WriteBackwardRows(JsonWriter* json, const BenchReport& report) {
+  json->Key("backward");
+  json->BeginArray();
+  for (const BwdRow& row : report.backward) {
+    json->BeginObject();
+    json->Field("key", BwdKey(row.shape));
+    json->Field("dtype", DTypeName(row.shape.dtype));
+    json->Field("mask", row.shape.causal ? "causal" : "none");
+    json->Field("batch", row.shape.batch);
+    json->Field("seqlen_q", row.shape.seqlen_q);
+    json->Field("seqlen_k", row.shape.seqlen_k);
+    json->Field("heads_q", row.shape.heads_q);
+    json->Field("heads_k", row.shape.heads_k);
+    json->Field("head_dim", row.shape.head_dim);
+    json->Field("threads", row.threads);
+    json->Field("flops", row.flops);
+    json->Field("fma_peak_gflops", row.peak_gflops);
+    json->Key("anyattn");
+    if (row.anyattn) {
+      WriteTiming(json, *row.anyattn);
+      const double gflops = Gflops(row.flops, row.anyattn->median_seconds);
+      json->Field("anyattn_gflops", gflops);
+      json->Field("anyattn_percent_of_peak", 100.0 * gflops / row.peak_gflops);
+      json->Field("gradients_finite", row.gradients_finite);
+    } else {
+      json->Null();
+    }
+    json->Field("anyattn_error", row.anyattn_error);
+    json->EndObject();
+  }
+  json->EndArray();
+}
+
 // Writes the decode rows.
 void WriteDecodeRows(JsonWriter* json, const BenchReport& report) {
   json->Key("decode");
@@ -202,6 +236,31 @@ void PrintFwdRow(const FwdRow& row) {
   std::fflush(stdout);
 }
 
+void PrintBwdTableHeader(int threads) {
+  std::printf(
+      "\nBackward, %d thread(s): anyattn_bwd alone (out, lse from one untimed anyattn_fwd). "
+      "GFLOP/s = 2.5 * 4*B*Hq*D*visible_pairs / median time\n",
+      threads);
+  std::printf("%-20s %-5s %-6s %3s %10s %8s %6s\n", "shape", "dtype", "mask", "thr", "ms",
+              "GFLOP/s", "%peak");
+  std::fflush(stdout);
+}
+
+void PrintBwdRow(const BwdRow& row) {
+  std::printf("%-20s %-5s %-6s %3d ", FwdLabel(row.shape).c_str(), DTypeName(row.shape.dtype),
+              row.shape.causal ? "causal" : "none", row.threads);
+  if (row.anyattn) {
+    const double gflops = Gflops(row.flops, row.anyattn->median_seconds);
+    std::printf("%10.3f %8.1f %5.1f%%%s", row.anyattn->median_seconds * 1e3, gflops,
+                100.0 * gflops / row.peak_gflops, row.gradients_finite ? "" : "  NON-FINITE");
+  } else {
+    std::printf("%10s %8s %6s", "error", "-", "-");
+  }
+  if (!row.anyattn_error.empty()) std::printf("  anyattn: %s", row.anyattn_error.c_str());
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
 void PrintDecodeTableHeader(int threads) {
   std::printf(
       "\nDecode (Sq=1), %d thread(s). KV GB/s = bytes of K and V read / median time; "
@@ -292,6 +351,7 @@ bool WriteJsonReport(const BenchReport& report, const std::string& path, std::st
   json.Field("openblas_coretype_env", report.openblas_coretype_env);
   json.Field("baseline", report.baseline_description);
   json.Field("flop_formula", "4*B*Hq*D*visible_pairs");
+  json.Field("backward_flop_formula", "2.5*4*B*Hq*D*visible_pairs");
   json.Key("timing_policy");
   json.BeginObject();
   json.Field("warmup_seconds", report.policy.warmup_seconds);
@@ -314,6 +374,7 @@ bool WriteJsonReport(const BenchReport& report, const std::string& path, std::st
   }
   json.EndArray();
   WriteForwardRows(&json, report);
+  WriteBackwardRows(&json, report);
   WriteDecodeRows(&json, report);
   WriteRssCase(&json, report);
   json.Field("target_threads", report.target_threads);

@@ -20,6 +20,12 @@ void PrintFwdTableHeader(int threads);
 // Prints one forward row.
 void PrintFwdRow(const FwdRow& row);
 
+// Prints the backward table's title and column names for `threads` threads.
+void PrintBwdTableHeader(int threads);
+
+// Prints one backward row.
+void PrintBwdRow(const BwdRow& row);
+
 // Prints the decode table's title and column names for `threads` threads.
 void PrintDecodeTableHeader(int threads);
 

@@ -44,6 +44,21 @@ struct FwdRow {
   bool outputs_agree = true;
 };
 
+// One row of the backward table: anyattn_bwd alone, on out and lse from one earlier anyattn_fwd.
+struct BwdRow {
+  FwdShape shape;
+  int threads = 0;
+  // Useful backward FLOPs, BwdFlops(shape).
+  double flops = 0.0;
+  // The FMA peak of `threads` threads, the denominator of the percentage.
+  double peak_gflops = 0.0;
+  std::optional<TimingResult> anyattn;
+  // anyattn's status name and anyattn_last_error() when the forward or a backward call failed.
+  std::string anyattn_error;
+  // False when some element of dq, dk or dv is NaN or infinite after the timed runs.
+  bool gradients_finite = true;
+};
+
 // One row of the decode table.
 struct DecodeRow {
   DecodeShape shape;
@@ -96,9 +111,10 @@ struct BenchReport {
   TimingPolicy policy;
   std::vector<MachineLimits> limits;
   std::vector<FwdRow> forward;
+  std::vector<BwdRow> backward;
   std::vector<DecodeRow> decode;
   std::optional<RssCaseResult> rss_case;
-  // Issue 3's targets checked at target_threads threads.
+  // Issue 3's and issue 6's targets checked at target_threads threads.
   int target_threads = 0;
   std::vector<TargetCheck> targets;
   int64_t peak_rss_bytes = 0;

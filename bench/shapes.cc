@@ -20,6 +20,10 @@ double FwdFlops(const FwdShape& shape) {
          static_cast<double>(VisiblePairs(shape.seqlen_q, shape.seqlen_k, shape.causal));
 }
 
+double BwdFlops(const FwdShape& shape) {
+  return 2.5 * FwdFlops(shape);
+}
+
 namespace {
 
 // "S2048" when Sq == Sk, else "Sq1/Sk4096".
@@ -33,14 +37,23 @@ std::string SeqlenText(int64_t seqlen_q, int64_t seqlen_k) {
   return text.str();
 }
 
+// Row key of a dense call on `shape` under `prefix`, e.g. "fwd/f32/causal/B1/Hq16/Hk4/D128/S2048".
+std::string DenseKey(const char* prefix, const FwdShape& shape) {
+  std::ostringstream key;
+  key << prefix << "/" << DTypeName(shape.dtype) << "/" << (shape.causal ? "causal" : "full")
+      << "/B" << shape.batch << "/Hq" << shape.heads_q << "/Hk" << shape.heads_k << "/D"
+      << shape.head_dim << "/" << SeqlenText(shape.seqlen_q, shape.seqlen_k);
+  return key.str();
+}
+
 }  // namespace
 
 std::string FwdKey(const FwdShape& shape) {
-  std::ostringstream key;
-  key << "fwd/" << DTypeName(shape.dtype) << "/" << (shape.causal ? "causal" : "full") << "/B"
-      << shape.batch << "/Hq" << shape.heads_q << "/Hk" << shape.heads_k << "/D" << shape.head_dim
-      << "/" << SeqlenText(shape.seqlen_q, shape.seqlen_k);
-  return key.str();
+  return DenseKey("fwd", shape);
+}
+
+std::string BwdKey(const FwdShape& shape) {
+  return DenseKey("bwd", shape);
 }
 
 std::string FwdLabel(const FwdShape& shape) {
@@ -72,6 +85,28 @@ std::vector<FwdShape> ForwardTableShapes(bool quick) {
             shape.seqlen_q = shape.seqlen_k = seqlen;
             shapes.push_back(shape);
           }
+        }
+      }
+    }
+  }
+  return shapes;
+}
+
+std::vector<FwdShape> BackwardTableShapes(bool quick) {
+  const std::vector<int64_t> seqlens =
+      quick ? std::vector<int64_t>{2048} : std::vector<int64_t>{1024, 2048, 4096};
+  std::vector<FwdShape> shapes;
+  for (DType dtype : {DType::kF32, DType::kBf16}) {
+    for (int64_t head_dim : {64, 128}) {
+      for (bool causal : {false, true}) {
+        for (int64_t seqlen : seqlens) {
+          FwdShape shape;
+          shape.heads_q = shape.heads_k = 16;
+          shape.head_dim = head_dim;
+          shape.causal = causal;
+          shape.dtype = dtype;
+          shape.seqlen_q = shape.seqlen_k = seqlen;
+          shapes.push_back(shape);
         }
       }
     }

@@ -1,5 +1,6 @@
-// The benchmark's cases: the forward table of issues 2 and 3, the decode table of issue 3, their
-// row keys (what --filter matches) and their FLOP and byte counts (DESIGN.md §5).
+// The benchmark's cases: the forward table of issues 2 and 3, the backward table of issue 6, the
+// decode table of issue 3, their row keys (what --filter matches) and their FLOP and byte counts
+// (DESIGN.md §5).
 #ifndef ANYATTN_BENCH_SHAPES_H_
 #define ANYATTN_BENCH_SHAPES_H_
 
@@ -39,6 +40,17 @@ std::string FwdLabel(const FwdShape& shape);
 // The forward table: B=1, Hq=16, Hk in {16, 4}, D in {64, 128}, S in {512 .. 8192}, both masks and
 // both dtypes. `quick` keeps a subset that runs in about a minute.
 std::vector<FwdShape> ForwardTableShapes(bool quick);
+
+// Backward FLOPs by DESIGN.md §5: 2.5 * FwdFlops(shape), the useful FLOPs of the backward's five
+// products (S, dP, dV, dK, dQ).
+double BwdFlops(const FwdShape& shape);
+
+// Row key of the backward call on `shape`, e.g. "bwd/f32/causal/B1/Hq16/Hk16/D128/S2048".
+std::string BwdKey(const FwdShape& shape);
+
+// The backward table: B=1, Hq=Hk=16, D in {64, 128}, S in {1024, 2048, 4096}, both masks and both
+// dtypes. `quick` keeps S=2048.
+std::vector<FwdShape> BackwardTableShapes(bool quick);
 
 // One decode call: one query token per sequence against a KV cache of Sk tokens.
 struct DecodeShape {

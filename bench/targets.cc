@@ -21,6 +21,15 @@ const FwdRow* FindRow(const std::vector<FwdRow>& rows, FwdShape shape, DType dty
   return nullptr;
 }
 
+// Counts `measured`, the value of the row keyed `key`, into *check, keeping the worst (lowest).
+void Record(TargetCheck* check, double measured, const std::string& key) {
+  if (check->rows == 0 || measured < check->worst) {
+    check->worst = measured;
+    check->worst_row = key;
+  }
+  ++check->rows;
+}
+
 // Folds value(row) over the forward rows at `threads` that `covers` selects and that have a
 // value (value returns false when the row has none).
 TargetCheck FoldForward(const BenchReport& report, int threads, const std::string& name,
@@ -34,11 +43,24 @@ TargetCheck FoldForward(const BenchReport& report, int threads, const std::strin
   for (const FwdRow& row : report.forward) {
     double measured = 0.0;
     if (row.threads != threads || !row.anyattn || !covers(row) || !value(row, &measured)) continue;
-    if (check.rows == 0 || measured < check.worst) {
-      check.worst = measured;
-      check.worst_row = FwdKey(row.shape);
-    }
-    ++check.rows;
+    Record(&check, measured, FwdKey(row.shape));
+  }
+  return check;
+}
+
+// Folds anyattn's percentage of the FMA peak over the backward rows at `threads` that `covers`
+// selects.
+TargetCheck FoldBackwardPercentOfPeak(const BenchReport& report, int threads,
+                                      const std::string& name, double threshold,
+                                      const std::function<bool(const BwdRow&)>& covers) {
+  TargetCheck check;
+  check.name = name;
+  check.unit = "% peak";
+  check.threshold = threshold;
+  for (const BwdRow& row : report.backward) {
+    if (row.threads != threads || !row.anyattn || !covers(row)) continue;
+    const double gflops = row.flops / row.anyattn->median_seconds * 1e-9;
+    Record(&check, 100.0 * gflops / row.peak_gflops, BwdKey(row.shape));
   }
   return check;
 }
@@ -101,6 +123,19 @@ std::vector<TargetCheck> CheckTargets(const BenchReport& report, int threads) {
         }));
   }
 
+  // Issue 6: f32 backward at S >= 2048, D in {64, 128}; causal rows count useful FLOPs only.
+  auto long_f32_backward = [](const BwdRow& row, bool causal) {
+    return row.shape.dtype == DType::kF32 &&
+           (row.shape.head_dim == 64 || row.shape.head_dim == 128) && row.shape.causal == causal &&
+           row.shape.seqlen_q >= 2048;
+  };
+  checks.push_back(
+      FoldBackwardPercentOfPeak(report, threads, "backward f32 D=64,128 S>=2048 no mask", 50.0,
+                                [&](const BwdRow& row) { return long_f32_backward(row, false); }));
+  checks.push_back(
+      FoldBackwardPercentOfPeak(report, threads, "backward f32 causal D=64,128 S>=2048", 45.0,
+                                [&](const BwdRow& row) { return long_f32_backward(row, true); }));
+
   TargetCheck decode;
   decode.name = "decode bf16 Sk=32768";
   decode.unit = "% read bw";
@@ -112,11 +147,7 @@ std::vector<TargetCheck> CheckTargets(const BenchReport& report, int threads) {
     }
     const double percent =
         100.0 * row.kv_bytes / row.anyattn->median_seconds * 1e-9 / row.read_bandwidth_gbps;
-    if (decode.rows == 0 || percent < decode.worst) {
-      decode.worst = percent;
-      decode.worst_row = DecodeKey(row.shape);
-    }
-    ++decode.rows;
+    Record(&decode, percent, DecodeKey(row.shape));
   }
   checks.push_back(decode);
 
@@ -135,7 +166,10 @@ std::vector<TargetCheck> CheckTargets(const BenchReport& report, int threads) {
 }
 
 void PrintTargetChecks(const std::vector<TargetCheck>& checks, int threads) {
-  std::printf("\nIssue 3 targets at %d thread(s): worst measured row against the bar\n", threads);
+  std::printf(
+      "\nIssue 3 and issue 6 (backward) targets at %d thread(s): worst measured row against the "
+      "bar\n",
+      threads);
   std::printf("%-46s %10s %10s %-10s %s\n", "target", "worst", "bar", "unit", "result");
   for (const TargetCheck& check : checks) {
     if (check.rows == 0) {

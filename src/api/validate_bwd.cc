@@ -3,6 +3,7 @@
 #include <cmath>
 #include <utility>
 
+#include "api/args_layout.h"
 #include "api/errors.h"
 #include "api/tensor_checks.h"
 #include "api/validate_fwd.h"
@@ -180,34 +181,8 @@ ValidatedBwd validate_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
   ValidatedBwd result;
   cpu::BwdArgs& bwd = result.args;
   cpu::FwdArgs& a = bwd.fwd;
-  a.dtype = static_cast<cpu::DType>(q->dtype);
-  a.batch = batch;
-  a.seqlen_q = seqlen_q;
-  a.seqlen_k = seqlen_k;
-  a.heads_q = heads_q;
-  a.heads_k = heads_k;
-  a.head_dim = head_dim;
-  a.head_dim_v = head_dim_v;
-  a.q = q->data;
-  a.q_batch_stride = q->strides[0];
-  a.q_row_stride = q->strides[1];
-  a.q_head_stride = q->strides[2];
-  a.k = k->data;
-  a.k_batch_stride = k->strides[0];
-  a.k_row_stride = k->strides[1];
-  a.k_head_stride = k->strides[2];
-  a.v = v->data;
-  a.v_batch_stride = v->strides[0];
-  a.v_row_stride = v->strides[1];
-  a.v_head_stride = v->strides[2];
-  a.out = out->data;
-  a.out_batch_stride = out->strides[0];
-  a.out_row_stride = out->strides[1];
-  a.out_head_stride = out->strides[2];
-  a.lse = static_cast<float*>(lse->data);
-  a.lse_batch_stride = lse->strides[0];
-  a.lse_head_stride = lse->strides[1];
-  a.lse_row_stride = lse->strides[2];
+  fill_dense_layout(q, k, v, out, &a);
+  fill_lse_layout(lse, false, &a);
   bwd.dout = dout->data;
   bwd.dout_batch_stride = dout->strides[0];
   bwd.dout_row_stride = dout->strides[1];

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "api/args_layout.h"
 #include "api/errors.h"
 #include "api/tensor_checks.h"
 
@@ -255,30 +256,8 @@ ValidatedKvcache validate_fwd_kvcache(const anyattn_tensor* q, const anyattn_ten
     }
   }
 
-  a.dtype = static_cast<cpu::DType>(q->dtype);
-  a.batch = batch;
-  a.seqlen_q = seqlen_q;
+  fill_dense_layout(q, k_cache, v_cache, out, &a);
   a.seqlen_k = max_keys;
-  a.heads_q = heads_q;
-  a.heads_k = heads_k;
-  a.head_dim = head_dim;
-  a.head_dim_v = head_dim_v;
-  a.q = q->data;
-  a.q_batch_stride = q->strides[0];
-  a.q_row_stride = q->strides[1];
-  a.q_head_stride = q->strides[2];
-  a.k = k_cache->data;
-  a.k_batch_stride = k_cache->strides[0];
-  a.k_row_stride = k_cache->strides[1];
-  a.k_head_stride = k_cache->strides[2];
-  a.v = v_cache->data;
-  a.v_batch_stride = v_cache->strides[0];
-  a.v_row_stride = v_cache->strides[1];
-  a.v_head_stride = v_cache->strides[2];
-  a.out = out->data;
-  a.out_batch_stride = out->strides[0];
-  a.out_row_stride = out->strides[1];
-  a.out_head_stride = out->strides[2];
   if (lse != nullptr) {
     const TensorExtent lse_extent =
         check_tensor(kFn, "lse", lse, 3, "(B, Hq, Sq)", {ANYATTN_DTYPE_F32});
@@ -291,10 +270,7 @@ ValidatedKvcache validate_fwd_kvcache(const anyattn_tensor* q, const anyattn_ten
     check_disjoint(kFn, "lse", lse_extent, "k_cache", k_extent);
     check_disjoint(kFn, "lse", lse_extent, "v_cache", v_extent);
     check_disjoint(kFn, "lse", lse_extent, "out", out_extent);
-    a.lse = static_cast<float*>(lse->data);
-    a.lse_batch_stride = lse->strides[0];
-    a.lse_head_stride = lse->strides[1];
-    a.lse_row_stride = lse->strides[2];
+    fill_lse_layout(lse, false, &a);
   }
   apply_attention_options(kFn, params, &a);
   if (a.dropout_threshold != 0) {

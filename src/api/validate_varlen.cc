@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "api/args_layout.h"
 #include "api/errors.h"
 #include "api/tensor_checks.h"
 
@@ -129,26 +130,10 @@ ValidatedFwd validate_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor* 
   }
 
   cpu::FwdArgs& a = result.args;
-  a.dtype = static_cast<cpu::DType>(q->dtype);
+  fill_packed_layout(q, k, v, out, &a);
   a.batch = batch;
   a.seqlen_q = max_seqlen_q;
   a.seqlen_k = max_seqlen_k;
-  a.heads_q = heads_q;
-  a.heads_k = heads_k;
-  a.head_dim = head_dim;
-  a.head_dim_v = head_dim_v;
-  a.q = q->data;
-  a.q_row_stride = q->strides[0];
-  a.q_head_stride = q->strides[1];
-  a.k = k->data;
-  a.k_row_stride = k->strides[0];
-  a.k_head_stride = k->strides[1];
-  a.v = v->data;
-  a.v_row_stride = v->strides[0];
-  a.v_head_stride = v->strides[1];
-  a.out = out->data;
-  a.out_row_stride = out->strides[0];
-  a.out_head_stride = out->strides[1];
   if (lse != nullptr) {
     const TensorExtent lse_extent =
         check_tensor(kFn, "lse", lse, 2, "(Hq, total_q)", {ANYATTN_DTYPE_F32});
@@ -161,9 +146,7 @@ ValidatedFwd validate_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor* 
     check_disjoint(kFn, "lse", lse_extent, "k", k_extent);
     check_disjoint(kFn, "lse", lse_extent, "v", v_extent);
     check_disjoint(kFn, "lse", lse_extent, "out", out_extent);
-    a.lse = static_cast<float*>(lse->data);
-    a.lse_head_stride = lse->strides[0];
-    a.lse_row_stride = lse->strides[1];
+    fill_lse_layout(lse, true, &a);
   }
   apply_attention_options(kFn, params, &a);
   result.isa = resolve_isa(kFn, params.isa);
