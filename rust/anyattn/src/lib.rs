@@ -1,0 +1,135 @@
+//! Safe Rust API of anyattn: exact attention with FlashAttention 2.x semantics on any CPU.
+//!
+//! The C++ library is built from this repository and linked statically by `anyattn-sys`.
+//!
+//! - [`fwd`]: dense forward attention over strided views ([`View`], [`ViewMut`]), with causal and
+//!   sliding-window masks (bottom-right aligned), softcap, ALiBi, sinks and GQA/MQA, for `f32`,
+//!   `half::f16` and `half::bf16`, optionally writing the log-sum-exp.
+//! - [`bwd`]: dense backward attention (dq, dk, dv and the sinks' gradient).
+//! - [`fwd_varlen`]: packed variable-length sequences (`cu_seqlens`).
+//! - Thread control ([`set_num_threads`], [`num_threads`]), instruction-set paths ([`Isa`]) and
+//!   version queries.
+//!
+//! Every failure is an [`Error`] carrying the C library's message, which names the parameter, the
+//! value given and what is supported. The KV-cache entry point, `merge_attention_states` and the
+//! varlen backward are declared in `anyattn-sys` but have no safe wrapper yet.
+//!
+//! ```
+//! use anyattn::{fwd, FwdOptions, View, ViewMut};
+//! // One batch, 2 queries, 3 keys, 1 head, head dim 4.
+//! let q = vec![0.5f32; 2 * 4];
+//! let k = vec![0.25f32; 3 * 4];
+//! let v: Vec<f32> = (0..12).map(|i| i as f32).collect();
+//! let mut out = vec![0f32; 2 * 4];
+//! fwd(
+//!     &View::contiguous(&q, &[1, 2, 1, 4])?,
+//!     &View::contiguous(&k, &[1, 3, 1, 4])?,
+//!     &View::contiguous(&v, &[1, 3, 1, 4])?,
+//!     &mut ViewMut::contiguous(&mut out, &[1, 2, 1, 4])?,
+//!     None,
+//!     &FwdOptions { causal: true, ..Default::default() },
+//! )?;
+//! // Bottom-right aligned causal mask: the last query sees all three keys (equal scores).
+//! assert!((out[4] - 4.0).abs() < 1e-5);
+//! # Ok::<(), anyattn::Error>(())
+//! ```
+#![warn(missing_docs)]
+
+mod error;
+mod fwd;
+mod view;
+
+use std::ffi::CStr;
+
+use anyattn_sys as sys;
+
+pub use error::{Error, Result, Status};
+pub use fwd::{bwd, fwd, fwd_varlen, Dropout, FwdOptions, VarlenSeqs};
+pub use half::{bf16, f16};
+pub use view::{contiguous_strides, DType, Element, View, ViewMut, MAX_NDIM};
+
+/// The version of the linked C library as `(major, minor, patch)`.
+pub fn version() -> (u32, u32, u32) {
+    // SAFETY: no preconditions.
+    let v = unsafe { sys::anyattn_version() }.max(0) as u32;
+    (v / 10000, (v / 100) % 100, v % 100)
+}
+
+/// The version of the linked C library as `"major.minor.patch"`.
+pub fn version_string() -> &'static str {
+    // SAFETY: the C library returns a static NUL-terminated string.
+    unsafe { CStr::from_ptr(sys::anyattn_version_string()) }
+        .to_str()
+        .unwrap_or("unknown")
+}
+
+/// Sets the number of threads later calls use, process-wide; 0 restores the default (the
+/// `ANYATTN_NUM_THREADS` environment variable if set, else the CPUs in the process's affinity
+/// mask). Values above `i32::MAX` are clamped. Results do not depend on the thread count.
+///
+/// Concurrent calls share one pool and never oversubscribe it: a call that finds the pool busy
+/// runs on its caller's thread alone.
+pub fn set_num_threads(n: usize) {
+    let n = i32::try_from(n).unwrap_or(i32::MAX);
+    // SAFETY: no preconditions.
+    unsafe { sys::anyattn_set_num_threads(n) }
+}
+
+/// The number of threads later calls will use.
+pub fn num_threads() -> usize {
+    // SAFETY: no preconditions.
+    unsafe { sys::anyattn_get_num_threads() }.max(1) as usize
+}
+
+/// An instruction-set path of the CPU kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Isa {
+    /// The fastest path the CPU supports, or the one named by the `ANYATTN_ISA` environment
+    /// variable.
+    #[default]
+    Auto,
+    /// Plain C++ that every machine runs.
+    Portable,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL/DQ.
+    Avx512,
+}
+
+impl Isa {
+    /// Every path, `Auto` first.
+    pub const ALL: [Isa; 4] = [Isa::Auto, Isa::Portable, Isa::Avx2, Isa::Avx512];
+
+    pub(crate) fn raw(self) -> i32 {
+        match self {
+            Isa::Auto => sys::ANYATTN_ISA_AUTO,
+            Isa::Portable => sys::ANYATTN_ISA_PORTABLE,
+            Isa::Avx2 => sys::ANYATTN_ISA_AVX2,
+            Isa::Avx512 => sys::ANYATTN_ISA_AVX512,
+        }
+    }
+
+    /// Whether this build contains the path and the running CPU can execute it.
+    pub fn is_supported(self) -> bool {
+        // SAFETY: no preconditions.
+        unsafe { sys::anyattn_isa_supported(self.raw()) != 0 }
+    }
+
+    /// The path [`Isa::Auto`] resolves to on this machine.
+    pub fn resolved_default() -> Isa {
+        // SAFETY: no preconditions.
+        match unsafe { sys::anyattn_isa_default() } {
+            sys::ANYATTN_ISA_AVX512 => Isa::Avx512,
+            sys::ANYATTN_ISA_AVX2 => Isa::Avx2,
+            _ => Isa::Portable,
+        }
+    }
+
+    /// The library's name for the path: "auto", "portable", "avx2" or "avx512".
+    pub fn name(self) -> &'static str {
+        // SAFETY: the C library returns a static NUL-terminated string.
+        unsafe { CStr::from_ptr(sys::anyattn_isa_name(self.raw())) }
+            .to_str()
+            .unwrap_or("unknown")
+    }
+}
