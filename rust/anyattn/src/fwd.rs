@@ -1,5 +1,5 @@
 //! Forward attention, dense (`anyattn_fwd`) and variable-length (`anyattn_fwd_varlen`), and the
-//! dense backward (`anyattn_bwd`).
+//! backward, dense (`anyattn_bwd`) and variable-length (`anyattn_bwd_varlen`).
 
 use anyattn_sys as sys;
 
@@ -68,7 +68,7 @@ fn window_to_c(name: &str, window: Option<usize>) -> Result<i32> {
 }
 
 /// The C parameter struct for `opts`, pointing at `alibi` and `sinks` (which must outlive its use).
-fn c_params(
+pub(crate) fn c_params(
     opts: &FwdOptions<'_>,
     alibi: Option<&sys::anyattn_tensor>,
     sinks: Option<&sys::anyattn_tensor>,
@@ -251,7 +251,7 @@ fn read_cu(name: &str, cu: &[i32], total: usize) -> Result<Vec<usize>> {
 }
 
 /// A rank-1 int32 descriptor over `data`.
-fn i32_tensor(data: &[i32]) -> sys::anyattn_tensor {
+pub(crate) fn i32_tensor(data: &[i32]) -> sys::anyattn_tensor {
     let mut t = sys::anyattn_tensor {
         data: data.as_ptr() as *mut std::os::raw::c_void,
         dtype: sys::ANYATTN_DTYPE_I32,
@@ -264,27 +264,18 @@ fn i32_tensor(data: &[i32]) -> sys::anyattn_tensor {
     t
 }
 
-/// Variable-length forward attention over packed sequences, flash-attn's `flash_attn_varlen_func`.
-///
-/// Shapes: `q (total_q, Hq, D)`, `k (total_k, Hk, D)`, `v (total_k, Hk, Dv)`,
-/// `out (total_q, Hq, Dv)`, `lse (Hq, total_q)` (f32, optional). Sequence `b` owns query rows
-/// `cu_seqlens_q[b]..cu_seqlens_q[b+1]` and key rows `cu_seqlens_k[b]..cu_seqlens_k[b+1]`
-/// (the first `seqused_k[b]` of them if given). Masks and ALiBi positions are per sequence.
-/// `opts.alibi_slopes` may be `(Hq)` or `(B, Hq)`.
-///
-/// Runs `anyattn_fwd_varlen` once for the whole batch. The sequence boundaries are also checked
-/// here first, so their errors name the offending entry. Output rows that belong to no sequence
-/// are left untouched. On error nothing is written.
-pub fn fwd_varlen<T: Element>(
-    q: &View<'_, T>,
-    k: &View<'_, T>,
-    v: &View<'_, T>,
-    out: &mut ViewMut<'_, T>,
-    lse: Option<&mut ViewMut<'_, f32>>,
+/// Checks the shapes and sequence boundaries of a varlen call on the Rust side, so errors name the
+/// offending entry; returns `(max_seqlen_q, max_seqlen_k)` as the C ABI takes them.
+fn check_varlen(
+    q_shape: &[usize],
+    k_shape: &[usize],
+    v_shape: &[usize],
+    out_shape: &[usize],
+    lse_shape: Option<&[usize]>,
     seqs: &VarlenSeqs<'_>,
     opts: &FwdOptions<'_>,
-) -> Result<()> {
-    for (name, view_shape) in [("q", q.shape()), ("k", k.shape()), ("v", v.shape())] {
+) -> Result<(i64, i64)> {
+    for (name, view_shape) in [("q", q_shape), ("k", k_shape), ("v", v_shape)] {
         if view_shape.len() != 3 {
             return Err(Error::invalid(format!(
                 "{name}: rank {} given, supported 3 (total, heads, head_dim) for varlen",
@@ -292,32 +283,31 @@ pub fn fwd_varlen<T: Element>(
             )));
         }
     }
-    if out.shape().len() != 3 {
+    if out_shape.len() != 3 {
         return Err(Error::invalid(format!(
             "out: rank {} given, supported 3 (total_q, Hq, Dv) for varlen",
-            out.shape().len()
+            out_shape.len()
         )));
     }
-    let total_q = q.shape()[0];
-    let total_k = k.shape()[0];
-    if v.shape()[0] != total_k {
+    let total_q = q_shape[0];
+    let total_k = k_shape[0];
+    if v_shape[0] != total_k {
         return Err(Error::invalid(format!(
             "v: {} packed rows given, k has {total_k}",
-            v.shape()[0]
+            v_shape[0]
         )));
     }
-    if out.shape()[0] != total_q {
+    if out_shape[0] != total_q {
         return Err(Error::invalid(format!(
             "out: {} packed rows given, q has {total_q}",
-            out.shape()[0]
+            out_shape[0]
         )));
     }
-    if let Some(l) = lse.as_deref() {
-        if l.shape().len() != 2 || l.shape()[1] != total_q || l.shape()[0] != q.shape()[1] {
+    if let Some(l) = lse_shape {
+        if l.len() != 2 || l[1] != total_q || l[0] != q_shape[1] {
             return Err(Error::invalid(format!(
                 "lse: shape {:?} given, supported (Hq, total_q) = ({}, {total_q})",
-                l.shape(),
-                q.shape()[1]
+                l, q_shape[1]
             )));
         }
     }
@@ -339,7 +329,7 @@ pub fn fwd_varlen<T: Element>(
             )));
         }
     }
-    let hq = q.shape()[1];
+    let hq = q_shape[1];
     if let Some(alibi) = &opts.alibi_slopes {
         let ok = match alibi.shape() {
             [h] => *h == hq,
@@ -386,6 +376,39 @@ pub fn fwd_varlen<T: Element>(
         .map_err(|_| Error::invalid("max_seqlen_q: does not fit in int64"))?;
     let max_k = i64::try_from(seqs.max_seqlen_k)
         .map_err(|_| Error::invalid("max_seqlen_k: does not fit in int64"))?;
+    Ok((max_q, max_k))
+}
+
+/// Variable-length forward attention over packed sequences, flash-attn's `flash_attn_varlen_func`.
+///
+/// Shapes: `q (total_q, Hq, D)`, `k (total_k, Hk, D)`, `v (total_k, Hk, Dv)`,
+/// `out (total_q, Hq, Dv)`, `lse (Hq, total_q)` (f32, optional). Sequence `b` owns query rows
+/// `cu_seqlens_q[b]..cu_seqlens_q[b+1]` and key rows `cu_seqlens_k[b]..cu_seqlens_k[b+1]`
+/// (the first `seqused_k[b]` of them if given). Masks and ALiBi positions are per sequence.
+/// `opts.alibi_slopes` may be `(Hq)` or `(B, Hq)`.
+///
+/// Runs `anyattn_fwd_varlen` once for the whole batch. The sequence boundaries are also checked
+/// here first, so their errors name the offending entry. Output rows that belong to no sequence
+/// are left untouched. On error nothing is written.
+pub fn fwd_varlen<T: Element>(
+    q: &View<'_, T>,
+    k: &View<'_, T>,
+    v: &View<'_, T>,
+    out: &mut ViewMut<'_, T>,
+    lse: Option<&mut ViewMut<'_, f32>>,
+    seqs: &VarlenSeqs<'_>,
+    opts: &FwdOptions<'_>,
+) -> Result<()> {
+    let lse_shape = lse.as_deref().map(|l| l.shape().to_vec());
+    let (max_q, max_k) = check_varlen(
+        q.shape(),
+        k.shape(),
+        v.shape(),
+        out.shape(),
+        lse_shape.as_deref(),
+        seqs,
+        opts,
+    )?;
 
     let alibi = opts.alibi_slopes.as_ref().map(View::raw);
     let sinks = opts.sinks.as_ref().map(View::raw);
@@ -404,6 +427,88 @@ pub fn fwd_varlen<T: Element>(
             &tv,
             &to,
             tl.as_ref().map_or(std::ptr::null(), |t| t as *const _),
+            &tcq,
+            &tck,
+            tused.as_ref().map_or(std::ptr::null(), |t| t as *const _),
+            max_q,
+            max_k,
+            &params,
+        )
+    };
+    check(status)
+}
+
+/// Variable-length backward attention (`anyattn_bwd_varlen`): the gradients of [`fwd_varlen`]
+/// with the same q, k, v, sequences and options, given `dout`.
+///
+/// Shapes as in [`fwd_varlen`]: `dout`/`out (total_q, Hq, Dv)`, `q (total_q, Hq, D)`,
+/// `k (total_k, Hk, D)`, `v (total_k, Hk, Dv)`, `lse (Hq, total_q)` f32 (required: the forward's
+/// LSE), `dq` like `q`, `dk`/`dv` like `k`/`v` (summed over each GQA group; keys beyond
+/// `seqused_k[b]` get exact zeros), `dsinks (Hq)` f32, required exactly when `opts.sinks` is set.
+/// Rows of `dq`, `dk`, `dv` that belong to no sequence are left untouched. The sequence
+/// boundaries are checked here first, as in [`fwd_varlen`]. Each sequence's gradients are
+/// bitwise those of [`bwd`] on that sequence alone; results do not depend on the thread count.
+/// On a validation error nothing is written.
+#[allow(clippy::too_many_arguments)]
+pub fn bwd_varlen<T: Element>(
+    dout: &View<'_, T>,
+    q: &View<'_, T>,
+    k: &View<'_, T>,
+    v: &View<'_, T>,
+    out: &View<'_, T>,
+    lse: &View<'_, f32>,
+    dq: &mut ViewMut<'_, T>,
+    dk: &mut ViewMut<'_, T>,
+    dv: &mut ViewMut<'_, T>,
+    dsinks: Option<&mut ViewMut<'_, f32>>,
+    seqs: &VarlenSeqs<'_>,
+    opts: &FwdOptions<'_>,
+) -> Result<()> {
+    let (max_q, max_k) = check_varlen(
+        q.shape(),
+        k.shape(),
+        v.shape(),
+        out.shape(),
+        Some(lse.shape()),
+        seqs,
+        opts,
+    )?;
+    for (name, got, of, want) in [
+        ("dout", dout.shape(), "out", out.shape()),
+        ("dq", dq.shape(), "q", q.shape()),
+        ("dk", dk.shape(), "k", k.shape()),
+        ("dv", dv.shape(), "v", v.shape()),
+    ] {
+        if got != want {
+            return Err(Error::invalid(format!(
+                "{name}: shape {got:?} given, supported {want:?} (the shape of {of})"
+            )));
+        }
+    }
+
+    let alibi = opts.alibi_slopes.as_ref().map(View::raw);
+    let sinks = opts.sinks.as_ref().map(View::raw);
+    let params = c_params(opts, alibi.as_ref(), sinks.as_ref())?;
+    let (tdo, tq, tk, tv, to, tl) = (dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(), lse.raw());
+    let (tdq, tdk, tdv) = (dq.raw(), dk.raw(), dv.raw());
+    let tds = dsinks.map(|d| d.raw());
+    let (tcq, tck) = (i32_tensor(seqs.cu_seqlens_q), i32_tensor(seqs.cu_seqlens_k));
+    let tused = seqs.seqused_k.map(i32_tensor);
+    // SAFETY: as in `bwd`; the sequence descriptors point at the borrowed i32 slices, and every
+    // row they select was checked above to lie inside the packed views, whose shapes the
+    // gradients share.
+    let status = unsafe {
+        sys::anyattn_bwd_varlen(
+            &tdo,
+            &tq,
+            &tk,
+            &tv,
+            &to,
+            &tl,
+            &tdq,
+            &tdk,
+            &tdv,
+            tds.as_ref().map_or(std::ptr::null(), |t| t as *const _),
             &tcq,
             &tck,
             tused.as_ref().map_or(std::ptr::null(), |t| t as *const _),

@@ -6,13 +6,17 @@
 //!   sliding-window masks (bottom-right aligned), softcap, ALiBi, sinks and GQA/MQA, for `f32`,
 //!   `half::f16` and `half::bf16`, optionally writing the log-sum-exp.
 //! - [`bwd`]: dense backward attention (dq, dk, dv and the sinks' gradient).
-//! - [`fwd_varlen`]: packed variable-length sequences (`cu_seqlens`).
+//! - [`fwd_varlen`] and [`bwd_varlen`]: packed variable-length sequences (`cu_seqlens`).
+//! - [`fwd_kvcache`]: attention against a contiguous or paged KV cache with in-place append and
+//!   rotary embedding ([`KvCacheOptions`]).
+//! - [`merge_attention_states`] (and its in-place form): merging partial attentions over
+//!   disjoint key sets.
+//! - [`kernels`]: the forward kernel registry.
 //! - Thread control ([`set_num_threads`], [`num_threads`]), instruction-set paths ([`Isa`]) and
 //!   version queries.
 //!
 //! Every failure is an [`Error`] carrying the C library's message, which names the parameter, the
-//! value given and what is supported. The KV-cache entry point, `merge_attention_states` and the
-//! varlen backward are declared in `anyattn-sys` but have no safe wrapper yet.
+//! value given and what is supported.
 //!
 //! ```
 //! use anyattn::{fwd, FwdOptions, View, ViewMut};
@@ -37,6 +41,8 @@
 
 mod error;
 mod fwd;
+mod kvcache;
+mod merge;
 mod view;
 
 use std::ffi::CStr;
@@ -44,8 +50,10 @@ use std::ffi::CStr;
 use anyattn_sys as sys;
 
 pub use error::{Error, Result, Status};
-pub use fwd::{bwd, fwd, fwd_varlen, Dropout, FwdOptions, VarlenSeqs};
+pub use fwd::{bwd, bwd_varlen, fwd, fwd_varlen, Dropout, FwdOptions, VarlenSeqs};
 pub use half::{bf16, f16};
+pub use kvcache::{fwd_kvcache, BlockTable, CacheSeqlens, KvCacheOptions, Rotary};
+pub use merge::{merge_attention_states, merge_attention_states_in_place};
 pub use view::{contiguous_strides, DType, Element, View, ViewMut, MAX_NDIM};
 
 /// The version of the linked C library as `(major, minor, patch)`.
@@ -109,6 +117,16 @@ impl Isa {
         }
     }
 
+    pub(crate) fn from_raw(raw: i32) -> Option<Isa> {
+        match raw {
+            sys::ANYATTN_ISA_AUTO => Some(Isa::Auto),
+            sys::ANYATTN_ISA_PORTABLE => Some(Isa::Portable),
+            sys::ANYATTN_ISA_AVX2 => Some(Isa::Avx2),
+            sys::ANYATTN_ISA_AVX512 => Some(Isa::Avx512),
+            _ => None,
+        }
+    }
+
     /// Whether this build contains the path and the running CPU can execute it.
     pub fn is_supported(self) -> bool {
         // SAFETY: no preconditions.
@@ -132,4 +150,57 @@ impl Isa {
             .to_str()
             .unwrap_or("unknown")
     }
+}
+
+/// One forward kernel of the library's registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelInfo {
+    /// The kernel's name, e.g. `"fwd_f32acc_avx512_6x64"`: the ISA, then the score tile's rows x
+    /// keys.
+    pub name: &'static str,
+    /// The instruction-set path the kernel belongs to; `None` for a path these bindings do not
+    /// know (a newer library).
+    pub isa: Option<Isa>,
+    /// Whether this CPU can run the kernel.
+    pub supported: bool,
+    /// Floats per vector register.
+    pub vector_lanes: usize,
+    /// Query rows per register tile.
+    pub tile_rows: usize,
+    /// Keys per register tile.
+    pub tile_keys: usize,
+}
+
+/// The forward kernels compiled into the linked library, in registry order, supported or not.
+pub fn kernels() -> Vec<KernelInfo> {
+    // SAFETY: no preconditions.
+    let count = unsafe { sys::anyattn_fwd_kernel_count() }.max(0);
+    let mut list = Vec::with_capacity(count as usize);
+    for index in 0..count {
+        let mut info = std::mem::MaybeUninit::<sys::anyattn_kernel_info>::zeroed();
+        // SAFETY: `index` is in [0, count) and `info` is valid for writes.
+        let status = unsafe { sys::anyattn_fwd_kernel_info(index, info.as_mut_ptr()) };
+        if status != sys::ANYATTN_OK {
+            continue;
+        }
+        // SAFETY: a successful call filled every field.
+        let info = unsafe { info.assume_init() };
+        let name = if info.name.is_null() {
+            "unknown"
+        } else {
+            // SAFETY: the registry's names are static NUL-terminated strings.
+            unsafe { CStr::from_ptr(info.name) }
+                .to_str()
+                .unwrap_or("unknown")
+        };
+        list.push(KernelInfo {
+            name,
+            isa: Isa::from_raw(info.isa),
+            supported: info.supported != 0,
+            vector_lanes: info.vector_lanes.max(0) as usize,
+            tile_rows: info.tile_rows.max(0) as usize,
+            tile_keys: info.tile_keys.max(0) as usize,
+        });
+    }
+    list
 }

@@ -1,0 +1,193 @@
+//! Forward attention against a KV cache with in-place append (`anyattn_fwd_kvcache`), flash-attn's
+//! `flash_attn_with_kvcache`.
+
+use anyattn_sys as sys;
+
+use crate::error::{check, Error, Result};
+use crate::fwd::{c_params, i32_tensor, FwdOptions};
+use crate::view::{Element, View, ViewMut};
+
+/// How many keys each sequence already has in the cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CacheSeqlens<'a> {
+    /// The whole cache (`S_cache` keys per sequence); contiguous caches only.
+    #[default]
+    Full,
+    /// The same number of keys for every sequence.
+    Uniform(usize),
+    /// `(B)`: sequence `b` has `lens[b]` keys.
+    PerSequence(&'a [i32]),
+}
+
+/// The block table of a paged cache: a C-contiguous i32 `(B, blocks_per_seq)` array. Cache
+/// position `p` of sequence `b` lives in page `data[b * blocks_per_seq + p / page_size]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockTable<'a> {
+    /// The entries, row by row; `data.len()` must be `B * blocks_per_seq`.
+    pub data: &'a [i32],
+    /// Entries per sequence (the table's second dimension), at least 1.
+    pub blocks_per_seq: usize,
+}
+
+/// A rotary embedding applied to the new keys at their cache positions and to q: at
+/// `cache_seqlens[b] + i` for query `i` when the call is causal or windowed, else at
+/// `cache_seqlens[b]`. Requires [`KvCacheOptions::k_new`].
+#[derive(Debug, Clone, Copy)]
+pub struct Rotary<'a> {
+    /// f32 `(S_ro, rotary_dim / 2)` cosines; `rotary_dim` is even and at most D.
+    pub cos: View<'a, f32>,
+    /// f32 `(S_ro, rotary_dim / 2)` sines, the shape of `cos`.
+    pub sin: View<'a, f32>,
+    /// `true`: rotate pairs `(2t, 2t + 1)` (GPT-J); `false`: pairs `(t, t + rotary_dim / 2)`
+    /// (GPT-NeoX).
+    pub interleaved: bool,
+}
+
+/// The cache-specific arguments of [`fwd_kvcache`]. `KvCacheOptions::default()` attends to the
+/// whole contiguous cache and appends nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct KvCacheOptions<'a, T: Element> {
+    /// New keys `(B, S_new, Hk, D)`, written into the cache at positions
+    /// `cache_seqlens[b] .. cache_seqlens[b] + S_new` before attention. Both or neither of
+    /// `k_new` and `v_new`.
+    pub k_new: Option<View<'a, T>>,
+    /// New values `(B, S_new, Hk, Dv)`.
+    pub v_new: Option<View<'a, T>>,
+    /// Keys already in the cache per sequence.
+    pub cache_seqlens: CacheSeqlens<'a>,
+    /// `(B)`: sequence `b` uses cache batch `cache_batch_idx[b]` (contiguous caches only).
+    pub cache_batch_idx: Option<&'a [i32]>,
+    /// `(B)`: sequence `b`'s keys start at cache position `cache_leftpad[b]`.
+    pub cache_leftpad: Option<&'a [i32]>,
+    /// Paged cache: the caches are then `(num_blocks, page_size, Hk, D)` / `(.., Dv)`.
+    pub block_table: Option<BlockTable<'a>>,
+    /// Rotary embedding of q and the new keys; `None` = off.
+    pub rotary: Option<Rotary<'a>>,
+}
+
+impl<T: Element> Default for KvCacheOptions<'_, T> {
+    fn default() -> Self {
+        KvCacheOptions {
+            k_new: None,
+            v_new: None,
+            cache_seqlens: CacheSeqlens::Full,
+            cache_batch_idx: None,
+            cache_leftpad: None,
+            block_table: None,
+            rotary: None,
+        }
+    }
+}
+
+/// A C-contiguous rank-2 int32 descriptor of a block table.
+fn block_table_tensor(table: &BlockTable<'_>) -> Result<sys::anyattn_tensor> {
+    let bps = table.blocks_per_seq;
+    if bps == 0 || table.data.len() % bps != 0 {
+        return Err(Error::invalid(format!(
+            "block_table: {} entries with blocks_per_seq = {bps} given, supported \
+             blocks_per_seq >= 1 dividing the entry count (B * blocks_per_seq)",
+            table.data.len()
+        )));
+    }
+    let mut t = i32_tensor(table.data);
+    t.ndim = 2;
+    t.shape[0] = (table.data.len() / bps) as i64;
+    t.shape[1] = bps as i64;
+    t.strides[0] = bps as i64;
+    t.strides[1] = 1;
+    Ok(t)
+}
+
+/// Forward attention of q against a KV cache, with an optional in-place append of new keys and
+/// values and an optional rotary embedding (`anyattn_fwd_kvcache`).
+///
+/// Shapes: `q (B, Sq, Hq, D)`, `k_cache (B_cache, S_cache, Hk, D)` and
+/// `v_cache (B_cache, S_cache, Hk, Dv)`, or paged `(num_blocks, page_size, Hk, D/Dv)` with
+/// [`KvCacheOptions::block_table`], `out (B, Sq, Hq, Dv)`, `lse (B, Hq, Sq)` (f32, optional).
+/// Sequence `b` attends to cache positions `[leftpad_b, cache_seqlens[b] + S_new)`; the mask is
+/// bottom-right aligned to that key count. The caches are written only when `cache.k_new` is
+/// given. `opts` are the dense options, except dropout, which this entry point rejects.
+///
+/// Everything (capacity, cache batch indices, block table entries, rotary table length) is
+/// validated before the first write: on error neither the caches nor the outputs are touched,
+/// and the error names the offending parameter.
+pub fn fwd_kvcache<T: Element>(
+    q: &View<'_, T>,
+    k_cache: &mut ViewMut<'_, T>,
+    v_cache: &mut ViewMut<'_, T>,
+    out: &mut ViewMut<'_, T>,
+    lse: Option<&mut ViewMut<'_, f32>>,
+    cache: &KvCacheOptions<'_, T>,
+    opts: &FwdOptions<'_>,
+) -> Result<()> {
+    let alibi = opts.alibi_slopes.as_ref().map(View::raw);
+    let sinks = opts.sinks.as_ref().map(View::raw);
+    let params = c_params(opts, alibi.as_ref(), sinks.as_ref())?;
+
+    let k_new = cache.k_new.as_ref().map(View::raw);
+    let v_new = cache.v_new.as_ref().map(View::raw);
+    let (seqlens, seqlen) = match cache.cache_seqlens {
+        CacheSeqlens::Full => (None, -1),
+        CacheSeqlens::Uniform(n) => {
+            let n = i64::try_from(n).map_err(|_| {
+                Error::invalid(format!(
+                    "cache_seqlens: {n} given, supported 0 to {}",
+                    i64::MAX
+                ))
+            })?;
+            (None, n)
+        }
+        CacheSeqlens::PerSequence(lens) => (Some(i32_tensor(lens)), -1),
+    };
+    let batch_idx = cache.cache_batch_idx.map(i32_tensor);
+    let leftpad = cache.cache_leftpad.map(i32_tensor);
+    let table = cache
+        .block_table
+        .as_ref()
+        .map(block_table_tensor)
+        .transpose()?;
+    let cos = cache.rotary.as_ref().map(|r| r.cos.raw());
+    let sin = cache.rotary.as_ref().map(|r| r.sin.raw());
+
+    let ptr =
+        |t: &Option<sys::anyattn_tensor>| t.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+    let mut c = std::mem::MaybeUninit::<sys::anyattn_kvcache_params>::zeroed();
+    // SAFETY: anyattn_kvcache_params_init writes every field of a valid struct.
+    let mut c = unsafe {
+        sys::anyattn_kvcache_params_init(c.as_mut_ptr());
+        c.assume_init()
+    };
+    c.k_new = ptr(&k_new);
+    c.v_new = ptr(&v_new);
+    c.cache_seqlens = ptr(&seqlens);
+    c.cache_seqlen = seqlen;
+    c.cache_batch_idx = ptr(&batch_idx);
+    c.cache_leftpad = ptr(&leftpad);
+    c.block_table = ptr(&table);
+    c.rotary_cos = ptr(&cos);
+    c.rotary_sin = ptr(&sin);
+    c.rotary_interleaved = i32::from(cache.rotary.is_some_and(|r| r.interleaved));
+
+    let tq = q.raw();
+    let (tkc, tvc) = (k_cache.raw(), v_cache.raw());
+    let to = out.raw();
+    let tl = lse.map(|l| l.raw());
+    // SAFETY: every view lies inside its slice; the caches, out and lse are distinct exclusive
+    // borrows, so they overlap neither each other nor the shared inputs (q, k_new, v_new, the
+    // tables), and address no element twice. The library validates every index it reads from the
+    // i32 tables (cache lengths, batch indices, left padding, block table entries) against the
+    // cache shapes before touching memory. The descriptors and both parameter structs outlive
+    // the call.
+    let status = unsafe {
+        sys::anyattn_fwd_kvcache(
+            &tq,
+            &tkc,
+            &tvc,
+            &to,
+            tl.as_ref().map_or(std::ptr::null(), |t| t as *const _),
+            &c,
+            &params,
+        )
+    };
+    check(status)
+}
