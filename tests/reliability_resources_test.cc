@@ -67,7 +67,7 @@ int run_in_child(int seconds, Body body) {
 }
 
 // The process's current virtual size in bytes (from /proc/self/statm), or 0 if unknown.
-uint64_t virtual_size() {
+[[maybe_unused]] uint64_t virtual_size() {
   std::ifstream statm("/proc/self/statm");
   uint64_t pages = 0;
   statm >> pages;

@@ -88,7 +88,10 @@ typedef enum anyattn_dtype {
   ANYATTN_DTYPE_F32 = 0,
   ANYATTN_DTYPE_F16 = 1,
   ANYATTN_DTYPE_BF16 = 2,
-  ANYATTN_DTYPE_I32 = 3
+  ANYATTN_DTYPE_I32 = 3,
+  /* Not a dtype: makes every non-negative int32 a valid value of this type, so that a caller
+   * passing an unknown value gets ANYATTN_E_INVALID_ARGUMENT rather than undefined behaviour. */
+  ANYATTN_DTYPE_MAX_ENUM = 0x7fffffff
 } anyattn_dtype;
 
 #define ANYATTN_MAX_NDIM 4
@@ -123,7 +126,10 @@ typedef enum anyattn_isa {
   /* x86-64 AVX2 + FMA + F16C. */
   ANYATTN_ISA_AVX2 = 2,
   /* x86-64 AVX-512 F/BW/VL/DQ. */
-  ANYATTN_ISA_AVX512 = 3
+  ANYATTN_ISA_AVX512 = 3,
+  /* Not a path: makes every non-negative int32 a valid value of this type (see
+   * ANYATTN_DTYPE_MAX_ENUM). */
+  ANYATTN_ISA_MAX_ENUM = 0x7fffffff
 } anyattn_isa;
 
 /* 1 if this build contains the path and the running CPU can execute it, else 0. */
