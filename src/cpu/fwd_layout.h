@@ -54,12 +54,12 @@ struct PackedLayout {
 };
 
 // Where a task's results go. When the key range is split, each split writes an unnormalised
-// partial result (o, and m/l in log2 units) that the driver merges; otherwise the task writes the
-// final out and lse rows itself.
+// partial result (o, and m/l in natural units) that the driver merges; otherwise the task writes
+// the final out and lse rows itself.
 struct PartialOutput {
   float* o = nullptr;  // row r of the task at o + r * o_row_stride, dv_pad floats
-  float* m = nullptr;  // row r at m[r * ml_row_stride]: max score, log2 units
-  float* l = nullptr;  // row r at l[r * ml_row_stride]: sum of 2^(s - m)
+  float* m = nullptr;  // row r at m[r * ml_row_stride]: max score, natural units
+  float* l = nullptr;  // row r at l[r * ml_row_stride]: sum of e^(s - m)
   int64_t o_row_stride = 0;
   int64_t ml_row_stride = 0;
 };
@@ -112,7 +112,7 @@ struct Scratch {
   float* q = nullptr;  // [row][D]  pre-scaled queries
   float* s = nullptr;  // [row][64] scores, then probabilities, of one key block
   float* o = nullptr;  // [row][dv_pad] output accumulators
-  float* m = nullptr;  // [row] running max (log2 units)
+  float* m = nullptr;  // [row] running max (natural units)
   float* l = nullptr;  // [row] running denominator
   // Streaming tasks: one packed block per kv head of the task, then the K staging rows.
   float* panel = nullptr;
