@@ -29,24 +29,31 @@ void WriteTiming(JsonWriter* json, const TimingResult& timing) {
   json->EndObject();
 }
 
+// Writes the fields every forward and backward row shares: key, shape, threads, FLOPs, peak.
+template <class Shape>
+void WriteRowFields(JsonWriter* json, const std::string& key, const Shape& shape, int threads,
+                    double flops, double peak_gflops) {
+  json->Field("key", key);
+  json->Field("dtype", DTypeName(shape.dtype));
+  json->Field("mask", shape.causal ? "causal" : "none");
+  json->Field("batch", shape.batch);
+  json->Field("seqlen_q", shape.seqlen_q);
+  json->Field("seqlen_k", shape.seqlen_k);
+  json->Field("heads_q", shape.heads_q);
+  json->Field("heads_k", shape.heads_k);
+  json->Field("head_dim", shape.head_dim);
+  json->Field("threads", threads);
+  json->Field("flops", flops);
+  json->Field("fma_peak_gflops", peak_gflops);
+}
+
 // Writes the forward rows.
 void WriteForwardRows(JsonWriter* json, const BenchReport& report) {
   json->Key("forward");
   json->BeginArray();
   for (const FwdRow& row : report.forward) {
     json->BeginObject();
-    json->Field("key", FwdKey(row.shape));
-    json->Field("dtype", DTypeName(row.shape.dtype));
-    json->Field("mask", row.shape.causal ? "causal" : "none");
-    json->Field("batch", row.shape.batch);
-    json->Field("seqlen_q", row.shape.seqlen_q);
-    json->Field("seqlen_k", row.shape.seqlen_k);
-    json->Field("heads_q", row.shape.heads_q);
-    json->Field("heads_k", row.shape.heads_k);
-    json->Field("head_dim", row.shape.head_dim);
-    json->Field("threads", row.threads);
-    json->Field("flops", row.flops);
-    json->Field("fma_peak_gflops", row.peak_gflops);
+    WriteRowFields(json, FwdKey(row.shape), row.shape, row.threads, row.flops, row.peak_gflops);
     json->Key("anyattn");
     if (row.anyattn) {
       WriteTiming(json, *row.anyattn);
@@ -84,18 +91,7 @@ void WriteBackwardRows(JsonWriter* json, const BenchReport& report) {
   json->BeginArray();
   for (const BwdRow& row : report.backward) {
     json->BeginObject();
-    json->Field("key", BwdKey(row.shape));
-    json->Field("dtype", DTypeName(row.shape.dtype));
-    json->Field("mask", row.shape.causal ? "causal" : "none");
-    json->Field("batch", row.shape.batch);
-    json->Field("seqlen_q", row.shape.seqlen_q);
-    json->Field("seqlen_k", row.shape.seqlen_k);
-    json->Field("heads_q", row.shape.heads_q);
-    json->Field("heads_k", row.shape.heads_k);
-    json->Field("head_dim", row.shape.head_dim);
-    json->Field("threads", row.threads);
-    json->Field("flops", row.flops);
-    json->Field("fma_peak_gflops", row.peak_gflops);
+    WriteRowFields(json, BwdKey(row.shape), row.shape, row.threads, row.flops, row.peak_gflops);
     json->Key("anyattn");
     if (row.anyattn) {
       WriteTiming(json, *row.anyattn);

@@ -50,6 +50,24 @@ std::string allowed_list(std::initializer_list<int32_t> allowed) {
 
 }  // namespace
 
+void check_head_dims(const char* function, const char* q_dim, int64_t head_dim, const char* v_dim,
+                     int64_t head_dim_v) {
+  if (head_dim < 1 || head_dim > kMaxHeadDim) {
+    fail_invalid(function, ": ", q_dim, " (head dim D) is ", head_dim, "; supported: 1..",
+                 kMaxHeadDim);
+  }
+  if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
+    fail_invalid(function, ": ", v_dim, " (head dim Dv) is ", head_dim_v, "; supported: 1..",
+                 kMaxHeadDim);
+  }
+}
+
+void check_extent(const char* function, const char* what, int64_t value) {
+  if (value > kMaxExtent) {
+    fail_unsupported(function, ": ", what, " is ", value, "; supported: up to ", kMaxExtent);
+  }
+}
+
 TensorExtent check_tensor(const char* function, const char* name, const anyattn_tensor* t,
                           int expected_ndim, const char* dims_doc,
                           std::initializer_list<int32_t> allowed_dtypes) {

@@ -12,6 +12,20 @@
 
 namespace anyattn::api {
 
+// Largest head dim (D and Dv) any entry point accepts.
+constexpr int64_t kMaxHeadDim = 256;
+// Sequence lengths, batch and head counts are limited to int32, so that every index product the
+// kernels form stays far from int64 overflow and the dropout counters stay exact.
+constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
+
+// Throws ANYATTN_E_INVALID_ARGUMENT unless 1 <= head_dim, head_dim_v <= kMaxHeadDim; q_dim and
+// v_dim name where they were read, e.g. "q.shape[3]" and "v.shape[3]".
+void check_head_dims(const char* function, const char* q_dim, int64_t head_dim, const char* v_dim,
+                     int64_t head_dim_v);
+
+// Throws ANYATTN_E_UNSUPPORTED if `value` (named `what`) exceeds kMaxExtent.
+void check_extent(const char* function, const char* what, int64_t value);
+
 // Bytes per element of a dtype; 0 for an unknown dtype.
 int64_t dtype_size(int32_t dtype);
 const char* dtype_name(int32_t dtype);

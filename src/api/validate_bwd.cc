@@ -13,19 +13,6 @@ namespace anyattn::api {
 namespace {
 
 constexpr const char* kFn = "anyattn_bwd";
-constexpr int64_t kMaxHeadDim = 256;
-// As in anyattn_fwd: extents fit in int32, which also keeps the dropout counters exact.
-constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
-
-int64_t window_bound(int64_t value) {
-  return value < 0 || value >= cpu::kUnboundedWindow ? cpu::kUnboundedWindow : value;
-}
-
-void check_extent(const char* what, int64_t value) {
-  if (value > kMaxExtent) {
-    fail_unsupported(kFn, ": ", what, " is ", value, "; supported: up to ", kMaxExtent);
-  }
-}
 
 // Throws unless t's shape equals (a, b, c, d); `name` and `expected_doc` name it in the message.
 void check_shape4(const char* name, const anyattn_tensor* t, const char* expected_doc, int64_t a,
@@ -35,29 +22,6 @@ void check_shape4(const char* name, const anyattn_tensor* t, const char* expecte
                  ", ", t->shape[3], "); expected ", expected_doc, " = (", a, ", ", b, ", ", c, ", ",
                  d, ")");
   }
-}
-
-// An f32 per-head tensor of shape (Hq), or (B, Hq) when allow_batch. Returns its data.
-const float* check_per_head(const char* name, const anyattn_tensor* t, int64_t batch,
-                            int64_t heads_q, bool allow_batch, int64_t* batch_stride,
-                            int64_t* head_stride) {
-  if (t->ndim == 2 && allow_batch) {
-    check_tensor(kFn, name, t, 2, "(B, Hq)", {ANYATTN_DTYPE_F32});
-    if (t->shape[0] != batch || t->shape[1] != heads_q) {
-      fail_invalid(kFn, ": ", name, ".shape is (", t->shape[0], ", ", t->shape[1], "); expected (",
-                   heads_q, ") or (B, Hq) = (", batch, ", ", heads_q, ")");
-    }
-    *batch_stride = t->strides[0];
-    *head_stride = t->shape[1] > 1 ? t->strides[1] : 1;
-  } else {
-    check_tensor(kFn, name, t, 1, allow_batch ? "(Hq) or 2 (B, Hq)" : "(Hq)", {ANYATTN_DTYPE_F32});
-    if (t->shape[0] != heads_q) {
-      fail_invalid(kFn, ": ", name, ".shape[0] is ", t->shape[0], "; expected Hq = ", heads_q);
-    }
-    *batch_stride = 0;
-    *head_stride = t->shape[0] > 1 ? t->strides[0] : 1;
-  }
-  return static_cast<const float*>(t->data);
 }
 
 // dsinks is given exactly when params.sinks is; then an f32 (Hq) tensor that overlaps no input,
@@ -133,13 +97,7 @@ ValidatedBwd validate_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
   const int64_t batch = q->shape[0], seqlen_q = q->shape[1], heads_q = q->shape[2];
   const int64_t head_dim = q->shape[3];
   const int64_t seqlen_k = k->shape[1], heads_k = k->shape[2], head_dim_v = v->shape[3];
-  if (head_dim < 1 || head_dim > kMaxHeadDim) {
-    fail_invalid(kFn, ": q.shape[3] (head dim D) is ", head_dim, "; supported: 1..", kMaxHeadDim);
-  }
-  if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
-    fail_invalid(kFn, ": v.shape[3] (head dim Dv) is ", head_dim_v, "; supported: 1..",
-                 kMaxHeadDim);
-  }
+  check_head_dims(kFn, "q.shape[3]", head_dim, "v.shape[3]", head_dim_v);
   if (heads_q < 1) fail_invalid(kFn, ": q.shape[2] (Hq) is ", heads_q, "; must be >= 1");
   if (heads_k < 1) fail_invalid(kFn, ": k.shape[2] (Hk) is ", heads_k, "; must be >= 1");
   check_shape4("k", k, "(B, Sk, Hk, D)", batch, seqlen_k, heads_k, head_dim);
@@ -157,10 +115,10 @@ ValidatedBwd validate_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
     fail_invalid(kFn, ": lse.shape is (", lse->shape[0], ", ", lse->shape[1], ", ", lse->shape[2],
                  "); expected (B, Hq, Sq) = (", batch, ", ", heads_q, ", ", seqlen_q, ")");
   }
-  check_extent("B", batch);
-  check_extent("Sq", seqlen_q);
-  check_extent("Sk", seqlen_k);
-  check_extent("Hq", heads_q);
+  check_extent(kFn, "B", batch);
+  check_extent(kFn, "Sq", seqlen_q);
+  check_extent(kFn, "Sk", seqlen_k);
+  check_extent(kFn, "Hq", heads_q);
 
   // Gradients are written: each must address its elements once and share no byte with an input
   // or with another gradient.
@@ -200,37 +158,7 @@ ValidatedBwd validate_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
   bwd.dv_row_stride = dv->strides[1];
   bwd.dv_head_stride = dv->strides[2];
 
-  if (!std::isfinite(params.softmax_scale)) {
-    fail_invalid(kFn, ": params->softmax_scale is ", params.softmax_scale,
-                 "; must be finite (0 selects the default 1/sqrt(D))");
-  }
-  a.softmax_scale = params.softmax_scale != 0.f
-                        ? params.softmax_scale
-                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  if (!(params.softcap >= 0.f) || !std::isfinite(params.softcap)) {
-    fail_invalid(kFn, ": params->softcap is ", params.softcap,
-                 "; must be finite and >= 0 (0 disables it)");
-  }
-  a.softcap = params.softcap;
-  if (params.window_left < -1) {
-    fail_invalid(kFn, ": params->window_left is ", params.window_left,
-                 "; must be >= -1 (-1 = unbounded)");
-  }
-  if (params.window_right < -1) {
-    fail_invalid(kFn, ": params->window_right is ", params.window_right,
-                 "; must be >= -1 (-1 = unbounded)");
-  }
-  a.window_left = window_bound(params.window_left);
-  a.window_right = params.causal ? 0 : window_bound(params.window_right);
-  if (params.alibi_slopes != nullptr) {
-    a.alibi_slopes = check_per_head("params->alibi_slopes", params.alibi_slopes, batch, heads_q,
-                                    true, &a.alibi_batch_stride, &a.alibi_head_stride);
-  }
-  if (params.sinks != nullptr) {
-    int64_t unused_batch_stride = 0;
-    a.sinks = check_per_head("params->sinks", params.sinks, batch, heads_q, false,
-                             &unused_batch_stride, &a.sinks_stride);
-  }
+  apply_attention_options(kFn, params, &a);
   // The side inputs are read while gradients are written: they must not overlap either.
   for (const auto& [side_name, side] : {std::pair{"params->alibi_slopes", params.alibi_slopes},
                                         std::pair{"params->sinks", params.sinks}}) {
@@ -239,16 +167,9 @@ ValidatedBwd validate_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
         check_tensor(kFn, side_name, side, side->ndim, "(Hq) or (B, Hq)", {ANYATTN_DTYPE_F32});
     for (int g = 0; g < 3; ++g) check_disjoint(kFn, grads[g].first, grad_x[g], side_name, side_x);
   }
-  if (std::isnan(params.dropout_p) || params.dropout_p < 0.f || params.dropout_p >= 1.f) {
-    fail_invalid(kFn, ": params->dropout_p is ", params.dropout_p, "; must be in [0, 1)");
-  }
   bwd.dropout_p = params.dropout_p;
   bwd.dropout_seed = params.dropout_seed;
   bwd.dropout_offset = params.dropout_offset;
-  if (params.num_splits < 0) {
-    fail_invalid(kFn, ": params->num_splits is ", params.num_splits,
-                 "; must be >= 0 (0 = automatic)");
-  }
 
   check_dsinks(kFn, dsinks, params, heads_q, inputs, grads, grad_x, &bwd);
   result.isa = resolve_isa(kFn, params.isa);

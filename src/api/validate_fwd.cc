@@ -14,20 +14,10 @@ namespace anyattn::api {
 namespace {
 
 constexpr const char* kFn = "anyattn_fwd";
-constexpr int64_t kMaxHeadDim = 256;
-// Sequence lengths, batch and head counts are limited to int32 so that every index product the
-// kernels form stays far from int64 overflow.
-constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
 
 // Converts a window bound (-1 = unbounded) to the kernels' representation.
 int64_t window_bound(int64_t value) {
   return value < 0 || value >= cpu::kUnboundedWindow ? cpu::kUnboundedWindow : value;
-}
-
-void check_extent(const char* what, int64_t value) {
-  if (value > kMaxExtent) {
-    fail_unsupported(kFn, ": ", what, " is ", value, "; supported: up to ", kMaxExtent);
-  }
 }
 
 // Validates an optional f32 per-head tensor (ALiBi slopes or sinks). Returns its element pointer.
@@ -168,13 +158,7 @@ ValidatedFwd validate_fwd(const anyattn_tensor* q, const anyattn_tensor* k, cons
   const int64_t head_dim = q->shape[3];
   const int64_t seqlen_k = k->shape[1], heads_k = k->shape[2], head_dim_v = v->shape[3];
 
-  if (head_dim < 1 || head_dim > kMaxHeadDim) {
-    fail_invalid(kFn, ": q.shape[3] (head dim D) is ", head_dim, "; supported: 1..", kMaxHeadDim);
-  }
-  if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
-    fail_invalid(kFn, ": v.shape[3] (head dim Dv) is ", head_dim_v, "; supported: 1..",
-                 kMaxHeadDim);
-  }
+  check_head_dims(kFn, "q.shape[3]", head_dim, "v.shape[3]", head_dim_v);
   if (heads_q < 1) fail_invalid(kFn, ": q.shape[2] (Hq) is ", heads_q, "; must be >= 1");
   if (heads_k < 1) fail_invalid(kFn, ": k.shape[2] (Hk) is ", heads_k, "; must be >= 1");
   if (k->shape[0] != batch || v->shape[0] != batch || out->shape[0] != batch) {
@@ -197,10 +181,10 @@ ValidatedFwd validate_fwd(const anyattn_tensor* q, const anyattn_tensor* k, cons
                  ", ", out->shape[3], "); expected (B, Sq, Hq, Dv) = (", batch, ", ", seqlen_q,
                  ", ", heads_q, ", ", head_dim_v, ")");
   }
-  check_extent("B", batch);
-  check_extent("Sq", seqlen_q);
-  check_extent("Sk", seqlen_k);
-  check_extent("Hq", heads_q);
+  check_extent(kFn, "B", batch);
+  check_extent(kFn, "Sq", seqlen_q);
+  check_extent(kFn, "Sk", seqlen_k);
+  check_extent(kFn, "Hq", heads_q);
 
   check_no_self_overlap(kFn, "out", out);
   check_disjoint(kFn, "out", out_extent, "q", q_extent);

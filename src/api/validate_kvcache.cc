@@ -12,8 +12,6 @@ namespace anyattn::api {
 namespace {
 
 constexpr const char* kFn = "anyattn_fwd_kvcache";
-constexpr int64_t kMaxHeadDim = 256;
-constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
 
 anyattn_kvcache_params read_cache_params(const anyattn_kvcache_params* cache) {
   anyattn_kvcache_params result;
@@ -62,13 +60,7 @@ ValidatedKvcache validate_fwd_kvcache(const anyattn_tensor* q, const anyattn_ten
   const int64_t head_dim = q->shape[3];
   const int64_t cache_rows = k_cache->shape[0], cache_len = k_cache->shape[1];
   const int64_t heads_k = k_cache->shape[2], head_dim_v = v_cache->shape[3];
-  if (head_dim < 1 || head_dim > kMaxHeadDim) {
-    fail_invalid(kFn, ": q.shape[3] (head dim D) is ", head_dim, "; supported: 1..", kMaxHeadDim);
-  }
-  if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
-    fail_invalid(kFn, ": v_cache.shape[3] (head dim Dv) is ", head_dim_v, "; supported: 1..",
-                 kMaxHeadDim);
-  }
+  check_head_dims(kFn, "q.shape[3]", head_dim, "v_cache.shape[3]", head_dim_v);
   if (heads_q < 1) fail_invalid(kFn, ": q.shape[2] (Hq) is ", heads_q, "; must be >= 1");
   if (heads_k < 1) fail_invalid(kFn, ": k_cache.shape[2] (Hk) is ", heads_k, "; must be >= 1");
   if (k_cache->shape[3] != head_dim) {

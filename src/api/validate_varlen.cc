@@ -10,8 +10,6 @@ namespace anyattn::api {
 namespace {
 
 constexpr const char* kFn = "anyattn_fwd_varlen";
-constexpr int64_t kMaxHeadDim = 256;
-constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
 
 // Reads cu_seqlens (B + 1 values) and checks: non-decreasing, first >= 0, last <= total, every
 // length <= max_seqlen.
@@ -65,13 +63,7 @@ ValidatedFwd validate_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor* 
   }
   const int64_t total_q = q->shape[0], heads_q = q->shape[1], head_dim = q->shape[2];
   const int64_t total_k = k->shape[0], heads_k = k->shape[1], head_dim_v = v->shape[2];
-  if (head_dim < 1 || head_dim > kMaxHeadDim) {
-    fail_invalid(kFn, ": q.shape[2] (head dim D) is ", head_dim, "; supported: 1..", kMaxHeadDim);
-  }
-  if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
-    fail_invalid(kFn, ": v.shape[2] (head dim Dv) is ", head_dim_v, "; supported: 1..",
-                 kMaxHeadDim);
-  }
+  check_head_dims(kFn, "q.shape[2]", head_dim, "v.shape[2]", head_dim_v);
   if (heads_q < 1) fail_invalid(kFn, ": q.shape[1] (Hq) is ", heads_q, "; must be >= 1");
   if (heads_k < 1) fail_invalid(kFn, ": k.shape[1] (Hk) is ", heads_k, "; must be >= 1");
   if (k->shape[2] != head_dim) {

@@ -1,15 +1,16 @@
 // The forward kernels for the avx2 path: fwd_kernel-inl.h compiled against vec_avx2.h.
 // Registered in kernels.inc.
+#include <immintrin.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <immintrin.h>
 
 #include "cpu/finalize.h"
 #include "cpu/fwd_args.h"
 #include "cpu/fwd_layout.h"
 #include "cpu/half.h"
+#include "cpu/rotary.h"
 #include "cpu/simd/isa_target.h"
 
 ANYATTN_TARGET_BEGIN("avx2,fma,f16c")

@@ -1,15 +1,16 @@
 // The forward kernels for the avx512 path: fwd_kernel-inl.h compiled against vec_avx512.h.
 // Registered in kernels.inc.
+#include <immintrin.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <immintrin.h>
 
 #include "cpu/finalize.h"
 #include "cpu/fwd_args.h"
 #include "cpu/fwd_layout.h"
 #include "cpu/half.h"
+#include "cpu/rotary.h"
 #include "cpu/simd/isa_target.h"
 
 // GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics

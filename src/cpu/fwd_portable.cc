@@ -9,10 +9,13 @@
 #include "cpu/fwd_args.h"
 #include "cpu/fwd_layout.h"
 #include "cpu/half.h"
+#include "cpu/rotary.h"
 
 namespace anyattn::cpu::portable {
 
 #include "cpu/simd/vec_portable.h"
+
+// Written against the Vec type just above: keep it a block of its own.
 #include "cpu/simd/vec_math-inl.h"
 
 constexpr int kScoreRows = 4;

@@ -1,6 +1,7 @@
 #include "cpu/kvcache_append.h"
 
 #include "cpu/half.h"
+#include "cpu/rotary.h"
 #include "runtime/num_threads.h"
 #include "runtime/thread_pool.h"
 
@@ -13,16 +14,7 @@ void copy_row(const void* src, void* dst, DType dtype, int64_t count, const floa
               const float* sin, int64_t rotary_dim, bool interleaved) {
   float row[256];
   for (int64_t c = 0; c < count; ++c) row[c] = load_element(src, dtype, c);
-  if (cos != nullptr) {
-    const int64_t half = rotary_dim / 2;
-    for (int64_t t = 0; t < half; ++t) {
-      const int64_t a = interleaved ? 2 * t : t;
-      const int64_t b = interleaved ? 2 * t + 1 : t + half;
-      const float x0 = row[a], x1 = row[b];
-      row[a] = x0 * cos[t] - x1 * sin[t];
-      row[b] = x0 * sin[t] + x1 * cos[t];
-    }
-  }
+  if (cos != nullptr) apply_rotary(cos, sin, rotary_dim, interleaved, row);
   for (int64_t c = 0; c < count; ++c) store_element(dst, dtype, c, row[c]);
 }
 
