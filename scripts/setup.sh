@@ -43,7 +43,17 @@ install_python_environment() {
   .venv/bin/python -m pip install -q --no-build-isolation --no-deps .
 }
 
+# The Rust crates need a toolchain new enough for candle-core (rust-version 1.82 in rust/). It
+# comes with this kind of machine (rustup); Debian's own rustc is too old, so say so plainly.
+check_rust_toolchain() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo not found; the Rust tests need a Rust toolchain >= 1.82 (rustup)" >&2
+    exit 1
+  fi
+}
+
 install_system_packages
 if [ "${1:-}" = "--python" ]; then
   install_python_environment
+  check_rust_toolchain
 fi
