@@ -253,6 +253,12 @@ TEST(FwdNan, InOneValueRowReachesOnlyRowsThatSeeIt) {
     split.Sk = 4096;  // Decode shape: a split-KV candidate.
     split.causal = false;
     check_nan_propagation(split, 2, {1, 3000, 0, 5});
+    // Direct decode path (4 rows per kv head), key 99 in the last, partly masked block: row 0
+    // must not see it, even through 0 * NaN.
+    Case decode = nan_case(dtype);
+    decode.Sq = 2;
+    decode.Sk = 100;
+    check_nan_propagation(decode, 2, {1, 99, 1, 5});
   }
 }
 

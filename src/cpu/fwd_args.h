@@ -153,6 +153,31 @@ inline int64_t key_row_offset(const FwdArgs& a, const SeqInfo& seq, int64_t j, i
   return seq.kv_batch * batch_stride + position * row_stride + head_k * head_stride;
 }
 
+// key_row_offset for keys [j0, j0 + count) into offsets[0 .. count), walking the pages of a
+// paged cache once instead of dividing by the page size for every key.
+inline void key_row_offsets(const FwdArgs& a, const SeqInfo& seq, int64_t j0, int64_t count,
+                            int64_t head_k, int64_t batch_stride, int64_t row_stride,
+                            int64_t head_stride, int64_t* offsets) {
+  if (count <= 0) return;
+  const int64_t position = seq.k_first + j0;
+  if (a.block_table == nullptr) {
+    const int64_t first =
+        seq.kv_batch * batch_stride + position * row_stride + head_k * head_stride;
+    for (int64_t j = 0; j < count; ++j) offsets[j] = first + j * row_stride;
+    return;
+  }
+  const int32_t* pages = a.block_table + seq.batch * a.block_table_stride;
+  int64_t page = position / a.page_size;
+  int64_t row = position % a.page_size;
+  for (int64_t j = 0; j < count; ++j) {
+    offsets[j] = pages[page] * batch_stride + row * row_stride + head_k * head_stride;
+    if (++row == a.page_size) {
+      row = 0;
+      ++page;
+    }
+  }
+}
+
 }  // namespace anyattn::cpu
 
 #endif  // ANYATTN_CPU_FWD_ARGS_H_

@@ -25,6 +25,8 @@ constexpr int kPvRows = 6;
 constexpr int kPvVecs = 2;
 
 #include "cpu/fwd_kernel-inl.h"
+// The direct decode loop uses fwd_kernel-inl.h's helpers: keep it after that file.
+#include "cpu/fwd_decode_kernel-inl.h"
 
 }  // namespace anyattn::cpu::avx2
 ANYATTN_TARGET_END()

@@ -32,6 +32,8 @@ constexpr int kPvRows = 6;
 constexpr int kPvVecs = 4;
 
 #include "cpu/fwd_kernel-inl.h"
+// The direct decode loop uses fwd_kernel-inl.h's helpers: keep it after that file.
+#include "cpu/fwd_decode_kernel-inl.h"
 
 }  // namespace anyattn::cpu::avx512
 ANYATTN_TARGET_END()

@@ -285,8 +285,9 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
     }
     lease.run_each(static_cast<int64_t>(group.tasks.size()), [&](int64_t t, int worker) {
       const Scratch scratch =
-          Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout, plan.stream_heads_k);
-      kernel->attend(args, layout, group.tasks[t], scratch);
+          Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout, plan.panel_heads_k);
+      const AttendFn attend = plan.direct ? kernel->attend_direct : kernel->attend;
+      attend(args, layout, group.tasks[t], scratch);
     });
     if (plan.num_splits > 1) merge_splits(args, plan, ws, lease, pairs, group);
   }

@@ -80,15 +80,14 @@ inline void score_remainder(int64_t rows, const float* q, int64_t ldq, const flo
   }
 }
 
-// S for `rows` query rows (q stride head_dim) against one packed key block.
-inline void compute_scores(const float* q, int64_t rows, const float* kt, int64_t head_dim,
-                           float* s) {
+// S for `rows` query rows (q stride ldq) against one packed key block.
+inline void compute_scores(const float* q, int64_t ldq, int64_t rows, const float* kt,
+                           int64_t head_dim, float* s) {
   int64_t r = 0;
   for (; r + kScoreRows <= rows; r += kScoreRows) {
-    score_rows<kScoreRows>(q + r * head_dim, head_dim, kt, head_dim, s + r * kKeyBlock);
+    score_rows<kScoreRows>(q + r * ldq, ldq, kt, head_dim, s + r * kKeyBlock);
   }
-  score_remainder<kScoreRows - 1>(rows - r, q + r * head_dim, head_dim, kt, head_dim,
-                                  s + r * kKeyBlock);
+  score_remainder<kScoreRows - 1>(rows - r, q + r * ldq, ldq, kt, head_dim, s + r * kKeyBlock);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -434,34 +433,41 @@ void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& 
 // The task
 // ---------------------------------------------------------------------------------------------
 
-void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
-            const Scratch& scratch) {
+// The rows of a task.
+inline TaskRows task_rows(const AttendTask& task) {
   const int64_t positions = task.q_end - task.q_begin;
-  const TaskRows rows{task.q_begin, positions, task.head_q_begin, positions * task.heads};
-  const int64_t head_dim = args.head_dim;
-  const int64_t dv_pad = layout.dv_pad;
-  const int64_t head_k = task.head_q_begin / args.group_size();
-  const SeqInfo& seq = task.seq;
-  const int64_t diagonal_offset = seq.seqlen_k - seq.seqlen_q;
+  return TaskRows{task.q_begin, positions, task.head_q_begin, positions * task.heads};
+}
 
+// The task's softcap and ALiBi settings; neg_slopes (room for kMaxQBlockRows heads) receives the
+// negated slope of each of the task's query heads.
+inline ScoreTransform task_transform(const FwdArgs& args, const AttendTask& task,
+                                     float* neg_slopes) {
   ScoreTransform transform;
   transform.softcap = args.softcap > 0.f;
   transform.softcap_value = args.softcap;
   transform.inverse_softcap = transform.softcap ? 1.f / args.softcap : 0.f;
   transform.alibi = args.alibi_slopes != nullptr;
-  float neg_slopes[kMaxQBlockRows];
+  transform.neg_slope = neg_slopes;
   for (int64_t h = 0; transform.alibi && h < task.heads; ++h) {
-    const float slope = args.alibi_slopes[seq.batch * args.alibi_batch_stride +
+    const float slope = args.alibi_slopes[task.seq.batch * args.alibi_batch_stride +
                                           (task.head_q_begin + h) * args.alibi_head_stride];
     neg_slopes[h] = -slope;
   }
-  const float q_scale = args.softmax_scale;
+  return transform;
+}
 
-  // Q rows, converted, rotated (KV cache with rotary) and pre-scaled.
+// Loads the task's query rows into scratch.q (converted, rotated for a KV cache with rotary,
+// pre-scaled, zero from D to q_stride) and resets the running max, denominator and output.
+inline void begin_task(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                       const TaskRows& rows, const Scratch& scratch) {
+  const SeqInfo& seq = task.seq;
+  const int64_t head_dim = args.head_dim;
+  const float q_scale = args.softmax_scale;
   for (int64_t r = 0; r < rows.count; ++r) {
     const int64_t offset =
         seq.q_offset + rows.position(r) * args.q_row_stride + rows.head(r) * args.q_head_stride;
-    float* q_row = scratch.q + r * head_dim;
+    float* q_row = scratch.q + r * layout.q_stride;
     convert_row(element_address(args.q, args.dtype, offset), args.dtype, head_dim, q_row);
     if (args.rotary_cos != nullptr) {
       const int64_t position =
@@ -471,61 +477,22 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
                    args.rotary_interleaved, q_row);
     }
     for (int64_t d = 0; d < head_dim; ++d) q_row[d] *= q_scale;
+    for (int64_t d = head_dim; d < layout.q_stride; ++d) q_row[d] = 0.f;
   }
   for (int64_t r = 0; r < rows.count; ++r) {
     scratch.m[r] = kNegInfinity;
     scratch.l[r] = 0.f;
-    for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::zero().store(scratch.o + r * dv_pad + c);
-  }
-
-  // Key blocks any row of the task may see, clipped to the task's split.
-  const int64_t last_row_lo = task.q_end - 1 + diagonal_offset - args.window_left;
-  const int64_t first_row_hi = task.q_begin + diagonal_offset + args.window_right;
-  const BlockRange visible = visible_key_blocks(args, seq, task.q_begin, task.q_end);
-  const int64_t block_begin = std::max(task.block_begin, visible.begin);
-  const int64_t block_end = std::min(task.block_end, visible.end);
-  // Rows of kv head h of the task: [h * rows_per_kv, (h + 1) * rows_per_kv).
-  const int64_t rows_per_kv = rows.count / task.heads_k;
-  const int64_t heads_per_kv = task.heads / task.heads_k;
-  uint8_t stream_nonfinite[kMaxQBlockRows];
-  for (int64_t block = block_begin; block < block_end; ++block) {
-    const int64_t j0 = block * kKeyBlock;
-    const bool streaming = task.packed == nullptr;
-    if (streaming) {
-      pack_block_heads(args, layout, seq, head_k, task.heads_k, block, scratch.panel,
-                       scratch.staging, stream_nonfinite);
-    }
-    const bool crosses_boundary =
-        j0 < last_row_lo || j0 + kKeyBlock - 1 > first_row_hi || j0 + kKeyBlock > seq.seqlen_k;
-    const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
-    for (int64_t h = 0; h < task.heads_k; ++h) {
-      const float* kt = streaming ? scratch.panel + h * layout.block_floats
-                                  : task.packed + block * layout.block_floats;
-      const bool v_nonfinite = streaming ? stream_nonfinite[h] : task.v_nonfinite[block];
-      const float* v_panel = kt + layout.kt_floats;
-      const int64_t r0 = h * rows_per_kv;
-      const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
-                               rows_per_kv};
-      float* s = scratch.s + r0 * kKeyBlock;
-      float* o = scratch.o + r0 * dv_pad;
-      compute_scores(scratch.q + r0 * head_dim, rows_per_kv, kt, head_dim, s);
-      if (transform.softcap || transform.alibi || crosses_boundary) {
-        transform.neg_slope = neg_slopes + h * heads_per_kv;
-        transform_scores(args, seq, transform, crosses_boundary, head_rows, j0, s);
-      }
-      for (int64_t r = 0; r < rows_per_kv; ++r) {
-        online_softmax_row(s + r * kKeyBlock, scratch.m + r0 + r, scratch.l + r0 + r,
-                           o + r * dv_pad, dv_pad);
-      }
-      if (args.dropout_threshold != 0) apply_dropout(args, seq, head_rows, j0, s);
-      if (crosses_boundary && v_nonfinite) {
-        accumulate_pv_visible_only(args, seq, head_rows, j0, s, v_panel, o, dv_pad);
-      } else {
-        accumulate_pv(s, rows_per_kv, v_panel, keys, o, dv_pad);
-      }
+    for (int64_t c = 0; c < layout.dv_pad; c += kLanes) {
+      Vec::zero().store(scratch.o + r * layout.dv_pad + c);
     }
   }
+}
 
+// Writes the task's rows: its partial (o, m, l) when the key range is split, else the final out
+// and lse rows.
+inline void finish_task(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                        const TaskRows& rows, const Scratch& scratch) {
+  const int64_t dv_pad = layout.dv_pad;
   if (task.partial.o != nullptr) {
     for (int64_t r = 0; r < rows.count; ++r) {
       const float* o_row = scratch.o + r * dv_pad;
@@ -536,6 +503,7 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
     }
     return;
   }
+  const SeqInfo& seq = task.seq;
   for (int64_t r = 0; r < rows.count; ++r) {
     const int64_t i = rows.position(r);
     const int64_t head_q = rows.head(r);
@@ -553,4 +521,86 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
                                            i * args.lse_row_stride;
     combine_and_store_row(parts, has_sink, sink, args.head_dim_v, args.dtype, out_row, lse);
   }
+}
+
+// The key blocks a task visits (those any of its rows may see, clipped to its split), and which
+// of them need the mask.
+struct TaskBlocks {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t last_row_lo = 0;   // first key visible to the task's last row
+  int64_t first_row_hi = 0;  // last key visible to its first row
+  int64_t seqlen_k = 0;
+  // True when the block starting at key j0 holds a key some row of the task may not see.
+  bool crosses_boundary(int64_t j0) const {
+    return j0 < last_row_lo || j0 + kKeyBlock - 1 > first_row_hi || j0 + kKeyBlock > seqlen_k;
+  }
+};
+inline TaskBlocks task_blocks(const FwdArgs& args, const AttendTask& task) {
+  const SeqInfo& seq = task.seq;
+  const int64_t diagonal_offset = seq.seqlen_k - seq.seqlen_q;
+  const BlockRange visible = visible_key_blocks(args, seq, task.q_begin, task.q_end);
+  TaskBlocks blocks;
+  blocks.begin = std::max(task.block_begin, visible.begin);
+  blocks.end = std::min(task.block_end, visible.end);
+  blocks.last_row_lo = task.q_end - 1 + diagonal_offset - args.window_left;
+  blocks.first_row_hi = task.q_begin + diagonal_offset + args.window_right;
+  blocks.seqlen_k = seq.seqlen_k;
+  return blocks;
+}
+
+void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+            const Scratch& scratch) {
+  const TaskRows rows = task_rows(task);
+  const int64_t dv_pad = layout.dv_pad;
+  const int64_t head_k = task.head_q_begin / args.group_size();
+  const SeqInfo& seq = task.seq;
+  float neg_slopes[kMaxQBlockRows];
+  ScoreTransform transform = task_transform(args, task, neg_slopes);
+  begin_task(args, layout, task, rows, scratch);
+
+  const TaskBlocks blocks = task_blocks(args, task);
+  // Rows of kv head h of the task: [h * rows_per_kv, (h + 1) * rows_per_kv).
+  const int64_t rows_per_kv = rows.count / task.heads_k;
+  const int64_t heads_per_kv = task.heads / task.heads_k;
+  uint8_t stream_nonfinite[kMaxQBlockRows];
+  for (int64_t block = blocks.begin; block < blocks.end; ++block) {
+    const int64_t j0 = block * kKeyBlock;
+    const bool streaming = task.packed == nullptr;
+    if (streaming) {
+      pack_block_heads(args, layout, seq, head_k, task.heads_k, block, scratch.panel,
+                       scratch.staging, stream_nonfinite);
+    }
+    const bool crosses_boundary = blocks.crosses_boundary(j0);
+    const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
+    for (int64_t h = 0; h < task.heads_k; ++h) {
+      const float* kt = streaming ? scratch.panel + h * layout.block_floats
+                                  : task.packed + block * layout.block_floats;
+      const bool v_nonfinite = streaming ? stream_nonfinite[h] : task.v_nonfinite[block];
+      const float* v_panel = kt + layout.kt_floats;
+      const int64_t r0 = h * rows_per_kv;
+      const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
+                               rows_per_kv};
+      float* s = scratch.s + r0 * kKeyBlock;
+      float* o = scratch.o + r0 * dv_pad;
+      compute_scores(scratch.q + r0 * layout.q_stride, layout.q_stride, rows_per_kv, kt,
+                     args.head_dim, s);
+      if (transform.softcap || transform.alibi || crosses_boundary) {
+        transform.neg_slope = neg_slopes + h * heads_per_kv;
+        transform_scores(args, seq, transform, crosses_boundary, head_rows, j0, s);
+      }
+      for (int64_t r = 0; r < rows_per_kv; ++r) {
+        online_softmax_row(s + r * kKeyBlock, scratch.m + r0 + r, scratch.l + r0 + r,
+                           o + r * dv_pad, dv_pad);
+      }
+      if (args.dropout_threshold != 0) apply_dropout(args, seq, head_rows, j0, s);
+      if (crosses_boundary && v_nonfinite) {
+        accumulate_pv_visible_only(args, seq, head_rows, j0, s, v_panel, o, dv_pad);
+      } else {
+        accumulate_pv(s, rows_per_kv, v_panel, keys, o, dv_pad);
+      }
+    }
+  }
+
+  finish_task(args, layout, task, rows, scratch);
 }

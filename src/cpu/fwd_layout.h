@@ -22,6 +22,9 @@ namespace anyattn::cpu {
 constexpr int64_t kKeyBlock = 64;
 // Most query rows one task processes; the scratch buffers are sized for it.
 constexpr int64_t kMaxQBlockRows = 64;
+// Most query rows per kv head for which streaming tasks read K and V directly instead of packing
+// them (fwd_decode_kernel-inl.h).
+constexpr int64_t kDirectMaxRows = 8;
 // Alignment of every packed block and scratch buffer, in bytes.
 constexpr int64_t kAlignment = 64;
 
@@ -39,6 +42,7 @@ inline int64_t padded_dv(int64_t head_dim_v) {
 
 struct PackedLayout {
   int64_t head_dim = 0;      // D
+  int64_t q_stride = 0;      // floats per pre-scaled query row in Scratch::q: D rounded up to 16
   int64_t dv_pad = 0;        // padded Dv
   int64_t kt_floats = 0;     // D * 64, rounded to the alignment
   int64_t block_floats = 0;  // kt_floats + 64 * dv_pad
@@ -46,6 +50,7 @@ struct PackedLayout {
   static PackedLayout for_args(const FwdArgs& args) {
     PackedLayout layout;
     layout.head_dim = args.head_dim;
+    layout.q_stride = round_up(args.head_dim, 16);
     layout.dv_pad = padded_dv(args.head_dim_v);
     layout.kt_floats = round_up(args.head_dim * kKeyBlock, kAlignment / 4);
     layout.block_floats = layout.kt_floats + kKeyBlock * layout.dv_pad;
@@ -109,7 +114,7 @@ inline BlockRange visible_key_blocks(const FwdArgs& args, const SeqInfo& seq, in
 
 // Per-thread scratch, sized by the driver for kMaxQBlockRows rows.
 struct Scratch {
-  float* q = nullptr;  // [row][D]  pre-scaled queries
+  float* q = nullptr;  // [row][q_stride]  pre-scaled queries, zero past D
   float* s = nullptr;  // [row][64] scores, then probabilities, of one key block
   float* o = nullptr;  // [row][dv_pad] output accumulators
   float* m = nullptr;  // [row] running max (natural units)
@@ -122,22 +127,22 @@ struct Scratch {
   static int64_t staging_floats(const PackedLayout& layout, int64_t heads_k) {
     return heads_k * 16 * round_up(layout.head_dim, 16);
   }
-  // For tasks of at most `stream_heads_k` kv heads (0: packed tasks only).
-  static int64_t floats_needed(const PackedLayout& layout, int64_t stream_heads_k) {
-    return round_up(kMaxQBlockRows * layout.head_dim, 16) + kMaxQBlockRows * kKeyBlock +
+  // With `panel_heads_k` packed panels (streaming tasks that pack; 0 otherwise).
+  static int64_t floats_needed(const PackedLayout& layout, int64_t panel_heads_k) {
+    return kMaxQBlockRows * layout.q_stride + kMaxQBlockRows * kKeyBlock +
            kMaxQBlockRows * layout.dv_pad + 2 * kMaxQBlockRows +
-           stream_heads_k * layout.block_floats + staging_floats(layout, stream_heads_k);
+           panel_heads_k * layout.block_floats + staging_floats(layout, panel_heads_k);
   }
   // Carves the buffers out of `base` (64-byte aligned, floats_needed floats).
-  static Scratch carve(float* base, const PackedLayout& layout, int64_t stream_heads_k) {
+  static Scratch carve(float* base, const PackedLayout& layout, int64_t panel_heads_k) {
     Scratch scratch;
     scratch.q = base;
-    scratch.s = scratch.q + round_up(kMaxQBlockRows * layout.head_dim, 16);
+    scratch.s = scratch.q + kMaxQBlockRows * layout.q_stride;
     scratch.o = scratch.s + kMaxQBlockRows * kKeyBlock;
     scratch.m = scratch.o + kMaxQBlockRows * layout.dv_pad;
     scratch.l = scratch.m + kMaxQBlockRows;
     scratch.panel = scratch.l + kMaxQBlockRows;
-    scratch.staging = scratch.panel + stream_heads_k * layout.block_floats;
+    scratch.staging = scratch.panel + panel_heads_k * layout.block_floats;
     return scratch;
   }
 };

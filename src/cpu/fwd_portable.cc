@@ -24,5 +24,7 @@ constexpr int kPvRows = 4;
 constexpr int kPvVecs = 2;
 
 #include "cpu/fwd_kernel-inl.h"
+// The direct decode loop uses fwd_kernel-inl.h's helpers: keep it after that file.
+#include "cpu/fwd_decode_kernel-inl.h"
 
 }  // namespace anyattn::cpu::portable

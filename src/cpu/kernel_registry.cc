@@ -6,17 +6,19 @@
 
 namespace anyattn::cpu {
 
-#define ANYATTN_FWD_KERNEL(ns, isa, name, lanes, rows, keys, check)                         \
-  namespace ns {                                                                             \
-  void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,       \
-                  int64_t head_k, int64_t block, float* dst, uint8_t* v_nonfinite);          \
-  void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,       \
-              const Scratch& scratch);                                                       \
-  bool cpu_supports() {                                                                      \
-    const runtime::CpuFeatures& features = runtime::cpu_features();                          \
-    (void)features;                                                                          \
-    return check;                                                                            \
-  }                                                                                          \
+#define ANYATTN_FWD_KERNEL(ns, isa, name, lanes, rows, keys, check)                           \
+  namespace ns {                                                                              \
+  void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,        \
+                  int64_t head_k, int64_t block, float* dst, uint8_t* v_nonfinite);           \
+  void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,        \
+              const Scratch& scratch);                                                        \
+  void attend_direct(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task, \
+                     const Scratch& scratch);                                                 \
+  bool cpu_supports() {                                                                       \
+    const runtime::CpuFeatures& features = runtime::cpu_features();                           \
+    (void)features;                                                                           \
+    return check;                                                                             \
+  }                                                                                           \
   }
 #include "cpu/kernels.inc"
 #undef ANYATTN_FWD_KERNEL
@@ -24,7 +26,15 @@ namespace anyattn::cpu {
 namespace {
 
 #define ANYATTN_FWD_KERNEL(ns, isa, name, lanes, rows, keys, check) \
-  FwdKernel{isa, name, lanes, rows, keys, &ns::cpu_supports, &ns::pack_block, &ns::attend},
+  FwdKernel{isa,                                                    \
+            name,                                                   \
+            lanes,                                                  \
+            rows,                                                   \
+            keys,                                                   \
+            &ns::cpu_supports,                                      \
+            &ns::pack_block,                                        \
+            &ns::attend,                                            \
+            &ns::attend_direct},
 const FwdKernel kKernels[] = {
 #include "cpu/kernels.inc"
 };

@@ -25,13 +25,14 @@ using AttendFn = void (*)(const FwdArgs& args, const PackedLayout& layout, const
 
 struct FwdKernel {
   anyattn_isa isa;
-  const char* name;     // e.g. "fwd_f32acc_avx512_6x64": ISA, then the score tile rows x keys
-  int vector_lanes;     // floats per vector register
-  int tile_rows;        // query rows per micro-kernel tile
-  int tile_keys;        // keys per micro-kernel tile
+  const char* name;  // e.g. "fwd_f32acc_avx512_6x64": ISA, then the score tile rows x keys
+  int vector_lanes;  // floats per vector register
+  int tile_rows;     // query rows per micro-kernel tile
+  int tile_keys;     // keys per micro-kernel tile
   bool (*cpu_supports)();
   PackBlockFn pack_block;
-  AttendFn attend;
+  AttendFn attend;         // packed K/V, or streaming tasks that pack their own blocks
+  AttendFn attend_direct;  // streaming tasks of at most kDirectMaxRows rows per kv head
 };
 
 // Every kernel compiled into this build, whether or not the CPU can run it.

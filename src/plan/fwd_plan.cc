@@ -45,7 +45,10 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, in
     const int64_t by_rows =
         cpu::kMaxQBlockRows / (args.group_size() * std::max<int64_t>(args.seqlen_q, 1));
     const int64_t by_memory = std::max<int64_t>(1, kStreamPanelFloats / plan.layout.block_floats);
-    plan.stream_heads_k = std::clamp<int64_t>(std::min(by_rows, by_memory), 1, args.heads_k);
+    plan.direct = args.group_size() * args.seqlen_q <= cpu::kDirectMaxRows;
+    plan.stream_heads_k =
+        std::clamp<int64_t>(plan.direct ? by_rows : std::min(by_rows, by_memory), 1, args.heads_k);
+    plan.panel_heads_k = plan.direct ? 0 : plan.stream_heads_k;
   }
   const int64_t units = plan.streaming
                             ? args.batch * cpu::ceil_div(args.heads_k, plan.stream_heads_k)
@@ -53,13 +56,16 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, in
   plan.num_splits = choose_splits(args, units, cpu::ceil_div(args.seqlen_k, cpu::kKeyBlock));
   plan.wanted_tasks = kTasksPerThread * threads;
   plan.scratch_floats =
-      cpu::round_up(cpu::Scratch::floats_needed(plan.layout, plan.stream_heads_k), 16);
+      cpu::round_up(cpu::Scratch::floats_needed(plan.layout, plan.panel_heads_k), 16);
   return plan;
 }
 
 std::string FwdPlan::describe(const cpu::FwdArgs& args) const {
   std::ostringstream text;
-  text << "anyattn: fwd kernel=" << kernel->name << (streaming ? " streaming" : " packed")
+  text << "anyattn: fwd kernel=" << kernel->name
+       << (direct      ? " direct"
+           : streaming ? " streaming"
+                       : " packed")
        << " threads=" << threads << " B=" << args.batch << " Sq=" << args.seqlen_q
        << " Sk=" << args.seqlen_k << " Hq=" << args.heads_q << " Hk=" << args.heads_k
        << " D=" << args.head_dim << " Dv=" << args.head_dim_v

@@ -22,6 +22,10 @@ struct FwdPlan {
   // used once; tasks pack blocks into their own scratch instead of a shared packed buffer.
   bool streaming = false;
   int64_t stream_heads_k = 0;  // kv heads per streaming task (their rows fit one task)
+  // Streaming with at most kDirectMaxRows query rows per kv head: tasks read K and V rows in
+  // place (FwdKernel::attend_direct) and need no packed panels.
+  bool direct = false;
+  int64_t panel_heads_k = 0;   // packed panels per thread's scratch (streaming, not direct)
   int64_t q_block_rows = 0;    // query positions per AttendTask (x group size when streaming)
   int64_t num_splits = 1;      // key-range splits per q block, merged by LSE
   int64_t wanted_tasks = 0;    // attend tasks per packing group that keep every thread busy

@@ -78,6 +78,24 @@ inline Vec round_nearest(Vec a) {
   return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
 }
 
+// Lane k of the result is the sum of the lanes of in[k], k < 8: eight horizontal sums in three
+// shuffle-and-add stages.
+inline Vec lane_sums(const Vec* in) {
+  __m256 pairs[4], quads[2];
+  // Each 128-bit lane of pairs[i] holds (in[2i], in[2i+1], in[2i], in[2i+1]) partials.
+  for (int i = 0; i < 4; ++i) {
+    pairs[i] = _mm256_add_ps(_mm256_unpacklo_ps(in[2 * i].v, in[2 * i + 1].v),
+                             _mm256_unpackhi_ps(in[2 * i].v, in[2 * i + 1].v));
+  }
+  // Each 128-bit lane of quads[i] holds that lane's partials of in[4i .. 4i+3].
+  for (int i = 0; i < 2; ++i) {
+    quads[i] = _mm256_add_ps(_mm256_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0x44),
+                             _mm256_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0xEE));
+  }
+  return {_mm256_add_ps(_mm256_permute2f128_ps(quads[0], quads[1], 0x20),
+                        _mm256_permute2f128_ps(quads[0], quads[1], 0x31))};
+}
+
 // dst[c * dst_stride + r] = src[r * src_stride + c] for an 8 x 8 tile.
 inline void transpose_tile(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
   __m256 r[8], t[8], s[8];

@@ -99,6 +99,13 @@ inline float reduce_add(Vec a) {
   return s;
 }
 
+// Lane k of the result is the sum of the lanes of in[k], k < kLanes.
+inline Vec lane_sums(const Vec* in) {
+  Vec r;
+  for (int k = 0; k < Vec::kLanes; ++k) r.v[k] = reduce_add(in[k]);
+  return r;
+}
+
 // dst[c * dst_stride + r] = src[r * src_stride + c] for a 4 x 4 tile.
 inline void transpose_tile(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
   for (int r = 0; r < Vec::kLanes; ++r) {
