@@ -5,6 +5,7 @@
 
 #include "anyattn_runner.h"
 #include "bench_cases.h"
+#include "machine_limits.h"
 #include "process_info.h"
 #include "tensors.h"
 
@@ -74,6 +75,32 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
         return call.Run(&row.anyattn_error);
       },
       settings.policy);
+  if (!row.anyattn) return row;
+
+  // The same bytes read by a plain streaming loop from the K and V copies themselves (summed as
+  // floats; their values do not matter), rotated the same way.
+  const size_t read_floats = kv_elements * element_bytes / sizeof(float) / 64 * 64;
+  // Timed from the threads' release to their end (thread start-up excluded), as many runs as
+  // the row had, after one untimed pass over every copy.
+  for (size_t c = 0; c < k_copies.size(); ++c) {
+    TimeReadPass(k_copies[c].f32(), read_floats, limits.threads);
+    TimeReadPass(v_copies[c].f32(), read_floats, limits.threads);
+  }
+  std::vector<double> seconds;
+  for (int run = 0; run < row.anyattn->runs; ++run) {
+    const size_t c = run % k_copies.size();
+    seconds.push_back(TimeReadPass(k_copies[c].f32(), read_floats, limits.threads) +
+                      TimeReadPass(v_copies[c].f32(), read_floats, limits.threads));
+  }
+  std::sort(seconds.begin(), seconds.end());
+  TimingResult read;
+  read.runs = static_cast<int>(seconds.size());
+  read.min_seconds = seconds.front();
+  read.max_seconds = seconds.back();
+  read.median_seconds = seconds.size() % 2
+                            ? seconds[seconds.size() / 2]
+                            : 0.5 * (seconds[seconds.size() / 2 - 1] + seconds[seconds.size() / 2]);
+  row.read_alongside = read;
   return row;
 }
 

@@ -26,6 +26,11 @@ double MeasureFmaPeakGflops(int threads, double seconds);
 // page is resident; returns the best of `passes` timed passes. Requires threads >= 1, passes >= 1.
 double MeasureReadBandwidthGbps(int threads, size_t bytes, int passes);
 
+// One streaming read pass: `threads` threads sum disjoint slices of data[0 .. count) (count a
+// multiple of 64 floats, 64-byte aligned) with vector loads; returns the wall-clock seconds. The
+// caller owns the buffer, so it can be the same kind of memory as the data it is compared with.
+double TimeReadPass(const float* data, size_t count, int threads);
+
 }  // namespace anyattn_bench
 
 #endif  // ANYATTN_BENCH_MACHINE_LIMITS_H_

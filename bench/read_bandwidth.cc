@@ -99,6 +99,17 @@ double TimeOnThreads(int threads, const Body& body) {
 
 }  // namespace
 
+double TimeReadPass(const float* data, size_t count, int threads) {
+  constexpr size_t kChunkFloats = 64;
+  const size_t chunks_per_thread = count / kChunkFloats / threads;
+  const VectorIsa isa = DetectVectorIsa();
+  return TimeOnThreads(threads, [&](int t) {
+    const size_t begin = t * chunks_per_thread * kChunkFloats;
+    const size_t end = (t == threads - 1) ? count : (t + 1) * chunks_per_thread * kChunkFloats;
+    g_read_sink.store(SumWith(isa, data + begin, end - begin), std::memory_order_relaxed);
+  });
+}
+
 double MeasureReadBandwidthGbps(int threads, size_t bytes, int passes) {
   constexpr size_t kChunkFloats = 64;
   const size_t chunks = bytes / sizeof(float) / kChunkFloats;
@@ -117,14 +128,9 @@ double MeasureReadBandwidthGbps(int threads, size_t bytes, int passes) {
     slice(t, &begin, &end);
     for (size_t i = begin; i < end; ++i) data[i] = static_cast<float>(i & 1023) * 1e-3f;
   });
-  const VectorIsa isa = DetectVectorIsa();
   double best = 0.0;
   for (int pass = 0; pass < passes; ++pass) {
-    const double seconds = TimeOnThreads(threads, [&](int t) {
-      size_t begin, end;
-      slice(t, &begin, &end);
-      g_read_sink.store(SumWith(isa, data + begin, end - begin), std::memory_order_relaxed);
-    });
+    const double seconds = TimeReadPass(data, count, threads);
     best = std::max(best, count * sizeof(float) / seconds * 1e-9);
   }
   std::free(data);

@@ -69,6 +69,10 @@ struct DecodeRow {
   int kv_copies = 1;
   std::optional<TimingResult> anyattn;
   std::string anyattn_error;
+  // A streaming read of the same bytes from the same kind of buffers (plain aligned allocations
+  // rotated like the K/V copies, same threads), timed right after the row: the machine's read
+  // bandwidth at that moment, for a ratio that host-level noise moves less.
+  std::optional<TimingResult> read_alongside;
 };
 
 // The --rss-case measurement: one S=32768, D=128, H=8, f32 forward call in a fresh process.

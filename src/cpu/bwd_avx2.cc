@@ -10,6 +10,7 @@
 #include "cpu/bwd_layout.h"
 #include "cpu/bwd_philox.h"
 #include "cpu/half.h"
+#include "cpu/prefetch.h"
 #include "cpu/simd/isa_target.h"
 
 ANYATTN_TARGET_BEGIN("avx2,fma,f16c")

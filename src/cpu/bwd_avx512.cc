@@ -10,6 +10,7 @@
 #include "cpu/bwd_layout.h"
 #include "cpu/bwd_philox.h"
 #include "cpu/half.h"
+#include "cpu/prefetch.h"
 #include "cpu/simd/isa_target.h"
 
 // GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics

@@ -159,7 +159,7 @@ inline void prefetch_rows(const void* base, DType dtype, int64_t first, int64_t 
   for (int64_t r = 0; r < rows; ++r) {
     const char* row =
         static_cast<const char*>(element_address(base, dtype, first + r * row_stride));
-    for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at);
+    prefetch_bytes(row, bytes);
   }
 }
 

@@ -9,6 +9,7 @@
 #include "cpu/bwd_layout.h"
 #include "cpu/bwd_philox.h"
 #include "cpu/half.h"
+#include "cpu/prefetch.h"
 
 namespace anyattn::cpu::bwd_portable {
 

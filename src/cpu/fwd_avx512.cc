@@ -10,6 +10,7 @@
 #include "cpu/fwd_args.h"
 #include "cpu/fwd_layout.h"
 #include "cpu/half.h"
+#include "cpu/prefetch.h"
 #include "cpu/rotary.h"
 #include "cpu/simd/isa_target.h"
 

@@ -9,6 +9,7 @@
 #include "cpu/fwd_args.h"
 #include "cpu/fwd_layout.h"
 #include "cpu/half.h"
+#include "cpu/prefetch.h"
 #include "cpu/rotary.h"
 
 namespace anyattn::cpu::portable {

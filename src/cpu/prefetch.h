@@ -1,0 +1,47 @@
+// Software prefetch hints that the optimiser cannot drop.
+//
+// GCC deletes a loop whose only statements are __builtin_prefetch calls (a loop without side
+// effects may be assumed to terminate, and then nothing observable remains), even inside a hot
+// loop that has side effects, so a "prefetch this row" loop silently vanishes. On x86 the hints
+// are therefore volatile asm; elsewhere __builtin_prefetch, whose loss costs speed, not results.
+#ifndef ANYATTN_CPU_PREFETCH_H_
+#define ANYATTN_CPU_PREFETCH_H_
+
+#include <cstdint>
+
+namespace anyattn::cpu {
+
+// Brings the cache line holding `address` towards L1 (prefetcht0).
+inline void prefetch_line_l1(const void* address) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(address)));
+#else
+  __builtin_prefetch(address, 0, 3);
+#endif
+}
+
+// Brings the cache line holding `address` towards L2 (prefetcht1).
+inline void prefetch_line_l2(const void* address) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(address)));
+#else
+  __builtin_prefetch(address, 0, 2);
+#endif
+}
+
+// Prefetches every cache line of [address, address + bytes) towards L1 (kL2: towards L2).
+template <bool kL2 = false>
+inline void prefetch_bytes(const void* address, int64_t bytes) {
+  const char* p = static_cast<const char*>(address);
+  for (int64_t offset = 0; offset < bytes; offset += 64) {
+    if constexpr (kL2) {
+      prefetch_line_l2(p + offset);
+    } else {
+      prefetch_line_l1(p + offset);
+    }
+  }
+}
+
+}  // namespace anyattn::cpu
+
+#endif  // ANYATTN_CPU_PREFETCH_H_
