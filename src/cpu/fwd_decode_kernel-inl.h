@@ -4,7 +4,7 @@
 // after fwd_kernel-inl.h, whose helpers (task set-up, transforms, online softmax, dropout) it
 // shares.
 //
-// Design. With R <= 8 query rows per kv head every K/V element is used only R times, so the
+// Design. With R <= 12 query rows per kv head every K/V element is used only R times, so the
 // packed path's conversion, transpose and copy of each block cost more than the products, and the
 // memory stream idles while they run. Per block of 64 keys and per kv head of the task:
 //   1. Scores. Each K row is converted to f32 one vector at a time (a shift for bf16) and
