@@ -8,9 +8,13 @@
 #include "api/args_layout.h"
 #include "api/errors.h"
 #include "api/tensor_checks.h"
+#include "cpu/finalize.h"
 #include "cpu/kernel_registry.h"
 
 namespace anyattn::api {
+
+static_assert(cpu::kMaxStagedColumns >= kMaxHeadDim, "an output row must fit the staging row");
+
 namespace {
 
 constexpr const char* kFn = "anyattn_fwd";

@@ -471,8 +471,11 @@ inline void begin_task(const FwdArgs& args, const PackedLayout& layout, const At
                    args.rotary_sin + position * args.rotary_stride, args.rotary_dim,
                    args.rotary_interleaved, q_row);
     }
-    for (int64_t d = 0; d < head_dim; ++d) q_row[d] *= q_scale;
     for (int64_t d = head_dim; d < layout.q_stride; ++d) q_row[d] = 0.f;
+    const Vec scale = Vec::broadcast(q_scale);
+    for (int64_t d = 0; d < layout.q_stride; d += kLanes) {
+      (Vec::load(q_row + d) * scale).store(q_row + d);
+    }
   }
   for (int64_t r = 0; r < rows.count; ++r) {
     scratch.m[r] = kNegInfinity;
