@@ -283,7 +283,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const int64_t head_k = task.head_q_begin / args.group_size();
   const int64_t dv_pad = layout.dv_pad;
   float neg_slopes[kMaxQBlockRows];
-  ScoreTransform transform = task_transform(args, task, neg_slopes);
+  const ScoreTransform transform = task_transform(args, task, neg_slopes);
   begin_task(args, layout, task, rows, scratch);
 
   const TaskBlocks blocks = task_blocks(args, task);
@@ -325,15 +325,8 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
       const float* q = scratch.q + r0 * layout.q_stride;
 
       direct_scores<kDtype>(q, layout.q_stride, rows_per_kv, unit, args.head_dim, &next_k, s);
-      if (transform.softcap || transform.alibi || crosses_boundary) {
-        transform.neg_slope = neg_slopes + h * heads_per_kv;
-        transform_scores(args, seq, transform, crosses_boundary, head_rows, j0, s);
-      }
-      for (int64_t r = 0; r < rows_per_kv; ++r) {
-        online_softmax_row(s + r * kKeyBlock, scratch.m + r0 + r, scratch.l + r0 + r,
-                           o + r * dv_pad, dv_pad);
-      }
-      if (args.dropout_threshold != 0) apply_dropout(args, seq, head_rows, j0, s);
+      scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv, crosses_boundary,
+                              head_rows, j0, s, scratch.m + r0, scratch.l + r0, o, dv_pad);
       if (crosses_boundary) {
         // Each row reads only the keys it may see: a masked key's probability is 0, and 0 times
         // an infinite or NaN value would otherwise leak NaN into the row.

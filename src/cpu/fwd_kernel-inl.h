@@ -428,6 +428,24 @@ void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& 
 // The task
 // ---------------------------------------------------------------------------------------------
 
+// Turns the scores of the rows of one kv head for the key block at j0 into probabilities, in
+// place: softcap, ALiBi and (on boundary blocks) the mask, the online softmax (which rescales the
+// rows of o whose max moved) and dropout. neg_slopes: the negated ALiBi slope of each query head
+// of head_rows; m, l, o: the rows' running max, denominator and output.
+inline void scores_to_probabilities(const FwdArgs& args, const SeqInfo& seq,
+                                    ScoreTransform transform, const float* neg_slopes,
+                                    bool crosses_boundary, const TaskRows& head_rows, int64_t j0,
+                                    float* s, float* m, float* l, float* o, int64_t dv_pad) {
+  if (transform.softcap || transform.alibi || crosses_boundary) {
+    transform.neg_slope = neg_slopes;
+    transform_scores(args, seq, transform, crosses_boundary, head_rows, j0, s);
+  }
+  for (int64_t r = 0; r < head_rows.count; ++r) {
+    online_softmax_row(s + r * kKeyBlock, m + r, l + r, o + r * dv_pad, dv_pad);
+  }
+  if (args.dropout_threshold != 0) apply_dropout(args, seq, head_rows, j0, s);
+}
+
 // The rows of a task.
 inline TaskRows task_rows(const AttendTask& task) {
   const int64_t positions = task.q_end - task.q_begin;
@@ -554,7 +572,7 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
   const int64_t head_k = task.head_q_begin / args.group_size();
   const SeqInfo& seq = task.seq;
   float neg_slopes[kMaxQBlockRows];
-  ScoreTransform transform = task_transform(args, task, neg_slopes);
+  const ScoreTransform transform = task_transform(args, task, neg_slopes);
   begin_task(args, layout, task, rows, scratch);
 
   const TaskBlocks blocks = task_blocks(args, task);
@@ -583,15 +601,8 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
       float* o = scratch.o + r0 * dv_pad;
       compute_scores(scratch.q + r0 * layout.q_stride, layout.q_stride, rows_per_kv, kt,
                      args.head_dim, s);
-      if (transform.softcap || transform.alibi || crosses_boundary) {
-        transform.neg_slope = neg_slopes + h * heads_per_kv;
-        transform_scores(args, seq, transform, crosses_boundary, head_rows, j0, s);
-      }
-      for (int64_t r = 0; r < rows_per_kv; ++r) {
-        online_softmax_row(s + r * kKeyBlock, scratch.m + r0 + r, scratch.l + r0 + r,
-                           o + r * dv_pad, dv_pad);
-      }
-      if (args.dropout_threshold != 0) apply_dropout(args, seq, head_rows, j0, s);
+      scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv, crosses_boundary,
+                              head_rows, j0, s, scratch.m + r0, scratch.l + r0, o, dv_pad);
       if (crosses_boundary && v_nonfinite) {
         accumulate_pv_visible_only(args, seq, head_rows, j0, s, v_panel, o, dv_pad);
       } else {
