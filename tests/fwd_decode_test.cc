@@ -19,9 +19,9 @@ struct RowShape {
   int64_t hq, hk, sq;  // rows per kv head = hq / hk * sq
 };
 // 1 to 8, 10 and 12 rows per kv head, from the GQA group, from Sq, and from both.
-const RowShape kRowShapes[] = {{2, 2, 1}, {4, 2, 1}, {3, 1, 1}, {8, 2, 1}, {5, 1, 1}, {6, 2, 2},
-                               {7, 1, 1}, {8, 1, 1}, {2, 1, 4}, {4, 4, 2}, {5, 1, 2}, {12, 1, 1},
-                               {8, 2, 3}};
+const RowShape kRowShapes[] = {{2, 2, 1}, {4, 2, 1},  {3, 1, 1}, {8, 2, 1}, {5, 1, 1},
+                               {6, 2, 2}, {7, 1, 1},  {8, 1, 1}, {2, 1, 4}, {4, 4, 2},
+                               {5, 1, 2}, {12, 1, 1}, {8, 2, 3}};
 const int64_t kHeadDims[] = {8, 59, 64, 80, 111, 128, 256};
 const int64_t kKeyCounts[] = {1, 63, 64, 65, 200, 1000};
 

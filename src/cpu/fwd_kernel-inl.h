@@ -328,7 +328,6 @@ inline void convert_row(const void* src, DType dtype, int64_t n, float* dst) {
 // rows, so without this the core waits on memory at almost every row.
 constexpr int64_t kPrefetchKeys = 8;
 
-
 // Packs key block `block` of kv heads [head_k, head_k + heads_k) of sequence `seq` into
 // `heads_k` consecutive panels of PackedLayout::block_floats floats, and sets v_nonfinite[h] to 1
 // if head h's packed V holds a NaN or infinity, else 0.
@@ -359,7 +358,7 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
               key_row_offset(args, seq, j0 + j + kPrefetchKeys, head_k + h, args.k_batch_stride,
                              args.k_row_stride, args.k_head_stride);
           prefetch_bytes(element_address(args.k, args.dtype, ahead),
-                       head_dim * element_size(args.dtype));
+                         head_dim * element_size(args.dtype));
         }
         if (j < keys) {
           const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.k_batch_stride,
@@ -402,7 +401,7 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
             key_row_offset(args, seq, j0 + j + kPrefetchKeys, head_k + h, args.v_batch_stride,
                            args.v_row_stride, args.v_head_stride);
         prefetch_bytes(element_address(args.v, args.dtype, ahead),
-                     head_dim_v * element_size(args.dtype));
+                       head_dim_v * element_size(args.dtype));
       }
       const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.v_batch_stride,
                                             args.v_row_stride, args.v_head_stride);
