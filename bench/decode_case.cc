@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "anyattn_runner.h"
@@ -8,6 +9,7 @@
 #include "machine_limits.h"
 #include "process_info.h"
 #include "tensors.h"
+#include "timing.h"
 
 namespace anyattn_bench {
 namespace {
@@ -92,15 +94,7 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
     seconds.push_back(TimeReadPass(k_copies[c].f32(), read_floats, limits.threads) +
                       TimeReadPass(v_copies[c].f32(), read_floats, limits.threads));
   }
-  std::sort(seconds.begin(), seconds.end());
-  TimingResult read;
-  read.runs = static_cast<int>(seconds.size());
-  read.min_seconds = seconds.front();
-  read.max_seconds = seconds.back();
-  read.median_seconds = seconds.size() % 2
-                            ? seconds[seconds.size() / 2]
-                            : 0.5 * (seconds[seconds.size() / 2 - 1] + seconds[seconds.size() / 2]);
-  row.read_alongside = read;
+  row.read_alongside = SummarizeRuns(std::move(seconds));
   return row;
 }
 

@@ -3,12 +3,25 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 namespace anyattn_bench {
 
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+TimingResult SummarizeRuns(std::vector<double> seconds) {
+  std::sort(seconds.begin(), seconds.end());
+  TimingResult result;
+  result.runs = static_cast<int>(seconds.size());
+  result.min_seconds = seconds.front();
+  result.max_seconds = seconds.back();
+  const size_t mid = seconds.size() / 2;
+  result.median_seconds =
+      seconds.size() % 2 == 1 ? seconds[mid] : 0.5 * (seconds[mid - 1] + seconds[mid]);
+  return result;
 }
 
 std::optional<TimingResult> TimeRepeated(const std::function<bool()>& run,
@@ -35,15 +48,7 @@ std::optional<TimingResult> TimeRepeated(const std::function<bool()>& run,
     if (!run()) return std::nullopt;
     seconds.push_back(NowSeconds() - start);
   }
-  std::sort(seconds.begin(), seconds.end());
-  TimingResult result;
-  result.runs = runs;
-  result.min_seconds = seconds.front();
-  result.max_seconds = seconds.back();
-  const size_t mid = seconds.size() / 2;
-  result.median_seconds =
-      seconds.size() % 2 == 1 ? seconds[mid] : 0.5 * (seconds[mid - 1] + seconds[mid]);
-  return result;
+  return SummarizeRuns(std::move(seconds));
 }
 
 }  // namespace anyattn_bench

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <optional>
+#include <vector>
 
 namespace anyattn_bench {
 
@@ -32,6 +33,9 @@ struct TimingResult {
 
 // Seconds on a monotonic clock.
 double NowSeconds();
+
+// Run count, min, max and median of the given run times (at least one).
+TimingResult SummarizeRuns(std::vector<double> seconds);
 
 // Calls run() for warm-up and then for the timed runs of `policy`. run() returns false on failure,
 // which stops the timing and yields std::nullopt (run() is expected to have reported the error).

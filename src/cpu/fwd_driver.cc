@@ -285,7 +285,7 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
     }
     lease.run_each(static_cast<int64_t>(group.tasks.size()), [&](int64_t t, int worker) {
       const Scratch scratch =
-          Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout, plan.panel_heads_k);
+          Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout, plan.panel_heads_k());
       const AttendFn attend = plan.direct ? kernel->attend_direct : kernel->attend;
       attend(args, layout, group.tasks[t], scratch);
     });

@@ -48,7 +48,6 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, in
     plan.direct = args.group_size() * args.seqlen_q <= cpu::kDirectMaxRows;
     plan.stream_heads_k =
         std::clamp<int64_t>(plan.direct ? by_rows : std::min(by_rows, by_memory), 1, args.heads_k);
-    plan.panel_heads_k = plan.direct ? 0 : plan.stream_heads_k;
   }
   const int64_t units = plan.streaming
                             ? args.batch * cpu::ceil_div(args.heads_k, plan.stream_heads_k)
@@ -56,7 +55,7 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, in
   plan.num_splits = choose_splits(args, units, cpu::ceil_div(args.seqlen_k, cpu::kKeyBlock));
   plan.wanted_tasks = kTasksPerThread * threads;
   plan.scratch_floats =
-      cpu::round_up(cpu::Scratch::floats_needed(plan.layout, plan.panel_heads_k), 16);
+      cpu::round_up(cpu::Scratch::floats_needed(plan.layout, plan.panel_heads_k()), 16);
   return plan;
 }
 

@@ -25,12 +25,13 @@ struct FwdPlan {
   // Streaming with at most kDirectMaxRows query rows per kv head: tasks read K and V rows in
   // place (FwdKernel::attend_direct) and need no packed panels.
   bool direct = false;
-  int64_t panel_heads_k = 0;   // packed panels per thread's scratch (streaming, not direct)
   int64_t q_block_rows = 0;    // query positions per AttendTask (x group size when streaming)
   int64_t num_splits = 1;      // key-range splits per q block, merged by LSE
   int64_t wanted_tasks = 0;    // attend tasks per packing group that keep every thread busy
   int64_t scratch_floats = 0;  // per thread
 
+  // Packed panels in each thread's scratch: streaming tasks that pack need one per kv head.
+  int64_t panel_heads_k() const { return streaming && !direct ? stream_heads_k : 0; }
   // Key blocks per split for a sequence with `blocks` key blocks.
   int64_t blocks_per_split(int64_t blocks) const { return cpu::ceil_div(blocks, num_splits); }
 
