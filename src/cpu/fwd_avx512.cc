@@ -31,6 +31,8 @@ constexpr int kScoreRows = 6;
 constexpr int kScoreVecs = 4;
 constexpr int kPvRows = 6;
 constexpr int kPvVecs = 4;
+// Keys whose dot products the direct decode loop forms together (R x G accumulators).
+constexpr int kDirectKeyGroup = 4;
 
 #include "cpu/fwd_kernel-inl.h"
 // The direct decode loop uses fwd_kernel-inl.h's helpers: keep it after that file.

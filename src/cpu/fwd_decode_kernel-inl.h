@@ -6,29 +6,31 @@
 //
 // Design. With R <= 12 query rows per kv head every K/V element is used only R times, so the
 // packed path's conversion, transpose and copy of each block cost more than the products, and the
-// memory stream idles while they run. Per block of 64 keys and per kv head of the task:
-//   1. Scores. Each K row is converted to f32 one vector at a time (a shift for bf16) and
-//      multiplied into R accumulator vectors, one per query row, whose q vectors come from L1:
-//      R * D / lanes FMAs per key. The accumulators of `lanes` consecutive keys are then reduced
-//      together by lane_sums, one vector of scores in about three instructions per score.
+// memory stream idles while they run. Per block of 64 keys and per kv head of the task (a unit):
+//   1. Scores. kDirectKeyGroup keys at a time (4 on AVX-512), each K row is converted to f32 one
+//      vector at a time and multiplied into R x G accumulators, so each q vector loaded from L1
+//      serves G keys. bf16 rows are widened two vectors per load (even and odd elements: a shift
+//      and a mask for 2 * lanes values), with q held in the same even/odd order. The accumulators
+//      of `lanes` consecutive keys are then reduced together by lane_sums, one vector of scores
+//      in about three instructions per score.
 //   2. Softcap, ALiBi, mask, online softmax and dropout exactly as in the packed path, on the same
 //      S rows (64 floats per row, in L1).
-//   3. O += P V with R x kPvVecs accumulator tiles, V rows converted on load: the first column
-//      tile reads the block's V rows from memory, the others find them in L1 (64 rows of at most
-//      1 KiB).
+//   3. O += P V with R x kPvVecs accumulator tiles, V rows converted on load (bf16 in even/odd
+//      pairs again, O kept in that order until the task ends): the first column tile reads the
+//      unit's V rows from memory, the others find them in L1 (64 rows of at most 1 KiB).
 // Rows of more than kDirectTileRows queries per kv head run the tiles once per group of rows; the
 // later groups find K and V in L1.
 //
 // Memory traffic: each K and V row is read from memory once per task; q, S and O stay in L1.
-// Rows are visited head by head, so consecutive reads of one head are a whole K/V row of every
-// head apart and the hardware prefetchers, which stop at each 4 KiB page, see no stream. So while
-// block b is computed, the loop prefetches block b + 1 into L2 (prefetcht1), one (row, head)
-// piece per key computed, in memory order: rows ascending, heads inner, each unit of block b
-// taking the next run of pieces. The next block is then swept front to back, as a streaming read
-// would, about 16 KiB per kv head ahead of its use. Measured on the 2-core development VM
-// (B8 Sk32768 bf16): 30 GB/s with the arithmetic removed, the machine's streaming-read rate; the
-// arithmetic (about 100 vector instructions per key and head for 4 rows, D = 128) only partly
-// overlaps it.
+// A unit reads one head's rows, a whole K/V row of every head apart, so the hardware prefetchers
+// (which on the development VM barely act at all) see no stream. The loop therefore prefetches
+// each row into L1 kDirectPrefetchKeys keys before it computes it, in the order it reads them,
+// running on into the next unit's first rows. Every line then passes through a line-fill buffer
+// once, from memory straight to L1. The previous scheme, a prefetcht1 sweep of the next block
+// into L2 in memory order, made every line take a fill buffer twice (memory to L2, then L2 to L1),
+// and measured on that VM (B8 Sk32768, 2 threads, medians) 59-60 ms bf16 and 107-110 ms f32
+// against 46-48 ms and 78-79 ms for this one. Prefetching only part of each row, further ahead,
+// in bursts, or into L2 in this order were all slower.
 
 constexpr int kDirectTileRows = 4;
 static_assert(kDirectMaxRows <= kMaxQBlockRows, "direct tasks must fit the scratch rows");
@@ -98,92 +100,181 @@ inline void locate_unit(const FwdArgs& args, const BlockRows& block, int64_t hea
   }
 }
 
-// Prefetches, one step per key a unit computes, a run of the next block's (row, head) pieces of K
-// or V in memory order: rows ascending, the task's heads inner (all heads of a row are adjacent
-// in the usual layouts, so the whole block is swept front to back across the units of a block).
-class PrefetchCursor {
+// Prefetches into L1, kDirectPrefetchKeys keys ahead of the key being computed, the rows the loop
+// reads next in the order it reads them: the rest of this unit's rows, then the first rows of the
+// unit after it (the next kv head of the block, or the first head of the next block).
+class UnitPrefetcher {
  public:
-  PrefetchCursor() = default;
-  // Pieces [first, first + count) of the block whose rows start at base + row_offsets[r], heads
-  // head_stride_bytes apart, `bytes` each.
-  PrefetchCursor(const char* base, const int64_t* row_offsets, int64_t heads,
-                 int64_t head_stride_bytes, int64_t bytes, int64_t first, int64_t count)
-      : base_(base),
-        row_offsets_(row_offsets),
-        heads_(heads),
-        head_stride_bytes_(head_stride_bytes),
-        bytes_(bytes),
-        row_(first / heads),
-        head_(first % heads),
-        remaining_(count) {}
+  UnitPrefetcher(const void* const* rows, int64_t keys, const void* const* next_rows,
+                 int64_t next_keys, int64_t row_bytes)
+      : rows_(rows),
+        keys_(keys),
+        next_rows_(next_rows),
+        next_keys_(next_keys),
+        row_bytes_(row_bytes) {}
 
-  void step() {
-    if (remaining_ == 0) return;
-    prefetch_bytes<true>(base_ + row_offsets_[row_] + head_ * head_stride_bytes_, bytes_);
-    --remaining_;
-    if (++head_ == heads_) {
-      head_ = 0;
-      ++row_;
+  // Called once per key j of the unit, before key j is computed.
+  void ahead_of(int64_t j) const {
+    const int64_t target = j + kDirectPrefetchKeys;
+    if (target < keys_) {
+      prefetch_bytes(rows_[target], row_bytes_);
+    } else if (target - keys_ < next_keys_) {
+      prefetch_bytes(next_rows_[target - keys_], row_bytes_);
     }
   }
 
  private:
-  const char* base_ = nullptr;
-  const int64_t* row_offsets_ = nullptr;
-  int64_t heads_ = 1;
-  int64_t head_stride_bytes_ = 0;
-  int64_t bytes_ = 0;
-  int64_t row_ = 0;
-  int64_t head_ = 0;
-  int64_t remaining_ = 0;
+  const void* const* rows_;
+  int64_t keys_;
+  const void* const* next_rows_;
+  int64_t next_keys_;
+  int64_t row_bytes_;
 };
 
-// s[r][j] = q_r . k_j for R query rows (stride ldq, zero from D to ldq) and the 64 keys of a block;
-// keys past `keys` score 0 (the mask hides them).
-template <DType kDtype, int R>
-inline void direct_score_rows(const float* q, int64_t ldq, const void* const* k_rows, int64_t keys,
-                              int64_t head_dim, PrefetchCursor* prefetch, float* s) {
+// bf16 rows are widened a pair of vectors at a time (load_bf16_pairs: even and odd elements of
+// 2 * lanes values, two instructions instead of four), over their first paired_columns(n)
+// elements. q and O hold those columns in the same order, each chunk of 2 * lanes as (even
+// elements, odd elements): split_pairs reorders q after begin_task, join_pairs restores O before
+// finish_task. Other dtypes keep the plain order.
+template <DType kDtype>
+constexpr bool kPairedWidening = kDtype == DType::kBF16;
+constexpr int64_t kPairCols = 2 * kLanes;
+
+template <DType kDtype>
+inline int64_t paired_columns(int64_t n) {
+  return kPairedWidening<kDtype> ? n / kPairCols * kPairCols : 0;
+}
+
+// Reorders each chunk of 2 * lanes elements of row[0, n) to (even elements, odd elements);
+// n is a multiple of 2 * lanes.
+inline void split_pairs(float* row, int64_t n) {
+  float chunk[kPairCols];
+  for (int64_t c = 0; c < n; c += kPairCols) {
+    for (int64_t i = 0; i < kLanes; ++i) {
+      chunk[i] = row[c + 2 * i];
+      chunk[kLanes + i] = row[c + 2 * i + 1];
+    }
+    for (int64_t i = 0; i < kPairCols; ++i) row[c + i] = chunk[i];
+  }
+}
+
+// The inverse of split_pairs.
+inline void join_pairs(float* row, int64_t n) {
+  float chunk[kPairCols];
+  for (int64_t c = 0; c < n; c += kPairCols) {
+    for (int64_t i = 0; i < kPairCols; ++i) chunk[i] = row[c + i];
+    for (int64_t i = 0; i < kLanes; ++i) {
+      row[c + 2 * i] = chunk[i];
+      row[c + 2 * i + 1] = chunk[kLanes + i];
+    }
+  }
+}
+
+// partial[r * lanes + first + g] = lane-wise partial products of q_r . k_g for R query rows
+// (stride ldq, paired order over paired_columns(head_dim)) and G keys; the lanes of each sum to
+// the score. The R x G accumulators are independent chains, and each q vector loaded serves G
+// keys.
+template <DType kDtype, int R, int G>
+inline void direct_key_group(const float* q, int64_t ldq, const void* const* k_rows,
+                             int64_t head_dim, Vec* partial, int64_t first) {
+  Vec acc[R][G];
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) acc[r][g] = Vec::zero();
+  }
+  const int64_t paired = paired_columns<kDtype>(head_dim);
   const int64_t full = head_dim / kLanes * kLanes;
-  for (int64_t chunk = 0; chunk < kKeyBlock; chunk += kLanes) {
-    Vec partial[R][kLanes];
-    for (int64_t jj = 0; jj < kLanes; ++jj) {
-      const int64_t j = chunk + jj;
-      Vec acc[R];
-      for (int r = 0; r < R; ++r) acc[r] = Vec::zero();
-      if (j < keys) {
-        if (prefetch != nullptr) prefetch->step();
-        const void* k_row = k_rows[j];
-        int64_t c = 0;
-        for (; c < full; c += kLanes) {
-          const Vec key = load_converted<kDtype>(k_row, c);
-          for (int r = 0; r < R; ++r) acc[r] = fma(Vec::load(q + r * ldq + c), key, acc[r]);
-        }
-        if (c < head_dim) {
-          const Vec key = load_converted_tail<kDtype>(k_row, c, head_dim);
-          for (int r = 0; r < R; ++r) acc[r] = fma(Vec::load(q + r * ldq + c), key, acc[r]);
+  int64_t c = 0;
+  if constexpr (kPairedWidening<kDtype>) {
+    for (; c < paired; c += kPairCols) {
+      Vec even[G], odd[G];
+      for (int g = 0; g < G; ++g) {
+        Vec::load_bf16_pairs(static_cast<const uint16_t*>(k_rows[g]) + c, &even[g], &odd[g]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const Vec q_even = Vec::load(q + r * ldq + c);
+        const Vec q_odd = Vec::load(q + r * ldq + c + kLanes);
+        for (int g = 0; g < G; ++g) {
+          acc[r][g] = fma(q_even, even[g], acc[r][g]);
+          acc[r][g] = fma(q_odd, odd[g], acc[r][g]);
         }
       }
-      for (int r = 0; r < R; ++r) partial[r][jj] = acc[r];
     }
-    for (int r = 0; r < R; ++r) lane_sums(partial[r]).store(s + r * kKeyBlock + chunk);
+  }
+  for (; c < full; c += kLanes) {
+    Vec key[G];
+    for (int g = 0; g < G; ++g) key[g] = load_converted<kDtype>(k_rows[g], c);
+    for (int r = 0; r < R; ++r) {
+      const Vec q_vec = Vec::load(q + r * ldq + c);
+      for (int g = 0; g < G; ++g) acc[r][g] = fma(q_vec, key[g], acc[r][g]);
+    }
+  }
+  if (c < head_dim) {
+    Vec key[G];
+    for (int g = 0; g < G; ++g) key[g] = load_converted_tail<kDtype>(k_rows[g], c, head_dim);
+    for (int r = 0; r < R; ++r) {
+      const Vec q_vec = Vec::load(q + r * ldq + c);
+      for (int g = 0; g < G; ++g) acc[r][g] = fma(q_vec, key[g], acc[r][g]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) partial[r * kLanes + first + g] = acc[r][g];
+  }
+}
+
+// s[r][j] = q_r . k_j for R query rows (stride ldq, zero from D to ldq) and the 64 keys of a block,
+// kDirectKeyGroup keys at a time; keys past `keys` score 0 (the mask hides them).
+template <DType kDtype, int R>
+inline void direct_score_rows(const float* q, int64_t ldq, const void* const* k_rows, int64_t keys,
+                              int64_t head_dim, const UnitPrefetcher* prefetch, float* s) {
+  static_assert(kLanes % kDirectKeyGroup == 0, "key groups must tile a vector of scores");
+  for (int64_t chunk = 0; chunk < kKeyBlock; chunk += kLanes) {
+    Vec partial[R * kLanes];
+    for (int64_t first = 0; first < kLanes; first += kDirectKeyGroup) {
+      const int64_t j = chunk + first;
+      const int64_t present = std::clamp<int64_t>(keys - j, 0, kDirectKeyGroup);
+      for (int64_t g = 0; g < present && prefetch != nullptr; ++g) prefetch->ahead_of(j + g);
+      if (present == kDirectKeyGroup) {
+        direct_key_group<kDtype, R, kDirectKeyGroup>(q, ldq, k_rows + j, head_dim, partial, first);
+        continue;
+      }
+      for (int64_t g = 0; g < kDirectKeyGroup; ++g) {
+        if (g < present) {
+          direct_key_group<kDtype, R, 1>(q, ldq, k_rows + j + g, head_dim, partial, first + g);
+        } else {
+          for (int r = 0; r < R; ++r) partial[r * kLanes + first + g] = Vec::zero();
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) lane_sums(partial + r * kLanes).store(s + r * kKeyBlock + chunk);
   }
 }
 
 // o[r][col .. col + NV * lanes) += sum_{j < keys} p[r][j] v_j[col ..] for R rows (p stride 64,
-// o stride ldo). kTail: one vector whose columns end at head_dim_v (read no further).
-template <DType kDtype, int R, int NV, bool kTail>
+// o stride ldo). kPaired: the columns lie in the paired region, NV is even and each pair of
+// vectors is one load_bf16_pairs. kTail: one vector whose columns end at head_dim_v (read no
+// further).
+template <DType kDtype, int R, int NV, bool kPaired, bool kTail>
 inline void direct_pv_tile(const float* p, const void* const* v_rows, int64_t keys, int64_t col,
-                           int64_t head_dim_v, PrefetchCursor* prefetch, float* o, int64_t ldo) {
+                           int64_t head_dim_v, const UnitPrefetcher* prefetch, float* o,
+                           int64_t ldo) {
+  static_assert(!kPaired || (NV % 2 == 0 && !kTail), "paired tiles hold whole pairs");
   Vec acc[R][NV];
   for (int r = 0; r < R; ++r) {
     for (int n = 0; n < NV; ++n) acc[r][n] = Vec::load(o + r * ldo + col + n * kLanes);
   }
   for (int64_t j = 0; j < keys; ++j) {
-    if (prefetch != nullptr) prefetch->step();
+    if (prefetch != nullptr) prefetch->ahead_of(j);
     Vec values[NV];
     for (int n = 0; n < NV; ++n) {
-      values[n] = kTail ? load_converted_tail<kDtype>(v_rows[j], col, head_dim_v)
-                        : load_converted<kDtype>(v_rows[j], col + n * kLanes);
+      if constexpr (kPaired) {
+        if (n % 2 == 0) {
+          Vec::load_bf16_pairs(static_cast<const uint16_t*>(v_rows[j]) + col + n * kLanes,
+                               &values[n], &values[n + 1]);
+        }
+      } else {
+        values[n] = kTail ? load_converted_tail<kDtype>(v_rows[j], col, head_dim_v)
+                          : load_converted<kDtype>(v_rows[j], col + n * kLanes);
+      }
     }
     for (int r = 0; r < R; ++r) {
       const Vec p_rj = Vec::broadcast(p[r * kKeyBlock + j]);
@@ -199,29 +290,42 @@ inline void direct_pv_tile(const float* p, const void* const* v_rows, int64_t ke
 // the prefetches.
 template <DType kDtype, int R>
 inline void direct_pv_rows(const float* p, const void* const* v_rows, int64_t keys,
-                           int64_t head_dim_v, PrefetchCursor* prefetch, float* o, int64_t ldo) {
+                           int64_t head_dim_v, const UnitPrefetcher* prefetch, float* o,
+                           int64_t ldo) {
+  static_assert(kPvVecs % 2 == 0, "paired tiles hold whole pairs");
+  const int64_t paired = paired_columns<kDtype>(head_dim_v);
   const int64_t full = head_dim_v / kLanes * kLanes;
   int64_t c = 0;
+  if constexpr (kPairedWidening<kDtype>) {
+    for (; c + kPvCols <= paired; c += kPvCols) {
+      direct_pv_tile<kDtype, R, kPvVecs, true, false>(p, v_rows, keys, c, head_dim_v,
+                                                      c == 0 ? prefetch : nullptr, o, ldo);
+    }
+    for (; c < paired; c += kPairCols) {
+      direct_pv_tile<kDtype, R, 2, true, false>(p, v_rows, keys, c, head_dim_v,
+                                                c == 0 ? prefetch : nullptr, o, ldo);
+    }
+  }
   for (; c + kPvCols <= full; c += kPvCols) {
-    direct_pv_tile<kDtype, R, kPvVecs, false>(p, v_rows, keys, c, head_dim_v,
-                                              c == 0 ? prefetch : nullptr, o, ldo);
+    direct_pv_tile<kDtype, R, kPvVecs, false, false>(p, v_rows, keys, c, head_dim_v,
+                                                     c == 0 ? prefetch : nullptr, o, ldo);
   }
   for (; c < full; c += kLanes) {
-    direct_pv_tile<kDtype, R, 1, false>(p, v_rows, keys, c, head_dim_v, c == 0 ? prefetch : nullptr,
-                                        o, ldo);
+    direct_pv_tile<kDtype, R, 1, false, false>(p, v_rows, keys, c, head_dim_v,
+                                               c == 0 ? prefetch : nullptr, o, ldo);
   }
   if (c < head_dim_v) {
-    direct_pv_tile<kDtype, R, 1, true>(p, v_rows, keys, c, head_dim_v, c == 0 ? prefetch : nullptr,
-                                       o, ldo);
+    direct_pv_tile<kDtype, R, 1, false, true>(p, v_rows, keys, c, head_dim_v,
+                                              c == 0 ? prefetch : nullptr, o, ldo);
   }
 }
 
 // S rows for `rows` query rows in tiles of kDirectTileRows; the first tile issues the prefetches.
 template <DType kDtype>
 inline void direct_scores(const float* q, int64_t ldq, int64_t rows, const DirectUnit& unit,
-                          int64_t head_dim, PrefetchCursor* prefetch, float* s) {
+                          int64_t head_dim, const UnitPrefetcher* prefetch, float* s) {
   for (int64_t r = 0; r < rows; r += kDirectTileRows) {
-    PrefetchCursor* tile_prefetch = r == 0 ? prefetch : nullptr;
+    const UnitPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
     const float* q_tile = q + r * ldq;
     float* s_tile = s + r * kKeyBlock;
     switch (std::min<int64_t>(rows - r, kDirectTileRows)) {
@@ -249,9 +353,9 @@ inline void direct_scores(const float* q, int64_t ldq, int64_t rows, const Direc
 // prefetches.
 template <DType kDtype>
 inline void direct_pv(const float* p, int64_t rows, const DirectUnit& unit, int64_t head_dim_v,
-                      PrefetchCursor* prefetch, float* o, int64_t ldo) {
+                      const UnitPrefetcher* prefetch, float* o, int64_t ldo) {
   for (int64_t r = 0; r < rows; r += kDirectTileRows) {
-    PrefetchCursor* tile_prefetch = r == 0 ? prefetch : nullptr;
+    const UnitPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
     const float* p_tile = p + r * kKeyBlock;
     float* o_tile = o + r * ldo;
     switch (std::min<int64_t>(rows - r, kDirectTileRows)) {
@@ -285,6 +389,9 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   float neg_slopes[kMaxQBlockRows];
   const ScoreTransform transform = task_transform(args, task, neg_slopes);
   begin_task(args, layout, task, rows, scratch);
+  for (int64_t r = 0; r < rows.count; ++r) {
+    split_pairs(scratch.q + r * layout.q_stride, paired_columns<kDtype>(args.head_dim));
+  }
 
   const TaskBlocks blocks = task_blocks(args, task);
   const int64_t rows_per_kv = rows.count / task.heads_k;
@@ -292,15 +399,14 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const int64_t k_row_bytes = args.head_dim * element_size(args.dtype);
   const int64_t v_row_bytes = args.head_dim_v * element_size(args.dtype);
 
-  const int64_t k_head_stride_bytes = args.k_head_stride * element_size(args.dtype);
-  const int64_t v_head_stride_bytes = args.v_head_stride * element_size(args.dtype);
-
-  // Units in task order: block by block, the task's kv heads within a block. While block b is
-  // computed, unit h prefetches the h-th of heads_k equal runs of block b + 1's pieces.
+  // Units in task order: block by block, the task's kv heads within a block. Each unit prefetches
+  // the rows of the one after it, so the next block's rows are located one block early.
   BlockRows block_rows[2];
   int current = 0;
   if (blocks.begin < blocks.end) locate_block(args, seq, head_k, blocks.begin, &block_rows[0]);
-  DirectUnit unit;
+  DirectUnit units[2];
+  int this_unit = 0;
+  if (blocks.begin < blocks.end) locate_unit(args, block_rows[0], 0, &units[0]);
   for (int64_t block = blocks.begin; block < blocks.end; ++block) {
     const int64_t j0 = block * kKeyBlock;
     const bool crosses_boundary = blocks.crosses_boundary(j0);
@@ -308,15 +414,19 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
     BlockRows& next_block = block_rows[1 - current];
     const bool has_next = block + 1 < blocks.end;
     if (has_next) locate_block(args, seq, head_k, block + 1, &next_block);
-    const int64_t next_pieces = has_next ? next_block.keys * task.heads_k : 0;
     for (int64_t h = 0; h < task.heads_k; ++h) {
-      locate_unit(args, this_block, h, &unit);
-      const int64_t first = next_pieces * h / task.heads_k;
-      const int64_t count = next_pieces * (h + 1) / task.heads_k - first;
-      PrefetchCursor next_k(static_cast<const char*>(args.k), next_block.k, task.heads_k,
-                            k_head_stride_bytes, k_row_bytes, first, count);
-      PrefetchCursor next_v(static_cast<const char*>(args.v), next_block.v, task.heads_k,
-                            v_head_stride_bytes, v_row_bytes, first, count);
+      const DirectUnit& unit = units[this_unit];
+      DirectUnit& next_unit = units[1 - this_unit];
+      next_unit.keys = 0;
+      if (h + 1 < task.heads_k) {
+        locate_unit(args, this_block, h + 1, &next_unit);
+      } else if (has_next) {
+        locate_unit(args, next_block, 0, &next_unit);
+      }
+      const UnitPrefetcher next_k(unit.k_rows, unit.keys, next_unit.k_rows, next_unit.keys,
+                                  k_row_bytes);
+      const UnitPrefetcher next_v(unit.v_rows, unit.keys, next_unit.v_rows, next_unit.keys,
+                                  v_row_bytes);
       const int64_t r0 = h * rows_per_kv;
       const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
                                rows_per_kv};
@@ -329,20 +439,25 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
                               head_rows, j0, s, scratch.m + r0, scratch.l + r0, o, dv_pad);
       if (crosses_boundary) {
         // Each row reads only the keys it may see: a masked key's probability is 0, and 0 times
-        // an infinite or NaN value would otherwise leak NaN into the row.
+        // an infinite or NaN value would otherwise leak NaN into the row. (No V prefetch here:
+        // boundary blocks are at most one or two per task.)
         for (int64_t r = 0; r < rows_per_kv; ++r) {
           const VisibleRange range = visible_in_block(args, seq, head_rows.position(r), j0);
           direct_pv_rows<kDtype, 1>(s + r * kKeyBlock + range.lo, unit.v_rows + range.lo,
-                                    range.hi - range.lo, args.head_dim_v, &next_v, o + r * dv_pad,
+                                    range.hi - range.lo, args.head_dim_v, nullptr, o + r * dv_pad,
                                     dv_pad);
         }
       } else {
         direct_pv<kDtype>(s, rows_per_kv, unit, args.head_dim_v, &next_v, o, dv_pad);
       }
+      this_unit = 1 - this_unit;
     }
     current = 1 - current;
   }
 
+  for (int64_t r = 0; r < rows.count; ++r) {
+    join_pairs(scratch.o + r * dv_pad, paired_columns<kDtype>(args.head_dim_v));
+  }
   finish_task(args, layout, task, rows, scratch);
 }
 

@@ -23,6 +23,8 @@ constexpr int kScoreRows = 4;
 constexpr int kScoreVecs = 2;
 constexpr int kPvRows = 4;
 constexpr int kPvVecs = 2;
+// Keys whose dot products the direct decode loop forms together (R x G accumulators).
+constexpr int kDirectKeyGroup = 2;
 
 #include "cpu/fwd_kernel-inl.h"
 // The direct decode loop uses fwd_kernel-inl.h's helpers: keep it after that file.

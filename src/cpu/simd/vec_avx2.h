@@ -15,6 +15,13 @@ struct Vec {
   static Vec load_f16(const uint16_t* p) {
     return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
   }
+  // 16 bf16 values widened to f32 as two vectors: *even gets elements 0, 2, .., 14 and *odd
+  // elements 1, 3, .., 15 (exact).
+  static void load_bf16_pairs(const uint16_t* p, Vec* even, Vec* odd) {
+    const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even->v = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+    odd->v = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(~0xFFFF)));
+  }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
 };
 

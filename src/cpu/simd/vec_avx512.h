@@ -22,6 +22,13 @@ struct Vec {
   static Vec load_f16(const uint16_t* p) {
     return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
   }
+  // 32 bf16 values widened to f32 as two vectors: *even gets elements 0, 2, .., 30 and *odd
+  // elements 1, 3, .., 31 (exact). Two single-uop steps for 32 values, where load_bf16 takes four.
+  static void load_bf16_pairs(const uint16_t* p, Vec* even, Vec* odd) {
+    const __m512i pairs = _mm512_loadu_si512(p);
+    even->v = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+    odd->v = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(~0xFFFF)));
+  }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
 };
 

@@ -31,6 +31,13 @@ struct Vec {
     for (int i = 0; i < kLanes; ++i) r.v[i] = f16_to_f32(p[i]);
     return r;
   }
+  // 2 * kLanes bf16 values widened to f32: *even gets the even-indexed ones, *odd the others.
+  static void load_bf16_pairs(const uint16_t* p, Vec* even, Vec* odd) {
+    for (int i = 0; i < kLanes; ++i) {
+      even->v[i] = bf16_to_f32(p[2 * i]);
+      odd->v[i] = bf16_to_f32(p[2 * i + 1]);
+    }
+  }
   void store(float* p) const {
     for (int i = 0; i < kLanes; ++i) p[i] = v[i];
   }
