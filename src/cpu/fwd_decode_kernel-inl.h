@@ -173,10 +173,14 @@ inline void join_pairs(float* row, int64_t n) {
 // partial[r * lanes + first + g] = lane-wise partial products of q_r . k_g for R query rows
 // (stride ldq, paired order over paired_columns(head_dim)) and G keys; the lanes of each sum to
 // the score. The R x G accumulators are independent chains, and each q vector loaded serves G
-// keys.
+// keys. Always inlined: as a call GCC 12 kept the accumulators in a stack array (zeroed, stored
+// and copied on every call), and inlining it made the loop 19% faster (single thread, data in L2,
+// bf16 D = 128, 4 rows: 0.089 against 0.110 ms per call, minima of 3000).
 template <DType kDtype, int R, int G>
-inline void direct_key_group(const float* q, int64_t ldq, const void* const* k_rows,
-                             int64_t head_dim, Vec* partial, int64_t first) {
+__attribute__((always_inline)) inline void direct_key_group(const float* q, int64_t ldq,
+                                                            const void* const* k_rows,
+                                                            int64_t head_dim, Vec* partial,
+                                                            int64_t first) {
   Vec acc[R][G];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < G; ++g) acc[r][g] = Vec::zero();
