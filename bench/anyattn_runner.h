@@ -39,6 +39,33 @@ class AnyattnFwdCall {
   std::string setup_error_;
 };
 
+// One decode step against a paged KV cache: q and out (B, 1, Hq, D), k_pages and v_pages
+// (B * Sk / page_size, page_size, Hk, D), all of `shape.dtype`, and the int32 block table
+// (B, Sk / page_size) naming each sequence's pages; every sequence holds Sk keys. Calls
+// anyattn_fwd_kvcache with no new keys. The buffers must outlive the object.
+class AnyattnPagedDecodeCall {
+ public:
+  AnyattnPagedDecodeCall(const DecodeShape& shape, anyattn_isa isa, const void* q,
+                         const void* k_pages, const void* v_pages, const int32_t* block_table,
+                         void* out);
+
+  // Points the cache at other page pools of the same shape (used to rotate through KV copies).
+  void SetKv(const void* k_pages, const void* v_pages);
+
+  // As AnyattnFwdCall::Run.
+  bool Run(std::string* error) const;
+
+ private:
+  anyattn_tensor q_{};
+  anyattn_tensor k_{};
+  anyattn_tensor v_{};
+  anyattn_tensor out_{};
+  anyattn_tensor block_table_{};
+  anyattn_kvcache_params cache_{};
+  anyattn_fwd_params params_{};
+  std::string setup_error_;
+};
+
 // The caller's buffers of one backward call, all contiguous: q, dq, dout and out (B, Sq, Hq, D);
 // k, v, dk and dv (B, Sk, Hk, D), of the shape's dtype; lse (B, Hq, Sq) f32.
 struct BwdBuffers {

@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -25,6 +27,17 @@ int KvCopies(double kv_bytes) {
   const int wanted = static_cast<int>(std::ceil(2.0 * llc_bytes / kv_bytes));
   const int affordable = static_cast<int>(kMaxRotationBytes / kv_bytes);
   return std::max(1, std::min({wanted, affordable, kMaxCopies}));
+}
+
+// Block table of a paged cache whose pages are scattered through the pool, as in a serving engine
+// after many allocations and frees: page i of the pool order goes to table entry i * stride mod
+// pages, with the stride odd and coprime to the page count (a fixed permutation).
+std::vector<int32_t> ScatteredBlockTable(int64_t pages) {
+  int64_t stride = 7919;  // a prime: coprime to every page count it does not divide
+  while (std::gcd(stride, pages) != 1) stride += 2;
+  std::vector<int32_t> table(pages);
+  for (int64_t i = 0; i < pages; ++i) table[i] = static_cast<int32_t>(i * stride % pages);
+  return table;
 }
 
 }  // namespace
@@ -66,15 +79,29 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
     std::memcpy(v_copies[c].data(), v_copies[0].data(), kv_elements * element_bytes);
   }
 
-  AnyattnFwdCall call(shape.batch, 1, shape.seqlen_k, shape.heads_q, shape.heads_k, shape.head_dim,
-                      shape.dtype, false, settings.isa, q.data(), k_copies[0].data(),
-                      v_copies[0].data(), out.data());
+  // A paged cache is the same bytes seen as (B * Sk / page_size) pages behind a block table.
+  const bool paged = shape.page_size > 0;
+  const std::vector<int32_t> block_table =
+      paged ? ScatteredBlockTable(shape.batch * shape.seqlen_k / shape.page_size)
+            : std::vector<int32_t>();
+  AnyattnFwdCall dense_call(shape.batch, 1, shape.seqlen_k, shape.heads_q, shape.heads_k,
+                            shape.head_dim, shape.dtype, false, settings.isa, q.data(),
+                            k_copies[0].data(), v_copies[0].data(), out.data());
+  std::optional<AnyattnPagedDecodeCall> paged_call;
+  if (paged) {
+    paged_call.emplace(shape, settings.isa, q.data(), k_copies[0].data(), v_copies[0].data(),
+                       block_table.data(), out.data());
+  }
   size_t next_copy = 0;
   row.anyattn = TimeRepeated(
       [&] {
         const size_t c = next_copy++ % k_copies.size();
-        call.SetKv(k_copies[c].data(), v_copies[c].data());
-        return call.Run(&row.anyattn_error);
+        if (!paged) {
+          dense_call.SetKv(k_copies[c].data(), v_copies[c].data());
+          return dense_call.Run(&row.anyattn_error);
+        }
+        paged_call->SetKv(k_copies[c].data(), v_copies[c].data());
+        return paged_call->Run(&row.anyattn_error);
       },
       settings.policy);
   if (!row.anyattn) return row;

@@ -122,6 +122,7 @@ void WriteDecodeRows(JsonWriter* json, const BenchReport& report) {
     json->Field("heads_q", row.shape.heads_q);
     json->Field("heads_k", row.shape.heads_k);
     json->Field("head_dim", row.shape.head_dim);
+    json->Field("page_size", row.shape.page_size);
     json->Field("threads", row.threads);
     json->Field("kv_bytes", row.kv_bytes);
     json->Field("kv_copies_rotated", row.kv_copies);
@@ -270,13 +271,13 @@ void PrintDecodeTableHeader(int threads) {
       "%%bw = of the streaming read bandwidth measured at start-up; read now = a streaming read of "
       "the same K/V buffers right after the row (median), %%now = KV GB/s of it\n",
       threads);
-  std::printf("%-22s %-5s %3s %10s %9s %8s %6s %8s %6s %7s\n", "shape", "dtype", "thr", "ms",
+  std::printf("%-28s %-5s %3s %10s %9s %8s %6s %8s %6s %7s\n", "shape", "dtype", "thr", "ms",
               "KV MiB", "KV GB/s", "%bw", "read now", "%now", "copies");
   std::fflush(stdout);
 }
 
 void PrintDecodeRow(const DecodeRow& row) {
-  std::printf("%-22s %-5s %3d ", DecodeLabel(row.shape).c_str(), DTypeName(row.shape.dtype),
+  std::printf("%-28s %-5s %3d ", DecodeLabel(row.shape).c_str(), DTypeName(row.shape.dtype),
               row.threads);
   if (row.anyattn) {
     const double gbps = row.kv_bytes / row.anyattn->median_seconds * 1e-9;

@@ -123,6 +123,7 @@ std::string DecodeKey(const DecodeShape& shape) {
   std::ostringstream key;
   key << "decode/" << DTypeName(shape.dtype) << "/B" << shape.batch << "/Hq" << shape.heads_q
       << "/Hk" << shape.heads_k << "/D" << shape.head_dim << "/Sk" << shape.seqlen_k;
+  if (shape.page_size > 0) key << "/page" << shape.page_size;
   return key.str();
 }
 
@@ -130,6 +131,7 @@ std::string DecodeLabel(const DecodeShape& shape) {
   std::ostringstream label;
   label << "B" << shape.batch << " H" << shape.heads_q << "/" << shape.heads_k << " D"
         << shape.head_dim << " Sk" << shape.seqlen_k;
+  if (shape.page_size > 0) label << " pg" << shape.page_size;
   return label.str();
 }
 
@@ -138,11 +140,15 @@ std::vector<DecodeShape> DecodeTableShapes(bool quick) {
   for (DType dtype : {DType::kBf16, DType::kF32}) {
     for (int64_t batch : quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 8}) {
       for (int64_t seqlen_k : {4096, 32768}) {
-        DecodeShape shape;
-        shape.batch = batch;
-        shape.seqlen_k = seqlen_k;
-        shape.dtype = dtype;
-        shapes.push_back(shape);
+        // Dense, then paged caches of 16 and 256 keys per page (issue 5's decode shapes).
+        for (int64_t page_size : {0, 16, 256}) {
+          DecodeShape shape;
+          shape.batch = batch;
+          shape.seqlen_k = seqlen_k;
+          shape.dtype = dtype;
+          shape.page_size = page_size;
+          shapes.push_back(shape);
+        }
       }
     }
   }

@@ -60,12 +60,15 @@ struct DecodeShape {
   int64_t head_dim = 128;
   int64_t seqlen_k = 0;
   DType dtype = DType::kBf16;
+  // > 0: the K/V cache is paged, (B * Sk / page_size, page_size, Hk, D) pages in scattered order
+  // behind a block table, read by anyattn_fwd_kvcache; 0: a dense anyattn_fwd call.
+  int64_t page_size = 0;
 };
 
 // Bytes of K and V one call must read: 2 * B * Sk * Hk * D * element size.
 double DecodeKvBytes(const DecodeShape& shape);
 
-// Row key, e.g. "decode/bf16/B8/Hq32/Hk8/D128/Sk32768".
+// Row key, e.g. "decode/bf16/B8/Hq32/Hk8/D128/Sk32768", with "/page16" for a paged cache.
 std::string DecodeKey(const DecodeShape& shape);
 
 // Short label for the decode table's shape column, e.g. "B8 H32/8 D128 Sk32768".
