@@ -25,12 +25,13 @@
 // A unit reads one head's rows, a whole K/V row of every head apart, so the hardware prefetchers
 // (which on the development VM barely act at all) see no stream. The loop therefore prefetches
 // each row into L1 kDirectPrefetchKeys keys before it computes it, in the order it reads them,
-// running on into the next unit's first rows. Every line then passes through a line-fill buffer
-// once, from memory straight to L1. The previous scheme, a prefetcht1 sweep of the next block
-// into L2 in memory order, made every line take a fill buffer twice (memory to L2, then L2 to L1),
-// and measured on that VM (B8 Sk32768, 2 threads, medians) 59-60 ms bf16 and 107-110 ms f32
-// against 46-48 ms and 78-79 ms for this one. Prefetching only part of each row, further ahead,
-// in bursts, or into L2 in this order were all slower.
+// running on into the next unit's first rows, so each line comes from memory straight to L1. The
+// previous scheme, a prefetcht1 sweep of the next block into L2 in memory order, brought each line
+// to L1 in two steps (memory to L2, then L2 to L1, each holding one of the core's few line-fill
+// buffers: our reading of the gain, which the VM's lack of performance counters leaves
+// unconfirmed). Measured on that VM (B8 Sk32768, 2 threads, medians) it took 59-60 ms bf16 and
+// 107-110 ms f32 against 46-48 ms and 78-79 ms for this one. Prefetching only part of each row,
+// further ahead, in bursts, or into L2 in this order were all slower.
 
 constexpr int kDirectTileRows = 4;
 static_assert(kDirectMaxRows <= kMaxQBlockRows, "direct tasks must fit the scratch rows");
@@ -403,8 +404,9 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const int64_t k_row_bytes = args.head_dim * element_size(args.dtype);
   const int64_t v_row_bytes = args.head_dim_v * element_size(args.dtype);
 
-  // Units in task order: block by block, the task's kv heads within a block. Each unit prefetches
-  // the rows of the one after it, so the next block's rows are located one block early.
+  // Units in task order: block by block, the task's kv heads within a block. A unit's prefetches
+  // run on into the first rows of the unit after it, so the next block's rows are located one
+  // block early.
   BlockRows block_rows[2];
   int current = 0;
   if (blocks.begin < blocks.end) locate_block(args, seq, head_k, blocks.begin, &block_rows[0]);
@@ -427,10 +429,10 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
       } else if (has_next) {
         locate_unit(args, next_block, 0, &next_unit);
       }
-      const UnitPrefetcher next_k(unit.k_rows, unit.keys, next_unit.k_rows, next_unit.keys,
-                                  k_row_bytes);
-      const UnitPrefetcher next_v(unit.v_rows, unit.keys, next_unit.v_rows, next_unit.keys,
-                                  v_row_bytes);
+      const UnitPrefetcher k_prefetch(unit.k_rows, unit.keys, next_unit.k_rows, next_unit.keys,
+                                      k_row_bytes);
+      const UnitPrefetcher v_prefetch(unit.v_rows, unit.keys, next_unit.v_rows, next_unit.keys,
+                                      v_row_bytes);
       const int64_t r0 = h * rows_per_kv;
       const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
                                rows_per_kv};
@@ -438,7 +440,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
       float* o = scratch.o + r0 * dv_pad;
       const float* q = scratch.q + r0 * layout.q_stride;
 
-      direct_scores<kDtype>(q, layout.q_stride, rows_per_kv, unit, args.head_dim, &next_k, s);
+      direct_scores<kDtype>(q, layout.q_stride, rows_per_kv, unit, args.head_dim, &k_prefetch, s);
       scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv, crosses_boundary,
                               head_rows, j0, s, scratch.m + r0, scratch.l + r0, o, dv_pad);
       if (crosses_boundary) {
@@ -452,7 +454,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
                                     dv_pad);
         }
       } else {
-        direct_pv<kDtype>(s, rows_per_kv, unit, args.head_dim_v, &next_v, o, dv_pad);
+        direct_pv<kDtype>(s, rows_per_kv, unit, args.head_dim_v, &v_prefetch, o, dv_pad);
       }
       this_unit = 1 - this_unit;
     }
