@@ -135,8 +135,12 @@ Workspace allocate_workspace(const plan::FwdPlan& plan, const std::vector<Group>
   return ws;
 }
 
-// The attend tasks of one group, most expensive first (longest-processing-time order keeps the
-// threads' finishing times close; causal q blocks differ in cost up to Sk/64 times).
+// The attend tasks of one group, pair by pair: pairs in decreasing total cost, and each pair's
+// tasks most expensive first. Expensive work first keeps the threads' finishing times close
+// (causal q blocks differ in cost up to Sk/64 times, varlen sequences far more), and keeping a
+// pair's tasks together keeps its packed K/V (up to a few MiB) in the caches while they run: a
+// plain most-expensive-first order over the whole group interleaves every pair's causal q blocks,
+// and each task then streams its panel from L3.
 std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& plan,
                                     const Workspace& ws, const std::vector<Pair>& pairs,
                                     const Group& group) {
@@ -145,6 +149,8 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
   const int64_t splits = plan.num_splits;
   std::vector<AttendTask> tasks;
   std::vector<int64_t> costs;
+  std::vector<int64_t> pair_of_task;
+  std::vector<int64_t> pair_costs(group.pairs, 0);
   // Streaming: one task (per split) holds every query row of stream_heads_k consecutive kv heads
   // of one sequence; packed: one task per query head and q block.
   int64_t p = group.first_pair;
@@ -191,6 +197,8 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
               0, std::min(task.block_end, visible.end) - std::max(task.block_begin, visible.begin));
           tasks.push_back(task);
           costs.push_back((task.q_end - task.q_begin) * task.heads * (blocks + 1));
+          pair_of_task.push_back(p - group.first_pair);
+          pair_costs[p - group.first_pair] += costs.back();
         }
       }
     }
@@ -198,8 +206,15 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
   }
   std::vector<int64_t> order(tasks.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    const int64_t pair_a = pair_of_task[a];
+    const int64_t pair_b = pair_of_task[b];
+    if (pair_a != pair_b) {
+      if (pair_costs[pair_a] != pair_costs[pair_b]) return pair_costs[pair_a] > pair_costs[pair_b];
+      return pair_a < pair_b;
+    }
+    return costs[a] > costs[b];
+  });
   std::vector<AttendTask> sorted;
   sorted.reserve(tasks.size());
   for (int64_t index : order) sorted.push_back(tasks[index]);
