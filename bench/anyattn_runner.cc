@@ -48,6 +48,24 @@ AnyattnFwdCall::AnyattnFwdCall(int64_t batch, int64_t seqlen_q, int64_t seqlen_k
   params_.isa = isa;
 }
 
+void AnyattnFwdCall::UsePagedCache(int64_t page_size, const int32_t* block_table) {
+  const int64_t batch = q_.shape[0];
+  const int64_t seqlen_k = k_.shape[1];
+  const int64_t pages_per_sequence = seqlen_k / page_size;
+  const int64_t k_shape[4] = {batch * pages_per_sequence, page_size, k_.shape[2], k_.shape[3]};
+  const int64_t v_shape[4] = {batch * pages_per_sequence, page_size, v_.shape[2], v_.shape[3]};
+  const anyattn_dtype dtype = static_cast<anyattn_dtype>(k_.dtype);
+  DescribeContiguousAbi(&k_, k_.data, dtype, 4, k_shape, &setup_error_);
+  DescribeContiguousAbi(&v_, v_.data, dtype, 4, v_shape, &setup_error_);
+  const int64_t table_shape[2] = {batch, pages_per_sequence};
+  DescribeContiguousAbi(&block_table_, block_table, ANYATTN_DTYPE_I32, 2, table_shape,
+                        &setup_error_);
+  anyattn_kvcache_params_init(&cache_);
+  cache_.block_table = &block_table_;
+  cache_.cache_seqlen = seqlen_k;
+  paged_ = true;
+}
+
 void AnyattnFwdCall::SetKv(const void* k, const void* v) {
   k_.data = const_cast<void*>(k);
   v_.data = const_cast<void*>(v);
@@ -58,44 +76,10 @@ bool AnyattnFwdCall::Run(std::string* error) const {
     if (error != nullptr) *error = setup_error_;
     return false;
   }
-  return Succeeded(anyattn_fwd(&q_, &k_, &v_, &out_, nullptr, &params_), error);
-}
-
-AnyattnPagedDecodeCall::AnyattnPagedDecodeCall(const DecodeShape& shape, anyattn_isa isa,
-                                               const void* q, const void* k_pages,
-                                               const void* v_pages, const int32_t* block_table,
-                                               void* out) {
-  const int64_t pages_per_sequence = shape.seqlen_k / shape.page_size;
-  const int64_t pages = shape.batch * pages_per_sequence;
-  DescribeContiguous(&q_, q, shape.dtype, shape.batch, 1, shape.heads_q, shape.head_dim,
-                     &setup_error_);
-  DescribeContiguous(&out_, out, shape.dtype, shape.batch, 1, shape.heads_q, shape.head_dim,
-                     &setup_error_);
-  DescribeContiguous(&k_, k_pages, shape.dtype, pages, shape.page_size, shape.heads_k,
-                     shape.head_dim, &setup_error_);
-  DescribeContiguous(&v_, v_pages, shape.dtype, pages, shape.page_size, shape.heads_k,
-                     shape.head_dim, &setup_error_);
-  const int64_t table_shape[2] = {shape.batch, pages_per_sequence};
-  DescribeContiguousAbi(&block_table_, block_table, ANYATTN_DTYPE_I32, 2, table_shape,
-                        &setup_error_);
-  anyattn_kvcache_params_init(&cache_);
-  cache_.block_table = &block_table_;
-  cache_.cache_seqlen = shape.seqlen_k;
-  anyattn_fwd_params_init(&params_);
-  params_.isa = isa;
-}
-
-void AnyattnPagedDecodeCall::SetKv(const void* k_pages, const void* v_pages) {
-  k_.data = const_cast<void*>(k_pages);
-  v_.data = const_cast<void*>(v_pages);
-}
-
-bool AnyattnPagedDecodeCall::Run(std::string* error) const {
-  if (!setup_error_.empty()) {
-    if (error != nullptr) *error = setup_error_;
-    return false;
+  if (paged_) {
+    return Succeeded(anyattn_fwd_kvcache(&q_, &k_, &v_, &out_, nullptr, &cache_, &params_), error);
   }
-  return Succeeded(anyattn_fwd_kvcache(&q_, &k_, &v_, &out_, nullptr, &cache_, &params_), error);
+  return Succeeded(anyattn_fwd(&q_, &k_, &v_, &out_, nullptr, &params_), error);
 }
 
 AnyattnBwdCall::AnyattnBwdCall(const FwdShape& shape, anyattn_isa isa, const BwdBuffers& buffers) {

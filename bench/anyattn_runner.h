@@ -12,7 +12,8 @@
 
 namespace anyattn_bench {
 
-// The tensor descriptors and parameters of one dense forward call, built once and run many times.
+// The tensor descriptors and parameters of one forward call (dense, or against a paged KV cache
+// after UsePagedCache), built once and run many times.
 class AnyattnFwdCall {
  public:
   // Describes q (B, Sq, Hq, D), k and v (B, Sk, Hk, D) and out (B, Sq, Hq, D), all contiguous and
@@ -22,11 +23,17 @@ class AnyattnFwdCall {
                  int64_t heads_k, int64_t head_dim, DType dtype, bool causal, anyattn_isa isa,
                  const void* q, const void* k, const void* v, void* out);
 
+  // Makes the call read K and V as a paged KV cache: k and v are then (B * Sk / page_size,
+  // page_size, Hk, D) pages named by the int32 block table (B, Sk / page_size), every sequence
+  // holding Sk keys, and Run() calls anyattn_fwd_kvcache (no new keys). Sk must be a multiple of
+  // page_size; the table must outlive the object.
+  void UsePagedCache(int64_t page_size, const int32_t* block_table);
+
   // Points k and v at other buffers of the same shape (used to rotate through KV copies).
   void SetKv(const void* k, const void* v);
 
-  // Calls anyattn_fwd. On failure stores "STATUS_NAME: anyattn_last_error()" in *error (if not
-  // null) and returns false.
+  // Calls anyattn_fwd (anyattn_fwd_kvcache after UsePagedCache). On failure stores "STATUS_NAME:
+  // anyattn_last_error()" in *error (if not null) and returns false.
   bool Run(std::string* error) const;
 
  private:
@@ -35,34 +42,11 @@ class AnyattnFwdCall {
   anyattn_tensor v_{};
   anyattn_tensor out_{};
   anyattn_fwd_params params_{};
-  // Non-empty when describing a tensor failed; Run() then reports it instead of calling anyattn.
-  std::string setup_error_;
-};
-
-// One decode step against a paged KV cache: q and out (B, 1, Hq, D), k_pages and v_pages
-// (B * Sk / page_size, page_size, Hk, D), all of `shape.dtype`, and the int32 block table
-// (B, Sk / page_size) naming each sequence's pages; every sequence holds Sk keys. Calls
-// anyattn_fwd_kvcache with no new keys. The buffers must outlive the object.
-class AnyattnPagedDecodeCall {
- public:
-  AnyattnPagedDecodeCall(const DecodeShape& shape, anyattn_isa isa, const void* q,
-                         const void* k_pages, const void* v_pages, const int32_t* block_table,
-                         void* out);
-
-  // Points the cache at other page pools of the same shape (used to rotate through KV copies).
-  void SetKv(const void* k_pages, const void* v_pages);
-
-  // As AnyattnFwdCall::Run.
-  bool Run(std::string* error) const;
-
- private:
-  anyattn_tensor q_{};
-  anyattn_tensor k_{};
-  anyattn_tensor v_{};
-  anyattn_tensor out_{};
+  // Set by UsePagedCache: the block table and the cache arguments that point at it.
   anyattn_tensor block_table_{};
   anyattn_kvcache_params cache_{};
-  anyattn_fwd_params params_{};
+  bool paged_ = false;
+  // Non-empty when describing a tensor failed; Run() then reports it instead of calling anyattn.
   std::string setup_error_;
 };
 

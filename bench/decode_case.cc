@@ -2,7 +2,6 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -84,24 +83,16 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
   const std::vector<int32_t> block_table =
       paged ? ScatteredBlockTable(shape.batch * shape.seqlen_k / shape.page_size)
             : std::vector<int32_t>();
-  AnyattnFwdCall dense_call(shape.batch, 1, shape.seqlen_k, shape.heads_q, shape.heads_k,
-                            shape.head_dim, shape.dtype, false, settings.isa, q.data(),
-                            k_copies[0].data(), v_copies[0].data(), out.data());
-  std::optional<AnyattnPagedDecodeCall> paged_call;
-  if (paged) {
-    paged_call.emplace(shape, settings.isa, q.data(), k_copies[0].data(), v_copies[0].data(),
-                       block_table.data(), out.data());
-  }
+  AnyattnFwdCall call(shape.batch, 1, shape.seqlen_k, shape.heads_q, shape.heads_k, shape.head_dim,
+                      shape.dtype, false, settings.isa, q.data(), k_copies[0].data(),
+                      v_copies[0].data(), out.data());
+  if (paged) call.UsePagedCache(shape.page_size, block_table.data());
   size_t next_copy = 0;
   row.anyattn = TimeRepeated(
       [&] {
         const size_t c = next_copy++ % k_copies.size();
-        if (!paged) {
-          dense_call.SetKv(k_copies[c].data(), v_copies[c].data());
-          return dense_call.Run(&row.anyattn_error);
-        }
-        paged_call->SetKv(k_copies[c].data(), v_copies[c].data());
-        return paged_call->Run(&row.anyattn_error);
+        call.SetKv(k_copies[c].data(), v_copies[c].data());
+        return call.Run(&row.anyattn_error);
       },
       settings.policy);
   if (!row.anyattn) return row;

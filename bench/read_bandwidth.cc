@@ -97,16 +97,28 @@ double TimeOnThreads(int threads, const Body& body) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Floats [begin, end) of a count-float buffer that thread t of `threads` reads: whole 64-float
+// chunks, the last thread taking the remainder.
+struct ThreadSlice {
+  size_t begin;
+  size_t end;
+};
+
+ThreadSlice SliceOf(size_t count, int threads, int t) {
+  constexpr size_t kChunkFloats = 64;
+  const size_t chunks_per_thread = count / kChunkFloats / threads;
+  const size_t begin = t * chunks_per_thread * kChunkFloats;
+  return {begin, t == threads - 1 ? count : begin + chunks_per_thread * kChunkFloats};
+}
+
 }  // namespace
 
 double TimeReadPass(const float* data, size_t count, int threads) {
-  constexpr size_t kChunkFloats = 64;
-  const size_t chunks_per_thread = count / kChunkFloats / threads;
   const VectorIsa isa = DetectVectorIsa();
   return TimeOnThreads(threads, [&](int t) {
-    const size_t begin = t * chunks_per_thread * kChunkFloats;
-    const size_t end = (t == threads - 1) ? count : (t + 1) * chunks_per_thread * kChunkFloats;
-    g_read_sink.store(SumWith(isa, data + begin, end - begin), std::memory_order_relaxed);
+    const ThreadSlice slice = SliceOf(count, threads, t);
+    g_read_sink.store(SumWith(isa, data + slice.begin, slice.end - slice.begin),
+                      std::memory_order_relaxed);
   });
 }
 
@@ -117,16 +129,9 @@ double MeasureReadBandwidthGbps(int threads, size_t bytes, int passes) {
   float* data = static_cast<float*>(std::aligned_alloc(2 << 20, count * sizeof(float)));
   if (data == nullptr) return 0.0;
   madvise(data, count * sizeof(float), MADV_HUGEPAGE);
-  const size_t chunks_per_thread = chunks / threads;
-  // Slice [begin, end) in floats of thread t; the last thread takes the remainder.
-  auto slice = [&](int t, size_t* begin, size_t* end) {
-    *begin = t * chunks_per_thread * kChunkFloats;
-    *end = (t == threads - 1) ? count : (t + 1) * chunks_per_thread * kChunkFloats;
-  };
   TimeOnThreads(threads, [&](int t) {
-    size_t begin, end;
-    slice(t, &begin, &end);
-    for (size_t i = begin; i < end; ++i) data[i] = static_cast<float>(i & 1023) * 1e-3f;
+    const ThreadSlice slice = SliceOf(count, threads, t);
+    for (size_t i = slice.begin; i < slice.end; ++i) data[i] = static_cast<float>(i & 1023) * 1e-3f;
   });
   double best = 0.0;
   for (int pass = 0; pass < passes; ++pass) {

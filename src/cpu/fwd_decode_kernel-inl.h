@@ -171,6 +171,16 @@ inline void join_pairs(float* row, int64_t n) {
   }
 }
 
+// acc[r][g] += q_r[0 .. lanes) * key[g] for R query rows (stride ldq) and G key vectors.
+template <int R, int G>
+__attribute__((always_inline)) inline void fma_key_vectors(const float* q, int64_t ldq,
+                                                           const Vec* key, Vec (&acc)[R][G]) {
+  for (int r = 0; r < R; ++r) {
+    const Vec q_vec = Vec::load(q + r * ldq);
+    for (int g = 0; g < G; ++g) acc[r][g] = fma(q_vec, key[g], acc[r][g]);
+  }
+}
+
 // partial[r * lanes + first + g] = lane-wise partial products of q_r . k_g for R query rows
 // (stride ldq, paired order over paired_columns(head_dim)) and G keys; the lanes of each sum to
 // the score. The R x G accumulators are independent chains, and each q vector loaded serves G
@@ -195,31 +205,19 @@ __attribute__((always_inline)) inline void direct_key_group(const float* q, int6
       for (int g = 0; g < G; ++g) {
         Vec::load_bf16_pairs(static_cast<const uint16_t*>(k_rows[g]) + c, &even[g], &odd[g]);
       }
-      for (int r = 0; r < R; ++r) {
-        const Vec q_even = Vec::load(q + r * ldq + c);
-        const Vec q_odd = Vec::load(q + r * ldq + c + kLanes);
-        for (int g = 0; g < G; ++g) {
-          acc[r][g] = fma(q_even, even[g], acc[r][g]);
-          acc[r][g] = fma(q_odd, odd[g], acc[r][g]);
-        }
-      }
+      fma_key_vectors<R, G>(q + c, ldq, even, acc);
+      fma_key_vectors<R, G>(q + c + kLanes, ldq, odd, acc);
     }
   }
   for (; c < full; c += kLanes) {
     Vec key[G];
     for (int g = 0; g < G; ++g) key[g] = load_converted<kDtype>(k_rows[g], c);
-    for (int r = 0; r < R; ++r) {
-      const Vec q_vec = Vec::load(q + r * ldq + c);
-      for (int g = 0; g < G; ++g) acc[r][g] = fma(q_vec, key[g], acc[r][g]);
-    }
+    fma_key_vectors<R, G>(q + c, ldq, key, acc);
   }
   if (c < head_dim) {
     Vec key[G];
     for (int g = 0; g < G; ++g) key[g] = load_converted_tail<kDtype>(k_rows[g], c, head_dim);
-    for (int r = 0; r < R; ++r) {
-      const Vec q_vec = Vec::load(q + r * ldq + c);
-      for (int g = 0; g < G; ++g) acc[r][g] = fma(q_vec, key[g], acc[r][g]);
-    }
+    fma_key_vectors<R, G>(q + c, ldq, key, acc);
   }
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < G; ++g) partial[r * kLanes + first + g] = acc[r][g];

@@ -28,8 +28,9 @@ constexpr int64_t kMaxQBlockRows = 64;
 // (Sq = 4) in 21.4 against 21.3, medians of three.
 constexpr int64_t kDirectMaxRows = 12;
 // How many keys ahead of the one being computed the direct loop prefetches K and V rows into L1.
-// Measured on the development VM (B8 Sk32768, 2 threads, medians of three): 12, 16 and 24 keys
-// ran alike (bf16 55-58 ms), 4 keys 64 ms; f32 8 and 16 keys 88-90 ms.
+// Measured on the development VM (bf16 B8 Hq32/Hk8 D128 Sk32768, 2 threads, medians of three,
+// two rounds): 16 keys 47.2-47.7 ms, 24 keys 45.1-47.1, 32 keys 47.0-49.0, 8 keys 47.3-48.5 and
+// 48 keys 48.1-50.0; an earlier version of the loop ran 4 keys 10% slower than 16.
 constexpr int64_t kDirectPrefetchKeys = 16;
 // Alignment of every packed block and scratch buffer, in bytes.
 constexpr int64_t kAlignment = 64;
