@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -26,17 +25,6 @@ int KvCopies(double kv_bytes) {
   const int wanted = static_cast<int>(std::ceil(2.0 * llc_bytes / kv_bytes));
   const int affordable = static_cast<int>(kMaxRotationBytes / kv_bytes);
   return std::max(1, std::min({wanted, affordable, kMaxCopies}));
-}
-
-// Block table of a paged cache whose pages are scattered through the pool, as in a serving engine
-// after many allocations and frees: page i of the pool order goes to table entry i * stride mod
-// pages, with the stride odd and coprime to the page count (a fixed permutation).
-std::vector<int32_t> ScatteredBlockTable(int64_t pages) {
-  int64_t stride = 7919;  // a prime: coprime to every page count it does not divide
-  while (std::gcd(stride, pages) != 1) stride += 2;
-  std::vector<int32_t> table(pages);
-  for (int64_t i = 0; i < pages; ++i) table[i] = static_cast<int32_t>(i * stride % pages);
-  return table;
 }
 
 }  // namespace

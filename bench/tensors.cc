@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 
 namespace anyattn_bench {
 
@@ -62,6 +63,14 @@ void FillUniform(void* data, DType dtype, size_t count, uint64_t seed) {
       static_cast<uint16_t*>(data)[i] = F32ToBf16(value);
     }
   }
+}
+
+std::vector<int32_t> ScatteredBlockTable(int64_t pages) {
+  int64_t stride = 7919;  // a prime: coprime to every page count it does not divide
+  while (std::gcd(stride, pages) != 1) stride += 2;
+  std::vector<int32_t> table(pages);
+  for (int64_t i = 0; i < pages; ++i) table[i] = static_cast<int32_t>(i * stride % pages);
+  return table;
 }
 
 float LoadAsF32(const void* data, DType dtype, size_t index) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace anyattn_bench {
 
@@ -53,6 +54,11 @@ void ConvertF32ToBf16(const float* src, uint16_t* dst, size_t count);
 // Writes `count` elements of `dtype` to `data`, uniform in [-1, 1), from a deterministic generator
 // seeded with `seed`. Touches every page, so later timings see no first-touch faults.
 void FillUniform(void* data, DType dtype, size_t count, uint64_t seed);
+
+// Block table (int32, in sequence-major order) of a paged KV cache of `pages` pages whose pages are
+// scattered through the pool, as in a serving engine after many allocations and frees: entry i
+// names page i * stride mod pages, the stride odd and coprime to `pages` (a fixed permutation).
+std::vector<int32_t> ScatteredBlockTable(int64_t pages);
 
 // Element `index` of `data` (of `dtype`) as f32.
 float LoadAsF32(const void* data, DType dtype, size_t index);
