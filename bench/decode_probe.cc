@@ -4,14 +4,16 @@
 // medians of several alternations, as bench/README.md describes.
 //
 //   anyattn_decode_probe [--dtype bf16|f32] [--batch B] [--seqlen-k SK] [--page-size P]
-//                        [--threads T] [--runs N]
+//                        [--pages-in-order] [--threads T] [--runs N]
 //
-// Defaults: bf16, B = 8, Sk = 32768, dense (P = 0), 2 threads, 7 runs. One K/V copy is reused,
+// Defaults: bf16, B = 8, Sk = 32768, dense (P = 0; paged pages scattered as in anyattn_bench's
+// table unless --pages-in-order), 2 threads, 7 runs. One K/V copy is reused,
 // so a cache smaller than twice the last-level cache is timed from cache (the probe says so);
 // B = 1, Sk = 512 with --threads 1 --runs 3000 times the loop on data in L2 (read the minimum).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,7 @@ namespace {
 
 struct ProbeOptions {
   DecodeShape shape;
+  bool pages_in_order = false;
   int threads = 2;
   int runs = 7;
 };
@@ -34,6 +37,10 @@ bool ParseProbeOptions(int argc, char** argv, ProbeOptions* options) {
   options->shape.seqlen_k = 32768;
   for (int i = 1; i < argc; ++i) {
     const std::string name = argv[i];
+    if (name == "--pages-in-order") {
+      options->pages_in_order = true;
+      continue;
+    }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "anyattn_decode_probe: %s needs a value\n", name.c_str());
       return false;
@@ -84,9 +91,9 @@ int RunProbe(const ProbeOptions& options) {
   FillUniform(q.data(), shape.dtype, q_elements, 11);
   FillUniform(k.data(), shape.dtype, kv_elements, 13);
   FillUniform(v.data(), shape.dtype, kv_elements, 14);
-  const std::vector<int32_t> block_table =
-      shape.page_size > 0 ? ScatteredBlockTable(shape.batch * shape.seqlen_k / shape.page_size)
-                          : std::vector<int32_t>();
+  const int64_t pages = shape.page_size > 0 ? shape.batch * shape.seqlen_k / shape.page_size : 0;
+  std::vector<int32_t> block_table = ScatteredBlockTable(pages);
+  if (options.pages_in_order) std::iota(block_table.begin(), block_table.end(), 0);
 
   anyattn_set_num_threads(options.threads);
   AnyattnFwdCall call(shape.batch, 1, shape.seqlen_k, shape.heads_q, shape.heads_k, shape.head_dim,
@@ -105,9 +112,10 @@ int RunProbe(const ProbeOptions& options) {
   }
   const TimingResult timing = SummarizeRuns(std::move(seconds));
   const double kv_bytes = DecodeKvBytes(shape);
-  std::printf("%s threads %d: median %.4f ms, min %.4f ms (%d runs); %.1f GB/s at the median%s\n",
-              DecodeKey(shape).c_str(), options.threads, timing.median_seconds * 1e3,
-              timing.min_seconds * 1e3, timing.runs, kv_bytes / timing.median_seconds * 1e-9,
+  std::printf("%s%s threads %d: median %.4f ms, min %.4f ms (%d runs); %.1f GB/s at the median%s\n",
+              DecodeKey(shape).c_str(), options.pages_in_order ? " (pages in order)" : "",
+              options.threads, timing.median_seconds * 1e3, timing.min_seconds * 1e3, timing.runs,
+              kv_bytes / timing.median_seconds * 1e-9,
               kv_bytes < 2.0 * static_cast<double>(LastLevelCacheBytes())
                   ? " (K/V fit in twice the last-level cache: timed from cache)"
                   : "");

@@ -66,6 +66,7 @@ void FillUniform(void* data, DType dtype, size_t count, uint64_t seed) {
 }
 
 std::vector<int32_t> ScatteredBlockTable(int64_t pages) {
+  if (pages <= 0) return {};
   int64_t stride = 7919;  // a prime: coprime to every page count it does not divide
   while (std::gcd(stride, pages) != 1) stride += 2;
   std::vector<int32_t> table(pages);

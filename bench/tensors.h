@@ -57,7 +57,8 @@ void FillUniform(void* data, DType dtype, size_t count, uint64_t seed);
 
 // Block table (int32, in sequence-major order) of a paged KV cache of `pages` pages whose pages are
 // scattered through the pool, as in a serving engine after many allocations and frees: entry i
-// names page i * stride mod pages, the stride odd and coprime to `pages` (a fixed permutation).
+// names page i * stride mod pages, the stride odd and coprime to `pages` (a fixed permutation);
+// empty for pages <= 0.
 std::vector<int32_t> ScatteredBlockTable(int64_t pages);
 
 // Element `index` of `data` (of `dtype`) as f32.
