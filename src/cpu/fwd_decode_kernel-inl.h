@@ -24,14 +24,12 @@
 // Memory traffic: each K and V row is read from memory once per task; q, S and O stay in L1.
 // A unit reads one head's rows, a whole K/V row of every head apart, so the hardware prefetchers
 // (which on the development VM barely act at all) see no stream. The loop therefore prefetches
-// each row into L1 kDirectPrefetchKeys keys before it computes it, in the order it reads them,
-// running on into the next unit's first rows, so each line comes from memory straight to L1. The
-// previous scheme, a prefetcht1 sweep of the next block into L2 in memory order, brought each line
-// to L1 in two steps (memory to L2, then L2 to L1, each holding one of the core's few line-fill
-// buffers: our reading of the gain, which the VM's lack of performance counters leaves
-// unconfirmed). Measured on that VM (B8 Sk32768, 2 threads, medians) it took 59-60 ms bf16 and
-// 107-110 ms f32 against 46-48 ms and 78-79 ms for this one. Prefetching only part of each row,
-// further ahead, in bursts, or into L2 in this order were all slower.
+// each row itself, in the order it reads them, running on into the next unit's rows: first into
+// L2, kDirectPrefetchL2Bytes of the stream ahead, then into L1, kDirectPrefetchL1Bytes ahead
+// (fwd_layout.h has the measurements). Prefetching into L1 only, 16 keys ahead, was 8-10% slower;
+// a prefetcht1 sweep of the whole next block into L2 in memory order was slower still (59-60 ms
+// against 46-48 ms for the L1-only scheme, bf16 B8 Sk32768, 2 threads), as were prefetching only
+// part of each row, or in bursts.
 
 constexpr int kDirectTileRows = 4;
 static_assert(kDirectMaxRows <= kMaxQBlockRows, "direct tasks must fit the scratch rows");
@@ -101,9 +99,11 @@ inline void locate_unit(const FwdArgs& args, const BlockRows& block, int64_t hea
   }
 }
 
-// Prefetches into L1, kDirectPrefetchKeys keys ahead of the key being computed, the rows the loop
-// reads next in the order it reads them: the rest of this unit's rows, then the first rows of the
-// unit after it (the next kv head of the block, or the first head of the next block).
+// Prefetches, in the order the loop reads them, the rows it reads next: the rest of this unit's
+// rows, then those of the unit after it (the next kv head of the block, or the first head of the
+// next block). Two distances, both counted in bytes of this stream (kDirectPrefetchL1Bytes and
+// kDirectPrefetchL2Bytes, fwd_layout.h): a row is first asked into L2, then, closer to its use,
+// into L1.
 class UnitPrefetcher {
  public:
   UnitPrefetcher(const void* const* rows, int64_t keys, const void* const* next_rows,
@@ -112,24 +112,36 @@ class UnitPrefetcher {
         keys_(keys),
         next_rows_(next_rows),
         next_keys_(next_keys),
-        row_bytes_(row_bytes) {}
+        row_bytes_(row_bytes),
+        l1_keys_(keys_ahead(kDirectPrefetchL1Bytes, row_bytes)),
+        l2_keys_(keys_ahead(kDirectPrefetchL2Bytes, row_bytes)) {}
 
   // Called once per key j of the unit, before key j is computed.
   void ahead_of(int64_t j) const {
-    const int64_t target = j + kDirectPrefetchKeys;
-    if (target < keys_) {
-      prefetch_bytes(rows_[target], row_bytes_);
-    } else if (target - keys_ < next_keys_) {
-      prefetch_bytes(next_rows_[target - keys_], row_bytes_);
-    }
+    if (const void* row = row_at(j + l1_keys_)) prefetch_bytes(row, row_bytes_);
+    if (const void* row = row_at(j + l2_keys_)) prefetch_bytes_l2(row, row_bytes_);
   }
 
  private:
+  // Rows of `row_bytes` in `bytes`, at least 1 and at most a block (the farthest row_at reaches).
+  static int64_t keys_ahead(int64_t bytes, int64_t row_bytes) {
+    return std::clamp<int64_t>(bytes / std::max<int64_t>(row_bytes, 1), 1, kKeyBlock);
+  }
+
+  // Row `target` in use order counted from this unit's first, or null past the next unit.
+  const void* row_at(int64_t target) const {
+    if (target < keys_) return rows_[target];
+    if (target - keys_ < next_keys_) return next_rows_[target - keys_];
+    return nullptr;
+  }
+
   const void* const* rows_;
   int64_t keys_;
   const void* const* next_rows_;
   int64_t next_keys_;
   int64_t row_bytes_;
+  int64_t l1_keys_;
+  int64_t l2_keys_;
 };
 
 // bf16 rows are widened a pair of vectors at a time (load_bf16_pairs: even and odd elements of

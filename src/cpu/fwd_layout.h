@@ -27,11 +27,21 @@ constexpr int64_t kMaxQBlockRows = 64;
 // Sk4096, 2 threads): 12 rows (Sq = 3) ran in 15.4 ms direct against 19.1 ms packed, 16 rows
 // (Sq = 4) in 21.4 against 21.3, medians of three.
 constexpr int64_t kDirectMaxRows = 12;
-// How many keys ahead of the one being computed the direct loop prefetches K and V rows into L1.
-// Measured on the development VM (bf16 B8 Hq32/Hk8 D128 Sk32768, 2 threads, medians of three,
-// two rounds): 16 keys 47.2-47.7 ms, 24 keys 45.1-47.1, 32 keys 47.0-49.0, 8 keys 47.3-48.5 and
-// 48 keys 48.1-50.0; an earlier version of the loop ran 4 keys 10% slower than 16.
-constexpr int64_t kDirectPrefetchKeys = 16;
+// How far ahead of the key being computed the direct loop prefetches K and V rows, in bytes of
+// each stream (K and V apart): into L2 kDirectPrefetchL2Bytes ahead, then into L1
+// kDirectPrefetchL1Bytes ahead. Measured on the development VM (D = 128, B8 Hq32/Hk8 Sk32768,
+// 2 threads, medians of 3 to 5 runs, three rounds), as keys ahead (L1, L2): bf16 (256-byte rows)
+// (16, none) 43.2-44.4 ms, (8, 32) 38.8-40.9, (8, 24) 38.9-43.1, (8, 40) 39.6-42.1, (6, 32)
+// 39.3-40.9, (12, 32) 40.3-41.6; f32 (512-byte rows) (16, none) 77.2-77.9 ms, (4, 16)
+// 70.1-73.6, (8, 16) 71.4-73.1, (8, 32) 74.0-76.1. A synthetic stream with a comparable amount of
+// arithmetic per byte gained as much: with the L1 prefetch alone the core's few line-fill buffers
+// stay busy for a whole trip to memory, stalling the arithmetic that waits behind the prefetches
+// (our reading; the VM has no performance counters to confirm it). The price is paid when K and V
+// are already cached, where the second prefetch of each line is pure overhead: bf16 B1 Sk256 on
+// one thread (L2) 0.041 -> 0.049 ms, B1 Sk4096 and B4 Sk4096 on two (L3) 6-9% slower. A decode
+// step of a real model reads each layer's cache once per token, from memory.
+constexpr int64_t kDirectPrefetchL1Bytes = 2048;
+constexpr int64_t kDirectPrefetchL2Bytes = 8192;
 // Alignment of every packed block and scratch buffer, in bytes.
 constexpr int64_t kAlignment = 64;
 

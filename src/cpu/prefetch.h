@@ -21,10 +21,25 @@ inline void prefetch_line_l1(const void* address) {
 #endif
 }
 
+// Brings the cache line holding `address` towards L2, not L1 (prefetcht1).
+inline void prefetch_line_l2(const void* address) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(address)));
+#else
+  __builtin_prefetch(address, 0, 2);
+#endif
+}
+
 // Prefetches every cache line of [address, address + bytes) towards L1.
 inline void prefetch_bytes(const void* address, int64_t bytes) {
   const char* p = static_cast<const char*>(address);
   for (int64_t offset = 0; offset < bytes; offset += 64) prefetch_line_l1(p + offset);
+}
+
+// Prefetches every cache line of [address, address + bytes) towards L2.
+inline void prefetch_bytes_l2(const void* address, int64_t bytes) {
+  const char* p = static_cast<const char*>(address);
+  for (int64_t offset = 0; offset < bytes; offset += 64) prefetch_line_l2(p + offset);
 }
 
 }  // namespace anyattn::cpu
