@@ -2,8 +2,9 @@
 // after that ISA's vec_*.h. Coefficients are least-squares fits (Chebyshev nodes, relative error)
 // computed for this library; scripts/fit_polynomials.py regenerates them.
 
-// 2^x. Relative error below 2 ulp for x in [-126, 0]; exactly +0 for x <= -150 (and for
-// x <= -127 on paths without a scalef instruction); +inf for x >= 128; NaN for NaN.
+// 2^x. Relative error below 2 ulp for x in [-125.5, 0]; exactly +0 below -126.5 (x rounds to
+// n <= -126: never a subnormal result, which would cost a microcode assist per instruction);
+// between the two, 0 or 2^x; +inf for x >= 128; NaN for NaN.
 inline Vec exp2(Vec x) {
   x = max_keep_b_nan(Vec::broadcast(-150.f), x);
   x = min_keep_b_nan(Vec::broadcast(128.f), x);

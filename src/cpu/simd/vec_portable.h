@@ -85,12 +85,13 @@ inline Vec copy_sign(Vec magnitude, Vec sign) {
 inline Vec round_nearest(Vec a) {
   ANYATTN_PORTABLE_LANEWISE(std::nearbyint(a.v[i]));
 }
-// 2^n * p for integral-valued n; n <= -127 (or NaN) scales by exactly 0, like the AVX2 path.
+// 2^n * p for integral-valued n; n <= -126 (or NaN) scales by exactly 0, like the other paths:
+// no result is subnormal.
 inline Vec scale_by_pow2(Vec p, Vec n) {
   ANYATTN_PORTABLE_LANEWISE(
       p.v[i] *
       bits_to_f32(
-          static_cast<uint32_t>((n.v[i] >= -127.f ? static_cast<int32_t>(n.v[i]) : -127) + 127)
+          static_cast<uint32_t>((n.v[i] > -126.f ? static_cast<int32_t>(n.v[i]) : -127) + 127)
           << 23));
 }
 #undef ANYATTN_PORTABLE_LANEWISE
