@@ -2,9 +2,9 @@
 // after that ISA's vec_*.h. Coefficients are least-squares fits (Chebyshev nodes, relative error)
 // computed for this library; scripts/fit_polynomials.py regenerates them.
 
-// 2^x. Relative error below 2 ulp for x in [-125.5, 0]; exactly +0 below -126.5 (x rounds to
-// n <= -126: never a subnormal result, which would cost a microcode assist per instruction);
-// between the two, 0 or 2^x; +inf for x >= 128; NaN for NaN.
+// 2^x. Relative error below 2 ulp for x in (-125.5, 0]; exactly +0 for x <= -125.5 (x rounds to
+// n <= -126), so that no result is subnormal, which would cost a microcode assist per
+// instruction; +inf for x >= 128; NaN for NaN.
 inline Vec exp2(Vec x) {
   x = max_keep_b_nan(Vec::broadcast(-150.f), x);
   x = min_keep_b_nan(Vec::broadcast(128.f), x);
@@ -21,7 +21,8 @@ inline Vec exp2(Vec x) {
 }
 
 // tanh(y). An odd polynomial for |y| < 0.625 (no cancellation near 0), (1 - e) / (1 + e) with
-// e = exp(-2|y|) above. Relative error of a few ulp; +-1 for +-inf; NaN for NaN.
+// e = exp(-2|y|) above. Relative error below 3 ulp (tests/vec_math_test.cc); +-1 for +-inf; NaN
+// for NaN.
 inline Vec tanh(Vec y) {
   const Vec u = y * y;
   Vec q = Vec::broadcast(-5.7189627550542355e-3f);
