@@ -3,13 +3,15 @@
 // machine: run it alternately against each build (LD_LIBRARY_PATH=<build>/src) and compare the
 // medians of several alternations, as bench/README.md describes.
 //
-//   anyattn_decode_probe [--dtype bf16|f32] [--batch B] [--seqlen-k SK] [--page-size P]
-//                        [--pages-in-order] [--threads T] [--runs N]
+//   anyattn_decode_probe [--dtype bf16|f32] [--batch B] [--seqlen-q SQ] [--seqlen-k SK]
+//                        [--page-size P] [--pages-in-order] [--threads T] [--runs N]
 //
-// Defaults: bf16, B = 8, Sk = 32768, dense (P = 0; paged pages scattered as in anyattn_bench's
-// table unless --pages-in-order), 2 threads, 7 runs. One K/V copy is reused,
-// so a cache smaller than twice the last-level cache is timed from cache (the probe says so);
-// B = 1, Sk = 512 with --threads 1 --runs 3000 times the loop on data in L2 (read the minimum).
+// Defaults: bf16, B = 8, Sq = 1, Sk = 32768, dense (P = 0; paged pages scattered as in
+// anyattn_bench's table unless --pages-in-order), 2 threads, 7 runs. One K/V copy is reused, so a
+// cache smaller than twice the last-level cache is timed from cache (the probe says so); B = 1, Sk
+// = 512 with --threads 1 --runs 3000 times the loop on data in L2 (read the minimum). Sq > 1 (the
+// last Sq positions, no mask: speculative or chunked decoding) times the streaming path that packs
+// K and V once Sq * Hq / Hk exceeds the direct loop's 12 rows per kv head.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +29,7 @@ namespace {
 
 struct ProbeOptions {
   DecodeShape shape;
+  int64_t seqlen_q = 1;
   bool pages_in_order = false;
   int threads = 2;
   int runs = 7;
@@ -50,6 +53,8 @@ bool ParseProbeOptions(int argc, char** argv, ProbeOptions* options) {
       options->shape.dtype = std::strcmp(value, "f32") == 0 ? DType::kF32 : DType::kBf16;
     } else if (name == "--batch") {
       options->shape.batch = std::atoll(value);
+    } else if (name == "--seqlen-q") {
+      options->seqlen_q = std::atoll(value);
     } else if (name == "--seqlen-k") {
       options->shape.seqlen_k = std::atoll(value);
     } else if (name == "--page-size") {
@@ -65,11 +70,12 @@ bool ParseProbeOptions(int argc, char** argv, ProbeOptions* options) {
     }
   }
   const DecodeShape& s = options->shape;
-  if (s.batch < 1 || s.seqlen_k < 1 || s.page_size < 0 || options->threads < 1 ||
-      options->runs < 1 || (s.page_size > 0 && s.seqlen_k % s.page_size != 0)) {
+  if (s.batch < 1 || options->seqlen_q < 1 || s.seqlen_k < 1 || s.page_size < 0 ||
+      options->threads < 1 || options->runs < 1 ||
+      (s.page_size > 0 && s.seqlen_k % s.page_size != 0)) {
     std::fprintf(stderr,
-                 "anyattn_decode_probe: need batch, seqlen-k, threads, runs >= 1 and page-size 0 "
-                 "or a divisor of seqlen-k\n");
+                 "anyattn_decode_probe: need batch, seqlen-q, seqlen-k, threads, runs >= 1 and "
+                 "page-size 0 or a divisor of seqlen-k\n");
     return false;
   }
   return true;
@@ -78,7 +84,7 @@ bool ParseProbeOptions(int argc, char** argv, ProbeOptions* options) {
 int RunProbe(const ProbeOptions& options) {
   const DecodeShape& shape = options.shape;
   const size_t element_bytes = DTypeBytes(shape.dtype);
-  const size_t q_elements = shape.batch * shape.heads_q * shape.head_dim;
+  const size_t q_elements = shape.batch * options.seqlen_q * shape.heads_q * shape.head_dim;
   const size_t kv_elements = shape.batch * shape.seqlen_k * shape.heads_k * shape.head_dim;
   AlignedBuffer q(q_elements * element_bytes);
   AlignedBuffer out(q_elements * element_bytes);
@@ -96,9 +102,9 @@ int RunProbe(const ProbeOptions& options) {
   if (options.pages_in_order) std::iota(block_table.begin(), block_table.end(), 0);
 
   anyattn_set_num_threads(options.threads);
-  AnyattnFwdCall call(shape.batch, 1, shape.seqlen_k, shape.heads_q, shape.heads_k, shape.head_dim,
-                      shape.dtype, false, ANYATTN_ISA_AUTO, q.data(), k.data(), v.data(),
-                      out.data());
+  AnyattnFwdCall call(shape.batch, options.seqlen_q, shape.seqlen_k, shape.heads_q, shape.heads_k,
+                      shape.head_dim, shape.dtype, false, ANYATTN_ISA_AUTO, q.data(), k.data(),
+                      v.data(), out.data());
   if (shape.page_size > 0) call.UsePagedCache(shape.page_size, block_table.data());
   std::string error;
   std::vector<double> seconds;
@@ -112,13 +118,15 @@ int RunProbe(const ProbeOptions& options) {
   }
   const TimingResult timing = SummarizeRuns(std::move(seconds));
   const double kv_bytes = DecodeKvBytes(shape);
-  std::printf("%s%s threads %d: median %.4f ms, min %.4f ms (%d runs); %.1f GB/s at the median%s\n",
-              DecodeKey(shape).c_str(), options.pages_in_order ? " (pages in order)" : "",
-              options.threads, timing.median_seconds * 1e3, timing.min_seconds * 1e3, timing.runs,
-              kv_bytes / timing.median_seconds * 1e-9,
-              kv_bytes < 2.0 * static_cast<double>(LastLevelCacheBytes())
-                  ? " (K/V fit in twice the last-level cache: timed from cache)"
-                  : "");
+  const std::string sq = options.seqlen_q > 1 ? "/Sq" + std::to_string(options.seqlen_q) : "";
+  std::printf(
+      "%s%s%s threads %d: median %.4f ms, min %.4f ms (%d runs); %.1f GB/s at the median%s\n",
+      DecodeKey(shape).c_str(), sq.c_str(), options.pages_in_order ? " (pages in order)" : "",
+      options.threads, timing.median_seconds * 1e3, timing.min_seconds * 1e3, timing.runs,
+      kv_bytes / timing.median_seconds * 1e-9,
+      kv_bytes < 2.0 * static_cast<double>(LastLevelCacheBytes())
+          ? " (K/V fit in twice the last-level cache: timed from cache)"
+          : "");
   return 0;
 }
 
