@@ -84,8 +84,10 @@ inline Vec scale_by_pow2(Vec p, Vec n) {
   const __m256 scale = _mm256_and_ps(_mm256_castsi256_ps(_mm256_slli_epi32(biased, 23)), normal);
   return {_mm256_mul_ps(p.v, scale)};
 }
-inline Vec round_nearest(Vec a) {
-  return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+// *n = x rounded to the nearest integer (ties to even), *f = x - *n, for |x| <= 2^22.
+inline void split_nearest(Vec x, Vec* n, Vec* f) {
+  n->v = _mm256_round_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  f->v = _mm256_sub_ps(x.v, n->v);
 }
 
 // Lane k of the result is the sum of the lanes of in[k], k < 8: eight horizontal sums in three

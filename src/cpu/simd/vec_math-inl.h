@@ -8,8 +8,8 @@
 inline Vec exp2(Vec x) {
   x = max_keep_b_nan(Vec::broadcast(-150.f), x);
   x = min_keep_b_nan(Vec::broadcast(128.f), x);
-  const Vec n = round_nearest(x);
-  const Vec f = x - n;  // in [-0.5, 0.5]
+  Vec n, f;  // x = n + f, n integral, f in [-0.5, 0.5]
+  split_nearest(x, &n, &f);
   Vec p = Vec::broadcast(1.5337577497120947e-4f);
   p = fma(p, f, Vec::broadcast(1.3399859890341759e-3f));
   p = fma(p, f, Vec::broadcast(9.618519805371761e-3f));

@@ -85,6 +85,11 @@ inline Vec copy_sign(Vec magnitude, Vec sign) {
 inline Vec round_nearest(Vec a) {
   ANYATTN_PORTABLE_LANEWISE(std::nearbyint(a.v[i]));
 }
+// *n = x rounded to the nearest integer (ties to even), *f = x - *n, for |x| <= 2^22.
+inline void split_nearest(Vec x, Vec* n, Vec* f) {
+  *n = round_nearest(x);
+  *f = x - *n;
+}
 // 2^n * p for integral-valued n; n <= -126 (or NaN) scales by exactly 0, like the other paths:
 // no result is subnormal.
 inline Vec scale_by_pow2(Vec p, Vec n) {
