@@ -231,6 +231,13 @@ def format_row(row):
 
 def main():
     args = parse_args()
+    # torch's OpenMP workers spin on their cores for a while after each parallel region by default,
+    # so the anyattn call timed right after a torch call ran on cores they still held: on the
+    # 2-core development VM anyattn's f32 B1 H16/4 S2048 rows took 95-106 ms (D64) and 153-195 ms
+    # (D128) this way against 58-62 and 106-111 ms with passive waiting, while torch's own times
+    # did not get worse (65-67 and 114-149 ms against 71-82 and 123-126). Passive waiting unless
+    # the caller chose otherwise; it must be set before torch loads its OpenMP runtime.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         import torch
         import torch.nn.functional as functional
@@ -257,7 +264,8 @@ def main():
     shapes = [s for s in shapes if matches(row_key(s), args.filter)]
 
     print(f"anyattn {lib.version()} ({lib.path}) vs torch {torch.__version__} SDPA on CPU; "
-          f"GQA via {'enable_gqa' if use_gqa else 'repeat_interleave in the timed call'}")
+          f"GQA via {'enable_gqa' if use_gqa else 'repeat_interleave in the timed call'}; "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
     print("x torch = torch ms / anyattn ms (>1: anyattn faster); GF/s = 4*B*Hq*D*visible_pairs / "
           "median time; decode rows show GB/s of K and V")
     rows = []
