@@ -632,24 +632,23 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
   finish_task(args, layout, task, rows, scratch);
 }
 
-// y[i] = exp2(x[i]) and y[i] = tanh(x[i]) for i < n with this path's vector functions
-// (simd/vec_math-inl.h), for the tests of their accuracy; a partial last vector is padded with 0.
-void exp2_array(const float* x, int64_t n, float* y) {
+// y[i] = f(x[i]) for i < n, one vector at a time; a partial last vector is padded with 0.
+inline void map_vectors(Vec (*f)(Vec), const float* x, int64_t n, float* y) {
   alignas(64) float lanes[kLanes];
   for (int64_t i = 0; i < n; i += kLanes) {
     const int64_t count = std::min<int64_t>(kLanes, n - i);
     for (int64_t k = 0; k < kLanes; ++k) lanes[k] = k < count ? x[i + k] : 0.f;
-    exp2(Vec::load(lanes)).store(lanes);
+    f(Vec::load(lanes)).store(lanes);
     for (int64_t k = 0; k < count; ++k) y[i + k] = lanes[k];
   }
 }
 
+// This path's vector exp2 and tanh (simd/vec_math-inl.h) over arrays, for the tests of their
+// accuracy (the kernel registry's exp2_array and tanh_array).
+void exp2_array(const float* x, int64_t n, float* y) {
+  map_vectors(exp2, x, n, y);
+}
+
 void tanh_array(const float* x, int64_t n, float* y) {
-  alignas(64) float lanes[kLanes];
-  for (int64_t i = 0; i < n; i += kLanes) {
-    const int64_t count = std::min<int64_t>(kLanes, n - i);
-    for (int64_t k = 0; k < kLanes; ++k) lanes[k] = k < count ? x[i + k] : 0.f;
-    tanh(Vec::load(lanes)).store(lanes);
-    for (int64_t k = 0; k < count; ++k) y[i + k] = lanes[k];
-  }
+  map_vectors(tanh, x, n, y);
 }
