@@ -333,6 +333,24 @@ inline void convert_row(const void* src, DType dtype, int64_t n, float* dst) {
 constexpr int64_t kPrefetchKeys = 8;
 constexpr int64_t kPrefetchKeysL2 = 32;
 
+// Prefetches the row of key `key` (absolute, within `seq`) of kv head `head` of `tensor` (k or v,
+// with its strides, `bytes` per row) kPrefetchKeys keys ahead into L1 and kPrefetchKeysL2 keys
+// ahead into L2, wherever those keys exist.
+inline void prefetch_rows_ahead(const FwdArgs& args, const SeqInfo& seq, const void* tensor,
+                                int64_t batch_stride, int64_t row_stride, int64_t head_stride,
+                                int64_t key, int64_t head, int64_t bytes) {
+  if (key + kPrefetchKeys < seq.seqlen_k) {
+    const int64_t ahead =
+        key_row_offset(args, seq, key + kPrefetchKeys, head, batch_stride, row_stride, head_stride);
+    prefetch_bytes(element_address(tensor, args.dtype, ahead), bytes);
+  }
+  if (key + kPrefetchKeysL2 < seq.seqlen_k) {
+    const int64_t ahead = key_row_offset(args, seq, key + kPrefetchKeysL2, head, batch_stride,
+                                         row_stride, head_stride);
+    prefetch_bytes_l2(element_address(tensor, args.dtype, ahead), bytes);
+  }
+}
+
 // Packs key block `block` of kv heads [head_k, head_k + heads_k) of sequence `seq` into
 // `heads_k` consecutive panels of PackedLayout::block_floats floats, and sets v_nonfinite[h] to 1
 // if head h's packed V holds a NaN or infinity, else 0.
@@ -358,20 +376,9 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
       const int64_t j = chunk + jj;
       for (int64_t h = 0; h < heads_k; ++h) {
         float* staged = staging + (h * kLanes + jj) * stage_stride;
-        if (j0 + j + kPrefetchKeys < seq.seqlen_k) {
-          const int64_t ahead =
-              key_row_offset(args, seq, j0 + j + kPrefetchKeys, head_k + h, args.k_batch_stride,
-                             args.k_row_stride, args.k_head_stride);
-          prefetch_bytes(element_address(args.k, args.dtype, ahead),
-                         head_dim * element_size(args.dtype));
-        }
-        if (j0 + j + kPrefetchKeysL2 < seq.seqlen_k) {
-          const int64_t ahead =
-              key_row_offset(args, seq, j0 + j + kPrefetchKeysL2, head_k + h, args.k_batch_stride,
-                             args.k_row_stride, args.k_head_stride);
-          prefetch_bytes_l2(element_address(args.k, args.dtype, ahead),
+        prefetch_rows_ahead(args, seq, args.k, args.k_batch_stride, args.k_row_stride,
+                            args.k_head_stride, j0 + j, head_k + h,
                             head_dim * element_size(args.dtype));
-        }
         if (j < keys) {
           const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.k_batch_stride,
                                                 args.k_row_stride, args.k_head_stride);
@@ -408,20 +415,9 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
         for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::zero().store(v_row + c);
         continue;
       }
-      if (j0 + j + kPrefetchKeys < seq.seqlen_k) {
-        const int64_t ahead =
-            key_row_offset(args, seq, j0 + j + kPrefetchKeys, head_k + h, args.v_batch_stride,
-                           args.v_row_stride, args.v_head_stride);
-        prefetch_bytes(element_address(args.v, args.dtype, ahead),
-                       head_dim_v * element_size(args.dtype));
-      }
-      if (j0 + j + kPrefetchKeysL2 < seq.seqlen_k) {
-        const int64_t ahead =
-            key_row_offset(args, seq, j0 + j + kPrefetchKeysL2, head_k + h, args.v_batch_stride,
-                           args.v_row_stride, args.v_head_stride);
-        prefetch_bytes_l2(element_address(args.v, args.dtype, ahead),
+      prefetch_rows_ahead(args, seq, args.v, args.v_batch_stride, args.v_row_stride,
+                          args.v_head_stride, j0 + j, head_k + h,
                           head_dim_v * element_size(args.dtype));
-      }
       const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.v_batch_stride,
                                             args.v_row_stride, args.v_head_stride);
       convert_row(element_address(args.v, args.dtype, offset), args.dtype, head_dim_v, v_row);
