@@ -5,12 +5,12 @@
 #ifndef ANYATTN_API_ERRORS_H_
 #define ANYATTN_API_ERRORS_H_
 
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "anyattn/anyattn.h"
+#include "runtime/str_cat.h"
 
 namespace anyattn::api {
 
@@ -24,24 +24,16 @@ class ApiError : public std::runtime_error {
   anyattn_status status_;
 };
 
-// Concatenates any streamable values into one string.
-template <class... Parts>
-std::string concat(const Parts&... parts) {
-  std::ostringstream stream;
-  (stream << ... << parts);
-  return stream.str();
-}
-
 // Throws ANYATTN_E_INVALID_ARGUMENT with the concatenated message.
 template <class... Parts>
 [[noreturn]] void fail_invalid(const Parts&... parts) {
-  throw ApiError(ANYATTN_E_INVALID_ARGUMENT, concat(parts...));
+  throw ApiError(ANYATTN_E_INVALID_ARGUMENT, runtime::str_cat(parts...));
 }
 
 // Throws ANYATTN_E_UNSUPPORTED with the concatenated message.
 template <class... Parts>
 [[noreturn]] void fail_unsupported(const Parts&... parts) {
-  throw ApiError(ANYATTN_E_UNSUPPORTED, concat(parts...));
+  throw ApiError(ANYATTN_E_UNSUPPORTED, runtime::str_cat(parts...));
 }
 
 // The calling thread's last error message ("" after a success).
@@ -60,13 +52,13 @@ anyattn_status guarded_call(const char* function, Body&& body) noexcept {
     set_last_error(error.what());
     return error.status();
   } catch (const std::bad_alloc&) {
-    set_last_error(concat(function, ": out of memory allocating workspace"));
+    set_last_error(runtime::str_cat(function, ": out of memory allocating workspace"));
     return ANYATTN_E_OUT_OF_MEMORY;
   } catch (const std::exception& error) {
-    set_last_error(concat(function, ": internal error: ", error.what()));
+    set_last_error(runtime::str_cat(function, ": internal error: ", error.what()));
     return ANYATTN_E_INTERNAL;
   } catch (...) {
-    set_last_error(concat(function, ": internal error: unknown exception"));
+    set_last_error(runtime::str_cat(function, ": internal error: unknown exception"));
     return ANYATTN_E_INTERNAL;
   }
 }

@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
+
+#include "runtime/str_cat.h"
 
 namespace anyattn::plan {
 namespace {
@@ -60,19 +61,14 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, in
 }
 
 std::string FwdPlan::describe(const cpu::FwdArgs& args) const {
-  std::ostringstream text;
-  text << "anyattn: fwd kernel=" << kernel->name
-       << (direct      ? " direct"
-           : streaming ? " streaming"
-                       : " packed")
-       << " threads=" << threads << " B=" << args.batch << " Sq=" << args.seqlen_q
-       << " Sk=" << args.seqlen_k << " Hq=" << args.heads_q << " Hk=" << args.heads_k
-       << " D=" << args.head_dim << " Dv=" << args.head_dim_v
-       << (args.cu_seqlens_q != nullptr ? " varlen" : "")
-       << (args.block_table != nullptr ? " paged" : "") << " q_block=" << q_block_rows
-       << " stream_heads_k=" << stream_heads_k << " splits=" << num_splits
-       << " scratch_bytes_per_thread=" << scratch_floats * 4;
-  return text.str();
+  const char* path = direct ? " direct" : streaming ? " streaming" : " packed";
+  return runtime::str_cat("anyattn: fwd kernel=", kernel->name, path, " threads=", threads,
+                          " B=", args.batch, " Sq=", args.seqlen_q, " Sk=", args.seqlen_k,
+                          " Hq=", args.heads_q, " Hk=", args.heads_k, " D=", args.head_dim,
+                          " Dv=", args.head_dim_v, args.cu_seqlens_q != nullptr ? " varlen" : "",
+                          args.block_table != nullptr ? " paged" : "", " q_block=", q_block_rows,
+                          " stream_heads_k=", stream_heads_k, " splits=", num_splits,
+                          " scratch_bytes_per_thread=", scratch_floats * 4);
 }
 
 bool verbose_enabled() {
