@@ -60,9 +60,15 @@ inline Vec operator*(Vec a, Vec b) {
 inline Vec operator/(Vec a, Vec b) {
   ANYATTN_PORTABLE_LANEWISE(a.v[i] / b.v[i]);
 }
-// Not fused: a portable fma() call would be a slow library routine on targets without FMA.
+// a * b + c: fused where the target has a fast fused multiply-add (__FP_FAST_FMAF: AArch64,
+// POWER, RISC-V with F, x86-64 built with -mfma), as on the vector paths; elsewhere (baseline
+// x86-64) std::fma would be a slow library routine, so the product is rounded first.
 inline Vec fma(Vec a, Vec b, Vec c) {
+#if defined(__FP_FAST_FMAF)
+  ANYATTN_PORTABLE_LANEWISE(std::fma(a.v[i], b.v[i], c.v[i]));
+#else
   ANYATTN_PORTABLE_LANEWISE(a.v[i] * b.v[i] + c.v[i]);
+#endif
 }
 inline Vec max_keep_b_nan(Vec a, Vec b) {
   ANYATTN_PORTABLE_LANEWISE(a.v[i] > b.v[i] ? a.v[i] : b.v[i]);
