@@ -9,9 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# clang and its runtime serve the libFuzzer harnesses (fuzz/); everything else is the build.
+# clang and its runtime serve the libFuzzer harnesses (fuzz/), the AArch64 cross compiler and
+# qemu-user the Arm test stage (scripts/test_aarch64.sh); everything else is the build.
 SYSTEM_PACKAGES=(cmake ninja-build g++ pkg-config ccache libgtest-dev libopenblas-dev python3-venv
-                 clang libclang-rt-14-dev)
+                 clang libclang-rt-14-dev g++-aarch64-linux-gnu qemu-user)
 
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi

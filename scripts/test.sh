@@ -5,11 +5,12 @@
 #   2. the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer (reduced sweep);
 #   3. the concurrency and resource tests under ThreadSanitizer;
 #   4. each libFuzzer harness for 60 s (fuzz/run_fuzzers.sh);
-#   5. the Python package (pytest);
-#   6. the Rust crates (cargo test).
+#   5. the C++ suite cross-compiled for AArch64, under qemu-user (scripts/test_aarch64.sh);
+#   6. the Python package (pytest);
+#   7. the Rust crates (cargo test).
 # Stops at the first failing stage; each runner prints its own summary line.
 #   scripts/test.sh            everything
-#   scripts/test.sh --fast     stages 1, 5 and 6 only
+#   scripts/test.sh --fast     stages 1, 6 and 7 only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST=0
@@ -39,6 +40,9 @@ if [ "$FAST" -eq 0 ]; then
 
   stage "Fuzzers (60 s each)"
   fuzz/run_fuzzers.sh 60
+
+  stage "C++ tests on AArch64 (cross-compiled, qemu-user, reduced sweep)"
+  scripts/test_aarch64.sh
 fi
 
 stage "Python tests (pytest)"
