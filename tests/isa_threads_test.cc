@@ -145,6 +145,16 @@ std::vector<Case> determinism_cases() {
   decode_sinks.window_left = 1500;
   decode_sinks.alibi = Alibi::kPerHead;
   cases.push_back(decode_sinks);
+  // A short cache with many kv heads: one key split, so the plan gives each task fewer kv heads
+  // as the thread count grows (8 heads per task on one thread, 1 on eight).
+  Case short_cache = decode;
+  short_cache.Sk = 200;
+  short_cache.Hq = 32;
+  short_cache.Hk = 8;
+  cases.push_back(short_cache);
+  Case short_cache_packed = short_cache;  // 16 rows per kv head: the streaming path that packs
+  short_cache_packed.Sq = 4;
+  cases.push_back(short_cache_packed);
   Case prefill;
   prefill.B = 2;
   prefill.Sq = 257;

@@ -54,6 +54,16 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, in
                             ? args.batch * cpu::ceil_div(args.heads_k, plan.stream_heads_k)
                             : args.batch * args.heads_q * q_blocks;
   plan.num_splits = choose_splits(args, units, cpu::ceil_div(args.seqlen_k, cpu::kKeyBlock));
+  if (plan.streaming) {
+    // Too few tasks to occupy every thread (a short cache: few key splits): fewer kv heads per
+    // task until there are enough. Unlike the split count this may depend on the thread count:
+    // each kv head's rows are computed alike whichever task holds them.
+    while (plan.stream_heads_k > 1 &&
+           args.batch * cpu::ceil_div(args.heads_k, plan.stream_heads_k) * plan.num_splits <
+               threads) {
+      plan.stream_heads_k = cpu::ceil_div(plan.stream_heads_k, 2);
+    }
+  }
   plan.wanted_tasks = kTasksPerThread * threads;
   plan.scratch_floats =
       cpu::round_up(cpu::Scratch::floats_needed(plan.layout, plan.panel_heads_k()), 16);
