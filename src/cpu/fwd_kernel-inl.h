@@ -25,7 +25,9 @@
 //     3. Online softmax per row: new max, P = 2^(S - max) in place, running sum; the output
 //        accumulators are rescaled only when the row max moved.
 //     4. O[rows][dv_pad] += P V with a kPvRows x (kPvVecs * lanes) register tile over the packed
-//        V rows. O (64 rows x dv_pad floats) stays in L1/L2 for the whole task.
+//        V rows. O (64 rows x dv_pad floats) stays in L1/L2 for the whole task. On boundary blocks
+//        each row tile stops after the last key its rows may see: on a causal diagonal block that
+//        skips about half of the products.
 //   Memory traffic per task: Q rows once, each visited K/V block once from L2/L3, out/lse once.
 //   Nothing of size Sq x Sk exists anywhere.
 
@@ -149,14 +151,27 @@ inline void pv_remainder(int64_t rows, const float* p, const float* v, int64_t k
   }
 }
 
-// O[rows][dv_pad] += P[rows][0..keys) V[0..keys)[dv_pad].
+// Keys a tile of rows [r0, r0 + count) must accumulate: all `keys`, or with row_keys (row r's
+// probabilities are 0 from key row_keys[r] on) the largest row_keys of the tile.
+inline int64_t tile_keys(const int64_t* row_keys, int64_t r0, int64_t count, int64_t keys) {
+  if (row_keys == nullptr) return keys;
+  int64_t most = 0;
+  for (int64_t r = r0; r < r0 + count; ++r) most = std::max(most, row_keys[r]);
+  return std::min(most, keys);
+}
+
+// O[rows][dv_pad] += P[rows][0..keys) V[0..keys)[dv_pad]. row_keys (or null): per row, where its
+// probabilities become zero for good (the mask's right edge in a boundary block); each row tile
+// stops at the largest of its rows, which on a causal diagonal block halves the work.
 inline void accumulate_pv(const float* p, int64_t rows, const float* v, int64_t keys, float* o,
-                          int64_t dv_pad) {
+                          int64_t dv_pad, const int64_t* row_keys) {
   int64_t r = 0;
   for (; r + kPvRows <= rows; r += kPvRows) {
-    pv_rows<kPvRows>(p + r * kKeyBlock, v, keys, o + r * dv_pad, dv_pad);
+    pv_rows<kPvRows>(p + r * kKeyBlock, v, tile_keys(row_keys, r, kPvRows, keys), o + r * dv_pad,
+                     dv_pad);
   }
-  pv_remainder<kPvRows - 1>(rows - r, p + r * kKeyBlock, v, keys, o + r * dv_pad, dv_pad);
+  pv_remainder<kPvRows - 1>(rows - r, p + r * kKeyBlock, v, tile_keys(row_keys, r, rows - r, keys),
+                            o + r * dv_pad, dv_pad);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -619,8 +634,14 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
                               head_rows, j0, s, scratch.m + r0, scratch.l + r0, o, dv_pad);
       if (crosses_boundary && v_nonfinite) {
         accumulate_pv_visible_only(args, seq, head_rows, j0, s, v_panel, o, dv_pad);
+      } else if (crosses_boundary) {
+        int64_t row_keys[kMaxQBlockRows];
+        for (int64_t r = 0; r < rows_per_kv; ++r) {
+          row_keys[r] = visible_in_block(args, seq, head_rows.position(r), j0).hi;
+        }
+        accumulate_pv(s, rows_per_kv, v_panel, keys, o, dv_pad, row_keys);
       } else {
-        accumulate_pv(s, rows_per_kv, v_panel, keys, o, dv_pad);
+        accumulate_pv(s, rows_per_kv, v_panel, keys, o, dv_pad, nullptr);
       }
     }
   }
