@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 import anyattn  # noqa: E402
 from anyattn import _dispatch  # noqa: E402
+from conftest import to_numpy  # noqa: E402
 from reference import attention_ref, check_2x, lse_eps, out_eps  # noqa: E402
 from test_backward import CASES as BACKWARD_CASES  # noqa: E402
 from test_backward import _api_kwargs, _case_data, _named  # noqa: E402
@@ -97,10 +98,6 @@ def _api_options(opts):
             if key in opts}
 
 
-def _f64(x):
-    return x.detach().to("cpu", torch.float64).numpy()
-
-
 @pytest.mark.parametrize("return_lse", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", list(DENSE_CASES))
@@ -116,14 +113,14 @@ def test_flash_attn_func_on_device_meets_the_2x_rule(request, name, dtype, retur
                                   **_api_options(opts))
     out, lse = (got[0], got[1]) if return_lse else (got, None)
     assert out.device.type == DEVICE and out.dtype == q.dtype and out.shape == q.shape
-    q64, k64, v64 = (_f64(x) for x in (q, k, v))
+    q64, k64, v64 = (to_numpy(x) for x in (q, k, v))
     ref_kw = _ref_kwargs(opts, alibi, sinks)
     ref_out, ref_lse = attention_ref(q64, k64, v64, **ref_kw)
     naive_out, naive_lse = attention_ref(q64, k64, v64, dtype=dtype, **ref_kw)
-    check_2x("out", _f64(out), ref_out, naive_out, out_eps(dtype, ref_out))
+    check_2x("out", to_numpy(out), ref_out, naive_out, out_eps(dtype, ref_out))
     if return_lse:
         assert lse.device.type == DEVICE and lse.dtype == torch.float32
-        check_2x("lse", _f64(lse), ref_lse, naive_lse, lse_eps(ref_lse))
+        check_2x("lse", to_numpy(lse), ref_lse, naive_lse, lse_eps(ref_lse))
 
 
 def test_packed_forms_on_device_equal_the_unpacked_call():
@@ -174,12 +171,12 @@ def test_varlen_on_device_equals_dense_per_sequence(dtype, causal):
         torch.from_numpy(_cu(lens_k)).to(DEVICE), max(lens_q), max(lens_k), causal=causal,
         sinks=_to_device(sinks), return_attn_probs=True)
     assert out.device.type == DEVICE and out.dtype == tdtype
-    q64, k64, v64 = (_f64(x) for x in (q, k, v))
+    q64, k64, v64 = (to_numpy(x) for x in (q, k, v))
     ref_out, ref_lse = _per_sequence_ref(q64, k64, v64, lens_q, lens_k, None, causal=causal, sinks=sinks)
     naive_out, naive_lse = _per_sequence_ref(q64, k64, v64, lens_q, lens_k, dtype, causal=causal,
                                              sinks=sinks)
-    check_2x("out", _f64(out), ref_out, naive_out, out_eps(dtype, ref_out))
-    check_2x("lse", _f64(lse), ref_lse, naive_lse, lse_eps(ref_lse))
+    check_2x("out", to_numpy(out), ref_out, naive_out, out_eps(dtype, ref_out))
+    check_2x("lse", to_numpy(lse), ref_lse, naive_lse, lse_eps(ref_lse))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -218,9 +215,9 @@ def test_paged_kvcache_on_device_matches_the_cpu_kernels(dtype, rotary):
     for bi in range(b):
         n = int(seqlens[bi]) + s_new
         rows = [(int(table[bi, p // page]), p % page) for p in range(n)]
-        keys = np.stack([_f64(k_cache[i, r]) for i, r in rows])
-        vals = np.stack([_f64(v_cache[i, r]) for i, r in rows])
-        qb = _f64(q[bi])
+        keys = np.stack([to_numpy(k_cache[i, r]) for i, r in rows])
+        vals = np.stack([to_numpy(v_cache[i, r]) for i, r in rows])
+        qb = to_numpy(q[bi])
         if rotary:
             pos = np.arange(int(seqlens[bi]), int(seqlens[bi]) + sq)
             qb = _rotate(qb, cos[pos], sin[pos], rotary == "interleaved")
@@ -228,8 +225,8 @@ def test_paged_kvcache_on_device_matches_the_cpu_kernels(dtype, rotary):
         no, nl = attention_ref(qb[None], keys[None], vals[None], causal=True, dtype=dtype)
         ref_out[bi], ref_lse[bi], naive_out[bi], naive_lse[bi] = o[0], lo[0], no[0], nl[0]
     for label, out, lse in (("device", out_dev, lse_dev), ("cpu", out_cpu, lse_cpu)):
-        check_2x(f"{label} out", _f64(out), ref_out, naive_out, out_eps(dtype, ref_out))
-        check_2x(f"{label} lse", _f64(lse), ref_lse, naive_lse, lse_eps(ref_lse))
+        check_2x(f"{label} out", to_numpy(out), ref_out, naive_out, out_eps(dtype, ref_out))
+        check_2x(f"{label} lse", to_numpy(lse), ref_lse, naive_lse, lse_eps(ref_lse))
 
 
 def test_merge_on_device_matches_the_cpu_kernel_including_empty_halves():

@@ -88,12 +88,9 @@ inline Vec select_abs_less(Vec a, float bound, Vec small, Vec large) {
 inline Vec copy_sign(Vec magnitude, Vec sign) {
   ANYATTN_PORTABLE_LANEWISE(std::copysign(magnitude.v[i], sign.v[i]));
 }
-inline Vec round_nearest(Vec a) {
-  ANYATTN_PORTABLE_LANEWISE(std::nearbyint(a.v[i]));
-}
 // *n = x rounded to the nearest integer (ties to even), *f = x - *n, for |x| <= 2^22.
 inline void split_nearest(Vec x, Vec* n, Vec* f) {
-  *n = round_nearest(x);
+  for (int i = 0; i < Vec::kLanes; ++i) n->v[i] = std::nearbyint(x.v[i]);
   *f = x - *n;
 }
 // 2^n * p for integral-valued n; n <= -126 (or NaN) scales by exactly 0, like the other paths:
