@@ -104,44 +104,51 @@ inline void locate_unit(const FwdArgs& args, const BlockRows& block, int64_t hea
 // next block). Two distances, both counted in bytes of this stream (kDirectPrefetchL1Bytes and
 // kDirectPrefetchL2Bytes, fwd_layout.h): a row is first asked into L2, then, closer to its use,
 // into L1.
+//
+// The rows in use order are gathered once per unit into one array, padded past the end of the
+// stream with its last row, so that ahead_of is two loads and the prefetch instructions, with no
+// branch on where the row lies: it runs once per key inside the product loops, with their
+// accumulators live, and must stay inline there. (As an out-of-line call it made GCC 12 spill
+// and reload every accumulator around each key.)
 class UnitPrefetcher {
  public:
   UnitPrefetcher(const void* const* rows, int64_t keys, const void* const* next_rows,
                  int64_t next_keys, int64_t row_bytes)
-      : rows_(rows),
-        keys_(keys),
-        next_rows_(next_rows),
-        next_keys_(next_keys),
-        row_bytes_(row_bytes),
+      : row_bytes_(row_bytes),
         l1_keys_(keys_ahead(kDirectPrefetchL1Bytes, row_bytes)),
-        l2_keys_(keys_ahead(kDirectPrefetchL2Bytes, row_bytes)) {}
+        l2_keys_(keys_ahead(kDirectPrefetchL2Bytes, row_bytes)) {
+    const char* last = reinterpret_cast<const char*>(stream_);
+    int64_t filled = 0;
+    for (int64_t j = 0; j < keys; ++j) stream_[filled++] = last = static_cast<const char*>(rows[j]);
+    for (int64_t j = 0; j < next_keys && filled < kStreamRows; ++j) {
+      stream_[filled++] = last = static_cast<const char*>(next_rows[j]);
+    }
+    while (filled < kStreamRows) stream_[filled++] = last;
+  }
 
-  // Called once per key j of the unit, before key j is computed.
-  void ahead_of(int64_t j) const {
-    if (const void* row = row_at(j + l1_keys_)) prefetch_bytes(row, row_bytes_);
-    if (const void* row = row_at(j + l2_keys_)) prefetch_bytes_l2(row, row_bytes_);
+  // Called once per key j < kKeyBlock of the unit, before key j is computed.
+  __attribute__((always_inline)) void ahead_of(int64_t j) const {
+    const char* l1_row = stream_[j + l1_keys_];
+    const char* l2_row = stream_[j + l2_keys_];
+    for (int64_t offset = 0; offset < row_bytes_; offset += 64) {
+      prefetch_line_l1(l1_row + offset);
+      prefetch_line_l2(l2_row + offset);
+    }
   }
 
  private:
-  // Rows of `row_bytes` in `bytes`, at least 1 and at most a block (the farthest row_at reaches).
+  // A key of the unit plus the farthest distance ahead.
+  static constexpr int64_t kStreamRows = 2 * kKeyBlock;
+
+  // Rows of `row_bytes` in `bytes`, at least 1 and at most a block.
   static int64_t keys_ahead(int64_t bytes, int64_t row_bytes) {
     return std::clamp<int64_t>(bytes / std::max<int64_t>(row_bytes, 1), 1, kKeyBlock);
   }
 
-  // Row `target` in use order counted from this unit's first, or null past the next unit.
-  const void* row_at(int64_t target) const {
-    if (target < keys_) return rows_[target];
-    if (target - keys_ < next_keys_) return next_rows_[target - keys_];
-    return nullptr;
-  }
-
-  const void* const* rows_;
-  int64_t keys_;
-  const void* const* next_rows_;
-  int64_t next_keys_;
   int64_t row_bytes_;
   int64_t l1_keys_;
   int64_t l2_keys_;
+  const char* stream_[kStreamRows];
 };
 
 // bf16 rows are widened a pair of vectors at a time (load_bf16_pairs: even and odd elements of

@@ -99,7 +99,9 @@ inline void split_nearest(Vec x, Vec* n, Vec* f) {
 
 // Lane k of the result is the sum of the lanes of in[k], k < 16: sixteen horizontal sums in four
 // shuffle-and-add stages (45 instructions) instead of sixteen separate reductions.
-inline Vec lane_sums(const Vec* in) {
+// Always inlined: GCC 12 called it out of line from the decode score loop, and inlining made that
+// loop 4% faster (bf16, data in L2).
+__attribute__((always_inline)) inline Vec lane_sums(const Vec* in) {
   __m512 pairs[8], quads[4], halves[2];
   // Each 128-bit lane of pairs[i] holds (in[2i], in[2i+1], in[2i], in[2i+1]) partials.
   for (int i = 0; i < 8; ++i) {
