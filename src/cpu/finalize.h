@@ -80,16 +80,18 @@ inline void combine_and_store_row(const RowPartials& parts, bool has_sink, float
       result[c] = static_cast<float>(static_cast<double>(parts.o[c]) * weight);
     }
   } else {
-    for (int64_t c = 0; c < head_dim_v; ++c) {
-      double sum = 0.0;
-      for (int64_t k = 0; k < parts.count; ++k) {
-        // A partial that saw no key (factor 0) is skipped: its o may hold 0 * inf.
-        if (factors[k] != 0.0) {
-          sum += static_cast<double>(parts.o[k * parts.o_stride + c]) * weights[k];
-        }
-      }
-      result[c] = static_cast<float>(sum);
+    // Partial by partial, each a contiguous row: the loops vectorise, and every column still
+    // sums its partials in order k = 0, 1, ...
+    double sums[kMaxStagedColumns];
+    for (int64_t c = 0; c < head_dim_v; ++c) sums[c] = 0.0;
+    for (int64_t k = 0; k < parts.count; ++k) {
+      // A partial that saw no key (factor 0) is skipped: its o may hold 0 * inf.
+      if (factors[k] == 0.0) continue;
+      const float* o = parts.o + k * parts.o_stride;
+      const double weight = weights[k];
+      for (int64_t c = 0; c < head_dim_v; ++c) sums[c] += static_cast<double>(o[c]) * weight;
     }
+    for (int64_t c = 0; c < head_dim_v; ++c) result[c] = static_cast<float>(sums[c]);
   }
   if (dtype == DType::kBF16) {
     uint16_t* row = static_cast<uint16_t*>(out_row);
