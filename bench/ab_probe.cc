@@ -1,0 +1,221 @@
+// anyattn_ab_probe: compares two to four builds of libanyattn.so on one dense forward shape,
+// inside one process, calls interleaved.
+//
+//   anyattn_ab_probe --lib OLD.so --lib NEW.so [--seqlen S] [--heads-q H] [--heads-k HK]
+//                    [--head-dim D] [--dtype f32|bf16] [--causal] [--threads T] [--runs N]
+//
+// Defaults: S = 2048, Hq = Hk = 16, D = 128, f32, no mask, 1 thread, 10 rounds. Each library is
+// opened with dlopen (RTLD_LOCAL), so the paths must differ: copy one build's libanyattn.so.0
+// elsewhere before rebuilding. Every round calls each library once on the same inputs, starting
+// with a different library each round; the report gives each library's minimum and median time
+// and the median over rounds of its time divided by the first library's time in the same round.
+//
+// Why: the development VM's speed drifts by 10-30% over seconds to minutes (other tenants), so
+// two builds timed one after the other in separate processes differ by more than most changes
+// do. Taken round by round, the ratio cancels the drift that is slower than a round; it still
+// moves by a few percent between runs of the probe, so repeat it before trusting a difference
+// of that size.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "anyattn/anyattn.h"
+#include "tensors.h"
+#include "timing.h"
+
+namespace anyattn_bench {
+namespace {
+
+// The C entry points the probe calls, resolved from one opened library.
+struct LibraryBuild {
+  std::string path;
+  void* handle = nullptr;
+  decltype(&anyattn_fwd) fwd = nullptr;
+  decltype(&anyattn_fwd_params_init) params_init = nullptr;
+  decltype(&anyattn_tensor_init_contiguous) tensor_init = nullptr;
+  decltype(&anyattn_set_num_threads) set_num_threads = nullptr;
+  decltype(&anyattn_last_error) last_error = nullptr;
+};
+
+template <typename Function>
+bool Resolve(void* handle, const char* name, Function* function) {
+  *function = reinterpret_cast<Function>(dlsym(handle, name));
+  return *function != nullptr;
+}
+
+bool OpenBuild(const std::string& path, LibraryBuild* build) {
+  build->path = path;
+  build->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (build->handle == nullptr) {
+    std::fprintf(stderr, "anyattn_ab_probe: cannot open %s: %s\n", path.c_str(), dlerror());
+    return false;
+  }
+  void* h = build->handle;
+  if (!Resolve(h, "anyattn_fwd", &build->fwd) ||
+      !Resolve(h, "anyattn_fwd_params_init", &build->params_init) ||
+      !Resolve(h, "anyattn_tensor_init_contiguous", &build->tensor_init) ||
+      !Resolve(h, "anyattn_set_num_threads", &build->set_num_threads) ||
+      !Resolve(h, "anyattn_last_error", &build->last_error)) {
+    std::fprintf(stderr, "anyattn_ab_probe: %s lacks an anyattn entry point\n", path.c_str());
+    return false;
+  }
+  return true;
+}
+
+struct AbOptions {
+  std::vector<std::string> libraries;
+  int64_t seqlen = 2048;
+  int64_t heads_q = 16;
+  int64_t heads_k = 16;
+  int64_t head_dim = 128;
+  DType dtype = DType::kF32;
+  bool causal = false;
+  int threads = 1;
+  int rounds = 10;
+};
+
+bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string name = argv[i];
+    if (name == "--causal") {
+      options->causal = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "anyattn_ab_probe: %s needs a value\n", name.c_str());
+      return false;
+    }
+    const char* value = argv[++i];
+    if (name == "--lib") {
+      options->libraries.push_back(value);
+    } else if (name == "--seqlen") {
+      options->seqlen = std::atoll(value);
+    } else if (name == "--heads-q") {
+      options->heads_q = std::atoll(value);
+    } else if (name == "--heads-k") {
+      options->heads_k = std::atoll(value);
+    } else if (name == "--head-dim") {
+      options->head_dim = std::atoll(value);
+    } else if (name == "--dtype" &&
+               (std::strcmp(value, "f32") == 0 || std::strcmp(value, "bf16") == 0)) {
+      options->dtype = std::strcmp(value, "f32") == 0 ? DType::kF32 : DType::kBf16;
+    } else if (name == "--threads") {
+      options->threads = std::atoi(value);
+    } else if (name == "--runs") {
+      options->rounds = std::atoi(value);
+    } else {
+      std::fprintf(stderr, "anyattn_ab_probe: unknown option or value: %s %s\n", name.c_str(),
+                   value);
+      return false;
+    }
+  }
+  const size_t count = options->libraries.size();
+  if (count < 2 || count > 4) {
+    std::fprintf(stderr, "anyattn_ab_probe: give --lib two to four times (got %zu)\n", count);
+    return false;
+  }
+  if (options->seqlen < 1 || options->heads_q < 1 || options->heads_k < 1 ||
+      options->heads_q % options->heads_k != 0 || options->head_dim < 1 ||
+      options->head_dim > 256 || options->threads < 1 || options->rounds < 1) {
+    std::fprintf(stderr,
+                 "anyattn_ab_probe: need seqlen, heads, threads, runs >= 1, heads-q a multiple "
+                 "of heads-k and head-dim in [1, 256]\n");
+    return false;
+  }
+  return true;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+int RunAb(const AbOptions& options) {
+  std::vector<LibraryBuild> builds(options.libraries.size());
+  for (size_t i = 0; i < builds.size(); ++i) {
+    if (!OpenBuild(options.libraries[i], &builds[i])) return 1;
+    for (size_t j = 0; j < i; ++j) {
+      if (builds[j].handle == builds[i].handle) {
+        std::fprintf(stderr, "anyattn_ab_probe: %s and %s are the same loaded library\n",
+                     builds[j].path.c_str(), builds[i].path.c_str());
+        return 2;
+      }
+    }
+  }
+
+  const anyattn_dtype dtype = options.dtype == DType::kF32 ? ANYATTN_DTYPE_F32 : ANYATTN_DTYPE_BF16;
+  const size_t element_bytes = DTypeBytes(options.dtype);
+  const size_t q_elements = options.seqlen * options.heads_q * options.head_dim;
+  const size_t kv_elements = options.seqlen * options.heads_k * options.head_dim;
+  AlignedBuffer q(q_elements * element_bytes);
+  AlignedBuffer out(q_elements * element_bytes);
+  AlignedBuffer k(kv_elements * element_bytes);
+  AlignedBuffer v(kv_elements * element_bytes);
+  if (!q.data() || !out.data() || !k.data() || !v.data()) {
+    std::fprintf(stderr, "anyattn_ab_probe: could not allocate the buffers\n");
+    return 1;
+  }
+  FillUniform(q.data(), options.dtype, q_elements, 21);
+  FillUniform(k.data(), options.dtype, kv_elements, 22);
+  FillUniform(v.data(), options.dtype, kv_elements, 23);
+  const int64_t q_shape[4] = {1, options.seqlen, options.heads_q, options.head_dim};
+  const int64_t kv_shape[4] = {1, options.seqlen, options.heads_k, options.head_dim};
+
+  const size_t count = builds.size();
+  std::vector<std::vector<double>> seconds(count);
+  for (int round = -1; round < options.rounds; ++round) {  // round -1: warm-up
+    for (size_t turn = 0; turn < count; ++turn) {
+      const size_t index = (turn + static_cast<size_t>(round + 1)) % count;
+      const LibraryBuild& build = builds[index];
+      anyattn_tensor tq, tk, tv, tout;
+      build.tensor_init(&tq, q.data(), dtype, 4, q_shape);
+      build.tensor_init(&tk, k.data(), dtype, 4, kv_shape);
+      build.tensor_init(&tv, v.data(), dtype, 4, kv_shape);
+      build.tensor_init(&tout, out.data(), dtype, 4, q_shape);
+      anyattn_fwd_params params;
+      build.params_init(&params);
+      params.causal = options.causal ? 1 : 0;
+      build.set_num_threads(options.threads);
+      const double start = NowSeconds();
+      const anyattn_status status = build.fwd(&tq, &tk, &tv, &tout, nullptr, &params);
+      const double elapsed = NowSeconds() - start;
+      if (status != ANYATTN_OK) {
+        std::fprintf(stderr, "anyattn_ab_probe: %s: %s\n", build.path.c_str(), build.last_error());
+        return 1;
+      }
+      if (round >= 0) seconds[index].push_back(elapsed);
+    }
+  }
+
+  const double pairs = options.causal ? options.seqlen * (options.seqlen + 1) / 2.0
+                                      : static_cast<double>(options.seqlen) * options.seqlen;
+  const double flops = 4.0 * options.heads_q * options.head_dim * pairs;
+  std::printf("B1 S%lld Hq%lld/Hk%lld D%lld %s %s, %d thread(s), %d rounds\n",
+              static_cast<long long>(options.seqlen), static_cast<long long>(options.heads_q),
+              static_cast<long long>(options.heads_k), static_cast<long long>(options.head_dim),
+              DTypeName(options.dtype), options.causal ? "causal" : "no mask", options.threads,
+              options.rounds);
+  for (size_t i = 0; i < count; ++i) {
+    std::vector<double> ratios;
+    for (size_t r = 0; r < seconds[i].size(); ++r) ratios.push_back(seconds[i][r] / seconds[0][r]);
+    const double minimum = *std::min_element(seconds[i].begin(), seconds[i].end());
+    std::printf("  %c %-40s min %9.3f ms (%6.1f GFLOP/s)  median %9.3f ms  time / A %.3f\n",
+                static_cast<char>('A' + i), builds[i].path.c_str(), minimum * 1e3,
+                flops / minimum * 1e-9, Median(seconds[i]) * 1e3, Median(ratios));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace anyattn_bench
+
+int main(int argc, char** argv) {
+  anyattn_bench::AbOptions options;
+  if (!anyattn_bench::ParseAbOptions(argc, argv, &options)) return 2;
+  return anyattn_bench::RunAb(options);
+}
