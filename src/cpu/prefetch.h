@@ -30,31 +30,16 @@ inline void prefetch_line_l2(const void* address) {
 #endif
 }
 
-// Prefetches every cache line of [address, address + bytes) towards L1, four lines per
-// iteration: one per iteration, the loop's own add, compare and branch outnumbered the hints.
+// Prefetches every cache line of [address, address + bytes) towards L1.
 inline void prefetch_bytes(const void* address, int64_t bytes) {
   const char* p = static_cast<const char*>(address);
-  int64_t offset = 0;
-  for (; offset + 256 <= bytes; offset += 256) {
-    prefetch_line_l1(p + offset);
-    prefetch_line_l1(p + offset + 64);
-    prefetch_line_l1(p + offset + 128);
-    prefetch_line_l1(p + offset + 192);
-  }
-  for (; offset < bytes; offset += 64) prefetch_line_l1(p + offset);
+  for (int64_t offset = 0; offset < bytes; offset += 64) prefetch_line_l1(p + offset);
 }
 
-// Prefetches every cache line of [address, address + bytes) towards L2, as prefetch_bytes.
+// Prefetches every cache line of [address, address + bytes) towards L2.
 inline void prefetch_bytes_l2(const void* address, int64_t bytes) {
   const char* p = static_cast<const char*>(address);
-  int64_t offset = 0;
-  for (; offset + 256 <= bytes; offset += 256) {
-    prefetch_line_l2(p + offset);
-    prefetch_line_l2(p + offset + 64);
-    prefetch_line_l2(p + offset + 128);
-    prefetch_line_l2(p + offset + 192);
-  }
-  for (; offset < bytes; offset += 64) prefetch_line_l2(p + offset);
+  for (int64_t offset = 0; offset < bytes; offset += 64) prefetch_line_l2(p + offset);
 }
 
 }  // namespace anyattn::cpu
