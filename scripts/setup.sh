@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything anyattn's build, tests and benchmark need on a fresh Debian machine, and
 # nothing twice: system packages (apt), and with --python the virtual environment .venv with the
-# Python package installed in editable mode. Safe to run repeatedly.
+# Python package built from this tree and installed into it. Safe to run repeatedly. The one thing
+# it does not install is the Rust toolchain (>= 1.82, rustup), which this kind of machine has.
 #
 #   scripts/setup.sh            system packages only
 #   scripts/setup.sh --python   system packages, then .venv with numpy, pytest, torch (CPU use
