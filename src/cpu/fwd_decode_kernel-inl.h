@@ -459,7 +459,8 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
 
       direct_scores<kDtype>(q, layout.q_stride, rows_per_kv, unit, args.head_dim, &k_prefetch, s);
       scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv, crosses_boundary,
-                              head_rows, j0, s, scratch.m + r0, scratch.l + r0, o, dv_pad);
+                              head_rows, j0, s, scratch.m + r0, scratch.l + r0 * kRowSumSlots, o,
+                              dv_pad);
       if (crosses_boundary) {
         // Each row reads only the keys it may see: a masked key's probability is 0, and 0 times
         // an infinite or NaN value would otherwise leak NaN into the row. (No V prefetch here:

@@ -294,10 +294,12 @@ inline void transform_scores(const FwdArgs& args, const SeqInfo& seq,
 }
 
 // One online-softmax step for one row and one key block: s_row (64 scores, natural units,
-// masked = -inf) becomes probabilities relative to the updated max; *m and *l are updated and
-// o_row is rescaled only if the max moved. NaN scores make the row NaN, and so does a +inf score
-// (an infinite input, or a product beyond the f32 range), as in exact arithmetic (inf - inf).
-inline void online_softmax_row(float* s_row, float* m, float* l, float* o_row, int64_t dv_pad) {
+// masked = -inf) becomes probabilities relative to the updated max; *m and the row's lane sums
+// l_lanes (kLanes partial denominators) are updated and o_row is rescaled only if the max moved.
+// NaN scores make the row NaN, and so does a +inf score (an infinite input, or a product beyond
+// the f32 range), as in exact arithmetic (inf - inf).
+inline void online_softmax_row(float* s_row, float* m, float* l_lanes, float* o_row,
+                               int64_t dv_pad) {
   Vec block_max_vec = Vec::load(s_row);
   for (int64_t c = kLanes; c < kKeyBlock; c += kLanes) {
     block_max_vec = max_keep_b_nan(Vec::load(s_row + c), block_max_vec);
@@ -319,18 +321,25 @@ inline void online_softmax_row(float* s_row, float* m, float* l, float* o_row, i
   const Vec log2e = Vec::broadcast(kLog2e);
   Vec sum = Vec::zero();
   for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
-    const Vec p = exp2((Vec::load(s_row + c) - shift) * log2e);
+    // s - max <= 0 (or NaN): the exponent needs no clamp from above.
+    const Vec p = exp2_not_above_128((Vec::load(s_row + c) - shift) * log2e);
     p.store(s_row + c);
     sum = sum + p;
   }
+  Vec lanes = Vec::load(l_lanes);
   if (!(new_max == old_max)) {
     const float alpha = std::exp(old_max - new_max);
-    *l *= alpha;
     const Vec scale = Vec::broadcast(alpha);
+    lanes = lanes * scale;
     for (int64_t c = 0; c < dv_pad; c += kLanes) (Vec::load(o_row + c) * scale).store(o_row + c);
   }
-  *l += reduce_add(sum);
+  (lanes + sum).store(l_lanes);
   *m = new_max;
+}
+
+// The denominator of a row whose lane sums are at l_lanes.
+inline float row_denominator(const float* l_lanes) {
+  return reduce_add(Vec::load(l_lanes));
 }
 
 // Dropout on one block of probabilities, after the softmax update (the denominator keeps every
@@ -519,7 +528,7 @@ inline void scores_to_probabilities(const FwdArgs& args, const SeqInfo& seq,
     transform_scores(args, seq, transform, crosses_boundary, head_rows, j0, s);
   }
   for (int64_t r = 0; r < head_rows.count; ++r) {
-    online_softmax_row(s + r * kKeyBlock, m + r, l + r, o + r * dv_pad, dv_pad);
+    online_softmax_row(s + r * kKeyBlock, m + r, l + r * kRowSumSlots, o + r * dv_pad, dv_pad);
   }
   if (args.dropout_threshold != 0) apply_dropout(args, seq, head_rows, j0, s);
 }
@@ -575,7 +584,7 @@ inline void begin_task(const FwdArgs& args, const PackedLayout& layout, const At
   }
   for (int64_t r = 0; r < rows.count; ++r) {
     scratch.m[r] = kNegInfinity;
-    scratch.l[r] = 0.f;
+    Vec::zero().store(scratch.l + r * kRowSumSlots);
     for (int64_t c = 0; c < layout.dv_pad; c += kLanes) {
       Vec::zero().store(scratch.o + r * layout.dv_pad + c);
     }
@@ -593,7 +602,8 @@ inline void finish_task(const FwdArgs& args, const PackedLayout& layout, const A
       float* partial_o = task.partial.o + r * task.partial.o_row_stride;
       for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::load(o_row + c).store(partial_o + c);
       task.partial.m[r * task.partial.ml_row_stride] = scratch.m[r];
-      task.partial.l[r * task.partial.ml_row_stride] = scratch.l[r];
+      task.partial.l[r * task.partial.ml_row_stride] =
+          row_denominator(scratch.l + r * kRowSumSlots);
     }
     return;
   }
@@ -603,10 +613,11 @@ inline void finish_task(const FwdArgs& args, const PackedLayout& layout, const A
     const int64_t head_q = rows.head(r);
     const bool has_sink = args.sinks != nullptr;
     const float sink = has_sink ? args.sinks[head_q * args.sinks_stride] : 0.f;
+    const float denominator = row_denominator(scratch.l + r * kRowSumSlots);
     RowPartials parts;
     parts.o = scratch.o + r * dv_pad;
     parts.m = scratch.m + r;
-    parts.l = scratch.l + r;
+    parts.l = &denominator;
     void* out_row =
         element_address(args.out, args.dtype,
                         seq.out_offset + i * args.out_row_stride + head_q * args.out_head_stride);
@@ -683,7 +694,8 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
       compute_scores(scratch.q + r0 * layout.q_stride, layout.q_stride, rows_per_kv, kt,
                      args.head_dim, s, next_panel, layout.block_floats * 4);
       scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv, crosses_boundary,
-                              head_rows, j0, s, scratch.m + r0, scratch.l + r0, o, dv_pad);
+                              head_rows, j0, s, scratch.m + r0, scratch.l + r0 * kRowSumSlots, o,
+                              dv_pad);
       if (crosses_boundary && v_nonfinite) {
         accumulate_pv_visible_only(args, seq, head_rows, j0, s, v_panel, o, dv_pad);
       } else if (crosses_boundary) {

@@ -45,6 +45,10 @@ constexpr int64_t kDirectPrefetchL1Bytes = 2048;
 constexpr int64_t kDirectPrefetchL2Bytes = 8192;
 // Alignment of every packed block and scratch buffer, in bytes.
 constexpr int64_t kAlignment = 64;
+// Floats of one row's running softmax denominator in Scratch::l: one partial sum per vector lane
+// (16 is the widest ISA's lane count), added across lanes only when the row is written. This keeps
+// a horizontal sum (a chain of shuffles) out of every row of every key block.
+constexpr int64_t kRowSumSlots = 16;
 
 inline int64_t round_up(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
@@ -136,7 +140,7 @@ struct Scratch {
   float* s = nullptr;  // [row][64] scores, then probabilities, of one key block
   float* o = nullptr;  // [row][dv_pad] output accumulators
   float* m = nullptr;  // [row] running max (natural units)
-  float* l = nullptr;  // [row] running denominator
+  float* l = nullptr;  // [row][kRowSumSlots] running denominator, one partial sum per lane
   // Streaming tasks: one packed block per kv head of the task, then the K staging rows.
   float* panel = nullptr;
   float* staging = nullptr;
@@ -148,7 +152,7 @@ struct Scratch {
   // With `panel_heads_k` packed panels (streaming tasks that pack; 0 otherwise).
   static int64_t floats_needed(const PackedLayout& layout, int64_t panel_heads_k) {
     return kMaxQBlockRows * layout.q_stride + kMaxQBlockRows * kKeyBlock +
-           kMaxQBlockRows * layout.dv_pad + 2 * kMaxQBlockRows +
+           kMaxQBlockRows * layout.dv_pad + kMaxQBlockRows + kMaxQBlockRows * kRowSumSlots +
            panel_heads_k * layout.block_floats + staging_floats(layout, panel_heads_k);
   }
   // Carves the buffers out of `base` (64-byte aligned, floats_needed floats).
@@ -159,7 +163,7 @@ struct Scratch {
     scratch.o = scratch.s + kMaxQBlockRows * kKeyBlock;
     scratch.m = scratch.o + kMaxQBlockRows * layout.dv_pad;
     scratch.l = scratch.m + kMaxQBlockRows;
-    scratch.panel = scratch.l + kMaxQBlockRows;
+    scratch.panel = scratch.l + kMaxQBlockRows * kRowSumSlots;
     scratch.staging = scratch.panel + panel_heads_k * layout.block_floats;
     return scratch;
   }

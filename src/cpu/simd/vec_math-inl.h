@@ -2,12 +2,10 @@
 // after that ISA's vec_*.h. Coefficients are least-squares fits (Chebyshev nodes, relative error)
 // computed for this library; scripts/fit_polynomials.py regenerates them.
 
-// 2^x. Relative error below 2 ulp for x in (-125.5, 0]; exactly +0 for x <= -125.5 (x rounds to
-// n <= -126), so that no result is subnormal, which would cost a microcode assist per
-// instruction; +inf for x >= 128; NaN for NaN.
-inline Vec exp2(Vec x) {
+// 2^x for x <= 128 (or NaN): exp2 without the clamp from above, for arguments that cannot exceed
+// it, such as the softmax's s - max <= 0. Same results as exp2 there.
+inline Vec exp2_not_above_128(Vec x) {
   x = max_keep_b_nan(Vec::broadcast(-150.f), x);
-  x = min_keep_b_nan(Vec::broadcast(128.f), x);
   Vec n, f;  // x = n + f, n integral, f in [-0.5, 0.5]
   split_nearest(x, &n, &f);
   Vec p = Vec::broadcast(1.5337577497120947e-4f);
@@ -18,6 +16,13 @@ inline Vec exp2(Vec x) {
   p = fma(p, f, Vec::broadcast(6.931471824645996e-1f));
   p = fma(p, f, Vec::broadcast(1.0f));
   return scale_by_pow2(p, n);
+}
+
+// 2^x. Relative error below 2 ulp for x in (-125.5, 0]; exactly +0 for x <= -125.5 (x rounds to
+// n <= -126), so that no result is subnormal, which would cost a microcode assist per
+// instruction; +inf for x >= 128; NaN for NaN.
+inline Vec exp2(Vec x) {
+  return exp2_not_above_128(min_keep_b_nan(Vec::broadcast(128.f), x));
 }
 
 // tanh(y). An odd polynomial for |y| < 0.625 (no cancellation near 0), (1 - e) / (1 + e) with
