@@ -397,6 +397,7 @@ bool WriteJsonReport(const BenchReport& report, const std::string& path, std::st
     if (check.rows > 0) {
       json.Field("worst", check.worst);
       json.Field("worst_row", check.worst_row);
+      json.Field("median", check.median());
       json.Field("met", check.met());
     }
     json.EndObject();

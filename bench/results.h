@@ -86,7 +86,9 @@ struct RssCaseResult {
   double seconds = 0.0;
 };
 
-// One target: the worst measured value over the rows it covers, against its threshold.
+// One target: the worst measured value over the rows it covers, against its threshold. The
+// median over those rows is reported beside it: on a shared host one slow moment decides the
+// worst row, and the median shows where a typical row stands.
 struct TargetCheck {
   std::string name;
   // What the value is, e.g. "% of FMA peak" or "x".
@@ -97,7 +99,11 @@ struct TargetCheck {
   // The key of the row that gave `worst`.
   std::string worst_row;
   int rows = 0;
+  // Every covered row's value, in row order.
+  std::vector<double> values;
   bool met() const { return rows > 0 && worst >= threshold; }
+  // The median of `values` (the mean of the middle two for an even count); 0 when empty.
+  double median() const;
 };
 
 // Everything one invocation measured.
