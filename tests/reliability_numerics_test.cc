@@ -445,6 +445,93 @@ TEST(ReliabilityNumerics, ScoresNearF32RangeAndHugeSinksGiveNoNan) {
   }
 }
 
+// Scores that rise and fall from key block to key block by less and by more than the kernels'
+// headroom before they move a row's running max (2^8, about 5.5 in natural units), on every path
+// and with split keys: out and lse match the f64 reference by the 2x rule. Key j's score is
+// g(j) = base[j / 64] + 0.01 (j % 64) (q rows of 1/8, k rows of g(j) / 8, D = 64, scale 1). In
+// the first sequence several blocks carry weight, most of them reached without moving the max; in
+// the second a jump of 90 would overflow f32 (2^130) unless the max moves, and two blocks after it
+// carry the weight.
+TEST(ReliabilityNumerics, ScoresRisingAndFallingAcrossKeyBlocksMatchTheReference) {
+  const std::vector<std::vector<double>> sequences = {
+      {0.0, 3.0, 9.5, 14.5, 2.0, 15.5, 19.0, 17.0, 19.5},
+      {0.0, 3.0, 9.5, 14.5, 2.0, 19.8, 110.0, 112.0, 111.5}};
+  for (anyattn_isa isa : isas_to_test()) {
+    for (const std::vector<double>& base : sequences) {
+      for (int variant = 0; variant < 4; ++variant) {
+        Case c;
+        c.Sq = variant == 0 ? 1 : 70;
+        c.Sk = 64 * 8 + 17;
+        c.Hq = 2;
+        c.Hk = 1;
+        c.D = 64;
+        c.Dv = 48;
+        c.softmax_scale = 1.0f;
+        c.causal = variant == 2;
+        c.num_splits = variant == 3 ? 3 : 0;
+        c.isa = isa;
+        SCOPED_TRACE(c.describe() + " top score " + std::to_string(base.back()));
+        Problem p(c);
+        for (int64_t i = 0; i < c.Sq; ++i) {
+          for (int64_t h = 0; h < c.Hq; ++h) {
+            for (int64_t d = 0; d < c.D; ++d) {
+              const int64_t index[4] = {0, i, h, d};
+              store(p.q, index, 0.125);
+            }
+          }
+        }
+        for (int64_t j = 0; j < c.Sk; ++j) {
+          const double score =
+              base[static_cast<size_t>(j / 64)] + 0.01 * static_cast<double>(j % 64);
+          for (int64_t d = 0; d < c.D; ++d) {
+            const int64_t index[4] = {0, j, 0, d};
+            store(p.k, index, score / 8.0);
+          }
+        }
+        ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+        EXPECT_TRUE(check_outputs(p, p.reference(), p.naive_same_dtype()));
+      }
+    }
+  }
+}
+
+// Regression (fuzz_fwd, 2026-11-30): a NaN score in lane 2 of a key block hid larger scores in
+// the same lane of later vectors (keys 6, 18, 34) from the block's vector max, so s - max was
+// hugely positive and the portable exp2 converted 1.6e28 to int (undefined behaviour). The row
+// is NaN, as exact arithmetic gives, on every path, in the first key block and in a later one.
+TEST(ReliabilityNumerics, NanScoreHidingLargerScoresFromTheBlockMaxGivesANanRow) {
+  for (anyattn_isa isa : isas_to_test()) {
+    for (int64_t block = 0; block < 2; ++block) {
+      Case c;
+      c.Sq = 3;
+      c.Sk = 130;
+      c.D = c.Dv = 64;
+      c.softmax_scale = 1.0f;
+      c.isa = isa;
+      SCOPED_TRACE(c.describe() + " block " + std::to_string(block));
+      Problem p(c);
+      for (int64_t i = 0; i < c.Sq; ++i) {
+        for (int64_t d = 0; d < c.D; ++d) {
+          const int64_t index[4] = {0, i, 0, d};
+          store(p.q, index, 0.125);
+        }
+      }
+      const int64_t first = 64 * block;
+      const int64_t nan_index[4] = {0, first + 2, 0, 0};
+      store(p.k, nan_index, kNan);
+      for (int64_t key : {first + 6, first + 18, first + 34}) {
+        for (int64_t d = 0; d < c.D; ++d) {
+          const int64_t index[4] = {0, key, 0, d};
+          store(p.k, index, 1e9);
+        }
+      }
+      ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+      for (double x : p.out_values()) EXPECT_TRUE(std::isnan(x)) << x;
+      for (double x : p.lse_values()) EXPECT_TRUE(std::isnan(x)) << x;
+    }
+  }
+}
+
 // softmax_scale / softcap below the f32 range (1e-30 / 1e30): the kernels scale q by
 // softmax_scale and divide the score by softcap separately, so
 // softcap * tanh(scale * <q, k> / softcap) (~1e-5 here) is kept rather than flushed to 0.

@@ -24,7 +24,8 @@
 //        blocks that cross a row's window boundary or the end of the keys; blocks outside every
 //        row's window were never visited (the block range is clipped first).
 //     3. Online softmax per row: new max, P = 2^(S - max) in place, running sum; the output
-//        accumulators are rescaled only when the row max moved.
+//        accumulators are rescaled only when the row max moves, and the max moves only when a
+//        block's scores rise more than 2^8 above it (kStaleMaxHeadroom).
 //     4. O[rows][dv_pad] += P V with a kPvRows x (kPvVecs * lanes) register tile over the packed
 //        V rows. O (64 rows x dv_pad floats) stays in L1/L2 for the whole task. On boundary blocks
 //        each row tile stops after the last key its rows may see: on a causal diagonal block that
@@ -293,13 +294,45 @@ inline void transform_scores(const FwdArgs& args, const SeqInfo& seq,
   }
 }
 
+// How far (in log2 units) a block's scores may rise above a row's running max before the max is
+// moved. Below it the block's probabilities are taken relative to the old max: they stay under
+// 2^8, far inside the f32 range, and the block costs no horizontal max and no rescaling of o. The
+// row's partial (o, m, l) stays consistent, l = sum_j 2^((s_j - m) log2 e) for whatever m it
+// holds, so out and lse are the same up to rounding.
+constexpr float kStaleMaxHeadroom = 8.f;
+
 // One online-softmax step for one row and one key block: s_row (64 scores, natural units,
-// masked = -inf) becomes probabilities relative to the updated max; *m and the row's lane sums
-// l_lanes (kLanes partial denominators) are updated and o_row is rescaled only if the max moved.
-// NaN scores make the row NaN, and so does a +inf score (an infinite input, or a product beyond
-// the f32 range), as in exact arithmetic (inf - inf).
+// masked = -inf) becomes probabilities relative to the row's max *m, which moves to the block's
+// max only when a score exceeds it by more than kStaleMaxHeadroom (log2 units) or when the row
+// has no max yet; o_row and the row's lane sums l_lanes (kLanes partial denominators) are rescaled
+// when it moves. NaN scores make the row NaN, and so does a +inf score (an infinite input, or a
+// product beyond the f32 range), as in exact arithmetic (inf - inf).
 inline void online_softmax_row(float* s_row, float* m, float* l_lanes, float* o_row,
                                int64_t dv_pad) {
+  constexpr int kVectors = static_cast<int>(kKeyBlock / kLanes);
+  const float old_max = *m;
+  const Vec log2e = Vec::broadcast(kLog2e);
+  if (std::isfinite(old_max)) {
+    const Vec shift = Vec::broadcast(old_max);
+    Vec exponents[kVectors];
+    Vec highest = Vec::broadcast(kNegInfinity);
+    for (int c = 0; c < kVectors; ++c) {
+      exponents[c] = (Vec::load(s_row + c * kLanes) - shift) * log2e;
+      highest = max_keep_b_nan(exponents[c], highest);
+    }
+    if (!any_above(highest, kStaleMaxHeadroom)) {
+      // Every exponent is <= 8 or NaN (`highest` skips NaN lanes but never becomes NaN itself);
+      // a NaN makes the row NaN through l.
+      Vec sum = Vec::zero();
+      for (int c = 0; c < kVectors; ++c) {
+        const Vec p = exp2_not_above_128(exponents[c]);
+        p.store(s_row + c * kLanes);
+        sum = sum + p;
+      }
+      (Vec::load(l_lanes) + sum).store(l_lanes);
+      return;
+    }
+  }
   Vec block_max_vec = Vec::load(s_row);
   for (int64_t c = kLanes; c < kKeyBlock; c += kLanes) {
     block_max_vec = max_keep_b_nan(Vec::load(s_row + c), block_max_vec);
@@ -311,18 +344,17 @@ inline void online_softmax_row(float* s_row, float* m, float* l_lanes, float* o_
       if (std::isnan(s_row[j])) block_max = s_row[j];
     }
   }
-  const float old_max = *m;
   const float new_max = std::isnan(block_max) || block_max > old_max ? block_max : old_max;
   if (new_max == kNegInfinity) {
     for (int64_t c = 0; c < kKeyBlock; c += kLanes) Vec::zero().store(s_row + c);
     return;
   }
   const Vec shift = Vec::broadcast(new_max);
-  const Vec log2e = Vec::broadcast(kLog2e);
   Vec sum = Vec::zero();
   for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
-    // s - max <= 0 (or NaN): the exponent needs no clamp from above.
-    const Vec p = exp2_not_above_128((Vec::load(s_row + c) - shift) * log2e);
+    // Clamped exp2: a NaN lane can hide a larger score from the vector max above, so s - max may
+    // be positive here (the row is NaN then, through that NaN's probability).
+    const Vec p = exp2((Vec::load(s_row + c) - shift) * log2e);
     p.store(s_row + c);
     sum = sum + p;
   }

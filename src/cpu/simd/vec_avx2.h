@@ -66,6 +66,10 @@ inline Vec select_in_range(Vec value, Vec position, float lo, float hi, Vec fill
                                       _mm256_cmp_ps(position.v, _mm256_set1_ps(hi), _CMP_LT_OQ));
   return {_mm256_blendv_ps(fill.v, value.v, inside)};
 }
+// True when some lane of a is greater than bound (NaN lanes are not).
+inline bool any_above(Vec a, float bound) {
+  return _mm256_movemask_ps(_mm256_cmp_ps(a.v, _mm256_set1_ps(bound), _CMP_GT_OQ)) != 0;
+}
 inline Vec select_abs_less(Vec a, float bound, Vec small, Vec large) {
   const __m256 mask = _mm256_cmp_ps(abs(a).v, _mm256_set1_ps(bound), _CMP_LT_OQ);
   return {_mm256_blendv_ps(large.v, small.v, mask)};

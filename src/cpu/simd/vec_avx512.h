@@ -71,6 +71,10 @@ inline Vec select_in_range(Vec value, Vec position, float lo, float hi, Vec fill
                            _mm512_cmp_ps_mask(position.v, _mm512_set1_ps(hi), _CMP_LT_OQ);
   return {_mm512_mask_blend_ps(inside, fill.v, value.v)};
 }
+// True when some lane of a is greater than bound (NaN lanes are not).
+inline bool any_above(Vec a, float bound) {
+  return _mm512_cmp_ps_mask(a.v, _mm512_set1_ps(bound), _CMP_GT_OQ) != 0;
+}
 // Lanes where |a| < bound take `small`, else `large` (NaN takes `large`).
 inline Vec select_abs_less(Vec a, float bound, Vec small, Vec large) {
   const __mmask16 mask = _mm512_cmp_ps_mask(_mm512_abs_ps(a.v), _mm512_set1_ps(bound), _CMP_LT_OQ);

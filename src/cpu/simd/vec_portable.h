@@ -82,6 +82,12 @@ inline Vec abs(Vec a) {
 inline Vec select_in_range(Vec value, Vec position, float lo, float hi, Vec fill) {
   ANYATTN_PORTABLE_LANEWISE(position.v[i] >= lo && position.v[i] < hi ? value.v[i] : fill.v[i]);
 }
+// True when some lane of a is greater than bound (NaN lanes are not).
+inline bool any_above(Vec a, float bound) {
+  bool above = false;
+  for (int i = 0; i < Vec::kLanes; ++i) above = above || a.v[i] > bound;
+  return above;
+}
 inline Vec select_abs_less(Vec a, float bound, Vec small, Vec large) {
   ANYATTN_PORTABLE_LANEWISE(std::fabs(a.v[i]) < bound ? small.v[i] : large.v[i]);
 }
