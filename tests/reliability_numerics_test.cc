@@ -29,6 +29,21 @@ bool same_bits(double a, double b) {
   return a == b || (std::isnan(a) && std::isnan(b));
 }
 
+// Sets every element of p's q to `value`.
+void fill_q(Problem& p, double value) {
+  const Case& c = p.spec();
+  for (int64_t b = 0; b < c.B; ++b) {
+    for (int64_t i = 0; i < c.Sq; ++i) {
+      for (int64_t h = 0; h < c.Hq; ++h) {
+        for (int64_t d = 0; d < c.D; ++d) {
+          const int64_t index[4] = {b, i, h, d};
+          store(p.q, index, value);
+        }
+      }
+    }
+  }
+}
+
 // The ISA paths to exercise: all of them, or only the default one in a reduced sweep.
 std::vector<anyattn_isa> isas_to_test() {
   return reduced_sweep() ? std::vector<anyattn_isa>{ANYATTN_ISA_AUTO} : supported_isas();
@@ -138,14 +153,7 @@ TEST(ReliabilityNumerics, HugeLogitsGiveOneHotSoftmaxWithoutNan) {
           c.isa = isa;
           SCOPED_TRACE(c.describe());
           Problem p(c);
-          for (int64_t i = 0; i < c.Sq; ++i) {
-            for (int64_t h = 0; h < c.Hq; ++h) {
-              for (int64_t d = 0; d < c.D; ++d) {
-                const int64_t index[4] = {0, i, h, d};
-                store(p.q, index, 1e15);
-              }
-            }
-          }
+          fill_q(p, 1e15);
           for (int64_t j = 0; j < c.Sk; ++j) {
             const double sign = j % 2 == 0 ? 1.0 : -1.0;
             for (int64_t d = 0; d < c.D; ++d) {
@@ -472,14 +480,7 @@ TEST(ReliabilityNumerics, ScoresRisingAndFallingAcrossKeyBlocksMatchTheReference
         c.isa = isa;
         SCOPED_TRACE(c.describe() + " top score " + std::to_string(base.back()));
         Problem p(c);
-        for (int64_t i = 0; i < c.Sq; ++i) {
-          for (int64_t h = 0; h < c.Hq; ++h) {
-            for (int64_t d = 0; d < c.D; ++d) {
-              const int64_t index[4] = {0, i, h, d};
-              store(p.q, index, 0.125);
-            }
-          }
-        }
+        fill_q(p, 0.125);
         for (int64_t j = 0; j < c.Sk; ++j) {
           const double score =
               base[static_cast<size_t>(j / 64)] + 0.01 * static_cast<double>(j % 64);
@@ -510,12 +511,7 @@ TEST(ReliabilityNumerics, NanScoreHidingLargerScoresFromTheBlockMaxGivesANanRow)
       c.isa = isa;
       SCOPED_TRACE(c.describe() + " block " + std::to_string(block));
       Problem p(c);
-      for (int64_t i = 0; i < c.Sq; ++i) {
-        for (int64_t d = 0; d < c.D; ++d) {
-          const int64_t index[4] = {0, i, 0, d};
-          store(p.q, index, 0.125);
-        }
-      }
+      fill_q(p, 0.125);
       const int64_t first = 64 * block;
       const int64_t nan_index[4] = {0, first + 2, 0, 0};
       store(p.k, nan_index, kNan);
