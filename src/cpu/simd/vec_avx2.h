@@ -93,6 +93,11 @@ inline void split_nearest(Vec x, Vec* n, Vec* f) {
   n->v = _mm256_round_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   f->v = _mm256_sub_ps(x.v, n->v);
 }
+// split_nearest for exp2's argument, any x <= 128 or NaN: x is first clamped to -150 or above, so
+// that -inf and huge negative x reach split_nearest's range (2^-150 rounds to 0 all the same).
+inline void split_for_exp2(Vec x, Vec* n, Vec* f) {
+  split_nearest(max_keep_b_nan(Vec::broadcast(-150.f), x), n, f);
+}
 
 // Lane k of the result is the sum of the lanes of in[k], k < 8: eight horizontal sums in three
 // shuffle-and-add stages.

@@ -101,6 +101,13 @@ inline void split_nearest(Vec x, Vec* n, Vec* f) {
   n->v = _mm512_sub_ps(x.v, f->v);
 }
 
+// split_nearest for exp2's argument, any x <= 128 or NaN: vreduceps gives a fraction of 0 for
+// -inf and for every |x| >= 2^23, so n = x exactly and scale_by_pow2 turns every n <= -126,
+// -inf included, into 0. No clamp from below is needed (one instruction less per exp2).
+inline void split_for_exp2(Vec x, Vec* n, Vec* f) {
+  split_nearest(x, n, f);
+}
+
 // Lane k of the result is the sum of the lanes of in[k], k < 16: sixteen horizontal sums in four
 // shuffle-and-add stages (45 instructions) instead of sixteen separate reductions.
 // Always inlined: GCC 12 called it out of line from the decode score loop, and inlining made that

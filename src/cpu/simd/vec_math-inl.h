@@ -5,9 +5,8 @@
 // 2^x for x <= 128 (or NaN): exp2 without the clamp from above, for arguments that cannot exceed
 // it, such as the softmax's s - max <= 0. Same results as exp2 there.
 inline Vec exp2_not_above_128(Vec x) {
-  x = max_keep_b_nan(Vec::broadcast(-150.f), x);
-  Vec n, f;  // x = n + f, n integral, f in [-0.5, 0.5]
-  split_nearest(x, &n, &f);
+  Vec n, f;  // x = n + f, n integral (or -inf), f in [-0.5, 0.5]
+  split_for_exp2(x, &n, &f);
   Vec p = Vec::broadcast(1.5337577497120947e-4f);
   p = fma(p, f, Vec::broadcast(1.3399859890341759e-3f));
   p = fma(p, f, Vec::broadcast(9.618519805371761e-3f));

@@ -99,6 +99,11 @@ inline void split_nearest(Vec x, Vec* n, Vec* f) {
   for (int i = 0; i < Vec::kLanes; ++i) n->v[i] = std::nearbyint(x.v[i]);
   *f = x - *n;
 }
+// split_nearest for exp2's argument, any x <= 128 or NaN: x is first clamped to -150 or above, so
+// that -inf and huge negative x reach split_nearest's range (2^-150 rounds to 0 all the same).
+inline void split_for_exp2(Vec x, Vec* n, Vec* f) {
+  split_nearest(max_keep_b_nan(Vec::broadcast(-150.f), x), n, f);
+}
 // 2^n * p for integral-valued n; n <= -126 (or NaN) scales by exactly 0, like the other paths:
 // no result is subnormal.
 inline Vec scale_by_pow2(Vec p, Vec n) {
