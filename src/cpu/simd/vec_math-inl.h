@@ -2,8 +2,9 @@
 // after that ISA's vec_*.h. Coefficients are least-squares fits (Chebyshev nodes, relative error)
 // computed for this library; scripts/fit_polynomials.py regenerates them.
 
-// 2^x for x <= 128 (or NaN): exp2 without the clamp from above, for arguments that cannot exceed
-// it, such as the softmax's s - max <= 0. Same results as exp2 there.
+// 2^x for x <= 128 (or NaN): exp2 without the clamp from above, for arguments known not to exceed
+// it, such as the online softmax's exponents once it has checked that none is above 8. Same
+// results as exp2 there.
 inline Vec exp2_not_above_128(Vec x) {
   Vec n, f;  // x = n + f, n integral (or -inf), f in [-0.5, 0.5]
   split_for_exp2(x, &n, &f);
