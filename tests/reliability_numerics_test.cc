@@ -500,6 +500,9 @@ TEST(ReliabilityNumerics, ScoresRisingAndFallingAcrossKeyBlocksMatchTheReference
 // the same lane of later vectors (keys 6, 18, 34) from the block's vector max, so s - max was
 // hugely positive and the portable exp2 converted 1.6e28 to int (undefined behaviour). The row
 // is NaN, as exact arithmetic gives, on every path, in the first key block and in a later one.
+// The row was NaN under the bug too: what catches the conversion itself is clang's UBSan (GCC's
+// -fsanitize=undefined leaves out float-cast-overflow) replaying the crashing input, kept as
+// fuzz/corpus/fuzz_fwd/regression-nan-hides-block-max.
 TEST(ReliabilityNumerics, NanScoreHidingLargerScoresFromTheBlockMaxGivesANanRow) {
   for (anyattn_isa isa : isas_to_test()) {
     for (int64_t block = 0; block < 2; ++block) {
