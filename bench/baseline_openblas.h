@@ -12,6 +12,10 @@
 
 namespace anyattn_bench {
 
+// Seconds after a call during which Debian's pthread OpenBLAS keeps its workers spinning (about
+// 2^28 cycles) before they sleep; whatever runs next on the same cores waits this long first.
+constexpr double kOpenBlasSpinSeconds = 0.1;
+
 class UnfusedBaseline {
  public:
   // Allocates the score matrix of `shape` and, for bf16, f32 copies of q, k, v and out; sets

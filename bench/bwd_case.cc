@@ -2,6 +2,7 @@
 
 #include "anyattn_runner.h"
 #include "bench_cases.h"
+#include "peak_alongside.h"
 #include "tensors.h"
 
 namespace anyattn_bench {
@@ -67,7 +68,10 @@ BwdRow RunBwdCase(const FwdShape& shape, const MachineLimits& limits,
     row.anyattn_error = "forward: " + row.anyattn_error;
     return row;
   }
-  row.anyattn = TimeRepeated([&] { return call.Run(&row.anyattn_error); }, settings.policy);
+  const TimedAlongsidePeak timed = TimeAlongsidePeak(
+      limits.threads, [&] { return call.Run(&row.anyattn_error); }, nullptr, settings.policy);
+  row.anyattn = timed.anyattn;
+  row.peak_now_gflops = timed.peak_now_gflops;
   if (row.anyattn) {
     row.gradients_finite = AllFinite(dq.data(), shape.dtype, q_elements) &&
                            AllFinite(dk.data(), shape.dtype, kv_elements) &&

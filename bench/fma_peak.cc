@@ -119,6 +119,17 @@ double TimeFmaThreads(VectorIsa isa, int threads, int64_t iterations) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Iterations of the FMA loop of `isa` that one thread runs in about `seconds`.
+int64_t CalibratedIterations(VectorIsa isa, double seconds) {
+  int64_t iterations = 1 << 16;
+  double elapsed = TimeFmaThreads(isa, 1, iterations);
+  while (elapsed < 0.01) {
+    iterations *= 4;
+    elapsed = TimeFmaThreads(isa, 1, iterations);
+  }
+  return std::max<int64_t>(1, static_cast<int64_t>(iterations * seconds / elapsed));
+}
+
 }  // namespace
 
 VectorIsa DetectVectorIsa() {
@@ -141,25 +152,23 @@ const char* VectorIsaName(VectorIsa isa) {
 }
 
 double MeasureFmaPeakGflops(int threads, double seconds) {
-  const VectorIsa isa = DetectVectorIsa();
-  const double flops_per_iteration = 2.0 * kAccumulators * LanesPerFma(isa);
-  // Calibrate the iteration count on one short single-threaded run, then time full trials.
-  int64_t iterations = 1 << 16;
-  double elapsed = TimeFmaThreads(isa, 1, iterations);
-  while (elapsed < 0.01) {
-    iterations *= 4;
-    elapsed = TimeFmaThreads(isa, 1, iterations);
-  }
   // Many short trials rather than a few long ones: other work on the machine can only lower a
   // trial's rate, so the best short trial is the best estimate of what the cores can do.
   constexpr int kTrials = 15;
-  iterations = std::max<int64_t>(1, static_cast<int64_t>(iterations * seconds / kTrials / elapsed));
+  const FmaBurst trial(threads, seconds / kTrials);
   double best = 0.0;
-  for (int trial = 0; trial < kTrials; ++trial) {
-    const double trial_seconds = TimeFmaThreads(isa, threads, iterations);
-    best = std::max(best, flops_per_iteration * iterations * threads / trial_seconds * 1e-9);
-  }
+  for (int t = 0; t < kTrials; ++t) best = std::max(best, trial.Run());
   return best;
+}
+
+FmaBurst::FmaBurst(int threads, double seconds)
+    : isa_(DetectVectorIsa()),
+      threads_(threads),
+      iterations_(CalibratedIterations(isa_, seconds)) {}
+
+double FmaBurst::Run() const {
+  const double flops = 2.0 * kAccumulators * LanesPerFma(isa_) * iterations_ * threads_;
+  return flops / TimeFmaThreads(isa_, threads_, iterations_) * 1e-9;
 }
 
 }  // namespace anyattn_bench

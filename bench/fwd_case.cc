@@ -1,10 +1,12 @@
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <sstream>
 
 #include "anyattn_runner.h"
 #include "baseline_openblas.h"
 #include "bench_cases.h"
+#include "peak_alongside.h"
 #include "tensors.h"
 
 namespace anyattn_bench {
@@ -59,33 +61,43 @@ FwdRow RunFwdCase(const FwdShape& shape, const MachineLimits& limits,
   const AnyattnFwdCall call(shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads_q,
                             shape.heads_k, shape.head_dim, shape.dtype, shape.causal, settings.isa,
                             q.data(), k.data(), v.data(), out.data());
-  row.anyattn = TimeRepeated([&] { return call.Run(&row.anyattn_error); }, settings.policy);
 
+  // The baseline, unless disabled or over the score-matrix cap.
+  std::unique_ptr<UnfusedBaseline> baseline;
+  AlignedBuffer baseline_out;
+  const double score_bytes = UnfusedBaseline::ScoreBytes(shape);
   if (!settings.run_baseline) {
     row.baseline_skipped = "disabled";
-    return row;
-  }
-  const double score_bytes = UnfusedBaseline::ScoreBytes(shape);
-  if (score_bytes > settings.baseline_cap_bytes) {
+  } else if (score_bytes > settings.baseline_cap_bytes) {
     std::ostringstream reason;
     reason << "scores " << score_bytes / (1 << 20) << " MiB > cap "
            << settings.baseline_cap_bytes / (1 << 20) << " MiB";
     row.baseline_skipped = reason.str();
-    return row;
+  } else {
+    baseline_out = AlignedBuffer(q_elements * element_bytes);
+    baseline = std::make_unique<UnfusedBaseline>(shape, limits.threads);
+    if (!baseline->ok() || !baseline_out.data()) {
+      row.baseline_skipped = "could not allocate the score matrix";
+      baseline.reset();
+    }
   }
-  AlignedBuffer baseline_out(q_elements * element_bytes);
-  UnfusedBaseline baseline(shape, limits.threads);
-  if (!baseline.ok() || !baseline_out.data()) {
-    row.baseline_skipped = "could not allocate the score matrix";
-    return row;
-  }
-  row.baseline = TimeRepeated(
-      [&] {
-        baseline.Run(q.data(), k.data(), v.data(), baseline_out.data());
-        return true;
-      },
+
+  // The baseline in alternation with anyattn, so that the ratio sees one state of the host; it
+  // rests after each chunk so that its spinning workers do not slow anyattn.
+  InterleavedRun blas;
+  blas.run = [&] {
+    baseline->Run(q.data(), k.data(), v.data(), baseline_out.data());
+    return true;
+  };
+  blas.rest_seconds = kOpenBlasSpinSeconds;
+  const TimedAlongsidePeak timed = TimeAlongsidePeak(
+      limits.threads, [&] { return call.Run(&row.anyattn_error); }, baseline ? &blas : nullptr,
       settings.policy);
-  if (row.anyattn) {
+  row.anyattn = timed.anyattn;
+  row.peak_now_gflops = timed.peak_now_gflops;
+  if (!baseline) return row;
+  row.baseline = timed.peer;
+  if (row.anyattn && row.baseline) {
     row.max_abs_diff = MaxAbsDiff(out.data(), baseline_out.data(), shape.dtype, q_elements);
     row.outputs_agree = row.max_abs_diff <= Tolerance(shape.dtype);
   }

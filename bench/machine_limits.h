@@ -4,6 +4,7 @@
 #define ANYATTN_BENCH_MACHINE_LIMITS_H_
 
 #include <cstddef>
+#include <cstdint>
 
 namespace anyattn_bench {
 
@@ -20,6 +21,21 @@ const char* VectorIsaName(VectorIsa isa);
 // unrolled register-only FMA loop with independent accumulators. Spends about `seconds` in 15
 // trials and returns the best. Requires threads >= 1.
 double MeasureFmaPeakGflops(int threads, double seconds);
+
+// One trial of that measurement, calibrated once: `threads` threads each run the FMA loop for
+// about `seconds`. Run() can then be repeated between other timed calls to see what the cores
+// deliver at that moment.
+class FmaBurst {
+ public:
+  FmaBurst(int threads, double seconds);
+  // Runs one burst; returns its GFLOP/s.
+  double Run() const;
+
+ private:
+  VectorIsa isa_;
+  int threads_;
+  int64_t iterations_;
+};
 
 // Streaming read bandwidth in GB/s (1e9 bytes/s) of `threads` threads summing disjoint slices of
 // one buffer of `bytes` bytes with vector loads. The buffer is written once first so that every

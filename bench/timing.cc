@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -24,17 +25,44 @@ TimingResult SummarizeRuns(std::vector<double> seconds) {
   return result;
 }
 
-std::optional<TimingResult> TimeRepeated(const std::function<bool()>& run,
-                                         const TimingPolicy& policy) {
+namespace {
+
+// Shortest chunk of consecutive calls per implementation and round: long enough that the switch
+// between implementations (and a rest) costs little against it.
+constexpr double kMinChunkSeconds = 0.1;
+
+// Warms `run` up as TimeRepeated does; returns the last call's seconds, or a negative value when a
+// call failed.
+double WarmUp(const std::function<bool()>& run, const TimingPolicy& policy) {
   const double warmup_start = NowSeconds();
   double single_run_seconds = 0.0;
-  int warmup_runs = 0;
   do {
     const double start = NowSeconds();
-    if (!run()) return std::nullopt;
+    if (!run()) return -1.0;
     single_run_seconds = NowSeconds() - start;
-    ++warmup_runs;
   } while (NowSeconds() - warmup_start < policy.warmup_seconds);
+  return single_run_seconds;
+}
+
+void Rest(double seconds) {
+  if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
+}  // namespace
+
+double MedianOfLast(const std::vector<double>& values, int count) {
+  const size_t taken = std::min(values.size(), static_cast<size_t>(std::max(count, 0)));
+  if (taken == 0) return 0.0;
+  std::vector<double> last(values.end() - taken, values.end());
+  std::sort(last.begin(), last.end());
+  const size_t mid = taken / 2;
+  return taken % 2 == 1 ? last[mid] : 0.5 * (last[mid - 1] + last[mid]);
+}
+
+std::optional<TimingResult> TimeRepeated(const std::function<bool()>& run,
+                                         const TimingPolicy& policy) {
+  const double single_run_seconds = WarmUp(run, policy);
+  if (single_run_seconds < 0) return std::nullopt;
 
   int runs =
       static_cast<int>(std::ceil(policy.target_seconds / std::max(single_run_seconds, 1e-9)));
@@ -49,6 +77,50 @@ std::optional<TimingResult> TimeRepeated(const std::function<bool()>& run,
     seconds.push_back(NowSeconds() - start);
   }
   return SummarizeRuns(std::move(seconds));
+}
+
+std::vector<std::optional<TimingResult>> TimeInterleaved(const std::vector<InterleavedRun>& runs,
+                                                         const TimingPolicy& policy) {
+  const size_t count = runs.size();
+  std::vector<double> single(count, 0.0);
+  std::vector<bool> failed(count, false);
+  double slowest = 0.0;
+  for (size_t i = 0; i < count; ++i) {
+    single[i] = WarmUp(runs[i].run, policy);
+    failed[i] = single[i] < 0;
+    Rest(runs[i].rest_seconds);
+    if (!failed[i]) slowest = std::max(slowest, single[i]);
+  }
+
+  const double chunk_seconds = std::max(kMinChunkSeconds, slowest);
+  int rounds = static_cast<int>(std::ceil(policy.target_seconds / chunk_seconds));
+  rounds = std::clamp(rounds, policy.min_runs, std::max(policy.min_runs, policy.max_runs));
+  if (slowest > policy.long_run_seconds) rounds = std::max(1, policy.min_runs_long);
+  std::vector<int> chunk(count, 1);
+  for (size_t i = 0; i < count; ++i) {
+    const double calls = std::floor(chunk_seconds / std::max(single[i], 1e-9));
+    chunk[i] =
+        static_cast<int>(std::clamp(calls, 1.0, static_cast<double>(runs[i].max_chunk_runs)));
+  }
+
+  std::vector<std::vector<double>> seconds(count);
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < count; ++i) {
+      if (failed[i]) continue;
+      for (int call = 0; call < chunk[i] && !failed[i]; ++call) {
+        const double start = NowSeconds();
+        failed[i] = !runs[i].run();
+        seconds[i].push_back(NowSeconds() - start);
+      }
+      Rest(runs[i].rest_seconds);
+    }
+  }
+
+  std::vector<std::optional<TimingResult>> results(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (!failed[i]) results[i] = SummarizeRuns(std::move(seconds[i]));
+  }
+  return results;
 }
 
 }  // namespace anyattn_bench

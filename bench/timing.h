@@ -37,10 +37,34 @@ double NowSeconds();
 // Run count, min, max and median of the given run times (at least one).
 TimingResult SummarizeRuns(std::vector<double> seconds);
 
+// The median of the last `count` of `values` (all of them when there are fewer); 0 when empty.
+double MedianOfLast(const std::vector<double>& values, int count);
+
 // Calls run() for warm-up and then for the timed runs of `policy`. run() returns false on failure,
 // which stops the timing and yields std::nullopt (run() is expected to have reported the error).
 std::optional<TimingResult> TimeRepeated(const std::function<bool()>& run,
                                          const TimingPolicy& policy);
+
+// One of the implementations TimeInterleaved alternates.
+struct InterleavedRun {
+  // One call; returns false on failure (and is expected to have reported the error).
+  std::function<bool()> run;
+  // Seconds to sleep after each of its chunks, before the next implementation runs: OpenBLAS's
+  // workers spin for about 0.1 s after a call and would slow whatever ran next.
+  double rest_seconds = 0.0;
+  // Most calls per chunk (a fixed-length probe such as an FMA burst needs only one per round).
+  int max_chunk_runs = 1 << 20;
+};
+
+// Times several implementations in alternation, so that a slow moment of a shared host falls on
+// all of them alike and the ratios of their medians compare like with like. Each is warmed up as
+// in TimeRepeated; then every round runs each implementation in turn for a chunk of consecutive
+// calls lasting about as long as one call of the slowest (at least kMinChunkSeconds), until each
+// has had about policy.target_seconds (min_runs to max_runs rounds; min_runs_long rounds when a
+// call exceeds long_run_seconds). Results are in the order of `runs`; an implementation whose call
+// fails gets std::nullopt and drops out of the later rounds.
+std::vector<std::optional<TimingResult>> TimeInterleaved(const std::vector<InterleavedRun>& runs,
+                                                         const TimingPolicy& policy);
 
 }  // namespace anyattn_bench
 
