@@ -2,8 +2,8 @@
 """anyattn against torch.nn.functional.scaled_dot_product_attention on CPU, in the same process.
 
 Runs anyattn_bench's shapes (the forward table and the decode table) for each thread count, with
-both implementations timed the same way (warm-up, then the median of several runs), prints the
-ratios as it goes, writes JSON and, when matplotlib is installed, a PNG of GFLOP/s against
+both implementations timed in alternation (warm-up, then rounds of a chunk of calls of each; the
+median call of each), prints the ratios as it goes, writes JSON and, when matplotlib is installed, a PNG of GFLOP/s against
 sequence length with one line per implementation.
 
     python3 bench/torch_sdpa.py --lib build-bench/src/libanyattn.so [--quick] [--threads-list 1,2]
@@ -20,6 +20,7 @@ If torch is not importable the script says so and exits 0.
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -110,28 +111,57 @@ def flops(shape):
         shape["seqlen_q"], shape["seqlen_k"], shape["causal"])
 
 
-def time_repeated(run, target_seconds, min_runs, max_runs=25, warmup_seconds=0.1,
-                  long_run_seconds=2.0, min_runs_long=2):
-    """Times run() the way anyattn_bench does (bench/timing.h): warm-up of at least one run and
-    warmup_seconds, then clamp(ceil(target / run time), min_runs, max_runs) timed runs
-    (min_runs_long runs when a single run exceeds long_run_seconds). Returns median/min/max in
-    seconds and the count."""
+def warm_up(run, warmup_seconds):
+    """Runs run() for at least one call and warmup_seconds; returns the last call's seconds."""
     start = time.perf_counter()
     while True:
         run_start = time.perf_counter()
         run()
         single = time.perf_counter() - run_start
         if time.perf_counter() - start >= warmup_seconds:
-            break
-    runs = max(min_runs, min(max_runs, -(-target_seconds // max(single, 1e-9))))
-    runs = min(min_runs, min_runs_long) if single > long_run_seconds else int(runs)
-    samples = []
-    for _ in range(runs):
-        run_start = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - run_start)
-    return dict(median_s=statistics.median(samples), min_s=min(samples), max_s=max(samples),
-                runs=runs)
+            return single
+
+
+def time_interleaved(runs, target_seconds, min_runs, max_runs=25, warmup_seconds=0.1,
+                     long_run_seconds=2.0, min_runs_long=2, min_chunk_seconds=0.1):
+    """Times several zero-argument functions in alternation, as anyattn_bench does (TimeInterleaved
+    in bench/timing.h), so that a slow moment of a shared host falls on all of them alike: each
+    warms up, then every round runs each in turn for a chunk of calls about as long as one call of
+    the slowest (at least min_chunk_seconds), for clamp(ceil(target / chunk), min_runs, max_runs)
+    rounds (min_runs_long when a call exceeds long_run_seconds). Returns, per function, a dict of
+    median/min/max seconds and the run count, or the RuntimeError its call raised (it then drops
+    out of the later rounds)."""
+    results = [None] * len(runs)
+    single = [0.0] * len(runs)
+    for i, run in enumerate(runs):
+        try:
+            single[i] = warm_up(run, warmup_seconds)
+        except RuntimeError as error:
+            results[i] = error
+    slowest = max((single[i] for i in range(len(runs)) if results[i] is None), default=0.0)
+    chunk_seconds = max(min_chunk_seconds, slowest)
+    rounds = max(min_runs, min(max_runs, math.ceil(target_seconds / chunk_seconds)))
+    if slowest > long_run_seconds:
+        rounds = min(min_runs, min_runs_long)
+    chunks = [max(1, int(chunk_seconds // max(t, 1e-9))) for t in single]
+    samples = [[] for _ in runs]
+    for _ in range(rounds):
+        for i, run in enumerate(runs):
+            for _ in range(chunks[i]):
+                if results[i] is not None:
+                    break
+                run_start = time.perf_counter()
+                try:
+                    run()
+                except RuntimeError as error:
+                    results[i] = error
+                    break
+                samples[i].append(time.perf_counter() - run_start)
+    for i, times in enumerate(samples):
+        if results[i] is None:
+            results[i] = dict(median_s=statistics.median(times), min_s=min(times),
+                              max_s=max(times), runs=len(times))
+    return results
 
 
 def gqa_supported(torch, functional):
@@ -174,22 +204,20 @@ def run_row(torch, functional, lib, shape, threads, timing, use_gqa):
 
     anyattn_run = lib.fwd_call(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                                abi_dtype, batch, sq, sk, hq, hk, d, shape["causal"])
-    try:
-        row["anyattn"] = time_repeated(anyattn_run, **timing)
-    except RuntimeError as error:
-        row["anyattn"] = None
-        row["anyattn_error"] = str(error)
-
     q_t, k_t, v_t = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     torch_run = make_torch_call(torch, functional, q_t, k_t, v_t, shape["causal"], use_gqa)
-    try:
-        with torch.inference_mode():
-            row["torch_sdpa"] = time_repeated(torch_run, **timing)
+    torch_out = None
+    with torch.inference_mode():
+        results = time_interleaved([anyattn_run, torch_run], **timing)
+        for name, error_key, result in zip(("anyattn", "torch_sdpa"),
+                                           ("anyattn_error", "torch_error"), results):
+            if isinstance(result, RuntimeError):
+                row[name] = None
+                row[error_key] = str(result)
+            else:
+                row[name] = result
+        if row["torch_sdpa"]:
             torch_out = torch_run().transpose(1, 2)
-    except RuntimeError as error:
-        row["torch_sdpa"] = None
-        row["torch_error"] = str(error)
-        torch_out = None
 
     for name in ("anyattn", "torch_sdpa"):
         if row.get(name):
