@@ -16,7 +16,7 @@ TimedAlongsidePeak TimeAlongsidePeak(int threads, const std::function<bool()>& a
     burst_gflops.push_back(burst.Run());
     return true;
   };
-  runs[1].max_chunk_runs = 1;
+  runs[1].chunk_share = kPeakBurstShare;
   if (peer != nullptr) runs.push_back(*peer);
   const std::vector<std::optional<TimingResult>> timings = TimeInterleaved(runs, policy);
   TimedAlongsidePeak result;

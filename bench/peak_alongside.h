@@ -10,8 +10,11 @@
 
 namespace anyattn_bench {
 
-// Length of each FMA burst (FmaBurst) interleaved with a row's timed calls.
+// Length of each FMA burst (FmaBurst) interleaved with a row's timed calls, and the share of each
+// round's chunk length they take (at least one burst per round): rows of long calls get several
+// bursts per round, so that the median burst samples as much of the row's time as it can.
 constexpr double kPeakBurstSeconds = 0.03;
+constexpr double kPeakBurstShare = 0.2;
 
 struct TimedAlongsidePeak {
   std::optional<TimingResult> anyattn;

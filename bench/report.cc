@@ -189,10 +189,14 @@ void PrintRunHeader(const BenchReport& report) {
   std::printf("load average : %.2f (1 min; other work on the machine makes timings noisy)\n",
               report.load_average_start);
   std::printf(
-      "timing       : median of clamp(ceil(%.2fs / run), %d, %d) runs after >= %.2fs "
-      "warm-up; runs longer than %.0fs: %d run(s)\n",
-      report.policy.target_seconds, report.policy.min_runs, report.policy.max_runs,
-      report.policy.warmup_seconds, report.policy.long_run_seconds, report.policy.min_runs_long);
+      "timing       : >= %.2fs warm-up each; forward and backward rows: anyattn, FMA bursts and "
+      "the baseline in alternation, clamp(ceil(%.2fs / chunk), %d, %d) rounds (>= 5 for chunks <= "
+      "0.5s) of a chunk each (chunk = max(0.1s, slowest run)); decode rows: median of "
+      "clamp(ceil(%.2fs / run), %d, %d) "
+      "runs; runs longer than %.0fs: %d run(s) or rounds\n",
+      report.policy.warmup_seconds, report.policy.target_seconds, report.policy.min_runs,
+      report.policy.max_runs, report.policy.target_seconds, report.policy.min_runs,
+      report.policy.max_runs, report.policy.long_run_seconds, report.policy.min_runs_long);
   std::fflush(stdout);
 }
 

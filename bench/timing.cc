@@ -30,6 +30,9 @@ namespace {
 // Shortest chunk of consecutive calls per implementation and round: long enough that the switch
 // between implementations (and a rest) costs little against it.
 constexpr double kMinChunkSeconds = 0.1;
+// Chunks up to this long get at least kMinShortRounds rounds.
+constexpr double kShortChunkSeconds = 0.5;
+constexpr int kMinShortRounds = 5;
 
 // Warms `run` up as TimeRepeated does; returns the last call's seconds, or a negative value when a
 // call failed.
@@ -93,14 +96,18 @@ std::vector<std::optional<TimingResult>> TimeInterleaved(const std::vector<Inter
   }
 
   const double chunk_seconds = std::max(kMinChunkSeconds, slowest);
+  // A median over rounds needs a few of them; below half a second a chunk can afford five.
+  const int min_rounds = chunk_seconds <= kShortChunkSeconds
+                             ? std::max(policy.min_runs, kMinShortRounds)
+                             : policy.min_runs;
   int rounds = static_cast<int>(std::ceil(policy.target_seconds / chunk_seconds));
-  rounds = std::clamp(rounds, policy.min_runs, std::max(policy.min_runs, policy.max_runs));
+  rounds = std::clamp(rounds, min_rounds, std::max(min_rounds, policy.max_runs));
   if (slowest > policy.long_run_seconds) rounds = std::max(1, policy.min_runs_long);
   std::vector<int> chunk(count, 1);
   for (size_t i = 0; i < count; ++i) {
-    const double calls = std::floor(chunk_seconds / std::max(single[i], 1e-9));
-    chunk[i] =
-        static_cast<int>(std::clamp(calls, 1.0, static_cast<double>(runs[i].max_chunk_runs)));
+    const double calls =
+        std::floor(runs[i].chunk_share * chunk_seconds / std::max(single[i], 1e-9));
+    chunk[i] = static_cast<int>(std::max(calls, 1.0));
   }
 
   std::vector<std::vector<double>> seconds(count);

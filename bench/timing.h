@@ -52,17 +52,18 @@ struct InterleavedRun {
   // Seconds to sleep after each of its chunks, before the next implementation runs: OpenBLAS's
   // workers spin for about 0.1 s after a call and would slow whatever ran next.
   double rest_seconds = 0.0;
-  // Most calls per chunk (a fixed-length probe such as an FMA burst needs only one per round).
-  int max_chunk_runs = 1 << 20;
+  // Its chunk lasts about this share of the common chunk length (at least one call): a short
+  // probe such as an FMA burst takes a few calls spread over the round, not a whole chunk.
+  double chunk_share = 1.0;
 };
 
 // Times several implementations in alternation, so that a slow moment of a shared host falls on
 // all of them alike and the ratios of their medians compare like with like. Each is warmed up as
 // in TimeRepeated; then every round runs each implementation in turn for a chunk of consecutive
-// calls lasting about as long as one call of the slowest (at least kMinChunkSeconds), until each
-// has had about policy.target_seconds (min_runs to max_runs rounds; min_runs_long rounds when a
-// call exceeds long_run_seconds). Results are in the order of `runs`; an implementation whose call
-// fails gets std::nullopt and drops out of the later rounds.
+// calls lasting about as long as one call of the slowest (at least 0.1 s), until each has had
+// about policy.target_seconds (min_runs to max_runs rounds, at least 5 while a chunk lasts at most
+// 0.5 s; min_runs_long rounds when a call exceeds long_run_seconds). Results are in the order of
+// `runs`; an implementation whose call fails gets std::nullopt and drops out of the later rounds.
 std::vector<std::optional<TimingResult>> TimeInterleaved(const std::vector<InterleavedRun>& runs,
                                                          const TimingPolicy& policy);
 

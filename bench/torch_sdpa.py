@@ -128,7 +128,8 @@ def time_interleaved(runs, target_seconds, min_runs, max_runs=25, warmup_seconds
     in bench/timing.h), so that a slow moment of a shared host falls on all of them alike: each
     warms up, then every round runs each in turn for a chunk of calls about as long as one call of
     the slowest (at least min_chunk_seconds), for clamp(ceil(target / chunk), min_runs, max_runs)
-    rounds (min_runs_long when a call exceeds long_run_seconds). Returns, per function, a dict of
+    rounds (at least 5 while a chunk lasts at most 0.5 s; min_runs_long when a call exceeds
+    long_run_seconds). Returns, per function, a dict of
     median/min/max seconds and the run count, or the RuntimeError its call raised (it then drops
     out of the later rounds)."""
     results = [None] * len(runs)
@@ -140,7 +141,8 @@ def time_interleaved(runs, target_seconds, min_runs, max_runs=25, warmup_seconds
             results[i] = error
     slowest = max((single[i] for i in range(len(runs)) if results[i] is None), default=0.0)
     chunk_seconds = max(min_chunk_seconds, slowest)
-    rounds = max(min_runs, min(max_runs, math.ceil(target_seconds / chunk_seconds)))
+    min_rounds = max(min_runs, 5) if chunk_seconds <= 0.5 else min_runs
+    rounds = max(min_rounds, min(max_runs, math.ceil(target_seconds / chunk_seconds)))
     if slowest > long_run_seconds:
         rounds = min(min_runs, min_runs_long)
     chunks = [max(1, int(chunk_seconds // max(t, 1e-9))) for t in single]
