@@ -35,14 +35,14 @@ constexpr int64_t kDirectMaxRows = 12;
 // (16, none) 43.2-44.4 ms, (8, 32) 38.8-40.9, (8, 24) 38.9-43.1, (8, 40) 39.6-42.1, (6, 32)
 // 39.3-40.9, (12, 32) 40.3-41.6; f32 (512-byte rows) (16, none) 77.2-77.9 ms, (4, 16)
 // 70.1-73.6, (8, 16) 71.4-73.1, (8, 32) 74.0-76.1; later, bf16 (none, 32) 47.5-51.6 ms against
-// 42.1-50.8 for (8, 32) in the same three rounds, and (8, none) 54.2-84.6. A synthetic stream with a comparable amount of
-// arithmetic per byte gained as much: with the L1 prefetch alone the core's few line-fill buffers
-// stay busy for a whole trip to memory, stalling the arithmetic that waits behind the prefetches
-// (our reading; the VM has no performance counters to confirm it). The price is paid when K and V
-// are already cached, where the second prefetch of each line is pure overhead: bf16 B1 Sk256 on
-// one thread (L2) 0.041 -> 0.049 ms, B1 Sk4096 and B4 Sk4096 on two (L3) 6-9% slower (since the
-// prefetch stream became branch-free and inline, B1 Sk256 runs in 0.0435 ms). A decode step of a
-// real model reads each layer's cache once per token, from memory.
+// 42.1-50.8 for (8, 32) in the same three rounds, and (8, none) 54.2-84.6. A synthetic stream with
+// a comparable amount of arithmetic per byte gained as much: with the L1 prefetch alone the core's
+// few line-fill buffers stay busy for a whole trip to memory, stalling the arithmetic that waits
+// behind the prefetches (our reading; the VM has no performance counters to confirm it). The price
+// is paid when K and V are already cached, where the second prefetch of each line is pure overhead:
+// bf16 B1 Sk256 on one thread (L2) 0.041 -> 0.049 ms, B1 Sk4096 and B4 Sk4096 on two (L3) 6-9%
+// slower (since the prefetch stream became branch-free and inline, B1 Sk256 runs in 0.0435 ms). A
+// decode step of a real model reads each layer's cache once per token, from memory.
 constexpr int64_t kDirectPrefetchL1Bytes = 2048;
 constexpr int64_t kDirectPrefetchL2Bytes = 8192;
 // Alignment of every packed block and scratch buffer, in bytes.
