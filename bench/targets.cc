@@ -1,6 +1,5 @@
 #include "targets.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <functional>
 
@@ -96,11 +95,7 @@ void TargetValues::Record(double value, const std::string& key) {
 }
 
 double TargetValues::median() const {
-  if (values.empty()) return 0.0;
-  std::vector<double> sorted = values;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t middle = sorted.size() / 2;
-  return sorted.size() % 2 == 1 ? sorted[middle] : 0.5 * (sorted[middle - 1] + sorted[middle]);
+  return Median(values);
 }
 
 std::vector<TargetCheck> CheckTargets(const BenchReport& report, int threads) {

@@ -13,15 +13,19 @@ double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
 TimingResult SummarizeRuns(std::vector<double> seconds) {
-  std::sort(seconds.begin(), seconds.end());
   TimingResult result;
   result.runs = static_cast<int>(seconds.size());
-  result.min_seconds = seconds.front();
-  result.max_seconds = seconds.back();
-  const size_t mid = seconds.size() / 2;
-  result.median_seconds =
-      seconds.size() % 2 == 1 ? seconds[mid] : 0.5 * (seconds[mid - 1] + seconds[mid]);
+  result.min_seconds = *std::min_element(seconds.begin(), seconds.end());
+  result.max_seconds = *std::max_element(seconds.begin(), seconds.end());
+  result.median_seconds = Median(std::move(seconds));
   return result;
 }
 
@@ -34,8 +38,8 @@ constexpr double kMinChunkSeconds = 0.1;
 constexpr double kShortChunkSeconds = 0.5;
 constexpr int kMinShortRounds = 5;
 
-// Warms `run` up as TimeRepeated does; returns the last call's seconds, or a negative value when a
-// call failed.
+// Calls run() until policy.warmup_seconds have passed (at least once); returns the last call's
+// seconds, or a negative value when a call failed.
 double WarmUp(const std::function<bool()>& run, const TimingPolicy& policy) {
   const double warmup_start = NowSeconds();
   double single_run_seconds = 0.0;
@@ -55,11 +59,7 @@ void Rest(double seconds) {
 
 double MedianOfLast(const std::vector<double>& values, int count) {
   const size_t taken = std::min(values.size(), static_cast<size_t>(std::max(count, 0)));
-  if (taken == 0) return 0.0;
-  std::vector<double> last(values.end() - taken, values.end());
-  std::sort(last.begin(), last.end());
-  const size_t mid = taken / 2;
-  return taken % 2 == 1 ? last[mid] : 0.5 * (last[mid - 1] + last[mid]);
+  return Median(std::vector<double>(values.end() - taken, values.end()));
 }
 
 std::optional<TimingResult> TimeRepeated(const std::function<bool()>& run,

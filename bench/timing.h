@@ -34,6 +34,9 @@ struct TimingResult {
 // Seconds on a monotonic clock.
 double NowSeconds();
 
+// The median of `values` (the mean of the middle two for an even count); 0 when empty.
+double Median(std::vector<double> values);
+
 // Run count, min, max and median of the given run times (at least one).
 TimingResult SummarizeRuns(std::vector<double> seconds);
 
