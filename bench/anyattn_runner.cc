@@ -48,6 +48,27 @@ AnyattnFwdCall::AnyattnFwdCall(int64_t batch, int64_t seqlen_q, int64_t seqlen_k
   params_.isa = isa;
 }
 
+FwdBuffers::FwdBuffers(const FwdShape& fwd_shape)
+    : shape(fwd_shape),
+      q_elements(shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim),
+      kv_elements(shape.batch * shape.seqlen_k * shape.heads_k * shape.head_dim),
+      q(q_elements * DTypeBytes(shape.dtype)),
+      k(kv_elements * DTypeBytes(shape.dtype)),
+      v(kv_elements * DTypeBytes(shape.dtype)),
+      out(q_elements * DTypeBytes(shape.dtype)) {
+  if (!ok()) return;
+  FillUniform(q.data(), shape.dtype, q_elements, 1);
+  FillUniform(k.data(), shape.dtype, kv_elements, 2);
+  FillUniform(v.data(), shape.dtype, kv_elements, 3);
+  FillUniform(out.data(), shape.dtype, q_elements, 4);
+}
+
+AnyattnFwdCall FwdBuffers::Call(anyattn_isa isa) const {
+  return AnyattnFwdCall(shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads_q, shape.heads_k,
+                        shape.head_dim, shape.dtype, shape.causal, isa, q.data(), k.data(),
+                        v.data(), out.data());
+}
+
 void AnyattnFwdCall::UsePagedCache(int64_t page_size, const int32_t* block_table) {
   const int64_t batch = q_.shape[0];
   const int64_t seqlen_k = k_.shape[1];

@@ -50,6 +50,25 @@ class AnyattnFwdCall {
   std::string setup_error_;
 };
 
+// The inputs and output of one dense forward call on a shape: q and out (B, Sq, Hq, D), k and v
+// (B, Sk, Hk, D), contiguous, of the shape's dtype, filled uniform in [-1, 1) (seeds 1 to 4, so
+// every case draws the same values for the same shape).
+struct FwdBuffers {
+  // Allocates and fills the four buffers; ok() is false if an allocation failed.
+  explicit FwdBuffers(const FwdShape& shape);
+  bool ok() const { return q.data() && k.data() && v.data() && out.data(); }
+  // A call on these buffers (no mask unless shape.causal; `isa` passed through).
+  AnyattnFwdCall Call(anyattn_isa isa) const;
+
+  FwdShape shape;
+  size_t q_elements = 0;
+  size_t kv_elements = 0;
+  AlignedBuffer q;
+  AlignedBuffer k;
+  AlignedBuffer v;
+  AlignedBuffer out;
+};
+
 // The caller's buffers of one backward call, all contiguous: q, dq, dout and out (B, Sq, Hq, D);
 // k, v, dk and dv (B, Sk, Hk, D), of the shape's dtype; lse (B, Hq, Sq) f32.
 struct BwdBuffers {

@@ -3,6 +3,8 @@
 #ifndef ANYATTN_BENCH_BENCH_CASES_H_
 #define ANYATTN_BENCH_BENCH_CASES_H_
 
+#include <string>
+
 #include "anyattn/anyattn.h"
 #include "results.h"
 #include "timing.h"
@@ -35,6 +37,17 @@ BwdRow RunBwdCase(const FwdShape& shape, const MachineLimits& limits, const Case
 // set the thread count; `limits` gives the read bandwidth for the percentage.
 DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
                         const CaseSettings& settings);
+
+// Times the two anyattn forward calls of a pair (PairKind) in alternation: the subject on `shape`
+// with `threads` threads, and the reference (`shape` in f32 with as many threads, or `shape` with
+// one thread). Sets the thread count before every call and restores the caller's at the end.
+// Failures are recorded in the row, never thrown.
+PairRow RunPairCase(PairKind kind, const FwdShape& shape, int threads,
+                    const CaseSettings& settings);
+
+// A pair's row key, which --filter matches: "pair/bf16-f32/thr2/full/B1/Hq16/Hk4/D128/S2048" or
+// "pair/thr2-thr1/f32/causal/B1/Hq16/Hk16/D64/S4096".
+std::string PairKey(PairKind kind, const FwdShape& shape, int threads);
 
 // Runs one forward call on B=1, Sq=Sk=32768, Hq=Hk=8, D=128, f32, no mask, with `threads` threads,
 // and reports the process's peak RSS against the bytes of q, k, v and out. Meaningful only as the

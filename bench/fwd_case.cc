@@ -42,25 +42,14 @@ FwdRow RunFwdCase(const FwdShape& shape, const MachineLimits& limits,
   row.peak_gflops = limits.fma_peak_gflops;
   row.max_abs_diff = std::nan("");
 
-  const size_t element_bytes = DTypeBytes(shape.dtype);
-  const size_t q_elements = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim;
-  const size_t kv_elements = shape.batch * shape.seqlen_k * shape.heads_k * shape.head_dim;
-  AlignedBuffer q(q_elements * element_bytes);
-  AlignedBuffer k(kv_elements * element_bytes);
-  AlignedBuffer v(kv_elements * element_bytes);
-  AlignedBuffer out(q_elements * element_bytes);
-  if (!q.data() || !k.data() || !v.data() || !out.data()) {
+  const FwdBuffers buffers(shape);
+  if (!buffers.ok()) {
     row.anyattn_error = "benchmark could not allocate the inputs";
     return row;
   }
-  FillUniform(q.data(), shape.dtype, q_elements, 1);
-  FillUniform(k.data(), shape.dtype, kv_elements, 2);
-  FillUniform(v.data(), shape.dtype, kv_elements, 3);
-  FillUniform(out.data(), shape.dtype, q_elements, 4);
-
-  const AnyattnFwdCall call(shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads_q,
-                            shape.heads_k, shape.head_dim, shape.dtype, shape.causal, settings.isa,
-                            q.data(), k.data(), v.data(), out.data());
+  const size_t q_elements = buffers.q_elements;
+  const size_t element_bytes = DTypeBytes(shape.dtype);
+  const AnyattnFwdCall call = buffers.Call(settings.isa);
 
   // The baseline, unless disabled or over the score-matrix cap.
   std::unique_ptr<UnfusedBaseline> baseline;
@@ -86,7 +75,7 @@ FwdRow RunFwdCase(const FwdShape& shape, const MachineLimits& limits,
   // rests after each chunk so that its spinning workers do not slow anyattn.
   InterleavedRun blas;
   blas.run = [&] {
-    baseline->Run(q.data(), k.data(), v.data(), baseline_out.data());
+    baseline->Run(buffers.q.data(), buffers.k.data(), buffers.v.data(), baseline_out.data());
     return true;
   };
   blas.rest_seconds = kOpenBlasSpinSeconds;
@@ -98,7 +87,7 @@ FwdRow RunFwdCase(const FwdShape& shape, const MachineLimits& limits,
   if (!baseline) return row;
   row.baseline = timed.peer;
   if (row.anyattn && row.baseline) {
-    row.max_abs_diff = MaxAbsDiff(out.data(), baseline_out.data(), shape.dtype, q_elements);
+    row.max_abs_diff = MaxAbsDiff(buffers.out.data(), baseline_out.data(), shape.dtype, q_elements);
     row.outputs_agree = row.max_abs_diff <= Tolerance(shape.dtype);
   }
   return row;

@@ -1,6 +1,6 @@
 // anyattn_bench: measures this machine's limits, then anyattn's forward pass against them and
-// against the unfused OpenBLAS baseline, and its backward pass against them, and prints and saves
-// the tables. See bench/README.md.
+// against the unfused OpenBLAS baseline, and its backward pass against them, times the ratio
+// targets' calls in pairs, and prints and saves the tables. See bench/README.md.
 #include <cblas.h>
 
 #include <algorithm>
@@ -84,6 +84,35 @@ BenchReport NewReport(int argc, char** argv, const Options& options) {
   return report;
 }
 
+// The paired table at `threads` threads: each forward shape with kTargetMinSeqlen <= S <=
+// --pair-max-seqlen that the filters let through, in bf16 against f32, and (when threads > 1) on
+// `threads` against one thread, each pair timed in alternation. Returns the number of failed rows.
+int RunPairTable(const Options& options, int threads, const CaseSettings& settings,
+                 BenchReport* report) {
+  int failures = 0;
+  bool printed_header = false;
+  auto run = [&](PairKind kind, const FwdShape& shape) {
+    if (!MatchesAnyFilter(PairKey(kind, shape, threads), options.filters)) return;
+    if (!printed_header) PrintPairTableHeader(threads);
+    printed_header = true;
+    report->pairs.push_back(RunPairCase(kind, shape, threads, settings));
+    PrintPairRow(report->pairs.back());
+    if (!report->pairs.back().subject || !report->pairs.back().reference) ++failures;
+  };
+  std::vector<FwdShape> shapes;
+  for (const FwdShape& shape : ForwardTableShapes(options.quick)) {
+    if (shape.seqlen_q >= kTargetMinSeqlen && shape.seqlen_q <= options.pair_max_seqlen) {
+      shapes.push_back(shape);
+    }
+  }
+  for (const FwdShape& shape : shapes) {
+    if (shape.dtype == DType::kBf16) run(PairKind::kBf16VsF32, shape);
+  }
+  if (threads == 1) return failures;
+  for (const FwdShape& shape : shapes) run(PairKind::kThreadsVsOne, shape);
+  return failures;
+}
+
 // The run proper: limits, tables, RSS case, JSON. Returns the process exit code.
 int RunBenchmark(int argc, char** argv, const Options& options) {
   const double start = NowSeconds();
@@ -155,6 +184,13 @@ int RunBenchmark(int argc, char** argv, const Options& options) {
       }
     }
   }
+  const int target_threads =
+      std::find(thread_counts.begin(), thread_counts.end(), 2) != thread_counts.end()
+          ? 2
+          : thread_counts.front();
+  if (options.run_pairs && options.run_forward) {
+    failures += RunPairTable(options, target_threads, settings, &report);
+  }
   anyattn_set_num_threads(0);
 
   if (options.run_rss_case && !options.quick && MatchesAnyFilter(RssCaseKey(), options.filters)) {
@@ -182,10 +218,6 @@ int RunBenchmark(int argc, char** argv, const Options& options) {
             : "");
   }
 
-  const int target_threads =
-      std::find(thread_counts.begin(), thread_counts.end(), 2) != thread_counts.end()
-          ? 2
-          : thread_counts.front();
   report.target_threads = target_threads;
   report.targets = CheckTargets(report, target_threads);
   PrintTargetChecks(report.targets, target_threads);

@@ -52,12 +52,16 @@ Usage: anyattn_bench [options]
                          keys: fwd/<f32|bf16>/<full|causal>/B1/Hq16/Hk<16|4>/D<64|128>/S<len>
                                bwd/<f32|bf16>/<full|causal>/B1/Hq16/Hk16/D<64|128>/S<len>
                                decode/<bf16|f32>/B<1|8>/Hq32/Hk8/D128/Sk<4096|32768>[/page<16|256>]
+                               pair/bf16-f32/thr<N>/<full|causal>/B1/Hq16/Hk<16|4>/D<64|128>/S<len>
+                               pair/thr<N>-thr1/<f32|bf16>/<full|causal>/B1/Hq16/Hk<16|4>/D<64|128>/S<len>
                                rss/f32/full/B1/Hq8/Hk8/D128/S32768 (the peak-RSS child)
   --json PATH            results file (default bench/results/latest.json, relative to cwd)
   --no-forward           skip the forward table
   --no-backward          skip the backward table
   --no-baseline          skip the unfused OpenBLAS baseline
   --no-decode            skip the decode table
+  --no-pairs             skip the paired table (bf16 vs f32, N threads vs 1, timed in alternation)
+  --pair-max-seqlen N    longest S the paired table covers (default 4096; 8192 adds ~6 minutes)
   --no-rss-case          do not spawn the peak-RSS case at the end (--quick never does)
   --rss-case             run only the peak-RSS case (S=32768, D=128, H=8, f32) in this process
   --baseline-cap-mib N   skip the baseline where its score matrix exceeds N MiB (default 64,
@@ -96,6 +100,8 @@ bool ParseOptions(int argc, char** argv, Options* options, std::string* error) {
       options->run_baseline = false;
     } else if (arg == "--no-decode") {
       options->run_decode = false;
+    } else if (arg == "--no-pairs") {
+      options->run_pairs = false;
     } else if (arg == "--no-rss-case") {
       options->run_rss_case = false;
     } else if (arg == "--rss-case") {
@@ -123,6 +129,12 @@ bool ParseOptions(int argc, char** argv, Options* options, std::string* error) {
       if (!(value = next_value())) return false;
       if (!ParsePositiveDouble(value, &options->target_seconds)) {
         *error = std::string("--target-seconds wants a positive number; got '") + value + "'";
+        return false;
+      }
+    } else if (arg == "--pair-max-seqlen") {
+      if (!(value = next_value())) return false;
+      if (!ParsePositiveInt(value, &options->pair_max_seqlen)) {
+        *error = std::string("--pair-max-seqlen wants a positive integer; got '") + value + "'";
         return false;
       }
     } else if (arg == "--min-runs") {

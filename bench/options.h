@@ -19,6 +19,11 @@ struct Options {
   bool run_backward = true;
   bool run_baseline = true;
   bool run_decode = true;
+  // The paired table: the rows of the ratio targets timed two calls at a time in alternation.
+  bool run_pairs = true;
+  // The paired table covers target shapes with S up to this: a pair of S = 8192 calls takes about
+  // 15 s, and the 24 of them would add some 6 minutes to a full run.
+  int pair_max_seqlen = 4096;
   // Whether the full run also spawns the --rss-case measurement in a child process.
   bool run_rss_case = true;
   // Run only the peak-RSS case in this process and exit.

@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
+#include "bench_cases.h"
 #include "json_writer.h"
 #include "process_info.h"
 
@@ -149,6 +151,43 @@ void WriteDecodeRows(JsonWriter* json, const BenchReport& report) {
       json->Null();
     }
     json->Field("anyattn_error", row.anyattn_error);
+    json->EndObject();
+  }
+  json->EndArray();
+}
+
+// Writes the paired rows.
+void WritePairRows(JsonWriter* json, const BenchReport& report) {
+  json->Key("pairs");
+  json->BeginArray();
+  for (const PairRow& row : report.pairs) {
+    json->BeginObject();
+    json->Field("key", PairKey(row.kind, row.shape, row.threads));
+    json->Field("kind", row.kind == PairKind::kBf16VsF32 ? "bf16_vs_f32" : "threads_vs_one");
+    json->Field("dtype", DTypeName(row.shape.dtype));
+    json->Field("mask", row.shape.causal ? "causal" : "none");
+    json->Field("batch", row.shape.batch);
+    json->Field("seqlen_q", row.shape.seqlen_q);
+    json->Field("seqlen_k", row.shape.seqlen_k);
+    json->Field("heads_q", row.shape.heads_q);
+    json->Field("heads_k", row.shape.heads_k);
+    json->Field("head_dim", row.shape.head_dim);
+    json->Field("threads", row.threads);
+    json->Field("reference_threads", row.kind == PairKind::kBf16VsF32 ? row.threads : 1);
+    json->Key("subject");
+    if (row.subject) {
+      WriteTiming(json, *row.subject);
+    } else {
+      json->Null();
+    }
+    json->Key("reference");
+    if (row.reference) {
+      WriteTiming(json, *row.reference);
+    } else {
+      json->Null();
+    }
+    if (row.subject && row.reference) json->Field("rate_ratio", row.rate_ratio());
+    json->Field("anyattn_error", row.error);
     json->EndObject();
   }
   json->EndArray();
@@ -305,6 +344,33 @@ void PrintDecodeRow(const DecodeRow& row) {
   std::fflush(stdout);
 }
 
+void PrintPairTableHeader(int threads) {
+  std::printf(
+      "\nPaired rows, %d thread(s): the two calls of each pair timed in alternation (rounds of a "
+      "chunk each, as the forward rows), so that the ratio sees one state of the host. ratio = "
+      "reference ms / subject ms: bf16 rate / f32 rate, or %d-thread rate / 1-thread rate\n",
+      threads, threads);
+  std::printf("%-13s %-20s %-5s %-6s %12s %12s %7s\n", "pair", "shape", "dtype", "mask",
+              "subject ms", "reference ms", "ratio");
+  std::fflush(stdout);
+}
+
+void PrintPairRow(const PairRow& row) {
+  const std::string pair = row.kind == PairKind::kBf16VsF32
+                               ? "bf16 / f32"
+                               : std::to_string(row.threads) + " thr / 1 thr";
+  std::printf("%-13s %-20s %-5s %-6s ", pair.c_str(), FwdLabel(row.shape).c_str(),
+              row.kind == PairKind::kBf16VsF32 ? "-" : DTypeName(row.shape.dtype),
+              row.shape.causal ? "causal" : "none");
+  if (row.subject && row.reference) {
+    std::printf("%12.3f %12.3f %7.2f\n", row.subject->median_seconds * 1e3,
+                row.reference->median_seconds * 1e3, row.rate_ratio());
+  } else {
+    std::printf("%12s %12s %7s  anyattn: %s\n", "error", "-", "-", row.error.c_str());
+  }
+  std::fflush(stdout);
+}
+
 void PrintRssCase(const RssCaseResult& result) {
   std::printf("\nPeak RSS case (own process): B1 S=32768 H=8 D=128 f32 non-causal, %d thread(s)\n",
               result.threads);
@@ -396,6 +462,7 @@ bool WriteJsonReport(const BenchReport& report, const std::string& path, std::st
   WriteForwardRows(&json, report);
   WriteBackwardRows(&json, report);
   WriteDecodeRows(&json, report);
+  WritePairRows(&json, report);
   WriteRssCase(&json, report);
   json.Field("target_threads", report.target_threads);
   json.Key("targets");
@@ -406,11 +473,14 @@ bool WriteJsonReport(const BenchReport& report, const std::string& path, std::st
     json.Field("unit", check.unit);
     json.Field("threshold", check.threshold);
     json.Field("rows", check.rows());
+    json.Field("rows_now", static_cast<int>(check.now.values.size()));
     if (check.rows() > 0) {
       json.Field("worst", check.start.worst);
       json.Field("worst_row", check.start.worst_row);
       json.Field("median", check.start.median());
       json.Field("met", check.met());
+    }
+    if (!check.now.values.empty()) {
       json.Field("worst_now", check.now.worst);
       json.Field("worst_now_row", check.now.worst_row);
       json.Field("median_now", check.now.median());

@@ -32,6 +32,12 @@ void PrintDecodeTableHeader(int threads);
 // Prints one decode row.
 void PrintDecodeRow(const DecodeRow& row);
 
+// Prints the paired table's title and column names for `threads` threads.
+void PrintPairTableHeader(int threads);
+
+// Prints one paired row.
+void PrintPairRow(const PairRow& row);
+
 // Prints the --rss-case result.
 void PrintRssCase(const RssCaseResult& result);
 

@@ -80,6 +80,33 @@ struct DecodeRow {
   std::optional<TimingResult> read_alongside;
 };
 
+// What the two calls of a paired row differ in.
+enum class PairKind {
+  // The same shape in bf16 (the subject) and in f32 (the reference), at the same thread count.
+  kBf16VsF32,
+  // The same shape and dtype on `threads` threads (the subject) and on one (the reference).
+  kThreadsVsOne,
+};
+
+// One row of the paired table: two anyattn calls that differ in one setting, timed in
+// alternation (TimeInterleaved), so that their ratio sees one state of the host. The ratio
+// targets (bf16 rate / f32 rate, 2 threads / 1 thread) otherwise compare rows of the forward
+// tables timed minutes apart.
+struct PairRow {
+  PairKind kind = PairKind::kBf16VsF32;
+  // The subject's shape (dtype bf16 for kBf16VsF32).
+  FwdShape shape;
+  // The subject's thread count; the reference runs on as many (kBf16VsF32) or on one.
+  int threads = 0;
+  std::optional<TimingResult> subject;
+  std::optional<TimingResult> reference;
+  // anyattn's status name and anyattn_last_error() when a call failed.
+  std::string error;
+  // The subject's rate over the reference's: both do the same FLOPs, so the reference's median
+  // time over the subject's. Only when both timings exist.
+  double rate_ratio() const { return reference->median_seconds / subject->median_seconds; }
+};
+
 // The --rss-case measurement: one S=32768, D=128, H=8, f32 forward call in a fresh process.
 struct RssCaseResult {
   bool ran = false;
@@ -137,6 +164,7 @@ struct BenchReport {
   std::vector<FwdRow> forward;
   std::vector<BwdRow> backward;
   std::vector<DecodeRow> decode;
+  std::vector<PairRow> pairs;
   std::optional<RssCaseResult> rss_case;
   // Issue 3's and issue 6's targets checked at target_threads threads.
   int target_threads = 0;

@@ -2,6 +2,9 @@
 
 #include <cstdio>
 #include <functional>
+#include <string>
+
+#include "bench_cases.h"
 
 namespace anyattn_bench {
 namespace {
@@ -76,12 +79,27 @@ TargetCheck FoldBackwardPercentOfPeak(const BenchReport& report, int threads,
   return check;
 }
 
-// The FMA peak of `threads` threads measured at start-up, or 0.
-double StartupPeak(const BenchReport& report, int threads) {
-  for (const MachineLimits& limits : report.limits) {
-    if (limits.threads == threads) return limits.fma_peak_gflops;
+// Folds value(row) over the forward rows at `threads` that `covers` selects and that have a
+// value, into the start-up values only: a ratio of two rows, whose 'now' values come from the
+// paired rows instead (RecordPairs).
+TargetCheck FoldForwardRatio(const BenchReport& report, int threads, const std::string& name,
+                             double threshold, const std::function<bool(const FwdRow&)>& covers,
+                             const std::function<bool(const FwdRow&, double*)>& value) {
+  TargetCheck check = NewCheck(name, "x", threshold);
+  for (const FwdRow& row : report.forward) {
+    double ratio = 0.0;
+    if (row.threads != threads || !row.anyattn || !covers(row) || !value(row, &ratio)) continue;
+    check.start.Record(ratio, FwdKey(row.shape));
   }
-  return 0.0;
+  return check;
+}
+
+// Records the rate ratio of every complete pair of `kind` at `threads` threads as a 'now' value.
+void RecordPairs(const BenchReport& report, PairKind kind, int threads, TargetCheck* check) {
+  for (const PairRow& row : report.pairs) {
+    if (row.kind != kind || row.threads != threads || !row.subject || !row.reference) continue;
+    check->now.Record(row.rate_ratio(), PairKey(row.kind, row.shape, row.threads));
+  }
 }
 
 }  // namespace
@@ -107,7 +125,7 @@ std::vector<TargetCheck> CheckTargets(const BenchReport& report, int threads) {
   };
   auto long_f32 = [](const FwdRow& row, int64_t head_dim, bool causal) {
     return row.shape.dtype == DType::kF32 && row.shape.head_dim == head_dim &&
-           row.shape.causal == causal && row.shape.seqlen_q >= 2048;
+           row.shape.causal == causal && row.shape.seqlen_q >= kTargetMinSeqlen;
   };
   checks.push_back(FoldForward(
       report, threads, "f32 D=128 S>=2048 no mask", "% peak", 80.0,
@@ -119,19 +137,20 @@ std::vector<TargetCheck> CheckTargets(const BenchReport& report, int threads) {
       report, threads, "f32 causal D=64,128 S>=2048", "% peak", 70.0,
       [&](const FwdRow& row) { return long_f32(row, 64, true) || long_f32(row, 128, true); },
       percent_of_peak));
-  // Alongside: the ratio of the two rows' shares of the peak each measured alongside.
-  checks.push_back(FoldForward(
-      report, threads, "bf16 rate / f32 rate, S>=2048", "x", 0.9,
+  // Now: the bf16 / f32 pairs, timed in alternation.
+  TargetCheck bf16_rate = FoldForwardRatio(
+      report, threads, "bf16 rate / f32 rate, S>=2048", 0.9,
       [](const FwdRow& row) {
-        return row.shape.dtype == DType::kBf16 && row.shape.seqlen_q >= 2048;
+        return row.shape.dtype == DType::kBf16 && row.shape.seqlen_q >= kTargetMinSeqlen;
       },
-      [&](const FwdRow& row, RowValue* value) {
+      [&](const FwdRow& row, double* value) {
         const FwdRow* f32 = FindRow(report.forward, row.shape, DType::kF32, row.threads);
         if (f32 == nullptr) return false;
-        *value = {AnyattnGflops(row) / AnyattnGflops(*f32),
-                  ShareOfPeak(row).now / ShareOfPeak(*f32).now};
+        *value = AnyattnGflops(row) / AnyattnGflops(*f32);
         return true;
-      }));
+      });
+  RecordPairs(report, PairKind::kBf16VsF32, threads, &bf16_rate);
+  checks.push_back(bf16_rate);
   // Timed in alternation already: one value.
   auto vs_blas = [](const FwdRow& row, RowValue* value) {
     if (!row.baseline) return false;
@@ -141,33 +160,36 @@ std::vector<TargetCheck> CheckTargets(const BenchReport& report, int threads) {
   };
   checks.push_back(FoldForward(
       report, threads, "x OpenBLAS unfused, D=128 S>=2048", "x", 1.4,
-      [](const FwdRow& row) { return row.shape.head_dim == 128 && row.shape.seqlen_q >= 2048; },
+      [](const FwdRow& row) {
+        return row.shape.head_dim == 128 && row.shape.seqlen_q >= kTargetMinSeqlen;
+      },
       vs_blas));
   checks.push_back(FoldForward(
       report, threads, "x OpenBLAS unfused, D=64 S>=2048", "x", 1.8,
-      [](const FwdRow& row) { return row.shape.head_dim == 64 && row.shape.seqlen_q >= 2048; },
+      [](const FwdRow& row) {
+        return row.shape.head_dim == 64 && row.shape.seqlen_q >= kTargetMinSeqlen;
+      },
       vs_blas));
-  // Alongside: the ratio of the two rows' shares of the peak each measured alongside, times the
-  // ratio of the start-up peaks (what the cores deliver together against alone).
-  const double peak_ratio = StartupPeak(report, threads) / StartupPeak(report, 1);
+  // Now: the thread pairs, timed in alternation.
   if (threads != 1) {
-    checks.push_back(FoldForward(
-        report, threads, "scaling vs 1 thread, S>=2048", "x", 1.85,
-        [](const FwdRow& row) { return row.shape.seqlen_q >= 2048; },
-        [&](const FwdRow& row, RowValue* value) {
+    TargetCheck scaling = FoldForwardRatio(
+        report, threads, "scaling vs 1 thread, S>=2048", 1.85,
+        [](const FwdRow& row) { return row.shape.seqlen_q >= kTargetMinSeqlen; },
+        [&](const FwdRow& row, double* value) {
           const FwdRow* single = FindRow(report.forward, row.shape, row.shape.dtype, 1);
           if (single == nullptr) return false;
-          *value = {AnyattnGflops(row) / AnyattnGflops(*single),
-                    ShareOfPeak(row).now / ShareOfPeak(*single).now * peak_ratio};
+          *value = AnyattnGflops(row) / AnyattnGflops(*single);
           return true;
-        }));
+        });
+    RecordPairs(report, PairKind::kThreadsVsOne, threads, &scaling);
+    checks.push_back(scaling);
   }
 
   // Issue 6: f32 backward at S >= 2048, D in {64, 128}; causal rows count useful FLOPs only.
   auto long_f32_backward = [](const BwdRow& row, bool causal) {
     return row.shape.dtype == DType::kF32 &&
            (row.shape.head_dim == 64 || row.shape.head_dim == 128) && row.shape.causal == causal &&
-           row.shape.seqlen_q >= 2048;
+           row.shape.seqlen_q >= kTargetMinSeqlen;
   };
   checks.push_back(
       FoldBackwardPercentOfPeak(report, threads, "backward f32 D=64,128 S>=2048 no mask", 50.0,
@@ -212,21 +234,36 @@ void PrintTargetChecks(const std::vector<TargetCheck>& checks, int threads) {
   std::printf(
       "\nIssue 3, issue 5 (decode) and issue 6 (backward) targets at %d thread(s): worst measured "
       "row against the bar (median over the same rows beside it); 'now' = each row against the "
-      "limits measured alongside it (see the tables)\n",
+      "limits measured alongside it (see the tables), and for the two ratio targets the paired "
+      "rows (two calls timed in alternation)\n",
       threads);
   std::printf("%-46s %8s %8s %9s %9s %7s %-9s %s\n", "target", "worst", "median", "worst now",
               "med. now", "bar", "unit", "result");
+  // A value, or "-" where the target has none of that kind.
+  auto cell = [](const TargetValues& values, double value, int width) {
+    char text[32];
+    if (values.values.empty()) {
+      std::snprintf(text, sizeof(text), "%*s", width, "-");
+    } else {
+      std::snprintf(text, sizeof(text), "%*.2f", width, value);
+    }
+    return std::string(text);
+  };
   for (const TargetCheck& check : checks) {
-    if (check.rows() == 0) {
+    if (check.start.values.empty() && check.now.values.empty()) {
       std::printf("%-46s %8s %8s %9s %9s %7.2f %-9s not measured in this run\n", check.name.c_str(),
                   "-", "-", "-", "-", check.threshold, check.unit.c_str());
       continue;
     }
-    std::printf("%-46s %8.2f %8.2f %9.2f %9.2f %7.2f %-9s %s, now %s (%d rows; worst %s)\n",
-                check.name.c_str(), check.start.worst, check.start.median(), check.now.worst,
-                check.now.median(), check.threshold, check.unit.c_str(),
-                check.met() ? "met" : "MISSED", check.met_now() ? "met" : "MISSED", check.rows(),
-                check.start.worst_row.c_str());
+    const TargetValues& described = check.start.values.empty() ? check.now : check.start;
+    std::printf("%-46s %s %s %s %s %7.2f %-9s %s, now %s (%zu rows; worst %s)\n",
+                check.name.c_str(), cell(check.start, check.start.worst, 8).c_str(),
+                cell(check.start, check.start.median(), 8).c_str(),
+                cell(check.now, check.now.worst, 9).c_str(),
+                cell(check.now, check.now.median(), 9).c_str(), check.threshold, check.unit.c_str(),
+                check.start.values.empty() ? "-" : (check.met() ? "met" : "MISSED"),
+                check.now.values.empty() ? "-" : (check.met_now() ? "met" : "MISSED"),
+                described.values.size(), described.worst_row.c_str());
   }
   std::fflush(stdout);
 }

@@ -3,6 +3,7 @@
 #ifndef ANYATTN_BENCH_TARGETS_H_
 #define ANYATTN_BENCH_TARGETS_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -10,9 +11,13 @@
 
 namespace anyattn_bench {
 
+// The forward targets cover shapes with S >= this.
+constexpr int64_t kTargetMinSeqlen = 2048;
+
 // Checks every target that the report has rows for, at `threads` threads (issues 3 and 6 set their
-// targets at 2); the scaling target compares `threads` with 1 thread. Targets without rows come
-// back with rows == 0.
+// targets at 2); the scaling target compares `threads` with 1 thread. The two ratio targets (bf16
+// rate / f32 rate, scaling) take their 'now' values from the paired rows, the other targets from
+// the limits measured alongside each row. Targets without rows come back with rows == 0.
 std::vector<TargetCheck> CheckTargets(const BenchReport& report, int threads);
 
 // Prints the checks as a small table.
