@@ -25,8 +25,8 @@ struct TimedAlongsidePeak {
 };
 
 // Times `anyattn`, FMA bursts on `threads` threads (kPeakBurstShare of each round) and, when
-// given, `peer`, in alternation (TimeInterleaved). anyattn comes first in each round, right after the previous round's rest,
-// which costs it, not the others, any wake-up.
+// given, `peer`, in alternation (TimeInterleaved). anyattn comes first in each round, right after
+// the previous round's rest, which costs it, not the others, any wake-up.
 TimedAlongsidePeak TimeAlongsidePeak(int threads, const std::function<bool()>& anyattn,
                                      const InterleavedRun* peer, const TimingPolicy& policy);
 

@@ -31,11 +31,8 @@ void WriteTiming(JsonWriter* json, const TimingResult& timing) {
   json->EndObject();
 }
 
-// Writes the fields every forward and backward row shares: key, shape, threads, FLOPs, peaks.
-template <class Shape>
-void WriteRowFields(JsonWriter* json, const std::string& key, const Shape& shape, int threads,
-                    double flops, double peak_gflops, double peak_now_gflops) {
-  json->Field("key", key);
+// Writes the fields of a dense shape: dtype, mask, batch, lengths, heads, head dim.
+void WriteShapeFields(JsonWriter* json, const FwdShape& shape) {
   json->Field("dtype", DTypeName(shape.dtype));
   json->Field("mask", shape.causal ? "causal" : "none");
   json->Field("batch", shape.batch);
@@ -44,6 +41,13 @@ void WriteRowFields(JsonWriter* json, const std::string& key, const Shape& shape
   json->Field("heads_q", shape.heads_q);
   json->Field("heads_k", shape.heads_k);
   json->Field("head_dim", shape.head_dim);
+}
+
+// Writes the fields every forward and backward row shares: key, shape, threads, FLOPs, peaks.
+void WriteRowFields(JsonWriter* json, const std::string& key, const FwdShape& shape, int threads,
+                    double flops, double peak_gflops, double peak_now_gflops) {
+  json->Field("key", key);
+  WriteShapeFields(json, shape);
   json->Field("threads", threads);
   json->Field("flops", flops);
   json->Field("fma_peak_gflops", peak_gflops);
@@ -164,14 +168,7 @@ void WritePairRows(JsonWriter* json, const BenchReport& report) {
     json->BeginObject();
     json->Field("key", PairKey(row.kind, row.shape, row.threads));
     json->Field("kind", row.kind == PairKind::kBf16VsF32 ? "bf16_vs_f32" : "threads_vs_one");
-    json->Field("dtype", DTypeName(row.shape.dtype));
-    json->Field("mask", row.shape.causal ? "causal" : "none");
-    json->Field("batch", row.shape.batch);
-    json->Field("seqlen_q", row.shape.seqlen_q);
-    json->Field("seqlen_k", row.shape.seqlen_k);
-    json->Field("heads_q", row.shape.heads_q);
-    json->Field("heads_k", row.shape.heads_k);
-    json->Field("head_dim", row.shape.head_dim);
+    WriteShapeFields(json, row.shape);
     json->Field("threads", row.threads);
     json->Field("reference_threads", row.kind == PairKind::kBf16VsF32 ? row.threads : 1);
     json->Key("subject");

@@ -79,27 +79,15 @@ TargetCheck FoldBackwardPercentOfPeak(const BenchReport& report, int threads,
   return check;
 }
 
-// Folds value(row) over the forward rows at `threads` that `covers` selects and that have a
-// value, into the start-up values only: a ratio of two rows, whose 'now' values come from the
-// paired rows instead (RecordPairs).
-TargetCheck FoldForwardRatio(const BenchReport& report, int threads, const std::string& name,
-                             double threshold, const std::function<bool(const FwdRow&)>& covers,
-                             const std::function<bool(const FwdRow&, double*)>& value) {
-  TargetCheck check = NewCheck(name, "x", threshold);
-  for (const FwdRow& row : report.forward) {
-    double ratio = 0.0;
-    if (row.threads != threads || !row.anyattn || !covers(row) || !value(row, &ratio)) continue;
-    check.start.Record(ratio, FwdKey(row.shape));
-  }
-  return check;
-}
-
-// Records the rate ratio of every complete pair of `kind` at `threads` threads as a 'now' value.
-void RecordPairs(const BenchReport& report, PairKind kind, int threads, TargetCheck* check) {
+// The rate ratios of the complete pairs of `kind` at `threads` threads: the 'now' values of the
+// two ratio targets.
+TargetValues PairValues(const BenchReport& report, PairKind kind, int threads) {
+  TargetValues values;
   for (const PairRow& row : report.pairs) {
     if (row.kind != kind || row.threads != threads || !row.subject || !row.reference) continue;
-    check->now.Record(row.rate_ratio(), PairKey(row.kind, row.shape, row.threads));
+    values.Record(row.rate_ratio(), PairKey(row.kind, row.shape, row.threads));
   }
+  return values;
 }
 
 }  // namespace
@@ -137,19 +125,19 @@ std::vector<TargetCheck> CheckTargets(const BenchReport& report, int threads) {
       report, threads, "f32 causal D=64,128 S>=2048", "% peak", 70.0,
       [&](const FwdRow& row) { return long_f32(row, 64, true) || long_f32(row, 128, true); },
       percent_of_peak));
-  // Now: the bf16 / f32 pairs, timed in alternation.
-  TargetCheck bf16_rate = FoldForwardRatio(
-      report, threads, "bf16 rate / f32 rate, S>=2048", 0.9,
+  // Start-up: the two forward rows' rates; now: the bf16 / f32 pairs, timed in alternation.
+  TargetCheck bf16_rate = FoldForward(
+      report, threads, "bf16 rate / f32 rate, S>=2048", "x", 0.9,
       [](const FwdRow& row) {
         return row.shape.dtype == DType::kBf16 && row.shape.seqlen_q >= kTargetMinSeqlen;
       },
-      [&](const FwdRow& row, double* value) {
+      [&](const FwdRow& row, RowValue* value) {
         const FwdRow* f32 = FindRow(report.forward, row.shape, DType::kF32, row.threads);
         if (f32 == nullptr) return false;
-        *value = AnyattnGflops(row) / AnyattnGflops(*f32);
+        value->start = AnyattnGflops(row) / AnyattnGflops(*f32);
         return true;
       });
-  RecordPairs(report, PairKind::kBf16VsF32, threads, &bf16_rate);
+  bf16_rate.now = PairValues(report, PairKind::kBf16VsF32, threads);
   checks.push_back(bf16_rate);
   // Timed in alternation already: one value.
   auto vs_blas = [](const FwdRow& row, RowValue* value) {
@@ -170,18 +158,18 @@ std::vector<TargetCheck> CheckTargets(const BenchReport& report, int threads) {
         return row.shape.head_dim == 64 && row.shape.seqlen_q >= kTargetMinSeqlen;
       },
       vs_blas));
-  // Now: the thread pairs, timed in alternation.
+  // Start-up: the two forward rows' rates; now: the thread pairs, timed in alternation.
   if (threads != 1) {
-    TargetCheck scaling = FoldForwardRatio(
-        report, threads, "scaling vs 1 thread, S>=2048", 1.85,
+    TargetCheck scaling = FoldForward(
+        report, threads, "scaling vs 1 thread, S>=2048", "x", 1.85,
         [](const FwdRow& row) { return row.shape.seqlen_q >= kTargetMinSeqlen; },
-        [&](const FwdRow& row, double* value) {
+        [&](const FwdRow& row, RowValue* value) {
           const FwdRow* single = FindRow(report.forward, row.shape, row.shape.dtype, 1);
           if (single == nullptr) return false;
-          *value = AnyattnGflops(row) / AnyattnGflops(*single);
+          value->start = AnyattnGflops(row) / AnyattnGflops(*single);
           return true;
         });
-    RecordPairs(report, PairKind::kThreadsVsOne, threads, &scaling);
+    scaling.now = PairValues(report, PairKind::kThreadsVsOne, threads);
     checks.push_back(scaling);
   }
 

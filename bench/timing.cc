@@ -51,6 +51,15 @@ double WarmUp(const std::function<bool()>& run, const TimingPolicy& policy) {
   return single_run_seconds;
 }
 
+// How many runs (or rounds) lasting `seconds` each make up policy.target_seconds: between
+// min_count and policy.max_runs (min_count wins), or policy.min_runs_long (at least 1) when one
+// lasts longer than policy.long_run_seconds.
+int RepeatCount(const TimingPolicy& policy, double seconds, int min_count) {
+  if (seconds > policy.long_run_seconds) return std::max(1, policy.min_runs_long);
+  const int count = static_cast<int>(std::ceil(policy.target_seconds / std::max(seconds, 1e-9)));
+  return std::clamp(count, min_count, std::max(min_count, policy.max_runs));
+}
+
 void Rest(double seconds) {
   if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
@@ -67,10 +76,7 @@ std::optional<TimingResult> TimeRepeated(const std::function<bool()>& run,
   const double single_run_seconds = WarmUp(run, policy);
   if (single_run_seconds < 0) return std::nullopt;
 
-  int runs =
-      static_cast<int>(std::ceil(policy.target_seconds / std::max(single_run_seconds, 1e-9)));
-  runs = std::clamp(runs, policy.min_runs, std::max(policy.min_runs, policy.max_runs));
-  if (single_run_seconds > policy.long_run_seconds) runs = std::max(1, policy.min_runs_long);
+  const int runs = RepeatCount(policy, single_run_seconds, policy.min_runs);
 
   std::vector<double> seconds;
   seconds.reserve(runs);
@@ -100,9 +106,7 @@ std::vector<std::optional<TimingResult>> TimeInterleaved(const std::vector<Inter
   const int min_rounds = chunk_seconds <= kShortChunkSeconds
                              ? std::max(policy.min_runs, kMinShortRounds)
                              : policy.min_runs;
-  int rounds = static_cast<int>(std::ceil(policy.target_seconds / chunk_seconds));
-  rounds = std::clamp(rounds, min_rounds, std::max(min_rounds, policy.max_runs));
-  if (slowest > policy.long_run_seconds) rounds = std::max(1, policy.min_runs_long);
+  const int rounds = RepeatCount(policy, chunk_seconds, min_rounds);
   std::vector<int> chunk(count, 1);
   for (size_t i = 0; i < count; ++i) {
     const double calls =

@@ -3,8 +3,8 @@
 
 Runs anyattn_bench's shapes (the forward table and the decode table) for each thread count, with
 both implementations timed in alternation (warm-up, then rounds of a chunk of calls of each; the
-median call of each), prints the ratios as it goes, writes JSON and, when matplotlib is installed, a PNG of GFLOP/s against
-sequence length with one line per implementation.
+median call of each), prints the ratios as it goes, writes JSON and, when matplotlib is installed,
+a PNG of GFLOP/s against sequence length with one line per implementation.
 
     python3 bench/torch_sdpa.py --lib build-bench/src/libanyattn.so [--quick] [--threads-list 1,2]
 
@@ -129,9 +129,8 @@ def time_interleaved(runs, target_seconds, min_runs, max_runs=25, warmup_seconds
     warms up, then every round runs each in turn for a chunk of calls about as long as one call of
     the slowest (at least min_chunk_seconds), for clamp(ceil(target / chunk), min_runs, max_runs)
     rounds (at least 5 while a chunk lasts at most 0.5 s; min_runs_long when a call exceeds
-    long_run_seconds). Returns, per function, a dict of
-    median/min/max seconds and the run count, or the RuntimeError its call raised (it then drops
-    out of the later rounds)."""
+    long_run_seconds). Returns, per function, a dict of median/min/max seconds and the run count,
+    or the RuntimeError its call raised (it then drops out of the later rounds)."""
     results = [None] * len(runs)
     single = [0.0] * len(runs)
     for i, run in enumerate(runs):
