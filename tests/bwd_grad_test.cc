@@ -273,6 +273,47 @@ TEST(BwdGrad, EmptyAndFullyMasked) {
   EXPECT_TRUE(run_and_check_bwd(with(c)));
 }
 
+// D_i = <dout_i, out_i> comes from the out the caller hands over, whatever it is: gradients match
+// the reference given that out (bwd_dense's out_given), including a fully masked row's non-zero
+// out, which reaches the sink's gradient only. The out replaced here is far enough from the
+// forward's that the exact-out reference would fail, so the comparison tells the two apart.
+TEST(BwdGrad, GradientsAreThoseOfTheOutHandedOver) {
+  Case c = base_case();
+  c.Sq = 100;
+  c.Sk = 30;
+  c.causal = true;  // the first 70 rows see no key
+  c.sinks = true;
+  BwdProblem p(with(c));
+  ASSERT_EQ(p.prepare_forward(), ANYATTN_OK);
+  int64_t index[4] = {0, 0, 0, 0};
+  for (index[1] = 0; index[1] < c.Sq; ++index[1]) {
+    for (index[2] = 0; index[2] < c.Hq; ++index[2]) {
+      for (index[3] = 0; index[3] < c.Dv; ++index[3]) {
+        store(p.fwd.out, index, 0.25 + 0.01 * static_cast<double>((index[1] + index[3]) % 7));
+      }
+    }
+  }
+  ASSERT_EQ(p.run(), ANYATTN_OK);
+  const Gradients got = p.gradients();
+  const reference::DenseGradients given =
+      reference::bwd_dense(p.fwd.q, p.fwd.k, p.fwd.v, p.dout, &p.fwd.params, &p.fwd.out);
+  const reference::DenseGradients exact = p.reference();
+  auto max_error = [](const std::vector<double>& a, const std::vector<double>& b) {
+    double worst = 0.0, size = 1.0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      worst = std::max(worst, std::fabs(a[i] - b[i]));
+      size = std::max(size, std::fabs(b[i]));
+    }
+    return worst / size;
+  };
+  EXPECT_LT(max_error(got.dq, given.dq), 2e-5);
+  EXPECT_LT(max_error(got.dk, given.dk), 2e-5);
+  EXPECT_LT(max_error(got.dv, given.dv), 2e-5);
+  EXPECT_LT(max_error(got.dsinks, given.dsinks), 2e-5);
+  EXPECT_GT(max_error(got.dq, exact.dq), 1e-2);
+  EXPECT_GT(max_error(got.dsinks, exact.dsinks), 1e-2);
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace anyattn

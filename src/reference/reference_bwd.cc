@@ -10,7 +10,7 @@ namespace reference {
 
 SequenceGradients backprop_one_sequence(const SequenceInputs& in, const double* dout,
                                         const ScoreOptions& options, const DropoutOptions& dropout,
-                                        int64_t batch) {
+                                        int64_t batch, const double* out_given) {
   const int64_t Sq = in.seqlen_q, Sk = in.seqlen_k;
   const int64_t Hq = in.num_heads_q, Hk = in.num_heads_k;
   const int64_t D = in.head_dim, Dv = in.head_dim_v;
@@ -63,9 +63,17 @@ SequenceGradients backprop_one_sequence(const SequenceInputs& in, const double* 
         }
         if (s[j] > row_max) row_max = s[j];
       }
+      // D_i from the out handed to the backward, when one is given.
+      const double* given_i = out_given != nullptr ? out_given + (i * Hq + h) * Dv : nullptr;
+      double given_delta = 0.0;
+      if (given_i != nullptr) {
+        for (int64_t c = 0; c < Dv; ++c) given_delta += dout_i[c] * given_i[c];
+      }
       if (!any_visible) {
-        // out = 0, lse = sink: P_sink = 1 but D_i = 0, so nothing flows anywhere.
+        // out = 0, lse = sink: P_sink = 1 but D_i = 0, so nothing flows anywhere; a given out
+        // other than 0 reaches the sink's gradient only.
         g.lse[h * Sq + i] = sink;
+        if (has_sink) g.dsinks[h] -= given_delta;
         continue;
       }
       double denominator = has_sink ? std::exp(sink - row_max) : 0.0;
@@ -87,14 +95,14 @@ SequenceGradients backprop_one_sequence(const SequenceInputs& in, const double* 
       }
 
       // Backward of L = sum(dout * out) through this row.
-      double delta = 0.0;  // D_i = sum_j P_ij dP_ij = <dout_i, out_i>
+      double delta = given_delta;  // D_i = sum_j P_ij dP_ij = <dout_i, out_i>
       for (int64_t j = 0; j < Sk; ++j) {
         if (!visible[j]) continue;
         const double* v_j = in.v + (j * Hk + kv_head) * Dv;
         double dot = 0.0;
         for (int64_t c = 0; c < Dv; ++c) dot += dout_i[c] * v_j[c];
         dp[j] = z[j] * dot;
-        delta += p[j] * dp[j];
+        if (given_i == nullptr) delta += p[j] * dp[j];
         double* dv_j = g.dv.data() + (j * Hk + kv_head) * Dv;
         for (int64_t c = 0; c < Dv; ++c) dv_j[c] += p[j] * z[j] * dout_i[c];
       }
@@ -138,7 +146,8 @@ void append(std::vector<double>* to, const std::vector<double>& from) {
 }  // namespace
 
 DenseGradients bwd_dense(const anyattn_tensor& q, const anyattn_tensor& k, const anyattn_tensor& v,
-                         const anyattn_tensor& dout, const anyattn_fwd_params* params) {
+                         const anyattn_tensor& dout, const anyattn_fwd_params* params,
+                         const anyattn_tensor* out_given) {
   const int64_t B = q.shape[0], Sq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
   const int64_t Sk = k.shape[1], Hk = k.shape[2], Dv = v.shape[3];
   const ScoreOptions options = resolve_options(params, D);
@@ -162,6 +171,8 @@ DenseGradients bwd_dense(const anyattn_tensor& q, const anyattn_tensor& k, const
     const std::vector<double> k_b = to_contiguous_f64(batch_slice(k, b));
     const std::vector<double> v_b = to_contiguous_f64(batch_slice(v, b));
     const std::vector<double> dout_b = to_contiguous_f64(batch_slice(dout, b));
+    std::vector<double> out_given_b;
+    if (out_given != nullptr) out_given_b = to_contiguous_f64(batch_slice(*out_given, b));
     SequenceInputs in;
     in.seqlen_q = Sq;
     in.seqlen_k = Sk;
@@ -174,7 +185,9 @@ DenseGradients bwd_dense(const anyattn_tensor& q, const anyattn_tensor& k, const
     in.v = v_b.data();
     if (alibi != nullptr) in.alibi_slopes = alibi_all.data() + (alibi->ndim == 2 ? b * Hq : 0);
     if (sinks_tensor != nullptr) in.sinks = sinks.data();
-    const SequenceGradients g = backprop_one_sequence(in, dout_b.data(), options, dropout, b);
+    const SequenceGradients g =
+        backprop_one_sequence(in, dout_b.data(), options, dropout, b,
+                              out_given != nullptr ? out_given_b.data() : nullptr);
     append(&result.out, g.out);
     append(&result.lse, g.lse);
     append(&result.dq, g.dq);

@@ -36,9 +36,12 @@ struct SequenceGradients {
 
 // The core: forward and backward of one sequence (batch index `batch`, which the dropout mask
 // reads). dout is (Sq, Hq, Dv) contiguous. dsinks is all zeros without sinks.
+// D_i = <dout_i, out_i> comes from the exact forward, or from `out_given` ((Sq, Hq, Dv)
+// contiguous) when it is not null: the out a backward kernel is handed, already rounded to its
+// dtype, which moves every gradient but dv by a term linear in the rounding.
 SequenceGradients backprop_one_sequence(const SequenceInputs& in, const double* dout,
                                         const ScoreOptions& options, const DropoutOptions& dropout,
-                                        int64_t batch);
+                                        int64_t batch, const double* out_given = nullptr);
 
 // Contiguous dense results: out (B, Sq, Hq, Dv), lse (B, Hq, Sq), dq (B, Sq, Hq, D),
 // dk (B, Sk, Hk, D), dv (B, Sk, Hk, Dv), dsinks (Hq) summed over the batch.
@@ -48,9 +51,11 @@ struct DenseGradients {
 
 // The reference for anyattn_bwd (and for anyattn_fwd with dropout): strided tensors of any
 // supported dtype, read exactly as doubles. Honours every field of params (NULL = defaults) that
-// affects the result, dropout included.
+// affects the result, dropout included. With `out_given` (B, Sq, Hq, Dv), the gradients are those
+// of a backward handed that out (see backprop_one_sequence); out and lse stay the exact forward's.
 DenseGradients bwd_dense(const anyattn_tensor& q, const anyattn_tensor& k, const anyattn_tensor& v,
-                         const anyattn_tensor& dout, const anyattn_fwd_params* params);
+                         const anyattn_tensor& dout, const anyattn_fwd_params* params,
+                         const anyattn_tensor* out_given = nullptr);
 
 }  // namespace reference
 }  // namespace anyattn

@@ -1,0 +1,303 @@
+// libFuzzer harness for anyattn_bwd: random small shapes, dtypes, strides (padded, permuted, zero,
+// negative) for every one of the nine tensors, GQA ratios, masks, softcap, ALiBi, sinks (with
+// dsinks), dropout, ISA paths and thread counts; hostile values (NaN and subnormals in q, k, v or
+// dout; NaN or infinite LSE entries) and hostile parameters; misuse the validation must reject
+// (null data, a gradient overlapping an input or another gradient, a missing LSE, dsinks without
+// sinks or sinks without dsinks, bad ranks, negative sizes).
+//
+// out and lse are the f64 reference's forward (with dropout), rounded into their tensors, so the
+// backward is checked on its own, not through anyattn_fwd; the expected gradients are the
+// reference's for that rounded out. Checks: a rejected call writes nothing
+// and explains itself; an accepted call writes only the logical elements of dq, dk, dv (and
+// dsinks) and, with moderate parameters, matches the f64 reference's gradients: every NaN the
+// reference has, and every finite value within a loose bound; with NaN inputs, NaN may also reach
+// the gradients of masked pairs (0 * NaN), as documented.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "fuzz_common.h"
+#include "reference/reference_bwd.h"
+
+using anyattn_fuzz::FuzzTensor;
+using anyattn_fuzz::StrideKind;
+
+namespace {
+
+// Stores contiguous row-major values into a strided tensor of the same logical shape.
+void store_all(const FuzzTensor& f, const std::vector<double>& values) {
+  const std::vector<int64_t> offsets = f.offsets();
+  for (size_t i = 0; i < offsets.size() && i < values.size(); ++i) {
+    anyattn_fuzz::store_value(f, offsets[i], values[i]);
+  }
+}
+
+double max_abs(const std::vector<double>& values) {
+  double m = 0.0;
+  for (double x : values) {
+    if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+  }
+  return m;
+}
+
+// Like anyattn_fuzz::check_close, with the scale taken from the reference tensor itself (a
+// gradient's size depends on Sq, Sk, D and the scale). A NaN the reference finds must be NaN.
+// With `nan_inputs`, a NaN where the reference is finite is accepted: a NaN input row reaches the
+// gradients of its masked pairs too, through 0 * NaN (docs/backward.md, "NaN inputs").
+void check_gradient(const char* what, const FuzzTensor& got_tensor, const std::vector<double>& want,
+                    double tol, bool nan_inputs) {
+  const std::vector<double> got = anyattn::reference::to_contiguous_f64(got_tensor.t);
+  if (got.size() != want.size()) {
+    anyattn_fuzz::fail(what, -1, static_cast<double>(got.size()), static_cast<double>(want.size()));
+  }
+  const double scale = std::max(1.0, max_abs(want));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = want[i];
+    if (std::isnan(w) || (nan_inputs && std::isnan(g))) {
+      if (!std::isnan(g)) anyattn_fuzz::fail(what, static_cast<int64_t>(i), g, w);
+    } else if (!(std::fabs(g - w) <= tol * (scale + std::fabs(w)))) {
+      anyattn_fuzz::fail(what, static_cast<int64_t>(i), g, w);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
+  FuzzedDataProvider data(bytes, size);
+  const int32_t dtypes[] = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16,
+                            ANYATTN_DTYPE_F32, ANYATTN_DTYPE_I32};
+  const int32_t dtype = dtypes[data.ConsumeIntegralInRange<int>(0, 4)];
+  const int64_t B = data.ConsumeIntegralInRange<int64_t>(0, 3);
+  const int64_t Sq = data.ConsumeIntegralInRange<int64_t>(0, 9);
+  const int64_t Sk = data.ConsumeIntegralInRange<int64_t>(0, 9);
+  const int64_t Hk = data.ConsumeIntegralInRange<int64_t>(1, 3);
+  const int64_t ratio = data.ConsumeIntegralInRange<int64_t>(1, 3);
+  const bool bad_heads = data.ConsumeIntegralInRange<int>(0, 15) == 0;
+  const int64_t Hq = Hk * ratio + (bad_heads ? 1 : 0);
+  const int64_t dims[] = {1, 2, 3, 8, 16, 17, 24, 0, 257};
+  const int64_t D = dims[data.ConsumeIntegralInRange<int>(0, 8)];
+  const int64_t Dv = dims[data.ConsumeIntegralInRange<int>(0, 8)];
+  const bool hostile_values = data.ConsumeBool();
+
+  const int64_t q_shape[4] = {B, Sq, Hq, D}, k_shape[4] = {B, Sk, Hk, D};
+  const int64_t v_shape[4] = {B, Sk, Hk, Dv}, o_shape[4] = {B, Sq, Hq, Dv};
+  const int64_t lse_shape[3] = {B, Hq, Sq}, dsinks_shape[1] = {Hq};
+  auto tensor = [&](int32_t dt, int ndim, const int64_t* shape, unsigned char fill) {
+    const StrideKind kind = static_cast<StrideKind>(data.ConsumeIntegralInRange<int>(0, 4));
+    const int which = data.ConsumeIntegralInRange<int>(0, 3);
+    const int pad = data.ConsumeIntegralInRange<int>(1, 3);
+    return anyattn_fuzz::make_tensor(dt, ndim, shape, kind, which, pad, fill);
+  };
+  FuzzTensor q = tensor(dtype, 4, q_shape, 0), k = tensor(dtype, 4, k_shape, 0);
+  FuzzTensor v = tensor(dtype, 4, v_shape, 0), dout = tensor(dtype, 4, o_shape, 0);
+  FuzzTensor out = tensor(dtype, 4, o_shape, 0), lse = tensor(ANYATTN_DTYPE_F32, 3, lse_shape, 0);
+  FuzzTensor dq = tensor(dtype, 4, q_shape, 0xA5), dk = tensor(dtype, 4, k_shape, 0xA5);
+  FuzzTensor dv = tensor(dtype, 4, v_shape, 0xA5);
+  FuzzTensor dsinks = tensor(ANYATTN_DTYPE_F32, 1, dsinks_shape, 0x5A);
+  const bool valid_dtype = dtype != ANYATTN_DTYPE_I32;
+  const int poisoned = hostile_values ? data.ConsumeIntegralInRange<int>(0, 3) : -1;
+  if (valid_dtype) {
+    anyattn_fuzz::fill_values(data, q, poisoned == 0);
+    anyattn_fuzz::fill_values(data, k, poisoned == 1);
+    anyattn_fuzz::fill_values(data, v, poisoned == 2);
+    anyattn_fuzz::fill_values(data, dout, poisoned == 3);
+  }
+
+  anyattn_fwd_params params;
+  anyattn_fwd_params_init(&params);
+  const float scales[] = {0.f, 0.5f, 1.f, NAN, INFINITY, -1.f, 1e30f, 1e-30f};
+  const float softcaps[] = {0.f, 5.f, 50.f, -1.f, NAN, INFINITY, 1e30f};
+  const int32_t windows[] = {
+      -1, 0, 1, 3, -2, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min()};
+  const int scale_pick = data.ConsumeIntegralInRange<int>(0, 7);
+  const int softcap_pick = data.ConsumeIntegralInRange<int>(0, 6);
+  params.softmax_scale = scales[scale_pick];
+  params.softcap = softcaps[softcap_pick];
+  params.causal = data.ConsumeBool() ? 1 : 0;
+  const int wl_pick = data.ConsumeIntegralInRange<int>(0, 6);
+  const int wr_pick = data.ConsumeIntegralInRange<int>(0, 6);
+  params.window_left = data.ConsumeIntegralInRange<int>(0, 3) == 0 ? windows[wl_pick] : -1;
+  params.window_right = data.ConsumeIntegralInRange<int>(0, 3) == 0 ? windows[wr_pick] : -1;
+  const int isa_pick = data.ConsumeIntegralInRange<int>(0, 4);
+  params.isa = isa_pick == 4 ? 9 : isa_pick;
+  const float dropouts[] = {0.f, 0.f, 0.f, 0.25f, 0.75f, 1.f, NAN, -0.5f};
+  params.dropout_p = dropouts[data.ConsumeIntegralInRange<int>(0, 7)];
+  params.dropout_seed = data.ConsumeIntegral<uint64_t>();
+  params.dropout_offset = data.ConsumeIntegral<uint64_t>();
+
+  const int alibi_pick = data.ConsumeIntegralInRange<int>(0, 3);
+  const int64_t alibi_shape[2] = {alibi_pick == 2 ? B : 1, Hq};
+  FuzzTensor alibi = anyattn_fuzz::make_tensor(ANYATTN_DTYPE_F32, alibi_pick == 2 ? 2 : 1,
+                                               alibi_pick == 2 ? alibi_shape : alibi_shape + 1,
+                                               StrideKind::kContiguous, 0, 1, 0);
+  for (int64_t offset : alibi.offsets()) {
+    anyattn_fuzz::store_value(alibi, offset, data.ConsumeIntegralInRange<int>(0, 8) / 8.0);
+  }
+  if (alibi_pick == 1 || alibi_pick == 2) params.alibi_slopes = &alibi.t;
+  FuzzTensor sinks = anyattn_fuzz::make_tensor(ANYATTN_DTYPE_F32, 1, dsinks_shape,
+                                               StrideKind::kContiguous, 0, 1, 0);
+  for (int64_t offset : sinks.offsets()) {
+    anyattn_fuzz::store_value(sinks, offset, data.ConsumeIntegralInRange<int>(-12, 12) / 4.0);
+  }
+  if (data.ConsumeBool()) params.sinks = &sinks.t;
+
+  // Misuse that validation must reject.
+  const int misuse = data.ConsumeIntegralInRange<int>(0, 23);
+  const anyattn_tensor* q_arg = &q.t;
+  const anyattn_tensor* lse_arg = &lse.t;
+  const anyattn_tensor* dq_arg = &dq.t;
+  const anyattn_tensor* dv_arg = &dv.t;
+  const anyattn_tensor* dsinks_arg = params.sinks != nullptr ? &dsinks.t : nullptr;
+  anyattn_tensor bad{};
+  bool must_fail = false;
+  const int64_t q_n = B * Sq * Hq * D, k_n = B * Sk * Hk * D;
+  switch (misuse) {
+    case 1:  // null data in a non-empty input
+      bad = q.t;
+      bad.data = nullptr;
+      q_arg = &bad;
+      must_fail = q_n > 0;
+      break;
+    case 2:  // dq is q: a gradient must not overlap an input
+      bad = q.t;
+      dq_arg = &bad;
+      must_fail = q_n > 0;
+      break;
+    case 3:  // dv is dk: gradients must not overlap each other
+      if (D == Dv) {
+        bad = dk.t;
+        dv_arg = &bad;
+        must_fail = k_n > 0;
+      }
+      break;
+    case 4:  // no LSE
+      lse_arg = nullptr;
+      must_fail = true;
+      break;
+    case 5:  // dsinks without sinks, or sinks without dsinks
+      dsinks_arg = dsinks_arg == nullptr ? &dsinks.t : nullptr;
+      must_fail = true;
+      break;
+    case 6:  // rank 3 where 4 is required
+      bad = q.t;
+      bad.ndim = 3;
+      q_arg = &bad;
+      must_fail = true;
+      break;
+    case 7:  // negative dimension
+      bad = q.t;
+      bad.shape[1] = -1;
+      q_arg = &bad;
+      must_fail = true;
+      break;
+    case 8:  // lse of the wrong dtype
+      bad = lse.t;
+      bad.dtype = dtype == ANYATTN_DTYPE_F32 ? ANYATTN_DTYPE_F16 : ANYATTN_DTYPE_I32;
+      lse_arg = &bad;
+      must_fail = true;
+      break;
+    default:
+      break;
+  }
+  // A gradient broadcast (stride 0) over a dimension of size > 1 overlaps itself.
+  for (const FuzzTensor* g : {&dq, &dk, &dv}) {
+    int64_t n = 1;
+    for (int d = 0; d < 4; ++d) n *= g->t.shape[d];
+    for (int d = 0; d < 3; ++d) {
+      if (g->t.strides[d] == 0 && g->t.shape[d] > 1 && n > 0) must_fail = true;
+    }
+  }
+  const bool valid_params = std::isfinite(params.softmax_scale) && params.softcap >= 0.f &&
+                            std::isfinite(params.softcap) && params.window_left >= -1 &&
+                            params.window_right >= -1 && params.dropout_p >= 0.f &&
+                            params.dropout_p < 1.f && params.isa != 9;
+  const bool valid_shapes =
+      valid_dtype && Hq % Hk == 0 && D >= 1 && D <= 256 && Dv >= 1 && Dv <= 256;
+  if (!valid_shapes || !valid_params) must_fail = true;
+
+  // out and lse: the reference's forward, so the backward is checked on its own. Any other
+  // values (hostile LSE entries here) must still be taken without a crash.
+  const bool computable = valid_shapes && valid_params;
+  anyattn::reference::DenseGradients ref;
+  if (computable) {
+    const anyattn::reference::DenseGradients forward =
+        anyattn::reference::bwd_dense(q.t, k.t, v.t, dout.t, &params);
+    store_all(out, forward.out);
+    store_all(lse, forward.lse);
+    // The gradients of a backward handed this out, rounded to the dtype (D_i = <dout_i, out_i>).
+    ref = anyattn::reference::bwd_dense(q.t, k.t, v.t, dout.t, &params, &out.t);
+  }
+  const int lse_poison = data.ConsumeIntegralInRange<int>(0, 7);
+  const std::vector<int64_t> lse_offsets = lse.offsets();
+  if (lse_poison < 3 && !lse_offsets.empty()) {
+    const float poison[] = {NAN, INFINITY, -INFINITY};
+    const size_t at = data.ConsumeIntegralInRange<size_t>(0, lse_offsets.size() - 1);
+    anyattn_fuzz::store_value(lse, lse_offsets[at], poison[lse_poison]);
+  }
+  // A broadcast (stride 0) lse holds one value for several rows: not the forward's. (A broadcast
+  // out is fine: the expected gradients are computed from the out as stored.)
+  bool broadcast_lse = false;
+  for (int d = 0; d < 3; ++d) {
+    if (lse.t.strides[d] == 0 && lse.t.shape[d] > 1) broadcast_lse = true;
+  }
+  const bool numeric_check = !must_fail && computable && scale_pick <= 2 && softcap_pick <= 2 &&
+                             lse_poison >= 3 && !broadcast_lse;
+
+  anyattn_set_num_threads(data.ConsumeIntegralInRange<int>(1, 3));
+  const anyattn_fuzz::Snapshot dq_before(&dq), dk_before(&dk), dv_before(&dv),
+      dsinks_before(&dsinks), q_before(&q), out_before(&out), lse_before(&lse);
+  const anyattn_status status = anyattn_bwd(&dout.t, q_arg, &k.t, &v.t, &out.t, lse_arg, dq_arg,
+                                            &dk.t, dv_arg, dsinks_arg, &params);
+  if (!q_before.unchanged() || !out_before.unchanged() || !lse_before.unchanged()) {
+    anyattn_fuzz::fail("an input was written", status, 0, 0);
+  }
+  if (status != ANYATTN_OK) {
+    if (std::strlen(anyattn_last_error()) == 0) anyattn_fuzz::fail("empty message", status, 0, 0);
+    if (!dq_before.unchanged() || !dk_before.unchanged() || !dv_before.unchanged() ||
+        !dsinks_before.unchanged()) {
+      anyattn_fuzz::fail("a rejected call wrote", status, 0, 0);
+    }
+    return 0;
+  }
+  auto dump = [&] {
+    anyattn_fuzz::print_tensor("dout", &dout.t);
+    anyattn_fuzz::print_tensor("q", q_arg);
+    anyattn_fuzz::print_tensor("k", &k.t);
+    anyattn_fuzz::print_tensor("v", &v.t);
+    anyattn_fuzz::print_tensor("lse", lse_arg);
+    anyattn_fuzz::print_tensor("dq", dq_arg);
+    anyattn_fuzz::print_tensor("dk", &dk.t);
+    anyattn_fuzz::print_tensor("dv", dv_arg);
+    anyattn_fuzz::print_tensor("dsinks", dsinks_arg);
+    std::fprintf(stderr, "  scale %g softcap %g window (%d, %d) dropout %g isa %d causal %d\n",
+                 params.softmax_scale, params.softcap, params.window_left, params.window_right,
+                 params.dropout_p, params.isa, params.causal);
+    std::fprintf(stderr, "  alibi %d sinks %d poisoned %d\n", params.alibi_slopes != nullptr,
+                 params.sinks != nullptr, poisoned);
+  };
+  if (must_fail) {
+    dump();
+    anyattn_fuzz::fail("invalid call accepted", misuse, 0, 0);
+  }
+  dq_before.check_padding("dq padding");
+  dk_before.check_padding("dk padding");
+  dv_before.check_padding("dv padding");
+  dsinks_before.check_padding("dsinks padding");
+  if (dsinks_arg == nullptr && !dsinks_before.unchanged()) {
+    anyattn_fuzz::fail("dsinks written", 0, 0, 0);
+  }
+  if (!numeric_check) return 0;
+
+  if (std::getenv("ANYATTN_FUZZ_VERBOSE") != nullptr) dump();
+  const double tol = anyattn_fuzz::tolerance(dtype);
+  const bool nan_inputs = poisoned >= 0;
+  check_gradient("dq", dq, ref.dq, tol, nan_inputs);
+  check_gradient("dk", dk, ref.dk, tol, nan_inputs);
+  check_gradient("dv", dv, ref.dv, tol, nan_inputs);
+  if (dsinks_arg != nullptr) check_gradient("dsinks", dsinks, ref.dsinks, tol, nan_inputs);
+  return 0;
+}
