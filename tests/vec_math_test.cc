@@ -122,6 +122,38 @@ TEST(VecMath, TanhIsWithinThreeUlpsAndOdd) {
   }
 }
 
+// The backward's softcap derivative 1 - tanh^2 (tanh_and_sech2): a few ulp of itself also where
+// tanh is close to +-1, where 1 - t * t would lose up to every bit (sech^2(10) = 8.2e-9, below
+// half an ulp of 1); 0 for +-inf, NaN for NaN. The bound is 4 + 3|y| ulp: sech^2 has the condition
+// number 2|y| tanh|y|, so an error of one ulp in its argument (as the rounding of y itself gives
+// in the backward) moves it by 2|y| ulp; the f32 exponent -2|y| log2(e) carries up to 2|y| ulp
+// from the product's rounding and |y| from its rounded constant. Measured worst case on the
+// development VM: 1.107 x (4 + 2|y|) = 53.6 ulp at y = 22.19, against 70.6 allowed.
+TEST(VecMath, Sech2IsWithinItsConditionAlsoWhereTanhSaturates) {
+  std::vector<float> x = sample(-40.f, 40.f, 1 << 18);
+  const std::vector<float> tiny = sample(-1e-3f, 1e-3f, 1 << 12);
+  x.insert(x.end(), tiny.begin(), tiny.end());
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> special = {inf, -inf, std::nanf("")};
+  for (const FwdKernel* kernel : runnable_kernels()) {
+    const std::vector<float> y = map_each(kernel->sech2_array, x);
+    double worst = 0;  // error / bound
+    float worst_x = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double c = std::cosh(static_cast<double>(x[i]));
+      const double bound = 4.0 + 3.0 * std::fabs(x[i]);
+      const double error = ulps(y[i], 1.0 / (c * c)) / bound;
+      if (error > worst) worst = error, worst_x = x[i];
+    }
+    EXPECT_LT(worst, 1.0) << kernel->name << ": sech2(" << worst_x << ") off by " << worst
+                          << " x its bound";
+    const std::vector<float> s = map_each(kernel->sech2_array, special);
+    EXPECT_EQ(s[0], 0.f) << kernel->name;
+    EXPECT_EQ(s[1], 0.f) << kernel->name;
+    EXPECT_TRUE(std::isnan(s[2])) << kernel->name;
+  }
+}
+
 TEST(VecMath, TanhSpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> x = {0.f, 30.f, -30.f, inf, -inf, std::nanf("")};

@@ -225,16 +225,15 @@ inline void tile_row_gradients(const TileMath& m, float neg_slope, float* s_row,
                                float alibi_base, bool mask, float lo, float hi) {
   const Vec iota = Vec::iota();
   const Vec zero = Vec::zero();
-  const Vec one = Vec::broadcast(1.f);
   const Vec log2e = Vec::broadcast(kLog2eF);
   const Vec neg_lse = Vec::broadcast(neg_lse_row);
   const Vec delta = Vec::broadcast(delta_row);
   for (int64_t c = 0; c < kTile; c += kLanes) {
     const Vec position = iota + Vec::broadcast(static_cast<float>(c));
     const Vec x = Vec::load(s_row + c);
-    Vec t = zero, factor, score;
+    Vec t = zero, sech2 = zero, factor, score;
     if (m.softcap) {
-      t = tanh(x * Vec::broadcast(m.scale_over_cap));
+      tanh_and_sech2(x * Vec::broadcast(m.scale_over_cap), &t, &sech2);
       score = t;
       factor = Vec::broadcast(m.cap);
     } else {
@@ -258,7 +257,7 @@ inline void tile_row_gradients(const TileMath& m, float neg_slope, float* s_row,
       dp = dp * z;
     }
     Vec ds = p * (dp - delta);
-    if (m.softcap) ds = ds * (one - t * t);
+    if (m.softcap) ds = ds * sech2;  // 1 - t^2, without its cancellation near t = +-1
     if (mask) {
       kept = select_in_range(kept, position, lo, hi, zero);
       ds = select_in_range(ds, position, lo, hi, zero);

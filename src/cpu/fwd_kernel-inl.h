@@ -756,12 +756,22 @@ inline void map_vectors(Vec (*f)(Vec), const float* x, int64_t n, float* y) {
   }
 }
 
-// This path's vector exp2 and tanh (simd/vec_math-inl.h) over arrays, for the tests of their
-// accuracy (the kernel registry's exp2_array and tanh_array).
+// This path's vector exp2, tanh and the backward's 1 - tanh^2 (simd/vec_math-inl.h) over arrays,
+// for the tests of their accuracy (the kernel registry's exp2_array, tanh_array, sech2_array).
 void exp2_array(const float* x, int64_t n, float* y) {
   map_vectors(exp2, x, n, y);
 }
 
 void tanh_array(const float* x, int64_t n, float* y) {
   map_vectors(tanh, x, n, y);
+}
+
+inline Vec sech2_of(Vec x) {
+  Vec t, sech2;
+  tanh_and_sech2(x, &t, &sech2);
+  return sech2;
+}
+
+void sech2_array(const float* x, int64_t n, float* y) {
+  map_vectors(sech2_of, x, n, y);
 }

@@ -16,6 +16,7 @@ namespace anyattn::cpu {
                      const Scratch& scratch);                                                 \
   void exp2_array(const float* x, int64_t n, float* y);                                       \
   void tanh_array(const float* x, int64_t n, float* y);                                       \
+  void sech2_array(const float* x, int64_t n, float* y);                                      \
   bool cpu_supports() {                                                                       \
     const runtime::CpuFeatures& features = runtime::cpu_features();                           \
     (void)features;                                                                           \
@@ -38,7 +39,8 @@ namespace {
             &ns::attend,                                            \
             &ns::attend_direct,                                     \
             &ns::exp2_array,                                        \
-            &ns::tanh_array},
+            &ns::tanh_array,                                        \
+            &ns::sech2_array},
 const FwdKernel kKernels[] = {
 #include "cpu/kernels.inc"
 };
@@ -46,8 +48,12 @@ const FwdKernel kKernels[] = {
 
 }  // namespace
 
-const FwdKernel* fwd_kernels_begin() { return kKernels; }
-const FwdKernel* fwd_kernels_end() { return kKernels + sizeof(kKernels) / sizeof(kKernels[0]); }
+const FwdKernel* fwd_kernels_begin() {
+  return kKernels;
+}
+const FwdKernel* fwd_kernels_end() {
+  return kKernels + sizeof(kKernels) / sizeof(kKernels[0]);
+}
 
 const FwdKernel* find_fwd_kernel(anyattn_isa isa) {
   for (const FwdKernel* kernel = fwd_kernels_begin(); kernel != fwd_kernels_end(); ++kernel) {

@@ -34,10 +34,11 @@ struct FwdKernel {
   int tile_keys;     // keys per micro-kernel tile
   bool (*cpu_supports)();
   PackBlockFn pack_block;
-  AttendFn attend;         // packed K/V, or streaming tasks that pack their own blocks
-  AttendFn attend_direct;  // streaming tasks of at most kDirectMaxRows rows per kv head
-  ElementwiseFn exp2_array;  // the path's vector exp2 over an array, for the tests
-  ElementwiseFn tanh_array;  // the path's vector tanh over an array, for the tests
+  AttendFn attend;            // packed K/V, or streaming tasks that pack their own blocks
+  AttendFn attend_direct;     // streaming tasks of at most kDirectMaxRows rows per kv head
+  ElementwiseFn exp2_array;   // the path's vector exp2 over an array, for the tests
+  ElementwiseFn tanh_array;   // the path's vector tanh over an array, for the tests
+  ElementwiseFn sech2_array;  // the backward's 1 - tanh^2 (tanh_and_sech2), for the tests
 };
 
 // Every kernel compiled into this build, whether or not the CPU can run it.
