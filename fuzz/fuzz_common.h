@@ -226,6 +226,45 @@ inline void check_close(const char* what, const std::vector<double>& got,
   }
 }
 
+// Stores contiguous row-major values into a strided tensor of the same logical shape.
+inline void store_all(const FuzzTensor& f, const std::vector<double>& values) {
+  const std::vector<int64_t> offsets = f.offsets();
+  for (size_t i = 0; i < offsets.size() && i < values.size(); ++i) {
+    store_value(f, offsets[i], values[i]);
+  }
+}
+
+// The check of the backward harnesses: got (stored as `dtype`) against the reference's gradient
+// `want`, each element within tolerance(dtype) times the sum of the absolute values of the terms
+// it is summed from (`terms`, from the reference) plus |want|: where terms cancel, the rounding
+// error is relative to the terms, not to the small result. Plus an absolute floor for tiny
+// results: one subnormal step of the output dtype (rounding is absolute there), and 2^-110 for
+// the probabilities below 2^-125.5 that the kernels make exactly 0 (docs/reliability.md): with the
+// harnesses' inputs (|x| <= 2, D and Dv <= 24, at most 9 rows, scale <= 1, dropout <= 0.75) the
+// terms they drop sum to less than 2^-125.5 * 2^14. A NaN the reference finds must be NaN. With
+// `nan_inputs`, a NaN where the reference is finite is accepted: a NaN input row reaches the
+// gradients of its masked pairs too, through 0 * NaN (docs/backward.md, "NaN inputs").
+inline void check_gradient(const char* what, const std::vector<double>& got,
+                           const std::vector<double>& want, const std::vector<double>& terms,
+                           int32_t dtype, bool nan_inputs) {
+  if (got.size() != want.size() || terms.size() != want.size()) {
+    fail(what, -1, static_cast<double>(got.size()), static_cast<double>(want.size()));
+  }
+  const double tol = tolerance(dtype);
+  const double output_step = dtype == ANYATTN_DTYPE_F16    ? 0x1p-24
+                             : dtype == ANYATTN_DTYPE_BF16 ? 0x1p-133
+                                                           : 0x1p-149;
+  const double floor = output_step + 0x1p-110;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = want[i];
+    if (std::isnan(w) || (nan_inputs && std::isnan(g))) {
+      if (!std::isnan(g)) fail(what, static_cast<int64_t>(i), g, w);
+    } else if (!(std::fabs(g - w) <= tol * (terms[i] + std::fabs(w)) + floor)) {
+      fail(what, static_cast<int64_t>(i), g, w);
+    }
+  }
+}
+
 }  // namespace anyattn_fuzz
 
 #endif  // ANYATTN_FUZZ_FUZZ_COMMON_H_

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fuzz_common.h"
+#include "fuzz_varlen_meta.h"
 #include "reference/reference_cache.h"
 
 using anyattn_fuzz::FuzzTensor;
@@ -26,67 +27,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   const int64_t Dv = data.ConsumeIntegralInRange<int64_t>(1, 20);
 
   // Sequence metadata: valid by construction, then possibly corrupted.
-  std::vector<int32_t> cu_q(B + 1), cu_k(B + 1), used(B);
-  cu_q[0] = data.ConsumeIntegralInRange<int32_t>(0, 2);
-  cu_k[0] = data.ConsumeIntegralInRange<int32_t>(0, 2);
-  int64_t max_q = 0, max_k = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    const int32_t lq = data.ConsumeIntegralInRange<int32_t>(0, 7);
-    const int32_t lk = data.ConsumeIntegralInRange<int32_t>(0, 7);
-    cu_q[b + 1] = cu_q[b] + lq;
-    cu_k[b + 1] = cu_k[b] + lk;
-    used[b] = data.ConsumeIntegralInRange<int32_t>(0, lk);
-    max_q = std::max<int64_t>(max_q, lq);
-    max_k = std::max<int64_t>(max_k, lk);
-  }
-  const int64_t total_q = cu_q[B] + data.ConsumeIntegralInRange<int64_t>(0, 2);
-  const int64_t total_k = cu_k[B] + data.ConsumeIntegralInRange<int64_t>(0, 2);
-  int64_t max_seqlen_q = max_q + data.ConsumeIntegralInRange<int64_t>(0, 2);
-  int64_t max_seqlen_k = max_k + data.ConsumeIntegralInRange<int64_t>(0, 2);
-  const bool use_seqused = data.ConsumeBool();
-  bool must_fail = false;
-  const int corruption = data.ConsumeIntegralInRange<int>(0, 15);
-  if (B > 0) {
-    const int64_t b = data.ConsumeIntegralInRange<int64_t>(0, B - 1);
-    switch (corruption) {
-      case 1:
-        cu_q[0] = -1;
-        must_fail = true;
-        break;
-      case 2:  // decreasing
-        if (cu_k[b + 1] > 0) {
-          cu_k[b + 1] = cu_k[b] - 1 >= 0 && cu_k[b] > 0 ? cu_k[b] - 1 : -1;
-          must_fail = true;
-        }
-        break;
-      case 3:
-        cu_q[B] = static_cast<int32_t>(total_q + 1);
-        must_fail = true;
-        break;
-      case 4:
-        if (max_q > 0) {
-          max_seqlen_q = max_q - 1;
-          must_fail = true;
-        }
-        break;
-      case 5:
-        if (use_seqused) {
-          used[b] = cu_k[b + 1] - cu_k[b] + 1;
-          must_fail = true;
-        }
-        break;
-      case 6:
-        max_seqlen_k = -1;
-        must_fail = true;
-        break;
-      case 7:
-        cu_k[b] = std::numeric_limits<int32_t>::max();
-        must_fail = true;
-        break;
-      default:
-        break;
-    }
-  }
+  const anyattn_fuzz::VarlenMeta meta = anyattn_fuzz::make_varlen_meta(data, B);
+  const int64_t total_q = meta.total_q, total_k = meta.total_k;
+  bool must_fail = meta.must_fail;
 
   const int64_t q_shape[3] = {total_q, Hq, D}, k_shape[3] = {total_k, Hk, D};
   const int64_t v_shape[3] = {total_k, Hk, Dv}, out_shape[3] = {total_q, Hq, Dv};
@@ -108,22 +51,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   // Broadcast outputs overlap themselves where two written elements share an address: over the
   // heads (dim 1 of out, dim 0 of lse) once any row is written, over rows (dim 0 of out) once
   // two rows are.
-  const int64_t written_rows = cu_q[B] - cu_q[0];
+  const int64_t written_rows = meta.rows_in_sequences();
   if (out.t.strides[0] == 0 && written_rows > 1) must_fail = true;
   if (out.t.strides[1] == 0 && Hq > 1 && written_rows > 0) must_fail = true;
   const bool lse_broadcast = lse.t.strides[0] == 0 && Hq > 1 && written_rows > 0;
 
-  const int64_t cu_shape[1] = {B + 1}, used_shape[1] = {B};
-  const bool float_index = corruption == 8;
-  FuzzTensor tcq =
-      anyattn_fuzz::make_tensor(ANYATTN_DTYPE_I32, 1, cu_shape, StrideKind::kContiguous, 0, 1, 0);
-  FuzzTensor tck =
-      anyattn_fuzz::make_tensor(ANYATTN_DTYPE_I32, 1, cu_shape, StrideKind::kContiguous, 0, 1, 0);
-  FuzzTensor tused =
-      anyattn_fuzz::make_tensor(ANYATTN_DTYPE_I32, 1, used_shape, StrideKind::kContiguous, 0, 1, 0);
-  std::memcpy(tcq.t.data, cu_q.data(), cu_q.size() * 4);
-  std::memcpy(tck.t.data, cu_k.data(), cu_k.size() * 4);
-  if (!used.empty()) std::memcpy(tused.t.data, used.data(), used.size() * 4);
+  const bool float_index = meta.corruption == 8;
+  FuzzTensor tcq = anyattn_fuzz::make_index_tensor(meta.cu_q);
+  FuzzTensor tck = anyattn_fuzz::make_index_tensor(meta.cu_k);
+  FuzzTensor tused = anyattn_fuzz::make_index_tensor(meta.used);
   if (float_index) {
     tcq.t.dtype = ANYATTN_DTYPE_F32;
     must_fail = true;
@@ -149,14 +85,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   if (with_lse && lse_broadcast) must_fail = true;
   if (!must_fail) {
     ref = anyattn::reference::fwd_varlen(q.t, k.t, v.t, tcq.t, tck.t,
-                                         use_seqused ? &tused.t : nullptr, &params);
+                                         meta.use_seqused ? &tused.t : nullptr, &params);
   }
 
   anyattn_set_num_threads(data.ConsumeIntegralInRange<int>(1, 3));
   const anyattn_fuzz::Snapshot out_before(&out), lse_before(&lse);
-  const anyattn_status status =
-      anyattn_fwd_varlen(&q.t, &k.t, &v.t, &out.t, with_lse ? &lse.t : nullptr, &tcq.t, &tck.t,
-                         use_seqused ? &tused.t : nullptr, max_seqlen_q, max_seqlen_k, &params);
+  const anyattn_status status = anyattn_fwd_varlen(
+      &q.t, &k.t, &v.t, &out.t, with_lse ? &lse.t : nullptr, &tcq.t, &tck.t,
+      meta.use_seqused ? &tused.t : nullptr, meta.max_seqlen_q, meta.max_seqlen_k, &params);
   if (status != ANYATTN_OK) {
     if (std::strlen(anyattn_last_error()) == 0) anyattn_fuzz::fail("empty message", status, 0, 0);
     if (!out_before.unchanged() || !lse_before.unchanged()) {
@@ -164,7 +100,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     }
     return 0;
   }
-  if (must_fail) anyattn_fuzz::fail("invalid call accepted", corruption, 0, 0);
+  if (must_fail) anyattn_fuzz::fail("invalid call accepted", meta.corruption, 0, 0);
   out_before.check_padding("out padding");
   lse_before.check_padding("lse padding");
   if (!with_lse && !lse_before.unchanged()) anyattn_fuzz::fail("lse written", 0, 0, 0);

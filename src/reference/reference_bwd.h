@@ -32,6 +32,9 @@ struct DropoutOptions {
 //   out (Sq, Hq, Dv), lse (Hq, Sq), dq (Sq, Hq, D), dk (Sk, Hk, D), dv (Sk, Hk, Dv), dsinks (Hq).
 struct SequenceGradients {
   std::vector<double> out, lse, dq, dk, dv, dsinks;
+  // Per gradient element, the sum of the absolute values of the terms it is summed from (through
+  // P, dP and D_i): the size a rounding error is relative to where the terms cancel.
+  std::vector<double> dq_terms, dk_terms, dv_terms, dsinks_terms;
 };
 
 // The core: forward and backward of one sequence (batch index `batch`, which the dropout mask
@@ -47,6 +50,7 @@ SequenceGradients backprop_one_sequence(const SequenceInputs& in, const double* 
 // dk (B, Sk, Hk, D), dv (B, Sk, Hk, Dv), dsinks (Hq) summed over the batch.
 struct DenseGradients {
   std::vector<double> out, lse, dq, dk, dv, dsinks;
+  std::vector<double> dq_terms, dk_terms, dv_terms, dsinks_terms;  // as in SequenceGradients
 };
 
 // The reference for anyattn_bwd (and for anyattn_fwd with dropout): strided tensors of any
@@ -56,6 +60,26 @@ struct DenseGradients {
 DenseGradients bwd_dense(const anyattn_tensor& q, const anyattn_tensor& k, const anyattn_tensor& v,
                          const anyattn_tensor& dout, const anyattn_fwd_params* params,
                          const anyattn_tensor* out_given = nullptr);
+
+// Contiguous varlen results: out (total_q, Hq, Dv), lse (Hq, total_q), dq (total_q, Hq, D),
+// dk (total_k, Hk, D), dv (total_k, Hk, Dv), dsinks (Hq) summed over the sequences. Entries of rows
+// outside every sequence are 0, and those rows are flagged 0 in q_row_in_sequence /
+// k_row_in_sequence; the keys of a sequence beyond its seqused_k are inside it, with zero
+// gradients.
+struct VarlenGradients {
+  std::vector<double> out, lse, dq, dk, dv, dsinks;
+  std::vector<double> dq_terms, dk_terms, dv_terms, dsinks_terms;  // as in SequenceGradients
+  std::vector<char> q_row_in_sequence, k_row_in_sequence;
+};
+
+// The reference for anyattn_bwd_varlen (packed (total, H, X) tensors, int32 cu_seqlens, optional
+// seqused_k): every sequence differentiated on its own, sequence b with batch index b for the
+// dropout mask and (B, Hq) ALiBi slopes. `out_given` (total_q, Hq, Dv) as in bwd_dense.
+VarlenGradients bwd_varlen(const anyattn_tensor& q, const anyattn_tensor& k,
+                           const anyattn_tensor& v, const anyattn_tensor& dout,
+                           const anyattn_tensor& cu_seqlens_q, const anyattn_tensor& cu_seqlens_k,
+                           const anyattn_tensor* seqused_k, const anyattn_fwd_params* params,
+                           const anyattn_tensor* out_given = nullptr);
 
 }  // namespace reference
 }  // namespace anyattn
