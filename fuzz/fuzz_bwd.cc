@@ -7,12 +7,12 @@
 //
 // out and lse are the f64 reference's forward (with dropout), rounded into their tensors, so the
 // backward is checked on its own, not through anyattn_fwd; the expected gradients are the
-// reference's for that rounded out. Checks: a rejected call writes nothing
-// and explains itself; an accepted call writes only the logical elements of dq, dk, dv (and
-// dsinks) and, with moderate parameters, matches the f64 reference's gradients: every NaN the
-// reference has, and every finite value within the bound of anyattn_fuzz::check_gradient (relative
-// to the sum of the terms' absolute values); with NaN inputs, NaN may also reach
-// the gradients of masked pairs (0 * NaN), as documented.
+// reference's for that rounded out. Checks: a rejected call writes nothing and explains itself;
+// an accepted call writes only the logical elements of dq, dk, dv (and dsinks), writes the same
+// bytes again with another thread count and, with moderate parameters, matches the reference's
+// gradients: every NaN the reference has, and every finite value within the bound of
+// anyattn_fuzz::check_gradient (relative to the sum of the terms' absolute values); with NaN
+// inputs, NaN may also reach the gradients of masked pairs (0 * NaN), as documented.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -207,7 +207,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   const bool numeric_check = !must_fail && computable && scale_pick <= 2 && softcap_pick <= 2 &&
                              lse_poison >= 3 && !broadcast_lse;
 
-  anyattn_set_num_threads(data.ConsumeIntegralInRange<int>(1, 3));
+  const int threads = data.ConsumeIntegralInRange<int>(1, 3);
+  anyattn_set_num_threads(threads);
   const anyattn_fuzz::Snapshot dq_before(&dq), dk_before(&dk), dv_before(&dv),
       dsinks_before(&dsinks), q_before(&q), out_before(&out), lse_before(&lse);
   const anyattn_status status = anyattn_bwd(&dout.t, q_arg, &k.t, &v.t, &out.t, lse_arg, dq_arg,
@@ -250,6 +251,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   if (dsinks_arg == nullptr && !dsinks_before.unchanged()) {
     anyattn_fuzz::fail("dsinks written", 0, 0, 0);
   }
+  anyattn_fuzz::check_same_bytes_with_threads(
+      threads % 3 + 1, {&dq_before, &dk_before, &dv_before, &dsinks_before}, [&] {
+        return anyattn_bwd(&dout.t, q_arg, &k.t, &v.t, &out.t, lse_arg, dq_arg, &dk.t, dv_arg,
+                           dsinks_arg, &params);
+      });
   if (!numeric_check) return 0;
 
   if (std::getenv("ANYATTN_FUZZ_VERBOSE") != nullptr) dump();

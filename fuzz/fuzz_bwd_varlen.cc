@@ -7,7 +7,8 @@
 // out and lse are the f64 reference's forward, rounded into their tensors; the expected gradients
 // are the reference's for that out (reference_bwd.h, bwd_varlen). Checks: a rejected call writes
 // nothing and explains itself; an accepted call writes no padding byte and no row outside every
-// sequence, and its gradients of the rows inside match the reference as in fuzz_bwd.
+// sequence, writes the same bytes again with another thread count, and its gradients of the rows
+// inside match the reference as in fuzz_bwd.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -170,7 +171,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     numeric_check = (lse.t.strides[0] != 0 || Hq == 1) && (lse.t.strides[1] != 0 || total_q < 2);
   }
 
-  anyattn_set_num_threads(data.ConsumeIntegralInRange<int>(1, 3));
+  const int threads = data.ConsumeIntegralInRange<int>(1, 3);
+  anyattn_set_num_threads(threads);
   const anyattn_fuzz::Snapshot dq_before(&dq), dk_before(&dk), dv_before(&dv),
       dsinks_before(&dsinks), q_before(&q), out_before(&out), lse_before(&lse);
   const anyattn_status status = anyattn_bwd_varlen(
@@ -200,6 +202,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   if (dq.t.strides[0] != 0) check_rows_outside("dq row outside", dq_before, ref.q_row_in_sequence);
   if (dk.t.strides[0] != 0) check_rows_outside("dk row outside", dk_before, ref.k_row_in_sequence);
   if (dv.t.strides[0] != 0) check_rows_outside("dv row outside", dv_before, ref.k_row_in_sequence);
+  anyattn_fuzz::check_same_bytes_with_threads(
+      threads % 3 + 1, {&dq_before, &dk_before, &dv_before, &dsinks_before}, [&] {
+        return anyattn_bwd_varlen(&dout.t, &q.t, &k.t, &v.t, &out.t, lse_arg, dq_arg, &dk.t, &dv.t,
+                                  dsinks_arg, &tcq.t, &tck.t, used_arg, meta.max_seqlen_q,
+                                  meta.max_seqlen_k, &params);
+      });
   if (!numeric_check) return 0;
 
   if (std::getenv("ANYATTN_FUZZ_VERBOSE") != nullptr) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -186,6 +187,10 @@ struct Snapshot {
   bool unchanged() const {
     return f == nullptr || std::memcmp(bytes.data(), f->storage.get(), bytes.size()) == 0;
   }
+  // Writes the snapshot's bytes back.
+  void restore() const {
+    if (f != nullptr) std::memcpy(f->storage.get(), bytes.data(), bytes.size());
+  }
   // Traps if a byte outside the logical elements changed.
   void check_padding(const char* what) const {
     if (f == nullptr) return;
@@ -201,6 +206,30 @@ struct Snapshot {
     }
   }
 };
+
+// The determinism guarantee (docs/reliability.md): an accepted call, repeated with another thread
+// count, writes the same bytes. `outputs` hold the snapshots taken before the first call, which
+// has just returned; they are restored, the thread count becomes `threads` and `rerun()` repeats
+// the call. Traps if it fails or writes any other byte.
+template <class Rerun>
+void check_same_bytes_with_threads(int threads, std::initializer_list<const Snapshot*> outputs,
+                                   const Rerun& rerun) {
+  std::vector<std::vector<unsigned char>> first;
+  for (const Snapshot* s : outputs) {
+    first.emplace_back(s->f->storage.get(), s->f->storage.get() + s->f->storage_bytes);
+    s->restore();
+  }
+  anyattn_set_num_threads(threads);
+  const anyattn_status status = rerun();
+  if (status != ANYATTN_OK) fail("the call failed with another thread count", threads, status, 0);
+  size_t i = 0;
+  for (const Snapshot* s : outputs) {
+    if (std::memcmp(first[i].data(), s->f->storage.get(), first[i].size()) != 0) {
+      fail("another thread count changed the result", threads, static_cast<double>(i), 0);
+    }
+    ++i;
+  }
+}
 
 // The loose bound of a successful call, relative to the value's scale: f32 outputs must agree
 // with the f64 reference to 5e-5, f16 to 4e-3 and bf16 to 3e-2 (a few units in the last place of

@@ -3,7 +3,8 @@
 // hostile values (NaN, inf, subnormals) and hostile parameters (NaN/inf scale, negative softcap,
 // huge windows), plus misuse the validation must reject (null data, aliased outputs, broadcast
 // outputs, bad ranks). Checks: a rejected call writes nothing and explains itself; an accepted
-// call writes only out/lse and matches the f64 reference (fuzz_common.h).
+// call writes only out/lse, writes the same bytes again with another thread count, and matches
+// the f64 reference (fuzz_common.h).
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -180,7 +181,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   anyattn::reference::DenseOutputs ref;
   if (numeric_check) ref = anyattn::reference::fwd_dense(q.t, k.t, v.t, &params);
 
-  anyattn_set_num_threads(data.ConsumeIntegralInRange<int>(1, 3));
+  const int threads = data.ConsumeIntegralInRange<int>(1, 3);
+  anyattn_set_num_threads(threads);
   const anyattn_fuzz::Snapshot out_before(&out), lse_before(&lse), q_before(&q);
   const anyattn_status status = anyattn_fwd(q_arg, &k.t, &v.t, out_arg, lse_arg, &params);
   if (status != ANYATTN_OK) {
@@ -216,6 +218,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   out_before.check_padding("out padding");
   lse_before.check_padding("lse padding");
   if (lse_arg == nullptr && !lse_before.unchanged()) anyattn_fuzz::fail("lse written", 0, 0, 0);
+  anyattn_fuzz::check_same_bytes_with_threads(threads % 3 + 1, {&out_before, &lse_before}, [&] {
+    return anyattn_fwd(q_arg, &k.t, &v.t, out_arg, lse_arg, &params);
+  });
   if (!numeric_check) return 0;
 
   const double tol = anyattn_fuzz::tolerance(dtype);

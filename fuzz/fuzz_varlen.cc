@@ -3,7 +3,8 @@
 // softcap, sinks, and corrupted sequence metadata the validation must reject (negative start,
 // decreasing offsets, offsets past total rows, lengths above max_seqlen, seqused_k out of range,
 // wrong index dtype). Accepted calls must match the f64 reference (reference_cache.h) on every
-// row inside a sequence, and leave rows outside every sequence and all padding untouched.
+// row inside a sequence, leave rows outside every sequence and all padding untouched, and write
+// the same bytes again with another thread count.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -88,7 +89,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
                                          meta.use_seqused ? &tused.t : nullptr, &params);
   }
 
-  anyattn_set_num_threads(data.ConsumeIntegralInRange<int>(1, 3));
+  const int threads = data.ConsumeIntegralInRange<int>(1, 3);
+  anyattn_set_num_threads(threads);
   const anyattn_fuzz::Snapshot out_before(&out), lse_before(&lse);
   const anyattn_status status = anyattn_fwd_varlen(
       &q.t, &k.t, &v.t, &out.t, with_lse ? &lse.t : nullptr, &tcq.t, &tck.t,
@@ -104,6 +106,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   out_before.check_padding("out padding");
   lse_before.check_padding("lse padding");
   if (!with_lse && !lse_before.unchanged()) anyattn_fuzz::fail("lse written", 0, 0, 0);
+  anyattn_fuzz::check_same_bytes_with_threads(threads % 3 + 1, {&out_before, &lse_before}, [&] {
+    return anyattn_fwd_varlen(&q.t, &k.t, &v.t, &out.t, with_lse ? &lse.t : nullptr, &tcq.t, &tck.t,
+                              meta.use_seqused ? &tused.t : nullptr, meta.max_seqlen_q,
+                              meta.max_seqlen_k, &params);
+  });
 
   // Rows inside a sequence match the reference; rows outside keep the sentinel.
   const std::vector<double> got = anyattn::reference::to_contiguous_f64(out.t);
