@@ -48,12 +48,8 @@ const FwdKernel kKernels[] = {
 
 }  // namespace
 
-const FwdKernel* fwd_kernels_begin() {
-  return kKernels;
-}
-const FwdKernel* fwd_kernels_end() {
-  return kKernels + sizeof(kKernels) / sizeof(kKernels[0]);
-}
+const FwdKernel* fwd_kernels_begin() { return kKernels; }
+const FwdKernel* fwd_kernels_end() { return kKernels + sizeof(kKernels) / sizeof(kKernels[0]); }
 
 const FwdKernel* find_fwd_kernel(anyattn_isa isa) {
   for (const FwdKernel* kernel = fwd_kernels_begin(); kernel != fwd_kernels_end(); ++kernel) {
