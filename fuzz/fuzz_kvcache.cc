@@ -4,7 +4,8 @@
 // corrupted metadata the validation must reject (negative or over-capacity lengths, block table
 // entries out of range, leftpad past the length, a rotary table too short). A rejected call must
 // leave the cache and the outputs untouched; an accepted one must match the f64 reference for
-// out, lse and the appended cache rows.
+// out, lse and the appended cache rows, and write the same bytes again (cache rows included) when
+// repeated from the same cache with another thread count.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -177,7 +178,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     ref = anyattn::reference::fwd_kvcache(q.t, kc.t, vc.t, cache, &params);
   }
 
-  anyattn_set_num_threads(data.ConsumeIntegralInRange<int>(1, 3));
+  const int threads = data.ConsumeIntegralInRange<int>(1, 3);
+  anyattn_set_num_threads(threads);
   const anyattn_status status =
       anyattn_fwd_kvcache(&q.t, &kc.t, &vc.t, &out.t, with_lse ? &lse.t : nullptr, &cache, &params);
   if (status != ANYATTN_OK) {
@@ -193,6 +195,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   lse_before.check_padding("lse padding");
   kc_before.check_padding("k_cache padding");
   vc_before.check_padding("v_cache padding");
+  // The caches go back to their state before the call, and the append happens again.
+  anyattn_fuzz::check_same_bytes_with_threads(
+      threads % 3 + 1, {&kc_before, &vc_before, &out_before, &lse_before}, [&] {
+        return anyattn_fwd_kvcache(&q.t, &kc.t, &vc.t, &out.t, with_lse ? &lse.t : nullptr, &cache,
+                                   &params);
+      });
   if (!reference_ok) return 0;
   const double tol = anyattn_fuzz::tolerance(dtype);
   anyattn_fuzz::check_close("out", anyattn::reference::to_contiguous_f64(out.t), ref.out, tol, 2.0);

@@ -2,7 +2,8 @@
 // results in f32/f16/bf16 with random strides, LSEs with -inf / +inf / NaN entries, the in-place
 // forms (out is out_a or out_b), and misuse the validation must reject (mismatched shapes, null
 // data, an output overlapping an input it is not identical to). Accepted calls must match the f64
-// reference (reference_cache.h) and write nothing outside out / lse_out.
+// reference (reference_cache.h), write nothing outside out / lse_out, and write the same bytes
+// again when repeated (from the same inputs) with another thread count.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -131,7 +132,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   anyattn::reference::MergeOutputs ref;
   if (!must_fail) ref = anyattn::reference::merge_states(oa.t, la.t, ob.t, lb.t);
 
-  anyattn_set_num_threads(data.ConsumeIntegralInRange<int>(1, 3));
+  const int threads = data.ConsumeIntegralInRange<int>(1, 3);
+  anyattn_set_num_threads(threads);
   const anyattn_fuzz::Snapshot out_before(written_out);
   const anyattn_fuzz::Snapshot lse_before(written_lse);
   const anyattn_fuzz::Snapshot lse_spare(&lse);
@@ -156,6 +158,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   out_before.check_padding("out padding");
   lse_before.check_padding("lse padding");
   if (lse_arg == nullptr && !lse_spare.unchanged()) anyattn_fuzz::fail("lse written", 0, 0, 0);
+  // In-place forms: the restored snapshots put the overwritten input back first.
+  anyattn_fuzz::check_same_bytes_with_threads(threads % 3 + 1, {&out_before, &lse_before}, [&] {
+    return anyattn_merge_attention_states(a_arg, &la.t, b_arg, &lb.t, out_arg, lse_arg);
+  });
   anyattn_fuzz::check_close("out", anyattn::reference::to_contiguous_f64(written_out->t), ref.out,
                             anyattn_fuzz::tolerance(dtype), 2.0);
   if (written_lse != nullptr) {
