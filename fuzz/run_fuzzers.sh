@@ -23,7 +23,7 @@ failed=0
 for harness in "${HARNESSES[@]}"; do
   mkdir -p "$SCRATCH/$harness"
   log="build/fuzz/$harness.log"
-  printf '%-14s %ss ... ' "$harness" "$SECONDS_PER_FUZZER"
+  printf '%-16s %ss ... ' "$harness" "$SECONDS_PER_FUZZER"
   if ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:allocator_may_return_null=1" \
      UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
      "build/fuzz/fuzz/$harness" -max_total_time="$SECONDS_PER_FUZZER" -max_len=4096 \
