@@ -2,7 +2,8 @@
 // (2x rule), with empty sequences, seqused_k, rows outside every sequence left untouched and
 // unused keys given zero gradients; bitwise equality with anyattn_bwd when every sequence has the
 // same length (sinks and dropout included); determinism across thread counts; validation errors;
-// and the C++ wrappers of anyattn.hpp.
+// the C++ wrappers of anyattn.hpp; and the varlen backward reference (reference::bwd_varlen, which
+// fuzz_bwd_varlen checks against) as each sequence's dense reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -161,6 +162,56 @@ class VarlenProblem {
     return ::testing::AssertionSuccess();
   }
 
+  // reference::bwd_varlen on the packed tensors (seqused_k given) against each sequence's
+  // reference::bwd_dense: every value equal (the same f64 arithmetic on the same values), the
+  // keys past seqused_k with zero gradients, and only the rows of the sequences flagged as inside.
+  ::testing::AssertionResult reference_matches_dense() const {
+    const reference::VarlenGradients r =
+        reference::bwd_varlen(q_->t, k_->t, v_->t, dout_->t, cu_q_t_->t, cu_k_t_->t, &used_t_->t,
+                              &seqs_.front()->fwd.params);
+    const int64_t Hq = base_.Hq, Hk = base_.Hk, D = base_.D, Dv = base_.Dv;
+    // packed rows [first, first + rows) of `row` values each equal `dense` (zeros when empty).
+    auto rows_equal = [](const std::vector<double>& packed, int64_t first, int64_t rows,
+                         int64_t row, const std::vector<double>* dense) {
+      for (int64_t e = 0; e < rows * row; ++e) {
+        if (packed[first * row + e] != (dense != nullptr ? (*dense)[e] : 0.0)) return false;
+      }
+      return true;
+    };
+    std::vector<char> q_in(static_cast<size_t>(total_q_), 0),
+        k_in(static_cast<size_t>(total_k_), 0);
+    for (size_t b = 0; b < lens_.size(); ++b) {
+      const reference::DenseGradients d = seqs_[b]->reference();
+      const SeqLens& n = lens_[b];
+      const int64_t unused = n.sk_present - n.sk_used;
+      if (!rows_equal(r.out, cu_q_[b], n.sq, Hq * Dv, &d.out) ||
+          !rows_equal(r.dq, cu_q_[b], n.sq, Hq * D, &d.dq) ||
+          !rows_equal(r.dq_terms, cu_q_[b], n.sq, Hq * D, &d.dq_terms) ||
+          !rows_equal(r.dk, cu_k_[b], n.sk_used, Hk * D, &d.dk) ||
+          !rows_equal(r.dv, cu_k_[b], n.sk_used, Hk * Dv, &d.dv) ||
+          !rows_equal(r.dk_terms, cu_k_[b], n.sk_used, Hk * D, &d.dk_terms) ||
+          !rows_equal(r.dk, cu_k_[b] + n.sk_used, unused, Hk * D, nullptr) ||
+          !rows_equal(r.dv, cu_k_[b] + n.sk_used, unused, Hk * Dv, nullptr)) {
+        return ::testing::AssertionFailure()
+               << "sequence " << b << " differs from its dense reference";
+      }
+      for (int64_t h = 0; h < Hq; ++h) {
+        for (int64_t i = 0; i < n.sq; ++i) {
+          if (r.lse[h * total_q_ + cu_q_[b] + i] != d.lse[h * n.sq + i]) {
+            return ::testing::AssertionFailure()
+                   << "sequence " << b << " lse (" << h << ", " << i << ")";
+          }
+        }
+      }
+      for (int64_t i = 0; i < n.sq; ++i) q_in[cu_q_[b] + i] = 1;
+      for (int64_t j = 0; j < n.sk_present; ++j) k_in[cu_k_[b] + j] = 1;
+    }
+    if (r.q_row_in_sequence != q_in || r.k_row_in_sequence != k_in) {
+      return ::testing::AssertionFailure() << "rows flagged inside a sequence";
+    }
+    return ::testing::AssertionSuccess();
+  }
+
   std::vector<unsigned char> gradient_bytes() const {
     std::vector<unsigned char> all = dq_->bytes;
     all.insert(all.end(), dk_->bytes.begin(), dk_->bytes.end());
@@ -223,6 +274,15 @@ void expect_varlen(const Case& base, const std::vector<SeqLens>& lens, bool use_
   VarlenProblem p(base, lens, use_seqused);
   ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
   EXPECT_TRUE(p.check()) << base.describe();
+}
+
+// The varlen reference the backward fuzzer uses is each sequence's dense reference, placed.
+TEST(BwdVarlen, ReferenceIsEachSequenceAlone) {
+  Case base = varlen_base();
+  base.causal = true;
+  base.softcap = 20.f;
+  VarlenProblem p(base, kMixedLens, true);
+  EXPECT_TRUE(p.reference_matches_dense());
 }
 
 TEST(BwdVarlen, MatchesReferencePerSequenceF32) {
