@@ -131,6 +131,42 @@ inline FuzzTensor make_tensor(int32_t dtype, int ndim, const int64_t* shape, Str
   return f;
 }
 
+// A tensor of `shape` whose stride kind and permuted or broadcast dimension are drawn from the
+// input, with padding `pad`, or a padding of 1 to 3 drawn too when `pad` is 0.
+inline FuzzTensor draw_tensor(FuzzedDataProvider& data, int32_t dtype, int ndim,
+                              const int64_t* shape, unsigned char fill, int pad = 0) {
+  const auto kind = static_cast<StrideKind>(data.ConsumeIntegralInRange<int>(0, 4));
+  const int which = data.ConsumeIntegralInRange<int>(0, 3);
+  if (pad == 0) pad = data.ConsumeIntegralInRange<int>(1, 3);
+  return make_tensor(dtype, ndim, shape, kind, which, pad, fill);
+}
+
+// The size of a dense problem (fuzz_fwd, fuzz_bwd), drawn from the input: B, Sq, Sk 0..9, Hk 1..3,
+// Hq a multiple (or, 1 time in 16, not), D and Dv from fast, odd, empty and too large sizes, the
+// three dtypes and an invalid one, and whether the values are hostile.
+struct DenseShape {
+  int32_t dtype;
+  int64_t B, Sq, Sk, Hk, Hq, D, Dv;
+  bool hostile_values;
+
+  explicit DenseShape(FuzzedDataProvider& data) {
+    const int32_t dtypes[] = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16,
+                              ANYATTN_DTYPE_F32, ANYATTN_DTYPE_I32};
+    dtype = dtypes[data.ConsumeIntegralInRange<int>(0, 4)];
+    B = data.ConsumeIntegralInRange<int64_t>(0, 3);
+    Sq = data.ConsumeIntegralInRange<int64_t>(0, 9);
+    Sk = data.ConsumeIntegralInRange<int64_t>(0, 9);
+    Hk = data.ConsumeIntegralInRange<int64_t>(1, 3);
+    const int64_t ratio = data.ConsumeIntegralInRange<int64_t>(1, 3);
+    const bool bad_heads = data.ConsumeIntegralInRange<int>(0, 15) == 0;
+    Hq = Hk * ratio + (bad_heads ? 1 : 0);
+    const int64_t dims[] = {1, 2, 3, 8, 16, 17, 24, 0, 257};
+    D = dims[data.ConsumeIntegralInRange<int>(0, 8)];
+    Dv = dims[data.ConsumeIntegralInRange<int>(0, 8)];
+    hostile_values = data.ConsumeBool();
+  }
+};
+
 // Stores `value` rounded to the tensor's dtype at element offset `offset`.
 inline void store_value(const FuzzTensor& f, int64_t offset, double value) {
   unsigned char* p = static_cast<unsigned char*>(f.t.data) + offset * dtype_bytes(f.t.dtype);
@@ -177,6 +213,56 @@ inline void fill_values(FuzzedDataProvider& data, const FuzzTensor& f, bool host
   }
 }
 
+// Scale, softcap and mask parameters drawn from the input: moderate values (scale 0 = the
+// default, 0.5 or 1; softcap off, 5 or 50), which keep a numeric check meaningful, and hostile
+// ones (NaN, inf, negative, 1e30 and 1e-30 scales; negative, NaN, inf and 1e30 softcaps; windows
+// of -2 and the int32 extremes), which must be rejected or computed without a crash. Returns
+// whether scale and softcap are moderate.
+inline bool draw_score_params(FuzzedDataProvider& data, anyattn_fwd_params* params) {
+  const float scales[] = {0.f, 0.5f, 1.f, NAN, INFINITY, -1.f, 1e30f, 1e-30f};
+  const float softcaps[] = {0.f, 5.f, 50.f, -1.f, NAN, INFINITY, 1e30f};
+  const int32_t windows[] = {
+      -1, 0, 1, 3, -2, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min()};
+  const int scale_pick = data.ConsumeIntegralInRange<int>(0, 7);
+  const int softcap_pick = data.ConsumeIntegralInRange<int>(0, 6);
+  params->softmax_scale = scales[scale_pick];
+  params->softcap = softcaps[softcap_pick];
+  params->causal = data.ConsumeBool() ? 1 : 0;
+  const int wl_pick = data.ConsumeIntegralInRange<int>(0, 6);
+  const int wr_pick = data.ConsumeIntegralInRange<int>(0, 6);
+  params->window_left = data.ConsumeIntegralInRange<int>(0, 3) == 0 ? windows[wl_pick] : -1;
+  params->window_right = data.ConsumeIntegralInRange<int>(0, 3) == 0 ? windows[wr_pick] : -1;
+  return scale_pick <= 2 && softcap_pick <= 2;
+}
+
+// ALiBi slopes ((Hq), (B, Hq) or none) and sinks ((Hq) or none) drawn from the input, over real
+// buffers: slopes in [0, 1], sinks in [-3, 3]. attach() points params at the ones drawn.
+struct SideInputs {
+  FuzzTensor alibi, sinks;
+  bool use_alibi = false, use_sinks = false;
+
+  SideInputs(FuzzedDataProvider& data, int64_t batch, int64_t heads_q) {
+    const int alibi_pick = data.ConsumeIntegralInRange<int>(0, 3);
+    const int64_t alibi_shape[2] = {alibi_pick == 2 ? batch : 1, heads_q};
+    alibi = make_tensor(ANYATTN_DTYPE_F32, alibi_pick == 2 ? 2 : 1,
+                        alibi_pick == 2 ? alibi_shape : alibi_shape + 1, StrideKind::kContiguous, 0,
+                        1, 0);
+    for (int64_t offset : alibi.offsets()) {
+      store_value(alibi, offset, data.ConsumeIntegralInRange<int>(0, 8) / 8.0);
+    }
+    use_alibi = alibi_pick == 1 || alibi_pick == 2;
+    sinks = make_tensor(ANYATTN_DTYPE_F32, 1, alibi_shape + 1, StrideKind::kContiguous, 0, 1, 0);
+    for (int64_t offset : sinks.offsets()) {
+      store_value(sinks, offset, data.ConsumeIntegralInRange<int>(-12, 12) / 4.0);
+    }
+    use_sinks = data.ConsumeBool();
+  }
+  void attach(anyattn_fwd_params* params) const {
+    if (use_alibi) params->alibi_slopes = &alibi.t;
+    if (use_sinks) params->sinks = &sinks.t;
+  }
+};
+
 // A snapshot of an output's bytes, to check what a call wrote.
 struct Snapshot {
   const FuzzTensor* f = nullptr;
@@ -206,6 +292,22 @@ struct Snapshot {
     }
   }
 };
+
+// The checks right after a call: the tensors it only reads (`inputs`) are unchanged either way; a
+// rejected call has a non-empty message and left every tensor it may write (`written`)
+// unchanged. Returns whether the call was accepted.
+inline bool check_status(anyattn_status status, std::initializer_list<const Snapshot*> written,
+                         std::initializer_list<const Snapshot*> inputs) {
+  for (const Snapshot* s : inputs) {
+    if (!s->unchanged()) fail("an input was written", status, 0, 0);
+  }
+  if (status == ANYATTN_OK) return true;
+  if (std::strlen(anyattn_last_error()) == 0) fail("empty message", status, 0, 0);
+  for (const Snapshot* s : written) {
+    if (!s->unchanged()) fail("a rejected call wrote", status, 0, 0);
+  }
+  return false;
+}
 
 // The determinism guarantee (docs/reliability.md): an accepted call, repeated with another thread
 // count, writes the same bytes. `outputs` hold the snapshots taken before the first call, which

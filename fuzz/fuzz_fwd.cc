@@ -16,39 +16,19 @@
 using anyattn_fuzz::FuzzTensor;
 using anyattn_fuzz::StrideKind;
 
-namespace {
-
-StrideKind pick_kind(FuzzedDataProvider& data) {
-  return static_cast<StrideKind>(data.ConsumeIntegralInRange<int>(0, 4));
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   FuzzedDataProvider data(bytes, size);
-  const int32_t dtypes[] = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16,
-                            ANYATTN_DTYPE_F32, ANYATTN_DTYPE_I32};
-  const int32_t dtype = dtypes[data.ConsumeIntegralInRange<int>(0, 4)];
-  const int64_t B = data.ConsumeIntegralInRange<int64_t>(0, 3);
-  const int64_t Sq = data.ConsumeIntegralInRange<int64_t>(0, 9);
-  const int64_t Sk = data.ConsumeIntegralInRange<int64_t>(0, 9);
-  const int64_t Hk = data.ConsumeIntegralInRange<int64_t>(1, 3);
-  const int64_t ratio = data.ConsumeIntegralInRange<int64_t>(1, 3);
-  const bool bad_heads = data.ConsumeIntegralInRange<int>(0, 15) == 0;
-  const int64_t Hq = Hk * ratio + (bad_heads ? 1 : 0);
-  const int64_t dims[] = {1, 2, 3, 8, 16, 17, 24, 0, 257};
-  const int64_t D = dims[data.ConsumeIntegralInRange<int>(0, 8)];
-  const int64_t Dv = dims[data.ConsumeIntegralInRange<int>(0, 8)];
-  const bool hostile_values = data.ConsumeBool();
+  const anyattn_fuzz::DenseShape shape(data);
+  const int32_t dtype = shape.dtype;
+  const int64_t B = shape.B, Sq = shape.Sq, Sk = shape.Sk, Hk = shape.Hk, Hq = shape.Hq;
+  const int64_t D = shape.D, Dv = shape.Dv;
+  const bool hostile_values = shape.hostile_values;
 
   const int64_t q_shape[4] = {B, Sq, Hq, D}, k_shape[4] = {B, Sk, Hk, D};
   const int64_t v_shape[4] = {B, Sk, Hk, Dv}, out_shape[4] = {B, Sq, Hq, Dv};
   const int64_t lse_shape[3] = {B, Hq, Sq};
-  auto tensor = [&](int32_t dt, int ndim, const int64_t* shape, unsigned char fill) {
-    const StrideKind kind = pick_kind(data);
-    const int which = data.ConsumeIntegralInRange<int>(0, 3);
-    const int pad = data.ConsumeIntegralInRange<int>(1, 3);
-    return anyattn_fuzz::make_tensor(dt, ndim, shape, kind, which, pad, fill);
+  auto tensor = [&](int32_t dt, int ndim, const int64_t* dims, unsigned char fill) {
+    return anyattn_fuzz::draw_tensor(data, dt, ndim, dims, fill);
   };
   FuzzTensor q = tensor(dtype, 4, q_shape, 0), k = tensor(dtype, 4, k_shape, 0);
   FuzzTensor v = tensor(dtype, 4, v_shape, 0);
@@ -66,19 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   // or computed without a crash.
   anyattn_fwd_params params;
   anyattn_fwd_params_init(&params);
-  const float scales[] = {0.f, 0.5f, 1.f, NAN, INFINITY, -1.f, 1e30f, 1e-30f};
-  const float softcaps[] = {0.f, 5.f, 50.f, -1.f, NAN, INFINITY, 1e30f};
-  const int32_t windows[] = {
-      -1, 0, 1, 3, -2, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min()};
-  const int scale_pick = data.ConsumeIntegralInRange<int>(0, 7);
-  const int softcap_pick = data.ConsumeIntegralInRange<int>(0, 6);
-  params.softmax_scale = scales[scale_pick];
-  params.softcap = softcaps[softcap_pick];
-  params.causal = data.ConsumeBool() ? 1 : 0;
-  const int wl_pick = data.ConsumeIntegralInRange<int>(0, 6);
-  const int wr_pick = data.ConsumeIntegralInRange<int>(0, 6);
-  params.window_left = data.ConsumeIntegralInRange<int>(0, 3) == 0 ? windows[wl_pick] : -1;
-  params.window_right = data.ConsumeIntegralInRange<int>(0, 3) == 0 ? windows[wr_pick] : -1;
+  const bool moderate_params = anyattn_fuzz::draw_score_params(data, &params);
   const int32_t splits[] = {0, 1, 2, 3, 64, -1};
   params.num_splits = splits[data.ConsumeIntegralInRange<int>(0, 5)];
   const int isa_pick = data.ConsumeIntegralInRange<int>(0, 4);
@@ -87,23 +55,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   params.dropout_p = dropout_pick == 0 ? 1.0f : dropout_pick == 1 ? NAN : 0.0f;
 
   // ALiBi slopes (Hq) or (B, Hq) and sinks (Hq), over real buffers.
-  const int alibi_pick = data.ConsumeIntegralInRange<int>(0, 3);
-  const int64_t alibi_rows = alibi_pick == 2 ? B : 1;
-  const int64_t alibi_shape[2] = {alibi_rows, Hq};
-  FuzzTensor alibi = anyattn_fuzz::make_tensor(ANYATTN_DTYPE_F32, alibi_pick == 2 ? 2 : 1,
-                                               alibi_pick == 2 ? alibi_shape : alibi_shape + 1,
-                                               StrideKind::kContiguous, 0, 1, 0);
-  for (int64_t offset : alibi.offsets()) {
-    anyattn_fuzz::store_value(alibi, offset, data.ConsumeIntegralInRange<int>(0, 8) / 8.0);
-  }
-  if (alibi_pick == 1 || alibi_pick == 2) params.alibi_slopes = &alibi.t;
-  const int64_t sinks_shape[1] = {Hq};
-  FuzzTensor sinks = anyattn_fuzz::make_tensor(ANYATTN_DTYPE_F32, 1, sinks_shape,
-                                               StrideKind::kContiguous, 0, 1, 0);
-  for (int64_t offset : sinks.offsets()) {
-    anyattn_fuzz::store_value(sinks, offset, data.ConsumeIntegralInRange<int>(-12, 12) / 4.0);
-  }
-  if (data.ConsumeBool()) params.sinks = &sinks.t;
+  const anyattn_fuzz::SideInputs side(data, B, Hq);
+  side.attach(&params);
 
   // Misuse that validation must reject.
   const int misuse = data.ConsumeIntegralInRange<int>(0, 15);
@@ -177,7 +130,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   }
 
   // The reference, from the inputs as they are before the call.
-  const bool numeric_check = !must_fail && scale_pick <= 2 && softcap_pick <= 2;
+  const bool numeric_check = !must_fail && moderate_params;
   anyattn::reference::DenseOutputs ref;
   if (numeric_check) ref = anyattn::reference::fwd_dense(q.t, k.t, v.t, &params);
 
@@ -204,7 +157,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     std::fprintf(stderr, "  causal %d alibi %d sinks %d\n", params.causal,
                  params.alibi_slopes != nullptr, params.sinks != nullptr);
     if (std::getenv("ANYATTN_FUZZ_VERBOSE") != nullptr && numeric_check) {
-      for (const FuzzTensor* t : {&q, &k, &v, &sinks}) {
+      const FuzzTensor* shown[] = {&q, &k, &v, &side.sinks};
+      for (const FuzzTensor* t : shown) {
         std::fprintf(stderr, "  values:");
         for (double x : anyattn::reference::to_contiguous_f64(t->t)) std::fprintf(stderr, " %g", x);
         std::fprintf(stderr, "\n");

@@ -19,13 +19,9 @@ using anyattn_fuzz::StrideKind;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   FuzzedDataProvider data(bytes, size);
-  const int32_t dtypes[] = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16};
-  const int32_t dtype = dtypes[data.ConsumeIntegralInRange<int>(0, 2)];
-  const int64_t B = data.ConsumeIntegralInRange<int64_t>(0, 4);
-  const int64_t Hk = data.ConsumeIntegralInRange<int64_t>(1, 2);
-  const int64_t Hq = Hk * data.ConsumeIntegralInRange<int64_t>(1, 3);
-  const int64_t D = data.ConsumeIntegralInRange<int64_t>(1, 20);
-  const int64_t Dv = data.ConsumeIntegralInRange<int64_t>(1, 20);
+  const anyattn_fuzz::VarlenShape shape(data);
+  const int32_t dtype = shape.dtype;
+  const int64_t B = shape.B, Hk = shape.Hk, Hq = shape.Hq, D = shape.D, Dv = shape.Dv;
 
   // Sequence metadata: valid by construction, then possibly corrupted.
   const anyattn_fuzz::VarlenMeta meta = anyattn_fuzz::make_varlen_meta(data, B);
@@ -35,10 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   const int64_t q_shape[3] = {total_q, Hq, D}, k_shape[3] = {total_k, Hk, D};
   const int64_t v_shape[3] = {total_k, Hk, Dv}, out_shape[3] = {total_q, Hq, Dv};
   const int64_t lse_shape[2] = {Hq, total_q};
-  auto tensor = [&](int32_t dt, int rank, const int64_t* shape, unsigned char fill) {
-    const auto kind = static_cast<StrideKind>(data.ConsumeIntegralInRange<int>(0, 4));
-    const int which = data.ConsumeIntegralInRange<int>(0, 3);
-    return anyattn_fuzz::make_tensor(dt, rank, shape, kind, which, 2, fill);
+  auto tensor = [&](int32_t dt, int rank, const int64_t* dims, unsigned char fill) {
+    return anyattn_fuzz::draw_tensor(data, dt, rank, dims, fill, 2);
   };
   FuzzTensor q = tensor(dtype, 3, q_shape, 0), k = tensor(dtype, 3, k_shape, 0);
   FuzzTensor v = tensor(dtype, 3, v_shape, 0);

@@ -17,6 +17,23 @@
 
 namespace anyattn_fuzz {
 
+// The head shape of a varlen problem, drawn from the input: one of the three dtypes, B 0..4,
+// Hk 1..2, Hq a multiple of Hk up to 3x, D and Dv 1..20.
+struct VarlenShape {
+  int32_t dtype;
+  int64_t B, Hk, Hq, D, Dv;
+
+  explicit VarlenShape(FuzzedDataProvider& data) {
+    const int32_t dtypes[] = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16};
+    dtype = dtypes[data.ConsumeIntegralInRange<int>(0, 2)];
+    B = data.ConsumeIntegralInRange<int64_t>(0, 4);
+    Hk = data.ConsumeIntegralInRange<int64_t>(1, 2);
+    Hq = Hk * data.ConsumeIntegralInRange<int64_t>(1, 3);
+    D = data.ConsumeIntegralInRange<int64_t>(1, 20);
+    Dv = data.ConsumeIntegralInRange<int64_t>(1, 20);
+  }
+};
+
 struct VarlenMeta {
   std::vector<int32_t> cu_q, cu_k, used;  // (B + 1), (B + 1), (B)
   int64_t total_q = 0, total_k = 0;       // rows of the packed tensors
