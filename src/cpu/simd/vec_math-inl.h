@@ -53,11 +53,14 @@ inline Vec tanh(Vec y) {
 }
 
 // *t = tanh(y) (within 3 ulp, as tanh) and *sech2 = 1 - tanh(y)^2, the softcap's derivative,
-// accurate to a few ulp also where tanh(y) is close to +-1 and 1 - t * t cancels (that loses
-// about log2(1 / sech^2(y)) bits: 4 at |y| = 2, 12 at |y| = 5, all of them from about |y| = 9 on,
-// where t rounds to 1). Above |y| = 0.625 both come from e = exp(-2|y|) and a = 1 / (1 + e):
-// t = (1 - e) a and sech^2 = (1 - |t|)(1 + |t|) = (2 e a)(2 a); below, t^2 < 0.31 and 1 - t * t
-// loses nothing. One division, as tanh. sech2 is 0 for +-inf and NaN for NaN.
+// within 4 + 3|y| ulp (the f32 exponent -2|y| log2(e) is rounded, and exp2 turns its absolute
+// error into a relative one; sech^2's own condition number is 2|y|), also where tanh(y) is close
+// to +-1 and 1 - t * t cancels (that loses about log2(1 / sech^2(y)) bits: 4 at |y| = 2, 12 at
+// |y| = 5, all of them from about |y| = 9 on, where t rounds to 1). Above |y| = 0.625 both come
+// from e = exp(-2|y|) and a = 1 / (1 + e):
+//   t = (1 - e) a,   sech^2 = (1 - |t|)(1 + |t|) = (2 e a)(2 a);
+// below, t^2 < 0.31 and 1 - t * t loses nothing. One division, as tanh. sech2 is 0 for +-inf
+// and NaN for NaN.
 inline void tanh_and_sech2(Vec y, Vec* t, Vec* sech2) {
   const Vec near_zero = tanh_near_zero(y);
   const Vec e = exp_minus_two_abs(y);
