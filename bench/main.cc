@@ -29,6 +29,7 @@ anyattn_isa IsaFromName(const std::string& name) {
   if (name == "portable") return ANYATTN_ISA_PORTABLE;
   if (name == "avx2") return ANYATTN_ISA_AVX2;
   if (name == "avx512") return ANYATTN_ISA_AVX512;
+  if (name == "avx512_amx") return ANYATTN_ISA_AVX512_AMX;
   return ANYATTN_ISA_AUTO;
 }
 

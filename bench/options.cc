@@ -68,7 +68,7 @@ Usage: anyattn_bench [options]
                          i.e. S <= 4096; 256 includes S = 8192)
   --target-seconds X     timed-run budget per case and implementation (default 0.5; quick 0.2)
   --min-runs N           minimum timed runs per case (default 3)
-  --isa NAME             anyattn path: auto, portable, avx2, avx512 (default auto)
+  --isa NAME             anyattn path: auto, portable, avx2, avx512, avx512_amx (default auto)
   --bandwidth-mib N      buffer streamed by the read-bandwidth measurement (default 1024)
   --help                 this text
 Set OPENBLAS_CORETYPE=Cooperlake on AVX-512 machines (bench/run_bench.sh does it), or Debian's
@@ -147,8 +147,9 @@ bool ParseOptions(int argc, char** argv, Options* options, std::string* error) {
       if (!(value = next_value())) return false;
       options->isa = value;
       if (options->isa != "auto" && options->isa != "portable" && options->isa != "avx2" &&
-          options->isa != "avx512") {
-        *error = "--isa wants auto, portable, avx2 or avx512; got '" + options->isa + "'";
+          options->isa != "avx512" && options->isa != "avx512_amx") {
+        *error =
+            "--isa wants auto, portable, avx2, avx512 or avx512_amx; got '" + options->isa + "'";
         return false;
       }
     } else if (arg == "--bandwidth-mib") {

@@ -33,7 +33,7 @@ struct Options {
   // Timing policy overrides; negative means "keep the default".
   double target_seconds = -1.0;
   int min_runs = -1;
-  // anyattn ISA path: "auto", "portable", "avx2" or "avx512".
+  // anyattn ISA path: "auto", "portable", "avx2", "avx512" or "avx512_amx".
   std::string isa = "auto";
   // Size of the buffer the read-bandwidth measurement streams, MiB.
   double bandwidth_mib = 1024.0;

@@ -58,8 +58,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   anyattn_fwd_params params;
   anyattn_fwd_params_init(&params);
   const bool moderate_params = anyattn_fuzz::draw_score_params(data, &params);
-  const int isa_pick = data.ConsumeIntegralInRange<int>(0, 4);
-  params.isa = isa_pick == 4 ? 9 : isa_pick;
+  // auto, portable, avx2, avx512, avx512_amx, or an invalid value (9).
+  const int isa_pick = data.ConsumeIntegralInRange<int>(0, 5);
+  params.isa = isa_pick == 5 ? 9 : isa_pick;
   const float dropouts[] = {0.f, 0.f, 0.f, 0.25f, 0.75f, 1.f, NAN, -0.5f};
   params.dropout_p = dropouts[data.ConsumeIntegralInRange<int>(0, 7)];
   params.dropout_seed = data.ConsumeIntegral<uint64_t>();

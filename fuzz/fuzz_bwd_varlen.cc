@@ -111,7 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   params.window_left = data.ConsumeIntegralInRange<int32_t>(-1, 4);
   params.window_right = data.ConsumeIntegralInRange<int32_t>(-1, 4);
   params.softcap = data.ConsumeBool() ? 5.0f : 0.0f;
-  params.isa = data.ConsumeIntegralInRange<int>(0, 3);
+  params.isa = data.ConsumeIntegralInRange<int>(0, ANYATTN_ISA_AVX512_AMX);
   params.dropout_p = data.ConsumeIntegralInRange<int>(0, 3) == 0 ? 0.3f : 0.0f;
   params.dropout_seed = data.ConsumeIntegral<uint64_t>();
   const int alibi_pick = data.ConsumeIntegralInRange<int>(0, 2);

@@ -49,8 +49,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   const bool moderate_params = anyattn_fuzz::draw_score_params(data, &params);
   const int32_t splits[] = {0, 1, 2, 3, 64, -1};
   params.num_splits = splits[data.ConsumeIntegralInRange<int>(0, 5)];
-  const int isa_pick = data.ConsumeIntegralInRange<int>(0, 4);
-  params.isa = isa_pick == 4 ? 9 : isa_pick;
+  // auto, portable, avx2, avx512, avx512_amx, or an invalid value (9).
+  const int isa_pick = data.ConsumeIntegralInRange<int>(0, 5);
+  params.isa = isa_pick == 5 ? 9 : isa_pick;
   const int dropout_pick = data.ConsumeIntegralInRange<int>(0, 15);
   params.dropout_p = dropout_pick == 0 ? 1.0f : dropout_pick == 1 ? NAN : 0.0f;
 

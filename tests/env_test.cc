@@ -78,7 +78,8 @@ int expect_isa(const char* name) {
     ++failures;
   }
   anyattn_isa forced = ANYATTN_ISA_AUTO;
-  for (anyattn_isa isa : {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512}) {
+  for (anyattn_isa isa :
+       {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
     if (std::strcmp(anyattn_isa_name(isa), name) == 0) forced = isa;
   }
   const std::vector<float> automatic = run_forward(ANYATTN_ISA_AUTO);

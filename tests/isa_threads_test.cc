@@ -29,6 +29,7 @@ TEST(Isa, PortableIsAlwaysSupportedAndDefaultIsSupported) {
   EXPECT_STREQ(anyattn_isa_name(ANYATTN_ISA_PORTABLE), "portable");
   EXPECT_STREQ(anyattn_isa_name(ANYATTN_ISA_AVX2), "avx2");
   EXPECT_STREQ(anyattn_isa_name(ANYATTN_ISA_AVX512), "avx512");
+  EXPECT_STREQ(anyattn_isa_name(ANYATTN_ISA_AVX512_AMX), "avx512_amx");
   EXPECT_STREQ(anyattn_isa_name(ANYATTN_ISA_AUTO), "auto");
   EXPECT_STREQ(anyattn_isa_name(static_cast<anyattn_isa>(99)), "unknown");
 }
@@ -110,7 +111,7 @@ TEST(Isa, EveryPathMatchesReferenceAndEachOther) {
 
 TEST(Isa, ForcingAnUnsupportedPathIsRejected) {
   bool tested = false;
-  for (anyattn_isa isa : {ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512}) {
+  for (anyattn_isa isa : {ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
     if (anyattn_isa_supported(isa)) continue;
     Case c;
     c.isa = isa;

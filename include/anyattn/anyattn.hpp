@@ -303,7 +303,7 @@ inline bool isa_supported(Isa isa) {
 inline Isa default_isa() {
   return static_cast<Isa>(anyattn_isa_default());
 }
-// "auto", "portable", "avx2", "avx512" or "unknown".
+// "auto", "portable", "avx2", "avx512", "avx512_amx" or "unknown".
 inline const char* isa_name(Isa isa) {
   return anyattn_isa_name(static_cast<anyattn_isa>(isa));
 }

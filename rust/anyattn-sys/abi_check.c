@@ -99,6 +99,7 @@ static const anyattn_sys_constant kConstants[] = {
     CONSTANT(ANYATTN_ISA_PORTABLE),
     CONSTANT(ANYATTN_ISA_AVX2),
     CONSTANT(ANYATTN_ISA_AVX512),
+    CONSTANT(ANYATTN_ISA_AVX512_AMX),
 };
 
 size_t anyattn_sys_abi_constant_count(void) { return sizeof(kConstants) / sizeof(kConstants[0]); }

@@ -108,6 +108,8 @@ const char* anyattn_isa_name(anyattn_isa isa) {
       return "avx2";
     case ANYATTN_ISA_AVX512:
       return "avx512";
+    case ANYATTN_ISA_AVX512_AMX:
+      return "avx512_amx";
     case ANYATTN_ISA_MAX_ENUM:
       break;
   }

@@ -154,8 +154,8 @@ class UnitPrefetcher {
 // bf16 rows are widened a pair of vectors at a time (load_bf16_pairs: even and odd elements of
 // 2 * lanes values, two instructions instead of four), over their first paired_columns(n)
 // elements. q and O hold those columns in the same order, each chunk of 2 * lanes as (even
-// elements, odd elements): split_pairs reorders q after begin_task, join_pairs restores O before
-// finish_task. Other dtypes keep the plain order.
+// elements, odd elements): split_pairs reorders q after load_scaled_queries, join_pairs restores O
+// before finish_task. Other dtypes keep the plain order.
 template <DType kDtype>
 constexpr bool kPairedWidening = kDtype == DType::kBF16;
 constexpr int64_t kPairCols = 2 * kLanes;
@@ -410,7 +410,8 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const int64_t dv_pad = layout.dv_pad;
   float neg_slopes[kMaxQBlockRows];
   const ScoreTransform transform = task_transform(args, task, neg_slopes);
-  begin_task(args, layout, task, rows, scratch);
+  load_scaled_queries(args, layout, task, rows, scratch);
+  reset_rows(layout, rows, scratch);
   for (int64_t r = 0; r < rows.count; ++r) {
     split_pairs(scratch.q + r * layout.q_stride, paired_columns<kDtype>(args.head_dim));
   }

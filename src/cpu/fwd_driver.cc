@@ -74,7 +74,7 @@ std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
 // Everything one group needs, carved from one allocation sized for the largest group.
 struct Workspace {
   float* packed = nullptr;       // packed_blocks * block_floats
-  uint8_t* nonfinite = nullptr;  // packed_blocks
+  uint8_t* block_flags = nullptr;  // packed_blocks
   float* scratch = nullptr;      // threads * scratch_floats
   float* partial_o = nullptr;    // partial_rows * splits * dv_pad (split plans only)
   float* partial_ml = nullptr;   // 2 * partial_rows * splits (split plans only)
@@ -128,7 +128,7 @@ Workspace allocate_workspace(const plan::FwdPlan& plan, const std::vector<Group>
     base = ws.owned.get();
   }
   ws.packed = base;
-  ws.nonfinite = reinterpret_cast<uint8_t*>(base + packed_floats);
+  ws.block_flags = reinterpret_cast<uint8_t*>(base + packed_floats);
   ws.scratch = base + packed_floats + flag_floats;
   ws.partial_o = split ? ws.scratch + scratch_floats : nullptr;
   ws.partial_ml = split ? ws.partial_o + partial_o_floats : nullptr;
@@ -176,7 +176,7 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
         task.q_end = std::min(task.q_begin + plan.q_block_rows, pair.seq.seqlen_q);
         if (!plan.streaming) {
           task.packed = ws.packed + pair.packed_first * layout.block_floats;
-          task.v_nonfinite = ws.nonfinite + pair.packed_first;
+          task.block_flags = ws.block_flags + pair.packed_first;
         }
         const BlockRange visible = visible_key_blocks(args, pair.seq, task.q_begin, task.q_end);
         for (int64_t s = 0; s < splits; ++s) {
@@ -295,7 +295,7 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
                            1;
         const Pair& pair = *owner;
         kernel->pack_block(args, layout, pair.seq, pair.head_k, t - pair.packed_first,
-                           ws.packed + t * layout.block_floats, ws.nonfinite + t);
+                           ws.packed + t * layout.block_floats, ws.block_flags + t);
       });
     }
     lease.run_each(static_cast<int64_t>(group.tasks.size()), [&](int64_t t, int worker) {

@@ -457,8 +457,8 @@ inline void prefetch_rows_ahead(const FwdArgs& args, const SeqInfo& seq, const v
 }
 
 // Packs key block `block` of kv heads [head_k, head_k + heads_k) of sequence `seq` into
-// `heads_k` consecutive panels of PackedLayout::block_floats floats, and sets v_nonfinite[h] to 1
-// if head h's packed V holds a NaN or infinity, else 0.
+// `heads_k` consecutive panels of PackedLayout::block_floats floats, and sets block_flags[h] to
+// kBlockVNonfinite if head h's packed V holds a NaN or infinity, else 0.
 //
 // Memory order: each key row is read for all heads before the next row (rows of one head are
 // Hk * D elements apart, rows of all heads are contiguous), so a multi-head call sweeps memory
@@ -466,7 +466,7 @@ inline void prefetch_rows_ahead(const FwdArgs& args, const SeqInfo& seq, const v
 // floats) one chunk of `lanes` keys at a time and transposed tile by tile into kt[d][j].
 void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
                       int64_t head_k, int64_t heads_k, int64_t block, float* panels, float* staging,
-                      uint8_t* v_nonfinite) {
+                      uint8_t* block_flags) {
   const int64_t j0 = block * kKeyBlock;
   const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
   const int64_t head_dim = args.head_dim;
@@ -533,14 +533,8 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
     }
   }
   for (int64_t h = 0; h < heads_k; ++h) {
-    v_nonfinite[h] = std::isnan(reduce_add(finite_check[h])) ? 1 : 0;
+    block_flags[h] = std::isnan(reduce_add(finite_check[h])) ? kBlockVNonfinite : 0;
   }
-}
-
-void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, int64_t head_k,
-                int64_t block, float* dst, uint8_t* v_nonfinite) {
-  alignas(64) float staging[kLanes * 256];
-  pack_block_heads(args, layout, seq, head_k, 1, block, dst, staging, v_nonfinite);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -590,9 +584,10 @@ inline ScoreTransform task_transform(const FwdArgs& args, const AttendTask& task
 }
 
 // Loads the task's query rows into scratch.q (converted, rotated for a KV cache with rotary,
-// pre-scaled, zero from D to q_stride) and resets the running max, denominator and output.
-inline void begin_task(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
-                       const TaskRows& rows, const Scratch& scratch) {
+// pre-scaled, zero from D to q_stride).
+inline void load_scaled_queries(const FwdArgs& args, const PackedLayout& layout,
+                                const AttendTask& task, const TaskRows& rows,
+                                const Scratch& scratch) {
   const SeqInfo& seq = task.seq;
   const int64_t head_dim = args.head_dim;
   const float q_scale = args.softmax_scale;
@@ -614,6 +609,10 @@ inline void begin_task(const FwdArgs& args, const PackedLayout& layout, const At
       (Vec::load(q_row + d) * scale).store(q_row + d);
     }
   }
+}
+
+// Resets the running max, denominator and output of the task's rows.
+inline void reset_rows(const PackedLayout& layout, const TaskRows& rows, const Scratch& scratch) {
   for (int64_t r = 0; r < rows.count; ++r) {
     scratch.m[r] = kNegInfinity;
     Vec::zero().store(scratch.l + r * kRowSumSlots);
@@ -686,34 +685,85 @@ inline TaskBlocks task_blocks(const FwdArgs& args, const AttendTask& task) {
   return blocks;
 }
 
-void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
-            const Scratch& scratch) {
+// The rows' visible key ends in the block at j0 (visible_in_block(...).hi), for accumulate_pv.
+inline void boundary_row_keys(const FwdArgs& args, const SeqInfo& seq, const TaskRows& rows,
+                              int64_t j0, int64_t* row_keys) {
+  for (int64_t r = 0; r < rows.count; ++r) {
+    row_keys[r] = visible_in_block(args, seq, rows.position(r), j0).hi;
+  }
+}
+
+// The two block products and what they need, as the vector micro-kernels above compute them: q
+// pre-scaled in f32, K and V packed as f32 panels (fwd_layout.h). attend_blocks is written against
+// this interface (one object per task); a path with other products (fwd_tiles_amx-inl.h) supplies
+// its own.
+struct VectorProducts {
+  void load_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                    const TaskRows& rows, const Scratch& scratch) {
+    load_scaled_queries(args, layout, task, rows, scratch);
+  }
+  static void pack(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
+                   int64_t head_k, int64_t heads_k, int64_t block, float* panels, float* staging,
+                   uint8_t* block_flags) {
+    pack_block_heads(args, layout, seq, head_k, heads_k, block, panels, staging, block_flags);
+  }
+  // S for `rows` rows (q at q) against the packed block kt.
+  void scores(const FwdArgs& args, const PackedLayout& layout, const float* q, int64_t rows,
+              const float* kt, uint8_t /*block_flags*/, float* s, const float* next_panel) const {
+    compute_scores(q, layout.q_stride, rows, kt, args.head_dim, s, next_panel,
+                   layout.block_floats * 4);
+  }
+  // O += P V for the rows of one kv head (head_rows) and the block at j0 (`keys` keys). On
+  // boundary blocks each row tile stops after its rows' last visible key; boundary blocks whose
+  // V holds NaN or infinity take the visible keys only (a masked key's P = 0 times infinity would
+  // be NaN); elsewhere every probability multiplied belongs to a visible key.
+  void pv(const FwdArgs& args, const SeqInfo& seq, const TaskRows& head_rows, int64_t j0,
+          int64_t keys, bool crosses_boundary, uint8_t block_flags, float* p, const float* v,
+          float* o, int64_t dv_pad) const {
+    if (crosses_boundary && (block_flags & kBlockVNonfinite) != 0) {
+      accumulate_pv_visible_only(args, seq, head_rows, j0, p, v, o, dv_pad);
+    } else if (crosses_boundary) {
+      int64_t row_keys[kMaxQBlockRows];
+      boundary_row_keys(args, seq, head_rows, j0, row_keys);
+      accumulate_pv(p, head_rows.count, v, keys, o, dv_pad, row_keys);
+    } else {
+      accumulate_pv(p, head_rows.count, v, keys, o, dv_pad, nullptr);
+    }
+  }
+};
+
+// One AttendTask with the block products of `Products`.
+template <class Products>
+void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                   const Scratch& scratch) {
   const TaskRows rows = task_rows(task);
   const int64_t dv_pad = layout.dv_pad;
   const int64_t head_k = task.head_q_begin / args.group_size();
   const SeqInfo& seq = task.seq;
   float neg_slopes[kMaxQBlockRows];
   const ScoreTransform transform = task_transform(args, task, neg_slopes);
-  begin_task(args, layout, task, rows, scratch);
+  Products products;
+  products.load_queries(args, layout, task, rows, scratch);
+  reset_rows(layout, rows, scratch);
 
   const TaskBlocks blocks = task_blocks(args, task);
   // Rows of kv head h of the task: [h * rows_per_kv, (h + 1) * rows_per_kv).
   const int64_t rows_per_kv = rows.count / task.heads_k;
   const int64_t heads_per_kv = task.heads / task.heads_k;
-  uint8_t stream_nonfinite[kMaxQBlockRows];
+  uint8_t stream_flags[kMaxQBlockRows];
   for (int64_t block = blocks.begin; block < blocks.end; ++block) {
     const int64_t j0 = block * kKeyBlock;
     const bool streaming = task.packed == nullptr;
     if (streaming) {
-      pack_block_heads(args, layout, seq, head_k, task.heads_k, block, scratch.panel,
-                       scratch.staging, stream_nonfinite);
+      Products::pack(args, layout, seq, head_k, task.heads_k, block, scratch.panel, scratch.staging,
+                     stream_flags);
     }
     const bool crosses_boundary = blocks.crosses_boundary(j0);
     const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
     for (int64_t h = 0; h < task.heads_k; ++h) {
       const float* kt = streaming ? scratch.panel + h * layout.block_floats
                                   : task.packed + block * layout.block_floats;
-      const bool v_nonfinite = streaming ? stream_nonfinite[h] : task.v_nonfinite[block];
+      const uint8_t block_flags = streaming ? stream_flags[h] : task.block_flags[block];
       const float* v_panel = kt + layout.kt_floats;
       const int64_t r0 = h * rows_per_kv;
       const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
@@ -723,27 +773,34 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
       // The packed panels of a (batch, kv head) are consecutive; streamed panels are built here.
       const float* next_panel =
           !streaming && block + 1 < blocks.end ? kt + layout.block_floats : nullptr;
-      compute_scores(scratch.q + r0 * layout.q_stride, layout.q_stride, rows_per_kv, kt,
-                     args.head_dim, s, next_panel, layout.block_floats * 4);
+      products.scores(args, layout, scratch.q + r0 * layout.q_stride, rows_per_kv, kt, block_flags,
+                      s, next_panel);
       scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv, crosses_boundary,
                               head_rows, j0, s, scratch.m + r0, scratch.l + r0 * kRowSumSlots, o,
                               dv_pad);
-      if (crosses_boundary && v_nonfinite) {
-        accumulate_pv_visible_only(args, seq, head_rows, j0, s, v_panel, o, dv_pad);
-      } else if (crosses_boundary) {
-        int64_t row_keys[kMaxQBlockRows];
-        for (int64_t r = 0; r < rows_per_kv; ++r) {
-          row_keys[r] = visible_in_block(args, seq, head_rows.position(r), j0).hi;
-        }
-        accumulate_pv(s, rows_per_kv, v_panel, keys, o, dv_pad, row_keys);
-      } else {
-        accumulate_pv(s, rows_per_kv, v_panel, keys, o, dv_pad, nullptr);
-      }
+      products.pv(args, seq, head_rows, j0, keys, crosses_boundary, block_flags, s, v_panel, o,
+                  dv_pad);
     }
   }
 
   finish_task(args, layout, task, rows, scratch);
 }
+
+#if defined(ANYATTN_FWD_BF16_TILES)
+// This path packs and attends bf16 calls with tile products, and everything else as above.
+#include "cpu/fwd_tiles_amx-inl.h"
+#else
+void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, int64_t head_k,
+                int64_t block, float* dst, uint8_t* block_flags) {
+  alignas(64) float staging[kLanes * 256];
+  pack_block_heads(args, layout, seq, head_k, 1, block, dst, staging, block_flags);
+}
+
+void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+            const Scratch& scratch) {
+  attend_blocks<VectorProducts>(args, layout, task, scratch);
+}
+#endif
 
 // y[i] = f(x[i]) for i < n, one vector at a time; a partial last vector is padded with 0.
 inline void map_vectors(Vec (*f)(Vec), const float* x, int64_t n, float* y) {

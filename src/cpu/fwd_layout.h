@@ -8,7 +8,8 @@
 //                               micro-kernel loads keys as full vectors and broadcasts q[i][d];
 //     v[j][c]   64 x dv_pad     V rows, zero-padded to dv_pad columns.
 //   Keys past Sk are zero in both (their scores are masked to -inf, so they contribute exactly 0).
-//   All values are converted to f32 while packing.
+//   All values are converted to f32 while packing. (The avx512_amx path packs bf16 blocks in its
+//   tile formats instead, in the same space: fwd_tiles_amx-inl.h.)
 #ifndef ANYATTN_CPU_FWD_LAYOUT_H_
 #define ANYATTN_CPU_FWD_LAYOUT_H_
 
@@ -110,9 +111,14 @@ struct AttendTask {
   // Packed K/V of this (batch, kv head), first block; nullptr to stream: the task then packs each
   // block into its scratch panel just before use (each block is used by this task only).
   const float* packed = nullptr;
-  const uint8_t* v_nonfinite = nullptr;  // per packed block: 1 if its V holds a NaN or infinity
+  const uint8_t* block_flags = nullptr;  // per packed block: what pack_block found (kBlock*)
   PartialOutput partial;                 // o == nullptr: write out/lse directly
 };
+
+// Flags pack_block sets for a key block (AttendTask::block_flags).
+constexpr uint8_t kBlockVNonfinite = 1;  // V holds a NaN or an infinity
+constexpr uint8_t kBlockSubnormal =
+    2;  // K or V holds a subnormal (set by avx512_amx's tile packer)
 
 // Key blocks of a sequence.
 inline int64_t key_blocks(const SeqInfo& seq) {

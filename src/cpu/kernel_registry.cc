@@ -9,7 +9,7 @@ namespace anyattn::cpu {
 #define ANYATTN_FWD_KERNEL(ns, isa, name, lanes, rows, keys, check)                           \
   namespace ns {                                                                              \
   void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,        \
-                  int64_t head_k, int64_t block, float* dst, uint8_t* v_nonfinite);           \
+                  int64_t head_k, int64_t block, float* dst, uint8_t* block_flags);           \
   void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,        \
               const Scratch& scratch);                                                        \
   void attend_direct(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task, \
@@ -67,7 +67,8 @@ anyattn_isa best_supported_isa() {
 }
 
 anyattn_isa isa_from_name(const char* name) {
-  for (anyattn_isa isa : {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512}) {
+  for (anyattn_isa isa :
+       {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
     if (std::strcmp(name, anyattn_isa_name(isa)) == 0) return isa;
   }
   return ANYATTN_ISA_AUTO;

@@ -13,10 +13,10 @@
 namespace anyattn::cpu {
 
 // Packs key block `block` of sequence `seq`, kv head `head_k`, into `dst`
-// (PackedLayout::block_floats floats, 64-byte aligned) and sets *v_nonfinite to 1 if any packed V
-// value is NaN or infinite, else 0.
+// (PackedLayout::block_floats floats, 64-byte aligned, in the path's own packed format) and sets
+// *block_flags to what it found (kBlockVNonfinite, kBlockSubnormal; 0 for neither).
 using PackBlockFn = void (*)(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
-                             int64_t head_k, int64_t block, float* dst, uint8_t* v_nonfinite);
+                             int64_t head_k, int64_t block, float* dst, uint8_t* block_flags);
 
 // Runs one AttendTask with the given scratch. Writes only the task's own rows of out/lse (or of
 // its partial output).

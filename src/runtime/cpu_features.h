@@ -12,11 +12,17 @@ struct CpuFeatures {
   bool avx512bw = false;
   bool avx512vl = false;
   bool avx512dq = false;
+  bool avx512bf16 = false;
+  // AMX-TILE and AMX-BF16, with the tile state enabled by the OS and granted to this process.
+  bool amx_bf16 = false;
 
   // The AVX2 path needs AVX2, FMA and F16C.
   bool has_avx2_path() const { return avx2 && fma && f16c; }
   // The AVX-512 path needs F, BW, VL and DQ (Skylake-SP and later, Zen 4 and later).
   bool has_avx512_path() const { return avx512f && avx512bw && avx512vl && avx512dq; }
+  // The AVX-512 path with bf16 tile products: also AVX512_BF16 and usable AMX-BF16 tiles
+  // (Sapphire Rapids and later).
+  bool has_avx512_amx_path() const { return has_avx512_path() && avx512bf16 && amx_bf16; }
 };
 
 // Detected on first use; safe to call from any thread.

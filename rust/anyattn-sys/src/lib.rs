@@ -83,6 +83,8 @@ pub const ANYATTN_ISA_PORTABLE: anyattn_isa = 1;
 pub const ANYATTN_ISA_AVX2: anyattn_isa = 2;
 /// x86-64 AVX-512 F/BW/VL/DQ.
 pub const ANYATTN_ISA_AVX512: anyattn_isa = 3;
+/// `ANYATTN_ISA_AVX512` with bf16 forward products on AMX tiles.
+pub const ANYATTN_ISA_AVX512_AMX: anyattn_isa = 4;
 
 /// `anyattn_kernel_info`: one forward kernel of the library's registry.
 #[repr(C)]
@@ -326,4 +328,5 @@ pub const DECLARED_CONSTANTS: &[(&str, i64)] = &[
     ("ANYATTN_ISA_PORTABLE", ANYATTN_ISA_PORTABLE as i64),
     ("ANYATTN_ISA_AVX2", ANYATTN_ISA_AVX2 as i64),
     ("ANYATTN_ISA_AVX512", ANYATTN_ISA_AVX512 as i64),
+    ("ANYATTN_ISA_AVX512_AMX", ANYATTN_ISA_AVX512_AMX as i64),
 ];

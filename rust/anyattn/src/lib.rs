@@ -102,11 +102,14 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512 F/BW/VL/DQ.
     Avx512,
+    /// [`Isa::Avx512`] with bf16 forward products on AMX tiles (AVX512_BF16, AMX-TILE, AMX-BF16);
+    /// every other call runs as on [`Isa::Avx512`].
+    Avx512Amx,
 }
 
 impl Isa {
     /// Every path, `Auto` first.
-    pub const ALL: [Isa; 4] = [Isa::Auto, Isa::Portable, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 5] = [Isa::Auto, Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Amx];
 
     pub(crate) fn raw(self) -> i32 {
         match self {
@@ -114,6 +117,7 @@ impl Isa {
             Isa::Portable => sys::ANYATTN_ISA_PORTABLE,
             Isa::Avx2 => sys::ANYATTN_ISA_AVX2,
             Isa::Avx512 => sys::ANYATTN_ISA_AVX512,
+            Isa::Avx512Amx => sys::ANYATTN_ISA_AVX512_AMX,
         }
     }
 
@@ -123,6 +127,7 @@ impl Isa {
             sys::ANYATTN_ISA_PORTABLE => Some(Isa::Portable),
             sys::ANYATTN_ISA_AVX2 => Some(Isa::Avx2),
             sys::ANYATTN_ISA_AVX512 => Some(Isa::Avx512),
+            sys::ANYATTN_ISA_AVX512_AMX => Some(Isa::Avx512Amx),
             _ => None,
         }
     }
@@ -137,13 +142,14 @@ impl Isa {
     pub fn resolved_default() -> Isa {
         // SAFETY: no preconditions.
         match unsafe { sys::anyattn_isa_default() } {
+            sys::ANYATTN_ISA_AVX512_AMX => Isa::Avx512Amx,
             sys::ANYATTN_ISA_AVX512 => Isa::Avx512,
             sys::ANYATTN_ISA_AVX2 => Isa::Avx2,
             _ => Isa::Portable,
         }
     }
 
-    /// The library's name for the path: "auto", "portable", "avx2" or "avx512".
+    /// The library's name for the path: "auto", "portable", "avx2", "avx512" or "avx512_amx".
     pub fn name(self) -> &'static str {
         // SAFETY: the C library returns a static NUL-terminated string.
         unsafe { CStr::from_ptr(sys::anyattn_isa_name(self.raw())) }

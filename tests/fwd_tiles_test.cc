@@ -1,0 +1,82 @@
+// bf16 cases at the edges of the avx512_amx path's tile products (fwd_tiles_amx-inl.h), run on
+// every path the host supports: head dims around the 32-element reduction chunks and the D >= 16
+// threshold, value widths of odd 16-column groups, row counts off the 16-row groups, and
+// subnormal values confined to one key block (the tiles flush subnormals; such blocks and the
+// rest of their tasks take f32 products).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "test_support.h"
+
+namespace anyattn {
+namespace testing {
+namespace {
+
+TEST(FwdTiles, HeadDimsAroundTheTileChunksMatchTheReference) {
+  const int64_t head_dims[] = {15, 16, 17, 24, 31, 33, 63, 65};
+  const int64_t value_dims[] = {16, 17, 80};
+  const int64_t query_rows[] = {1, 17, 70};
+  int n = 0;
+  for (anyattn_isa isa : supported_isas()) {
+    for (int64_t d : head_dims) {
+      for (int64_t dv : value_dims) {
+        Case c;
+        c.isa = isa;
+        c.dtype = ANYATTN_DTYPE_BF16;
+        c.D = d;
+        c.Dv = dv;
+        c.Sq = query_rows[n % 3];
+        c.Sk = n % 2 ? 130 : 70;
+        c.Hq = 4;
+        c.Hk = 2;
+        c.causal = n % 4 == 1;
+        c.seed = static_cast<uint64_t>(n);
+        ++n;
+        SCOPED_TRACE(c.describe());
+        EXPECT_TRUE(run_and_check(c));
+      }
+    }
+  }
+}
+
+// V's column 0 is zero but in key block 1 (keys 64..127), where it holds subnormals, and keys
+// 128..255 follow in normal blocks: every row's out[..., 0] is a subnormal the reference predicts,
+// not 0. Once a subnormal reaches a row's accumulator, later tile products would flush it.
+TEST(FwdTiles, SubnormalValuesInOneKeyBlockReachTheOutput) {
+  for (anyattn_isa isa : supported_isas()) {
+    Case c;
+    c.isa = isa;
+    c.dtype = ANYATTN_DTYPE_BF16;
+    c.B = 1;
+    c.Sq = 40;
+    c.Sk = 256;
+    c.Hq = 2;
+    c.Hk = 1;
+    c.D = c.Dv = 64;
+    SCOPED_TRACE(c.describe());
+    Problem p(c);
+    for (int64_t j = 0; j < c.Sk; ++j) {
+      const int64_t index[4] = {0, j, 0, 0};
+      const bool in_block_one = j >= 64 && j < 128;
+      store(p.v, index, in_block_one ? 0x1.0p-128 * static_cast<double>(1 + j % 3) : 0.0);
+    }
+    ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+    const std::vector<double> out = p.out_values();
+    const reference::DenseOutputs ref = p.reference();
+    for (int64_t i = 0; i < c.Sq; ++i) {
+      for (int64_t h = 0; h < c.Hq; ++h) {
+        const size_t o = static_cast<size_t>((i * c.Hq + h) * c.Dv);
+        ASSERT_GT(ref.out[o], 0x1.0p-133);
+        // bf16's subnormal step is 2^-133; the f32 sums round far below it.
+        EXPECT_NEAR(out[o], ref.out[o], 0x1.0p-133) << "i=" << i << " h=" << h;
+      }
+    }
+    EXPECT_TRUE(check_outputs(p, ref, p.naive_same_dtype()));
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace anyattn
