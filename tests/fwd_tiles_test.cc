@@ -1,8 +1,8 @@
 // bf16 cases at the edges of the avx512_amx path's tile products (fwd_tiles_amx-inl.h), run on
 // every path the host supports: head dims around the 32-element reduction chunks and the D >= 16
-// threshold, value widths of odd 16-column groups, row counts off the 16-row groups, and
-// subnormal values confined to one key block (the tiles flush subnormals; such blocks and the
-// rest of their tasks take f32 products).
+// threshold, value widths of odd 16-column groups, row counts off the 16-row groups, subnormal
+// values confined to one key block (the tiles flush subnormals; such blocks and the rest of their
+// tasks take f32 products), and row maxima that move while P V is gathered over several blocks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -74,6 +74,36 @@ TEST(FwdTiles, SubnormalValuesInOneKeyBlockReachTheOutput) {
       }
     }
     EXPECT_TRUE(check_outputs(p, ref, p.naive_same_dtype()));
+  }
+}
+
+// Key block b's keys are scaled by 1 + 3b, so most rows' maxima move in most blocks: the softmax
+// rescales O, and the avx512_amx path's gathered (not yet multiplied) probabilities must follow.
+TEST(FwdTiles, RisingBlockMaximaMatchTheReference) {
+  for (anyattn_isa isa : supported_isas()) {
+    for (int causal = 0; causal < 2; ++causal) {
+      Case c;
+      c.isa = isa;
+      c.dtype = ANYATTN_DTYPE_BF16;
+      c.B = 1;
+      c.Sq = 64;
+      c.Sk = 512;
+      c.Hq = 2;
+      c.Hk = 1;
+      c.D = c.Dv = 64;
+      c.causal = causal == 1;
+      SCOPED_TRACE(c.describe());
+      Problem p(c);
+      for (int64_t j = 0; j < c.Sk; ++j) {
+        for (int64_t d = 0; d < c.D; ++d) {
+          const int64_t index[4] = {0, j, 0, d};
+          const double block_scale = 1.0 + 3.0 * static_cast<double>(j / 64);
+          store(p.k, index, block_scale * std::sin(0.37 * static_cast<double>(j * 7 + d * 3)));
+        }
+      }
+      ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+      EXPECT_TRUE(check_outputs(p, p.reference(), p.naive_same_dtype()));
+    }
   }
 }
 

@@ -709,7 +709,7 @@ struct VectorProducts {
   }
   // S for `rows` rows (q at q) against the packed block kt.
   void scores(const FwdArgs& args, const PackedLayout& layout, const float* q, int64_t rows,
-              const float* kt, uint8_t /*block_flags*/, float* s, const float* next_panel) const {
+              const float* kt, uint8_t /*block_flags*/, float* s, const float* next_panel) {
     compute_scores(q, layout.q_stride, rows, kt, args.head_dim, s, next_panel,
                    layout.block_floats * 4);
   }
@@ -730,6 +730,8 @@ struct VectorProducts {
       accumulate_pv(p, head_rows.count, v, keys, o, dv_pad, nullptr);
     }
   }
+  // Nothing is deferred: every pv call has updated O when it returns.
+  void finish() {}
 };
 
 // One AttendTask with the block products of `Products`.
@@ -783,6 +785,7 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
     }
   }
 
+  products.finish();
   finish_task(args, layout, task, rows, scratch);
 }
 

@@ -30,8 +30,11 @@
 //   bf16(p - hi), |p - hi - lo| <= 2^-16 |p|), so P V is as accurate as in f32 (bf16 P alone, as
 //   GPU kernels use, would cost 2^-9 of |p| per term). The f32 row of 64 probabilities (256 bytes)
 //   becomes [hi: 64 bf16 | lo: 64 bf16], and two left tiles per 32 keys feed the same V tiles. O
-//   stays in scratch.o as f32: its 16 x 16 pieces are loaded into the accumulators, updated for the
-//   block's keys (on a causal diagonal block only up to the last key a row group sees) and stored.
+//   stays in scratch.o as f32: its 16 x 16 pieces are loaded into the accumulators, updated and
+//   stored. A packed task gathers the split P of up to kMaxDeferredBlocks key blocks first (their
+//   panels stay in place), so each O piece is loaded and stored once per 256 keys rather than per
+//   64 (on a causal diagonal block a row group stops at the last key it sees); where a block's
+//   softmax moves a row's max, the gathered P of that row is rescaled as O is.
 //
 //   TDPBF16PS treats subnormal inputs, subnormal accumulators and subnormal results as zero. Blocks
 //   whose K or V holds a subnormal (kBlockSubnormal, found while packing), and every block of a
@@ -49,6 +52,8 @@
 
 constexpr int64_t kTileRows = 16;
 constexpr int64_t kTileBytes = 1024;  // one 16 x 64-byte tile, packed contiguously
+// Key blocks whose P V a packed task gathers before one pass over O (see TileProducts).
+constexpr int64_t kMaxDeferredBlocks = 4;
 
 // D as the tiles see it: whole 32-element reduction chunks.
 inline int64_t tile_head_dim(int64_t head_dim) {
@@ -249,42 +254,71 @@ inline void compute_scores_tiles(const FwdArgs& args, const float* q, int64_t ro
 // O += P V
 // ---------------------------------------------------------------------------------------------
 
-// Rewrites each of the first `rows` probability rows (64 f32) in place as [hi: 64 bf16 | lo: 64
-// bf16] with hi + lo = p to 2^-16 |p|, and rows up to the next multiple of 16 as zeros.
-inline void split_probabilities(float* p, int64_t rows) {
-  const __m512i zero = _mm512_setzero_si512();
-  for (int64_t r = 0; r < round_up(rows, kTileRows); ++r) {
-    __m512i* row = reinterpret_cast<__m512i*>(p + r * kKeyBlock);
-    if (r >= rows) {
-      for (int i = 0; i < 4; ++i) _mm512_storeu_si512(row + i, zero);
-      continue;
+// Writes one row of 64 probabilities (f32 at p) to dst as [hi: 64 bf16 | lo: 64 bf16] (256
+// bytes, like the f32 row; dst may be p) with hi + lo = p to 2^-16 |p|.
+inline void split_row(const float* p, void* dst) {
+  __m512 values[4];
+  for (int i = 0; i < 4; ++i) values[i] = _mm512_loadu_ps(p + 16 * i);
+  __m512i hi[2], lo[2];
+  for (int half = 0; half < 2; ++half) {
+    const __m512 first = values[2 * half], second = values[2 * half + 1];
+    hi[half] = (__m512i)_mm512_cvtne2ps_pbh(second, first);
+    const __m512 first_hi = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi[half])), 16));
+    const __m512 second_hi = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi[half], 1)), 16));
+    lo[half] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(second, second_hi),
+                                            _mm512_sub_ps(first, first_hi));
+  }
+  __m512i* row = static_cast<__m512i*>(dst);
+  _mm512_storeu_si512(row + 0, hi[0]);
+  _mm512_storeu_si512(row + 1, hi[1]);
+  _mm512_storeu_si512(row + 2, lo[0]);
+  _mm512_storeu_si512(row + 3, lo[1]);
+}
+
+// split_row for the first `rows` rows of p (kKeyBlock floats apart) into dst (256 bytes apart; dst
+// may be p), then zero rows up to the next multiple of 16.
+inline void split_probabilities(const float* p, int64_t rows, void* dst) {
+  char* dst_rows = static_cast<char*>(dst);
+  for (int64_t r = 0; r < rows; ++r) split_row(p + r * kKeyBlock, dst_rows + r * kKeyBlock * 4);
+  for (int64_t r = rows; r < round_up(rows, kTileRows); ++r) {
+    for (int i = 0; i < 4; ++i) {
+      _mm512_storeu_si512(dst_rows + r * kKeyBlock * 4 + 64 * i, _mm512_setzero_si512());
     }
-    __m512 values[4];
-    for (int i = 0; i < 4; ++i) values[i] = _mm512_loadu_ps(p + r * kKeyBlock + 16 * i);
-    __m512i hi[2], lo[2];
-    for (int half = 0; half < 2; ++half) {
-      const __m512 first = values[2 * half], second = values[2 * half + 1];
-      hi[half] = (__m512i)_mm512_cvtne2ps_pbh(second, first);
-      const __m512 first_hi = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi[half])), 16));
-      const __m512 second_hi = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi[half], 1)), 16));
-      lo[half] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(second, second_hi),
-                                              _mm512_sub_ps(first, first_hi));
-    }
-    _mm512_storeu_si512(row + 0, hi[0]);
-    _mm512_storeu_si512(row + 1, hi[1]);
-    _mm512_storeu_si512(row + 2, lo[0]);
-    _mm512_storeu_si512(row + 3, lo[1]);
   }
 }
 
-// O pieces of one or two 16-row groups (p: the split rows, 256 bytes apart; o: f32 rows o_row_bytes
-// apart) x one or two 16-column groups (their V tiles at v_group and v_group + 2 KiB) += P V over
-// `chunks` 32-key chunks, hi and lo parts alike.
+// Multiplies one split row (hi | lo, as split_row writes it) by alpha: p = hi + lo (exact in
+// f32), p * alpha, split again.
+inline void rescale_split_row(void* row, float alpha) {
+  const uint16_t* parts = static_cast<const uint16_t*>(row);
+  alignas(64) float values[kKeyBlock];
+  const __m512 scale = _mm512_set1_ps(alpha);
+  for (int64_t c = 0; c < kKeyBlock; c += 16) {
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(parts + c));
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(parts + kKeyBlock + c));
+    const __m512 sum =
+        _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16)),
+                      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(lo), 16)));
+    _mm512_store_ps(values + c, _mm512_mul_ps(sum, scale));
+  }
+  split_row(values, row);
+}
+
+// One key block's share of a P V pass: its split P rows (256 bytes apart) for the pass's row
+// groups, its packed V tiles for the pass's column groups, and how many 32-key chunks to use.
+struct PvStep {
+  const char* p;
+  const char* v;
+  int64_t chunks;
+};
+
+// O pieces of one or two 16-row groups (o: f32 rows o_row_bytes apart) x one or two 16-column
+// groups += P V over `count` key blocks (steps), each for its chunks, hi and lo parts alike: the O
+// tiles are loaded once and stored once for all of them.
 template <int kRowGroups, int kColumnGroups>
-inline void pv_tiles(const char* p, const char* v_group, int64_t chunks, float* o,
-                     int64_t o_row_bytes) {
+inline void pv_tiles(const PvStep* steps, int64_t count, float* o, int64_t o_row_bytes) {
   constexpr int64_t kPRowBytes = kKeyBlock * 4;
   constexpr int64_t kLoOffset = kKeyBlock * 2;
   constexpr int64_t kVGroupBytes = kKeyBlock / 2 * 64;
@@ -296,18 +330,22 @@ inline void pv_tiles(const char* p, const char* v_group, int64_t chunks, float* 
   if constexpr (kRowGroups == 2 && kColumnGroups == 2) {
     _tile_loadd(3, o_bytes + o_lower + 64, o_row_bytes);
   }
-  for (int64_t c = 0; c < chunks; ++c) {
-    _tile_loadd(6, v_group + c * kTileBytes, 64);
-    if constexpr (kColumnGroups == 2) _tile_loadd(7, v_group + kVGroupBytes + c * kTileBytes, 64);
-    for (int64_t part = 0; part < 2; ++part) {
-      const char* p_chunk = p + part * kLoOffset + c * 64;
-      _tile_loadd(4, p_chunk, kPRowBytes);
-      _tile_dpbf16ps(0, 4, 6);
-      if constexpr (kColumnGroups == 2) _tile_dpbf16ps(1, 4, 7);
-      if constexpr (kRowGroups == 2) {
-        _tile_loadd(5, p_chunk + kTileRows * kPRowBytes, kPRowBytes);
-        _tile_dpbf16ps(2, 5, 6);
-        if constexpr (kColumnGroups == 2) _tile_dpbf16ps(3, 5, 7);
+  for (int64_t b = 0; b < count; ++b) {
+    for (int64_t c = 0; c < steps[b].chunks; ++c) {
+      _tile_loadd(6, steps[b].v + c * kTileBytes, 64);
+      if constexpr (kColumnGroups == 2) {
+        _tile_loadd(7, steps[b].v + kVGroupBytes + c * kTileBytes, 64);
+      }
+      for (int64_t part = 0; part < 2; ++part) {
+        const char* p_chunk = steps[b].p + part * kLoOffset + c * 64;
+        _tile_loadd(4, p_chunk, kPRowBytes);
+        _tile_dpbf16ps(0, 4, 6);
+        if constexpr (kColumnGroups == 2) _tile_dpbf16ps(1, 4, 7);
+        if constexpr (kRowGroups == 2) {
+          _tile_loadd(5, p_chunk + kTileRows * kPRowBytes, kPRowBytes);
+          _tile_dpbf16ps(2, 5, 6);
+          if constexpr (kColumnGroups == 2) _tile_dpbf16ps(3, 5, 7);
+        }
       }
     }
   }
@@ -319,40 +357,69 @@ inline void pv_tiles(const char* p, const char* v_group, int64_t chunks, float* 
   }
 }
 
+// A key block whose split P waits for its P V pass (TileProducts defers them).
+struct SplitBlock {
+  const char* p;                                     // split rows, 256 bytes apart
+  const char* v;                                     // packed V
+  int64_t chunks[kMaxQBlockRows / (2 * kTileRows)];  // per pair of row groups
+};
+
+// O[rows][dv_pad] += sum over `count` blocks of P V: per pair of row groups and pair of column
+// groups, one pv_tiles pass over every block.
+inline void accumulate_split_blocks(const SplitBlock* blocks, int64_t count, int64_t rows, float* o,
+                                    int64_t dv_pad) {
+  const int64_t row_groups = ceil_div(rows, kTileRows);
+  const int64_t column_groups = dv_pad / 16;
+  const int64_t o_row_bytes = dv_pad * 4;
+  constexpr int64_t kVGroupBytes = kKeyBlock / 2 * 64;
+  for (int64_t g = 0; g < row_groups; g += 2) {
+    const bool two_rows = g + 1 < row_groups;
+    for (int64_t cg = 0; cg < column_groups; cg += 2) {
+      PvStep steps[kMaxDeferredBlocks];
+      int64_t used = 0;
+      for (int64_t b = 0; b < count; ++b) {
+        const int64_t chunks = blocks[b].chunks[g / 2];
+        if (chunks == 0) continue;
+        steps[used++] = {blocks[b].p + g * kTileRows * kKeyBlock * 4,
+                         blocks[b].v + cg * kVGroupBytes, chunks};
+      }
+      if (used == 0) continue;
+      float* o_group = o + g * kTileRows * dv_pad + cg * 16;
+      const bool two_columns = cg + 1 < column_groups;
+      if (two_rows && two_columns) {
+        pv_tiles<2, 2>(steps, used, o_group, o_row_bytes);
+      } else if (two_rows) {
+        pv_tiles<2, 1>(steps, used, o_group, o_row_bytes);
+      } else if (two_columns) {
+        pv_tiles<1, 2>(steps, used, o_group, o_row_bytes);
+      } else {
+        pv_tiles<1, 1>(steps, used, o_group, o_row_bytes);
+      }
+    }
+  }
+}
+
+// The 32-key chunks each pair of row groups needs: up to the last key any of its rows may see
+// (row_keys, or all `keys` when null).
+inline void block_chunks(const int64_t* row_keys, int64_t rows, int64_t keys, int64_t* chunks) {
+  for (int64_t g = 0; g < ceil_div(rows, kTileRows); g += 2) {
+    const int64_t r0 = g * kTileRows;
+    const int64_t group_rows = std::min(rows, r0 + 2 * kTileRows) - r0;
+    chunks[g / 2] = ceil_div(tile_keys(row_keys, r0, group_rows, keys), 32);
+  }
+}
+
 // O[rows][dv_pad] += P[rows][0 .. keys) V, P split in place first. row_keys (or null): as in
 // accumulate_pv, per row the key from which its probabilities are zero; each pair of row groups
 // stops at the 32-key chunk holding the last key either group needs.
 inline void accumulate_pv_tiles(float* p, int64_t rows, const float* v, int64_t keys, float* o,
                                 int64_t dv_pad, const int64_t* row_keys) {
-  split_probabilities(p, rows);
-  const int64_t row_groups = ceil_div(rows, kTileRows);
-  const int64_t column_groups = dv_pad / 16;
-  const int64_t o_row_bytes = dv_pad * 4;
-  const char* p_bytes = reinterpret_cast<const char*>(p);
-  const char* v_bytes = reinterpret_cast<const char*>(v);
-  constexpr int64_t kVGroupBytes = kKeyBlock / 2 * 64;
-  for (int64_t g = 0; g < row_groups; g += 2) {
-    const int64_t r0 = g * kTileRows;
-    const bool two_rows = g + 1 < row_groups;
-    const int64_t group_rows = std::min(rows, r0 + (two_rows ? 2 : 1) * kTileRows) - r0;
-    const int64_t chunks = ceil_div(tile_keys(row_keys, r0, group_rows, keys), 32);
-    if (chunks == 0) continue;
-    const char* p_group = p_bytes + r0 * kKeyBlock * 4;
-    for (int64_t cg = 0; cg < column_groups; cg += 2) {
-      const char* v_group = v_bytes + cg * kVGroupBytes;
-      float* o_group = o + r0 * dv_pad + cg * 16;
-      const bool two_columns = cg + 1 < column_groups;
-      if (two_rows && two_columns) {
-        pv_tiles<2, 2>(p_group, v_group, chunks, o_group, o_row_bytes);
-      } else if (two_rows) {
-        pv_tiles<2, 1>(p_group, v_group, chunks, o_group, o_row_bytes);
-      } else if (two_columns) {
-        pv_tiles<1, 2>(p_group, v_group, chunks, o_group, o_row_bytes);
-      } else {
-        pv_tiles<1, 1>(p_group, v_group, chunks, o_group, o_row_bytes);
-      }
-    }
-  }
+  split_probabilities(p, rows, p);
+  SplitBlock block;
+  block.p = reinterpret_cast<const char*>(p);
+  block.v = reinterpret_cast<const char*>(v);
+  block_chunks(row_keys, rows, keys, block.chunks);
+  accumulate_split_blocks(&block, 1, rows, o, dv_pad);
 }
 
 // O += P V in f32 over each row's visible keys only, from the packed tile V (f32 vector products,
@@ -428,11 +495,17 @@ inline void add_nonfinite_values(const FwdArgs& args, const SeqInfo& seq, const 
 // The products, for attend_blocks
 // ---------------------------------------------------------------------------------------------
 
+// The tile products for attend_blocks, one object per task. In packed tasks, whose K/V panels stay
+// in place until the task ends, the P V of up to kMaxDeferredBlocks key blocks is gathered (split P
+// kept here) and run in one pass over O, so each O tile is loaded and stored once per gathered run
+// instead of once per block. When a block's softmax moves a row's max (it rescales that row of O),
+// the gathered P rows are rescaled alike; blocks that need f32 products run the gathered ones
+// first.
 class TileProducts {
  public:
   // The task's rows as bf16 (tile_head_dim(D) each, zero past D), then zero rows up to a multiple
   // of 16; notes whether q holds a subnormal.
-  void load_queries(const FwdArgs& args, const PackedLayout& /*layout*/, const AttendTask& task,
+  void load_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                     const TaskRows& rows, const Scratch& scratch) {
     const int64_t dp = tile_head_dim(args.head_dim);
     uint16_t* q = reinterpret_cast<uint16_t*>(scratch.q);
@@ -450,6 +523,11 @@ class TileProducts {
       }
     }
     q_subnormal_ = subnormal != 0;
+    defer_ = task.packed != nullptr;
+    rows_ = rows.count;
+    m_ = scratch.m;
+    o_ = scratch.o;
+    dv_pad_ = layout.dv_pad;
   }
   static void pack(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
                    int64_t head_k, int64_t heads_k, int64_t block, float* panels, float* staging,
@@ -460,8 +538,10 @@ class TileProducts {
     }
   }
   // S (scaled by softmax_scale) for `rows` rows; rows of s up to a multiple of 16 are written too.
+  // Notes the rows' maxima, which the softmax that follows may move.
   void scores(const FwdArgs& args, const PackedLayout& /*layout*/, const float* q, int64_t rows,
-              const float* kt, uint8_t block_flags, float* s, const float* /*next_panel*/) const {
+              const float* kt, uint8_t block_flags, float* s, const float* /*next_panel*/) {
+    for (int64_t r = 0; r < rows_; ++r) max_before_[r] = m_[r];
     if (q_subnormal_ || (block_flags & kBlockSubnormal) != 0) {
       compute_scores_exact_tiles(args, q, rows, kt, s);
     } else {
@@ -474,30 +554,69 @@ class TileProducts {
       }
     }
   }
-  // O += P V for the rows of one kv head and the block at j0; P is overwritten. From the first
-  // block with a subnormal on, the task's O may hold subnormals, which the tiles would flush: the
-  // rest of its blocks take the f32 products too.
+  // O += P V for the rows of one kv head and the block at j0, now or gathered; P is overwritten.
+  // From the first block with a subnormal on, the task's O may hold subnormals, which the tiles
+  // would flush: the rest of its blocks take the f32 products.
   void pv(const FwdArgs& args, const SeqInfo& seq, const TaskRows& head_rows, int64_t j0,
           int64_t keys, bool crosses_boundary, uint8_t block_flags, float* p, const float* v,
           float* o, int64_t dv_pad) {
+    rescale_gathered();
+    int64_t row_keys[kMaxQBlockRows];
+    if (crosses_boundary) boundary_row_keys(args, seq, head_rows, j0, row_keys);
+    if (block_flags == 0 && !exact_pv_ && defer_) {
+      SplitBlock& block = gathered_[gathered_count_];
+      split_probabilities(p, head_rows.count, gathered_p_[gathered_count_]);
+      block.p = reinterpret_cast<const char*>(gathered_p_[gathered_count_]);
+      block.v = reinterpret_cast<const char*>(v);
+      block_chunks(crosses_boundary ? row_keys : nullptr, head_rows.count, keys, block.chunks);
+      if (++gathered_count_ == kMaxDeferredBlocks) finish();
+      return;
+    }
+    finish();
     if ((block_flags & kBlockVNonfinite) != 0) {
       add_nonfinite_values(args, seq, head_rows, j0, keys, p, o, dv_pad);
     }
     if ((block_flags & kBlockSubnormal) != 0) exact_pv_ = true;
     if (exact_pv_) {
       accumulate_pv_exact_tiles(args, seq, head_rows, j0, p, v, o, dv_pad);
-    } else if (crosses_boundary) {
-      int64_t row_keys[kMaxQBlockRows];
-      boundary_row_keys(args, seq, head_rows, j0, row_keys);
-      accumulate_pv_tiles(p, head_rows.count, v, keys, o, dv_pad, row_keys);
     } else {
-      accumulate_pv_tiles(p, head_rows.count, v, keys, o, dv_pad, nullptr);
+      accumulate_pv_tiles(p, head_rows.count, v, keys, o, dv_pad,
+                          crosses_boundary ? row_keys : nullptr);
     }
+  }
+  // Runs the gathered P V; attend_blocks calls it before the task's rows are written.
+  void finish() {
+    if (gathered_count_ == 0) return;
+    accumulate_split_blocks(gathered_, gathered_count_, rows_, o_, dv_pad_);
+    gathered_count_ = 0;
   }
 
  private:
+  // The softmax of the block just scored rescaled O's row r by exp(old max - new max) where the
+  // max moved (online_softmax_row): the gathered probabilities of row r, relative to the old max,
+  // take the same factor.
+  void rescale_gathered() {
+    if (gathered_count_ == 0) return;
+    for (int64_t r = 0; r < rows_; ++r) {
+      if (m_[r] == max_before_[r]) continue;
+      const float alpha = std::exp(max_before_[r] - m_[r]);
+      for (int64_t b = 0; b < gathered_count_; ++b) {
+        rescale_split_row(gathered_p_[b] + r * kKeyBlock * 2, alpha);
+      }
+    }
+  }
+
   bool q_subnormal_ = false;
   bool exact_pv_ = false;
+  bool defer_ = false;
+  int64_t rows_ = 0;
+  const float* m_ = nullptr;
+  float* o_ = nullptr;
+  int64_t dv_pad_ = 0;
+  float max_before_[kMaxQBlockRows];
+  int64_t gathered_count_ = 0;
+  SplitBlock gathered_[kMaxDeferredBlocks];
+  alignas(64) uint16_t gathered_p_[kMaxDeferredBlocks][kMaxQBlockRows * kKeyBlock * 2];
 };
 
 void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, int64_t head_k,
