@@ -40,7 +40,8 @@
 //   whose K or V holds a subnormal (kBlockSubnormal, found while packing), and every block of a
 //   task whose q does, take f32 vector products over the same packed formats instead, so
 //   subnormals are computed as on the other paths. Otherwise the tiles only see normal bf16 values
-//   and probabilities, which are never subnormal (vec_math-inl.h's exp2).
+//   and probabilities, which are never subnormal (vec_math-inl.h's exp2); what they still flush is
+//   a product or sum of normal values that falls below 2^-126, an absolute error under 2^-126.
 //   V entries that are NaN or infinite are packed as 0 (kBlockVNonfinite) and their products are
 //   added in f32 from the source, for the rows that see them only, before the tiles run: a zero lo
 //   part (or a masked key's P = 0) times infinity would be NaN in rows that never see that key, and
