@@ -55,6 +55,16 @@ constexpr int64_t kTileRows = 16;
 constexpr int64_t kTileBytes = 1024;  // one 16 x 64-byte tile, packed contiguously
 // Key blocks whose P V a packed task gathers before one pass over O (see TileProducts).
 constexpr int64_t kMaxDeferredBlocks = 4;
+// A row of one key block's scores (64 f32) or of its split probabilities (64 bf16 hi, then 64
+// bf16 lo): 256 bytes either way.
+constexpr int64_t kBlockRowBytes = kKeyBlock * 4;
+// Packed V: one 16-column group, 32 rows of key pairs x 16 columns of 32-bit pairs.
+constexpr int64_t kVGroupBytes = kKeyBlock / 2 * 64;
+
+// The 32-bit word of packed V that holds keys (2t, 2t + 1) of column 16 g (and the next 15).
+inline int64_t v_pair_word(int64_t g, int64_t t) {
+  return (g * (kKeyBlock / 2) + t) * kTileRows;
+}
 
 // D as the tiles see it: whole 32-element reduction chunks.
 inline int64_t tile_head_dim(int64_t head_dim) {
@@ -180,7 +190,7 @@ inline void pack_head_tiles(const FwdArgs& args, const PackedLayout& layout, con
       const __mmask32 bad = nonfinite_lanes(pairs);
       nonfinite |= bad;
       subnormal |= subnormal_lanes(pairs);
-      _mm512_storeu_si512(v_words + (g * (kKeyBlock / 2) + t) * 16,
+      _mm512_storeu_si512(v_words + v_pair_word(g, t),
                           _mm512_maskz_mov_epi16(static_cast<__mmask32>(~bad), pairs));
     }
   }
@@ -216,12 +226,11 @@ inline void score_tiles(const char* q, int64_t q_row_bytes, const char* k_group,
       _tile_dpbf16ps(3, 5, 7);
     }
   }
-  constexpr int64_t kSRowBytes = kKeyBlock * 4;
-  _tile_stored(0, s, kSRowBytes);
-  _tile_stored(1, s + kTileRows, kSRowBytes);
+  _tile_stored(0, s, kBlockRowBytes);
+  _tile_stored(1, s + kTileRows, kBlockRowBytes);
   if constexpr (kRowGroups == 2) {
-    _tile_stored(2, s + kTileRows * kKeyBlock, kSRowBytes);
-    _tile_stored(3, s + kTileRows * kKeyBlock + kTileRows, kSRowBytes);
+    _tile_stored(2, s + kTileRows * kKeyBlock, kBlockRowBytes);
+    _tile_stored(3, s + kTileRows * kKeyBlock + kTileRows, kBlockRowBytes);
   }
 }
 
@@ -282,10 +291,10 @@ inline void split_row(const float* p, void* dst) {
 // may be p), then zero rows up to the next multiple of 16.
 inline void split_probabilities(const float* p, int64_t rows, void* dst) {
   char* dst_rows = static_cast<char*>(dst);
-  for (int64_t r = 0; r < rows; ++r) split_row(p + r * kKeyBlock, dst_rows + r * kKeyBlock * 4);
+  for (int64_t r = 0; r < rows; ++r) split_row(p + r * kKeyBlock, dst_rows + r * kBlockRowBytes);
   for (int64_t r = rows; r < round_up(rows, kTileRows); ++r) {
     for (int i = 0; i < 4; ++i) {
-      _mm512_storeu_si512(dst_rows + r * kKeyBlock * 4 + 64 * i, _mm512_setzero_si512());
+      _mm512_storeu_si512(dst_rows + r * kBlockRowBytes + 64 * i, _mm512_setzero_si512());
     }
   }
 }
@@ -320,9 +329,7 @@ struct PvStep {
 // tiles are loaded once and stored once for all of them.
 template <int kRowGroups, int kColumnGroups>
 inline void pv_tiles(const PvStep* steps, int64_t count, float* o, int64_t o_row_bytes) {
-  constexpr int64_t kPRowBytes = kKeyBlock * 4;
-  constexpr int64_t kLoOffset = kKeyBlock * 2;
-  constexpr int64_t kVGroupBytes = kKeyBlock / 2 * 64;
+  constexpr int64_t kLoOffset = kKeyBlock * 2;  // bytes from a split row's hi part to its lo part
   char* o_bytes = reinterpret_cast<char*>(o);
   const int64_t o_lower = kTileRows * o_row_bytes;
   _tile_loadd(0, o_bytes, o_row_bytes);
@@ -339,11 +346,11 @@ inline void pv_tiles(const PvStep* steps, int64_t count, float* o, int64_t o_row
       }
       for (int64_t part = 0; part < 2; ++part) {
         const char* p_chunk = steps[b].p + part * kLoOffset + c * 64;
-        _tile_loadd(4, p_chunk, kPRowBytes);
+        _tile_loadd(4, p_chunk, kBlockRowBytes);
         _tile_dpbf16ps(0, 4, 6);
         if constexpr (kColumnGroups == 2) _tile_dpbf16ps(1, 4, 7);
         if constexpr (kRowGroups == 2) {
-          _tile_loadd(5, p_chunk + kTileRows * kPRowBytes, kPRowBytes);
+          _tile_loadd(5, p_chunk + kTileRows * kBlockRowBytes, kBlockRowBytes);
           _tile_dpbf16ps(2, 5, 6);
           if constexpr (kColumnGroups == 2) _tile_dpbf16ps(3, 5, 7);
         }
@@ -372,7 +379,6 @@ inline void accumulate_split_blocks(const SplitBlock* blocks, int64_t count, int
   const int64_t row_groups = ceil_div(rows, kTileRows);
   const int64_t column_groups = dv_pad / 16;
   const int64_t o_row_bytes = dv_pad * 4;
-  constexpr int64_t kVGroupBytes = kKeyBlock / 2 * 64;
   for (int64_t g = 0; g < row_groups; g += 2) {
     const bool two_rows = g + 1 < row_groups;
     for (int64_t cg = 0; cg < column_groups; cg += 2) {
@@ -381,7 +387,7 @@ inline void accumulate_split_blocks(const SplitBlock* blocks, int64_t count, int
       for (int64_t b = 0; b < count; ++b) {
         const int64_t chunks = blocks[b].chunks[g / 2];
         if (chunks == 0) continue;
-        steps[used++] = {blocks[b].p + g * kTileRows * kKeyBlock * 4,
+        steps[used++] = {blocks[b].p + g * kTileRows * kBlockRowBytes,
                          blocks[b].v + cg * kVGroupBytes, chunks};
       }
       if (used == 0) continue;
@@ -435,7 +441,7 @@ inline void accumulate_pv_exact_tiles(const FwdArgs& args, const SeqInfo& seq, c
     for (int64_t j = range.lo; j < range.hi; ++j) {
       const Vec p_rj = Vec::broadcast(p[r * kKeyBlock + j]);
       for (int64_t g = 0; g < dv_pad / 16; ++g) {
-        const __m512i pairs = _mm512_loadu_si512(v_words + (g * (kKeyBlock / 2) + j / 2) * 16);
+        const __m512i pairs = _mm512_loadu_si512(v_words + v_pair_word(g, j / 2));
         const __m512i bits =
             (j & 1) != 0 ? _mm512_and_si512(pairs, high_half) : _mm512_slli_epi32(pairs, 16);
         float* o_cols = o + r * dv_pad + g * 16;
