@@ -1,7 +1,7 @@
 """anyattn's C ABI (include/anyattn/anyattn.h) through ctypes, for the benchmark scripts.
 
-Only what the benchmarks need: contiguous tensors, the forward call, thread control and the error
-message. The structs mirror the header field by field; `AnyattnLibrary` checks that the library's
+Only what the benchmarks need: contiguous tensors, the forward and backward calls, thread control
+and the error message. The structs mirror the header field by field; `AnyattnLibrary` checks that the library's
 own anyattn_fwd_params_init agrees with the size ctypes computes, so a header change that is not
 mirrored here fails loudly instead of corrupting memory.
 """
@@ -81,6 +81,8 @@ class AnyattnLibrary:
         lib.anyattn_fwd.argtypes = [pointer, pointer, pointer, pointer, pointer,
                                     ctypes.POINTER(AnyattnFwdParams)]
         lib.anyattn_fwd.restype = ctypes.c_int
+        lib.anyattn_bwd.argtypes = [pointer] * 10 + [ctypes.POINTER(AnyattnFwdParams)]
+        lib.anyattn_bwd.restype = ctypes.c_int
         probe = AnyattnFwdParams()
         lib.anyattn_fwd_params_init(ctypes.byref(probe))
         if probe.struct_size != ctypes.sizeof(AnyattnFwdParams):
@@ -97,30 +99,60 @@ class AnyattnLibrary:
         self._lib.anyattn_set_num_threads(threads)
         return self._lib.anyattn_get_num_threads()
 
-    def fwd_call(self, q_ptr, k_ptr, v_ptr, out_ptr, dtype, batch, seqlen_q, seqlen_k, heads_q,
-                 heads_k, head_dim, causal):
-        """A zero-argument function that runs one dense forward call on contiguous (B, S, H, D)
-        buffers at the given addresses and raises RuntimeError with anyattn's message on failure.
-        The descriptors are built once, so calling it times only the library."""
-        q = contiguous_tensor(q_ptr, dtype, (batch, seqlen_q, heads_q, head_dim))
-        k = contiguous_tensor(k_ptr, dtype, (batch, seqlen_k, heads_k, head_dim))
-        v = contiguous_tensor(v_ptr, dtype, (batch, seqlen_k, heads_k, head_dim))
-        out = contiguous_tensor(out_ptr, dtype, (batch, seqlen_q, heads_q, head_dim))
-        params = AnyattnFwdParams()
-        self._lib.anyattn_fwd_params_init(ctypes.byref(params))
-        params.causal = 1 if causal else 0
-        fwd = self._lib.anyattn_fwd
-        refs = (ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out), None,
-                ctypes.byref(params))
-
+    def _checked(self, entry_point, refs, keepalive):
+        """A zero-argument function calling entry_point(*refs) that raises RuntimeError with
+        anyattn's message when the status is not OK."""
         def run():
-            status = fwd(*refs)
+            status = entry_point(*refs)
             if status != STATUS_OK:
                 name = self._lib.anyattn_status_name(status).decode()
                 raise RuntimeError(f"{name}: {self._lib.anyattn_last_error().decode()}")
 
-        run.keepalive = (q, k, v, out, params)
+        run.keepalive = keepalive
         return run
+
+    def _params(self, causal):
+        params = AnyattnFwdParams()
+        self._lib.anyattn_fwd_params_init(ctypes.byref(params))
+        params.causal = 1 if causal else 0
+        return params
+
+    def fwd_call(self, q_ptr, k_ptr, v_ptr, out_ptr, dtype, batch, seqlen_q, seqlen_k, heads_q,
+                 heads_k, head_dim, causal, lse_ptr=None):
+        """A zero-argument function that runs one dense forward call on contiguous (B, S, H, D)
+        buffers at the given addresses (and writes the f32 (B, Hq, Sq) LSE at lse_ptr when given)
+        and raises RuntimeError with anyattn's message on failure. The descriptors are built once,
+        so calling it times only the library."""
+        q = contiguous_tensor(q_ptr, dtype, (batch, seqlen_q, heads_q, head_dim))
+        k = contiguous_tensor(k_ptr, dtype, (batch, seqlen_k, heads_k, head_dim))
+        v = contiguous_tensor(v_ptr, dtype, (batch, seqlen_k, heads_k, head_dim))
+        out = contiguous_tensor(out_ptr, dtype, (batch, seqlen_q, heads_q, head_dim))
+        lse = (contiguous_tensor(lse_ptr, DTYPE_F32, (batch, heads_q, seqlen_q))
+               if lse_ptr is not None else None)
+        params = self._params(causal)
+        refs = (ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out),
+                ctypes.byref(lse) if lse is not None else None, ctypes.byref(params))
+        return self._checked(self._lib.anyattn_fwd, refs, (q, k, v, out, lse, params))
+
+    def bwd_call(self, dout_ptr, q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, dq_ptr, dk_ptr, dv_ptr,
+                 dtype, batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, causal):
+        """A zero-argument function that runs one dense backward call (anyattn_bwd) on contiguous
+        (B, S, H, D) buffers, out and the f32 (B, Hq, Sq) lse from a forward call on the same
+        inputs, writing dq, dk, dv; raises RuntimeError with anyattn's message on failure."""
+        q_shape = (batch, seqlen_q, heads_q, head_dim)
+        k_shape = (batch, seqlen_k, heads_k, head_dim)
+        tensors = (contiguous_tensor(dout_ptr, dtype, q_shape),
+                   contiguous_tensor(q_ptr, dtype, q_shape),
+                   contiguous_tensor(k_ptr, dtype, k_shape),
+                   contiguous_tensor(v_ptr, dtype, k_shape),
+                   contiguous_tensor(out_ptr, dtype, q_shape),
+                   contiguous_tensor(lse_ptr, DTYPE_F32, (batch, heads_q, seqlen_q)),
+                   contiguous_tensor(dq_ptr, dtype, q_shape),
+                   contiguous_tensor(dk_ptr, dtype, k_shape),
+                   contiguous_tensor(dv_ptr, dtype, k_shape))
+        params = self._params(causal)
+        refs = tuple(ctypes.byref(t) for t in tensors) + (None, ctypes.byref(params))
+        return self._checked(self._lib.anyattn_bwd, refs, tensors + (params,))
 
 
 def find_library(explicit_path=None):

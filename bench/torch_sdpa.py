@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """anyattn against torch.nn.functional.scaled_dot_product_attention on CPU, in the same process.
 
-Runs anyattn_bench's shapes (the forward table and the decode table) for each thread count, with
-both implementations timed in alternation (warm-up, then rounds of a chunk of calls of each; the
+Runs anyattn_bench's shapes (the forward table, the decode table and the backward table) for each
+thread count, with both implementations timed in alternation (warm-up, then rounds of a chunk of calls of each; the
 median call of each), prints the ratios as it goes, writes JSON and, when matplotlib is installed,
 a PNG of GFLOP/s against sequence length with one line per implementation.
 
@@ -14,6 +14,11 @@ SDPA's enable_gqa where this torch has it; otherwise K and V are expanded with r
 inside the timed call, as a user of that torch would have to. torch's is_causal is top-left aligned
 and anyattn's causal mask bottom-right aligned; every shape here has Sq == Sk (or Sq = 1 without a
 mask), where the two coincide.
+
+Backward rows time anyattn_bwd alone against torch.autograd.grad of SDPA's output alone (with
+retain_graph, so every call reuses one recorded forward): each gets out (and anyattn its LSE) from
+one untimed forward call, as anyattn_bench's backward table does. GF/s there = 2.5 x the forward's
+FLOPs (DESIGN.md section 5); max|diff| compares dq, dk and dv.
 
 If torch is not importable the script says so and exits 0.
 """
@@ -45,6 +50,7 @@ def parse_args():
                         help="run rows whose key contains every comma-separated term (keys as in "
                         "anyattn_bench); repeat to run the rows matching any")
     parser.add_argument("--no-decode", action="store_true", help="skip the decode shapes")
+    parser.add_argument("--no-backward", action="store_true", help="skip the backward shapes")
     parser.add_argument("--json", default=os.path.join("bench", "results", "torch_sdpa.json"),
                         help="results file (default bench/results/torch_sdpa.json)")
     parser.add_argument("--png", default=None,
@@ -81,13 +87,28 @@ def decode_shapes(quick):
     return shapes
 
 
+def backward_shapes(quick):
+    """The backward table of anyattn_bench (S up to 4096): issue 6's bar is >= 2x torch SDPA's
+    CPU backward."""
+    shapes = []
+    for dtype in ("f32", "bf16"):
+        for heads_k in ((4,) if quick else (16, 4)):
+            for head_dim in (64, 128):
+                for causal in (False, True):
+                    for seqlen in ((1024, 2048) if quick else (1024, 2048, 4096)):
+                        shapes.append(dict(kind="bwd", dtype=dtype, batch=1, seqlen_q=seqlen,
+                                           seqlen_k=seqlen, heads_q=16, heads_k=heads_k,
+                                           head_dim=head_dim, causal=causal))
+    return shapes
+
+
 def row_key(shape):
     """The row key anyattn_bench uses for the same shape (what --filter matches)."""
     if shape["kind"] == "decode":
         return (f"decode/{shape['dtype']}/B{shape['batch']}/Hq{shape['heads_q']}"
                 f"/Hk{shape['heads_k']}/D{shape['head_dim']}/Sk{shape['seqlen_k']}")
     mask = "causal" if shape["causal"] else "full"
-    return (f"fwd/{shape['dtype']}/{mask}/B{shape['batch']}/Hq{shape['heads_q']}"
+    return (f"{shape['kind']}/{shape['dtype']}/{mask}/B{shape['batch']}/Hq{shape['heads_q']}"
             f"/Hk{shape['heads_k']}/D{shape['head_dim']}/S{shape['seqlen_q']}")
 
 
@@ -232,6 +253,50 @@ def run_row(torch, functional, lib, shape, threads, timing, use_gqa):
     return row
 
 
+def run_backward_row(torch, functional, lib, shape, threads, timing, use_gqa):
+    """Times both backward passes on one shape; returns the row dict."""
+    dtype = torch.float32 if shape["dtype"] == "f32" else torch.bfloat16
+    abi_dtype = DTYPE_F32 if shape["dtype"] == "f32" else DTYPE_BF16
+    batch, sq, sk = shape["batch"], shape["seqlen_q"], shape["seqlen_k"]
+    hq, hk, d = shape["heads_q"], shape["heads_k"], shape["head_dim"]
+    generator = torch.Generator().manual_seed(2)
+    q, k, v, dout = ((torch.rand(batch, s, h, d, generator=generator) * 2 - 1).to(dtype)
+                     for s, h in ((sq, hq), (sk, hk), (sk, hk), (sq, hq)))
+    out = torch.zeros(batch, sq, hq, d, dtype=dtype)
+    lse = torch.zeros(batch, hq, sq, dtype=torch.float32)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    row = dict(shape, key=row_key(shape), threads=threads, flops=2.5 * flops(shape))
+
+    lib.fwd_call(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), abi_dtype, batch, sq,
+                 sk, hq, hk, d, shape["causal"], lse_ptr=lse.data_ptr())()
+    anyattn_run = lib.bwd_call(dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                               out.data_ptr(), lse.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+                               dv.data_ptr(), abi_dtype, batch, sq, sk, hq, hk, d, shape["causal"])
+    q_t, k_t, v_t = (x.transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+    dout_t = dout.transpose(1, 2).contiguous()
+    out_t = make_torch_call(torch, functional, q_t, k_t, v_t, shape["causal"], use_gqa)()
+
+    def torch_run():
+        return torch.autograd.grad(out_t, (q_t, k_t, v_t), dout_t, retain_graph=True)
+
+    results = time_interleaved([anyattn_run, torch_run], **timing)
+    for name, error_key, result in zip(("anyattn", "torch_sdpa"),
+                                       ("anyattn_error", "torch_error"), results):
+        if isinstance(result, RuntimeError):
+            row[name] = None
+            row[error_key] = str(result)
+        else:
+            row[name] = result
+            result["gflops"] = row["flops"] / result["median_s"] * 1e-9
+    if row.get("anyattn") and row.get("torch_sdpa"):
+        row["speedup_vs_torch_sdpa"] = row["torch_sdpa"]["median_s"] / row["anyattn"]["median_s"]
+        torch_grads = torch_run()
+        row["max_abs_diff_vs_torch_sdpa"] = max(
+            float((ours.float() - theirs.transpose(1, 2).float()).abs().max().item())
+            for ours, theirs in zip((dq, dk, dv), torch_grads))
+    return row
+
+
 def format_row(row):
     """One table line for a row."""
     if row["kind"] == "decode":
@@ -240,8 +305,10 @@ def format_row(row):
     else:
         label = f"B{row['batch']} H{row['heads_q']}/{row['heads_k']} D{row['head_dim']} " \
                 f"S{row['seqlen_q']}"
+    if row["kind"] == "bwd":
+        label = "bwd " + label
     mask = "causal" if row["causal"] else "none"
-    cells = [f"{label:<22} {row['dtype']:<5} {mask:<6} {row['threads']:>3}"]
+    cells = [f"{label:<26} {row['dtype']:<5} {mask:<6} {row['threads']:>3}"]
     for name in ("anyattn", "torch_sdpa"):
         result = row.get(name)
         if result:
@@ -289,23 +356,26 @@ def main():
     target = args.target_seconds or (0.2 if args.quick else 0.5)
     timing = dict(target_seconds=target, min_runs=args.min_runs)
     use_gqa = gqa_supported(torch, functional)
-    shapes = forward_shapes(args.quick) + ([] if args.no_decode else decode_shapes(args.quick))
+    shapes = (forward_shapes(args.quick) + ([] if args.no_decode else decode_shapes(args.quick))
+              + ([] if args.no_backward else backward_shapes(args.quick)))
     shapes = [s for s in shapes if matches(row_key(s), args.filter)]
 
     print(f"anyattn {lib.version()} ({lib.path}) vs torch {torch.__version__} SDPA on CPU; "
           f"GQA via {'enable_gqa' if use_gqa else 'repeat_interleave in the timed call'}; "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
     print("x torch = torch ms / anyattn ms (>1: anyattn faster); GF/s = 4*B*Hq*D*visible_pairs / "
-          "median time; decode rows show GB/s of K and V")
+          "median time (bwd rows: 2.5x that); decode rows show GB/s of K and V; bwd rows time the "
+          "backward alone (anyattn_bwd against autograd.grad of SDPA's output)")
     rows = []
     for threads in thread_counts:
         torch.set_num_threads(threads)
         got = lib.set_num_threads(threads)
         print(f"\n{threads} thread(s) (torch {torch.get_num_threads()}, anyattn {got})")
-        print(f"{'shape':<22} {'dtype':<5} {'mask':<6} {'thr':>3} | {'anyattn ms':>10} "
+        print(f"{'shape':<26} {'dtype':<5} {'mask':<6} {'thr':>3} | {'anyattn ms':>10} "
               f"{'rate':>12} | {'torch ms':>10} {'rate':>12} | {'x torch':>7} {'max|diff|':>9}")
         for shape in shapes:
-            row = run_row(torch, functional, lib, shape, threads, timing, use_gqa)
+            run = run_backward_row if shape["kind"] == "bwd" else run_row
+            row = run(torch, functional, lib, shape, threads, timing, use_gqa)
             rows.append(row)
             print(format_row(row), flush=True)
     lib.set_num_threads(0)
