@@ -45,17 +45,21 @@ alignas(64) char k_tiles[16 * 1024];
 alignas(64) char q_rows[32 * 512];
 alignas(64) float s_rows[32 * 64];
 
-// At namespace scope: GCC 12 deleted the stores into a local configuration here (only the
-// palette byte reached memory before LDTILECFG, which then faulted).
-alignas(64) TileConfig tile_config;
+// Built at compile time: GCC 12 deleted the stores into a configuration filled in on the stack
+// just before LDTILECFG (only the palette byte reached memory, and the instruction faulted).
+constexpr TileConfig tile_config_16x64() {
+  TileConfig config = {};
+  config.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.bytes_per_row[t] = 64;
+  }
+  return config;
+}
+alignas(64) constexpr TileConfig kTileConfig = tile_config_16x64();
 
 ANYATTN_PROBE_TILES void configure() {
-  tile_config.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    tile_config.rows[t] = 16;
-    tile_config.bytes_per_row[t] = 64;
-  }
-  _tile_loadconfig(&tile_config);
+  _tile_loadconfig(&kTileConfig);
   _tile_loadd(4, q_rows, 512);
   _tile_loadd(5, q_rows + 16 * 512, 512);
   _tile_loadd(6, k_tiles, 64);

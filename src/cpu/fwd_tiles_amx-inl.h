@@ -85,14 +85,23 @@ struct TileConfig {
   uint8_t rows[16];
 };
 
-inline void configure_tiles() {
-  alignas(64) TileConfig config = {};
+constexpr TileConfig tile_config_16x64() {
+  TileConfig config = {};
   config.palette_id = 1;
   for (int t = 0; t < 8; ++t) {
     config.rows[t] = kTileRows;
     config.bytes_per_row[t] = 64;
   }
-  _tile_loadconfig(&config);
+  return config;
+}
+
+// Built at compile time: a configuration filled in on the stack just before LDTILECFG depends on
+// the compiler keeping stores whose only reader is the instruction (GCC 12 dropped them in a
+// standalone probe, and LDTILECFG then faulted on the half-written operand).
+alignas(64) inline constexpr TileConfig kTileConfig = tile_config_16x64();
+
+inline void configure_tiles() {
+  _tile_loadconfig(&kTileConfig);
 }
 
 // dst[0 .. padded) = the n bf16 of src (none when src is null), then zeros.
