@@ -1,9 +1,9 @@
 """anyattn's C ABI (include/anyattn/anyattn.h) through ctypes, for the benchmark scripts.
 
 Only what the benchmarks need: contiguous tensors, the forward and backward calls, thread control
-and the error message. The structs mirror the header field by field; `AnyattnLibrary` checks that the library's
-own anyattn_fwd_params_init agrees with the size ctypes computes, so a header change that is not
-mirrored here fails loudly instead of corrupting memory.
+and the error message. The structs mirror the header field by field; `AnyattnLibrary` checks that
+the library's own anyattn_fwd_params_init agrees with the size ctypes computes, so a header change
+that is not mirrored here fails loudly instead of corrupting memory.
 """
 
 import ctypes

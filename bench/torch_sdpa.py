@@ -2,9 +2,10 @@
 """anyattn against torch.nn.functional.scaled_dot_product_attention on CPU, in the same process.
 
 Runs anyattn_bench's shapes (the forward table, the decode table and the backward table) for each
-thread count, with both implementations timed in alternation (warm-up, then rounds of a chunk of calls of each; the
-median call of each), prints the ratios as it goes, writes JSON and, when matplotlib is installed,
-a PNG of GFLOP/s against sequence length with one line per implementation.
+thread count, with both implementations timed in alternation (warm-up, then rounds of a chunk of
+calls of each; the median call of each), prints the ratios as it goes, writes JSON and, when
+matplotlib is installed, a PNG of GFLOP/s against sequence length with one line per
+implementation.
 
     python3 bench/torch_sdpa.py --lib build-bench/src/libanyattn.so [--quick] [--threads-list 1,2]
 
