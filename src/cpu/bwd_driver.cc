@@ -110,6 +110,8 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
   BwdLayout layout;
   layout.d_pad = (f.head_dim + 15) / 16 * 16;
   layout.dv_pad = (f.head_dim_v + 15) / 16 * 16;
+  // The avx512_amx backward computes S and dP of bf16 calls on tiles (bwd_kernel-inl.h).
+  layout.bf16_tiles = isa == ANYATTN_ISA_AVX512_AMX && f.dtype == DType::kBF16;
   int64_t chunks = std::min({ceil_div64(kWantedTasks, std::max<int64_t>(pairs, 1)), kMaxChunks,
                              std::max<int64_t>(max_blocks, 1)});
   const int64_t partial_row_bytes = std::max<int64_t>(total_rows * layout.d_pad * 4, 1);

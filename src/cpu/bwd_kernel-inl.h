@@ -4,7 +4,9 @@
 // region), after Vec (simd/vec_<isa>.h), exp2/tanh (simd/vec_math-inl.h) and the register tile
 //   kGemmRows x kGemmVecs   rows x column vectors of the C += A B micro-kernel
 // and dropout_row_factors(key, b, h, i, j0, threshold, keep_scale, z): that ISA's
-// dropout_keep_factors64 (bwd_philox.h), the dropout factors of 64 keys of one row.
+// dropout_keep_factors64 (bwd_philox.h), the dropout factors of 64 keys of one row. With
+// ANYATTN_BWD_BF16_TILES (bwd_avx512_amx.cc, after amx_tiles-inl.h), S and dP of bf16 calls run on
+// AMX tiles (bwd_tiles_amx-inl.h); elsewhere bwd_tiles_none-inl.h stands in.
 //
 // Math (docs/backward.md): with x = <q_i, k_j> * scale, t = tanh(x / softcap), s = softcap * t (or
 // s = x), s += ALiBi, P = exp(s - lse_i), Z the dropout factors (0 or 1/(1-p); 1 without dropout)
@@ -22,6 +24,7 @@
 //      its Q and dout rows (f32, row-major) once, then for each 64-key block it sees:
 //        S  [rows][64] = Q    kt      depth D    A = Q (broadcast), B = kt panel
 //        dP [rows][64] = dout vt      depth Dv   A = dout, B = vt panel
+//        (both on AMX tiles for bf16 calls on avx512_amx, from bf16 copies of the same operands)
 //        elementwise: S <- P Z, dP <- dX, in place (L1: three 16 KiB tiles)
 //        dV [64][dv]  += (P Z)^T dout  depth rows   A = P read column-wise, B = dout rows
 //        dK [64][d]   += dX^T Q        depth rows   A = dX read column-wise, B = Q rows
@@ -175,6 +178,12 @@ inline void transpose_to_columns(const float* src, int64_t cols, float* dst) {
     }
   }
 }
+
+#if defined(ANYATTN_BWD_BF16_TILES)
+#include "cpu/bwd_tiles_amx-inl.h"
+#else
+#include "cpu/bwd_tiles_none-inl.h"
+#endif
 
 // Writes n values of src times `scale` as `dtype` to dst.
 inline void store_row(const float* src, int64_t n, float scale, DType dtype, void* dst) {
@@ -356,6 +365,9 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
   const uint32_t threshold = dropout_threshold(args.dropout_p);
   const float keep_scale = m.dropout ? 1.f / (1.f - args.dropout_p) : 1.f;
 
+  const bool tiles = tiles_on(layout);
+  const int64_t d_words = layout.d_words(), dv_words = layout.dv_words();
+  tiles_begin(layout);
   for (int64_t kb = 0; kb < chunk_blocks; ++kb) {
     const int64_t j0 = task.key_begin + kb * kTile;
     const int64_t keys = std::min(kTile, task.key_end - j0);
@@ -364,6 +376,14 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
                    s.kt + kb * d_pad * kTile);
     pack_key_block(f, seq, task.head_k, f.v, f.v_batch_stride, f.v_row_stride, f.v_head_stride,
                    f.head_dim_v, dv_pad, j0, keys, s.rows, s.vt + kb * dv_pad * kTile);
+    if (tiles) {
+      const bool k_subnormal = pack_key_words(s.k + kb * kTile * d_pad, d_pad, d_words, s.staging,
+                                              s.k_words + kb * d_words * kTile);
+      const bool v_subnormal =
+          pack_key_words(s.rows, dv_pad, dv_words, s.staging, s.v_words + kb * dv_words * kTile);
+      s.key_flags[kb] = static_cast<uint8_t>((k_subnormal ? kKeySubnormal : 0) |
+                                             (v_subnormal ? kValueSubnormal : 0));
+    }
   }
   zero_floats(s.dk, chunk_blocks * kTile * d_pad);
   zero_floats(s.dv, chunk_blocks * kTile * dv_pad);
@@ -391,6 +411,11 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
           s.neg_lse[r] = neg_lse_of(f, seq, h, i);
           s.delta[r] = delta_head[i];
         }
+        bool q_subnormal = true, dout_subnormal = true;
+        if (tiles) {
+          q_subnormal = pack_query_words(s.q, rows, d_pad, d_words, s.q_words);
+          dout_subnormal = pack_query_words(s.dout, rows, dv_pad, dv_words, s.dout_words);
+        }
         if (i0 + kTile < seq.seqlen_q) {
           const int64_t next_rows = std::min(kTile, seq.seqlen_q - i0 - kTile);
           prefetch_rows(f.q, f.dtype,
@@ -409,10 +434,19 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
           const float* k_rows = s.k + kb * kTile * d_pad;
           float* dk = s.dk + kb * kTile * d_pad;
           float* dv = s.dv + kb * kTile * dv_pad;
-          gemm<false>(rows, kTile, f.head_dim, s.q, d_pad, s.kt + kb * d_pad * kTile, kTile, s.s,
-                      kTile, false);
-          gemm<false>(rows, kTile, f.head_dim_v, s.dout, dv_pad, s.vt + kb * dv_pad * kTile, kTile,
-                      s.dp, kTile, false);
+          if (tiles && !q_subnormal && (s.key_flags[kb] & kKeySubnormal) == 0) {
+            tile_products(f.head_dim, s.q_words, rows, s.k_words + kb * d_words * kTile, s.s);
+          } else {
+            gemm<false>(rows, kTile, f.head_dim, s.q, d_pad, s.kt + kb * d_pad * kTile, kTile, s.s,
+                        kTile, false);
+          }
+          if (tiles && !dout_subnormal && (s.key_flags[kb] & kValueSubnormal) == 0) {
+            tile_products(f.head_dim_v, s.dout_words, rows, s.v_words + kb * dv_words * kTile,
+                          s.dp);
+          } else {
+            gemm<false>(rows, kTile, f.head_dim_v, s.dout, dv_pad, s.vt + kb * dv_pad * kTile,
+                        kTile, s.dp, kTile, false);
+          }
           if (m.dropout) {
             for (int64_t r = 0; r < rows; ++r) {
               dropout_row_factors(dropout_rng, seq.batch, h, i0 + r, j0, threshold, keep_scale,
@@ -453,6 +487,7 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
     }
   }
 
+  tiles_end(layout);
   for (int64_t j = 0; j < chunk_keys; ++j) {
     const int64_t key = task.key_begin + j;
     store_row(s.dk + j * d_pad, f.head_dim, f.softmax_scale, f.dtype,

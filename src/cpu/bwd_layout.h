@@ -60,6 +60,17 @@ struct BwdLayout {
   int64_t dv_pad = 0;      // Dv rounded up to 16
   int64_t num_chunks = 1;  // key chunks per sequence (fewer when a sequence has fewer blocks)
   int64_t chunk_keys = 0;  // keys of the largest chunk, a multiple of 64
+  // S = Q K^T and dP = dout V^T on AMX tiles (bf16 calls on the avx512_amx path): the scratch
+  // then also holds bf16 copies of K, V, Q and dout in the tiles' formats (BwdScratch).
+  bool bf16_tiles = false;
+
+  // 32-bit words (bf16 pairs) per row of D or Dv rounded up to the tiles' 32-element chunks.
+  int64_t d_words() const { return (d_pad + 31) / 32 * 16; }
+  int64_t dv_words() const { return (dv_pad + 31) / 32 * 16; }
+  int64_t tile_floats() const {
+    return chunk_keys * (d_words() + dv_words()) + kBwdBlock * (d_words() + dv_words()) +
+           kBwdBlock * 128 + (chunk_keys / kBwdBlock + 15) / 16 * 16;
+  }
 
   // Key blocks [first, end) of chunk c of a sequence with `blocks` key blocks: an even split.
   static int64_t chunk_first_block(int64_t blocks, int64_t chunks, int64_t c) {
@@ -70,7 +81,7 @@ struct BwdLayout {
   // Floats of one thread's scratch (BwdScratch::carve).
   int64_t scratch_floats() const {
     return chunk_keys * (3 * d_pad + 2 * dv_pad) + kBwdBlock * (2 * d_pad + 2 * dv_pad) +
-           3 * kBwdBlock * kBwdBlock + 2 * kBwdBlock;
+           3 * kBwdBlock * kBwdBlock + 2 * kBwdBlock + (bf16_tiles ? tile_floats() : 0);
   }
 };
 
@@ -84,6 +95,12 @@ struct BwdLayout {
 //   q [64][d_pad], dout [64][dv_pad], dq [64][d_pad], rows [64][dv_pad] (V rows while packing)
 // Tiles: s, dp, z [64][64] (scores then P Z; dP then dS; dropout factors); per row neg_lse (minus
 // the LSE) and delta.
+// With bf16_tiles, in 32-bit words of two bf16 (w = d_words(), wv = dv_words()):
+//   k_words [chunk blocks][w][64], v_words [chunk blocks][wv][64]   K and V as the B operand of
+//            the tiles (row w: dims 2w and 2w + 1 of each of 64 keys)
+//   q_words [64][w], dout_words [64][wv]   Q and dout rows as the A operand
+//   staging [64][128]   key rows in words before they are transposed
+//   key_flags [chunk blocks] bytes   kKeySubnormal / kValueSubnormal per key block
 struct BwdScratch {
   float* kt = nullptr;
   float* k = nullptr;
@@ -99,6 +116,12 @@ struct BwdScratch {
   float* z = nullptr;
   float* neg_lse = nullptr;
   float* delta = nullptr;
+  uint32_t* k_words = nullptr;
+  uint32_t* v_words = nullptr;
+  uint32_t* q_words = nullptr;
+  uint32_t* dout_words = nullptr;
+  float* staging = nullptr;
+  uint8_t* key_flags = nullptr;
 
   static BwdScratch carve(float* base, const BwdLayout& layout) {
     const int64_t ck = layout.chunk_keys;
@@ -117,6 +140,20 @@ struct BwdScratch {
     s.z = s.dp + kBwdBlock * kBwdBlock;
     s.neg_lse = s.z + kBwdBlock * kBwdBlock;
     s.delta = s.neg_lse + kBwdBlock;
+    if (layout.bf16_tiles) {
+      float* next = s.delta + kBwdBlock;
+      s.k_words = reinterpret_cast<uint32_t*>(next);
+      next += ck * layout.d_words();
+      s.v_words = reinterpret_cast<uint32_t*>(next);
+      next += ck * layout.dv_words();
+      s.q_words = reinterpret_cast<uint32_t*>(next);
+      next += kBwdBlock * layout.d_words();
+      s.dout_words = reinterpret_cast<uint32_t*>(next);
+      next += kBwdBlock * layout.dv_words();
+      s.staging = next;
+      next += kBwdBlock * 128;
+      s.key_flags = reinterpret_cast<uint8_t*>(next);
+    }
     return s;
   }
 };

@@ -51,8 +51,8 @@
 //   65536 FMA instructions of 16 lanes on the avx512 path; the softmax, unchanged, becomes the
 //   larger part of the time. K and V panels (16 KiB each) come from L2; q, S and O pass through L1.
 
-constexpr int64_t kTileRows = 16;
-constexpr int64_t kTileBytes = 1024;  // one 16 x 64-byte tile, packed contiguously
+#include "cpu/amx_tiles-inl.h"
+
 // Key blocks whose P V a packed task gathers before one pass over O (see TileProducts).
 constexpr int64_t kMaxDeferredBlocks = 4;
 // A row of one key block's scores (64 f32) or of its split probabilities (64 bf16 hi, then 64
@@ -66,42 +66,9 @@ inline int64_t v_pair_word(int64_t g, int64_t t) {
   return (g * (kKeyBlock / 2) + t) * kTileRows;
 }
 
-// D as the tiles see it: whole 32-element reduction chunks.
-inline int64_t tile_head_dim(int64_t head_dim) {
-  return round_up(head_dim, 32);
-}
-
 // True when this call's bf16 products run on the tiles.
 inline bool uses_tiles(const FwdArgs& args) {
   return args.dtype == DType::kBF16 && args.head_dim >= 16 && args.rotary_cos == nullptr;
-}
-
-// The 64-byte operand of LDTILECFG (palette 1).
-struct TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t bytes_per_row[16];
-  uint8_t rows[16];
-};
-
-constexpr TileConfig tile_config_16x64() {
-  TileConfig config = {};
-  config.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = kTileRows;
-    config.bytes_per_row[t] = 64;
-  }
-  return config;
-}
-
-// Built at compile time: a configuration filled in on the stack just before LDTILECFG depends on
-// the compiler keeping stores whose only reader is the instruction (GCC 12 dropped them in a
-// standalone probe, and LDTILECFG then faulted on the half-written operand).
-alignas(64) inline constexpr TileConfig kTileConfig = tile_config_16x64();
-
-inline void configure_tiles() {
-  _tile_loadconfig(&kTileConfig);
 }
 
 // dst[0 .. padded) = the n bf16 of src (none when src is null), then zeros.
@@ -119,12 +86,6 @@ inline void copy_bf16_row(const uint16_t* src, int64_t n, int64_t padded, uint16
 // ---------------------------------------------------------------------------------------------
 // Packing
 // ---------------------------------------------------------------------------------------------
-
-// Lanes (of 32 bf16) that hold a subnormal: exponent bits 0, mantissa not.
-inline __mmask32 subnormal_lanes(__m512i values) {
-  return _mm512_testn_epi16_mask(values, _mm512_set1_epi16(0x7f80)) &
-         _mm512_test_epi16_mask(values, _mm512_set1_epi16(0x007f));
-}
 
 // Lanes (of 32 bf16) that hold a NaN or an infinity: every exponent bit set.
 inline __mmask32 nonfinite_lanes(__m512i values) {
@@ -211,62 +172,15 @@ inline void pack_head_tiles(const FwdArgs& args, const PackedLayout& layout, con
 // S = Q K^T
 // ---------------------------------------------------------------------------------------------
 
-// S for one or two 16-row groups (q rows at q, q_row_bytes apart) against two 16-key groups
-// (their K tiles at k_group and k_group + group_bytes), `chunks` 32-dim passes, into s (f32 rows
-// of kKeyBlock). The tile numbers are literals: GCC's AMX intrinsics paste them into the assembly.
-template <int kRowGroups>
-inline void score_tiles(const char* q, int64_t q_row_bytes, const char* k_group,
-                        int64_t group_bytes, int64_t chunks, float* s) {
-  _tile_zero(0);
-  _tile_zero(1);
-  if constexpr (kRowGroups == 2) {
-    _tile_zero(2);
-    _tile_zero(3);
-  }
-  for (int64_t c = 0; c < chunks; ++c) {
-    _tile_loadd(6, k_group + c * kTileBytes, 64);
-    _tile_loadd(7, k_group + group_bytes + c * kTileBytes, 64);
-    _tile_loadd(4, q + c * 64, q_row_bytes);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    if constexpr (kRowGroups == 2) {
-      _tile_loadd(5, q + kTileRows * q_row_bytes + c * 64, q_row_bytes);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  _tile_stored(0, s, kBlockRowBytes);
-  _tile_stored(1, s + kTileRows, kBlockRowBytes);
-  if constexpr (kRowGroups == 2) {
-    _tile_stored(2, s + kTileRows * kKeyBlock, kBlockRowBytes);
-    _tile_stored(3, s + kTileRows * kKeyBlock + kTileRows, kBlockRowBytes);
-  }
-}
-
 // s[r][0 .. 64) = q_r . k_j for the `rows` rows at q (bf16, tile_head_dim(D) per
 // row, zero rows up to a multiple of 16) against the packed block kt. Rows of s up to the next
 // multiple of 16 are written too (with zeros).
 inline void compute_scores_tiles(const FwdArgs& args, const float* q, int64_t rows, const float* kt,
                                  float* s) {
-  const int64_t dp = tile_head_dim(args.head_dim);
-  const int64_t q_row_bytes = dp * 2;
-  const int64_t group_bytes = dp / 2 * 64;
-  const int64_t chunks = dp / 32;
-  const int64_t row_groups = ceil_div(rows, kTileRows);
-  const char* q_bytes = reinterpret_cast<const char*>(q);
-  const char* k_bytes = reinterpret_cast<const char*>(kt);
-  for (int64_t g = 0; g < row_groups; g += 2) {
-    const char* q_group = q_bytes + g * kTileRows * q_row_bytes;
-    float* s_group = s + g * kTileRows * kKeyBlock;
-    for (int64_t kg = 0; kg < kKeyBlock / kTileRows; kg += 2) {
-      const char* k_group = k_bytes + kg * group_bytes;
-      if (g + 1 < row_groups) {
-        score_tiles<2>(q_group, q_row_bytes, k_group, group_bytes, chunks, s_group + kg * 16);
-      } else {
-        score_tiles<1>(q_group, q_row_bytes, k_group, group_bytes, chunks, s_group + kg * 16);
-      }
-    }
-  }
+  const int64_t group_bytes = tile_head_dim(args.head_dim) / 2 * 64;
+  const KeyTiles k{reinterpret_cast<const char*>(kt), group_bytes, kTileBytes, 64};
+  static_assert(kKeyBlock == 4 * kTileRows, "score_block_tiles computes 64 keys");
+  score_block_tiles(args.head_dim, q, rows, k, s, kBlockRowBytes);
 }
 
 // ---------------------------------------------------------------------------------------------
