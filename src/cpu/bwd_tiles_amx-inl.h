@@ -37,8 +37,8 @@ inline void tiles_end(const BwdLayout& layout) {
 // dst[w] = bf16(src[2w]) | bf16(src[2w + 1]) << 16 for w < words, where src holds n_pad floats
 // (a multiple of 16) that are bf16 values exactly, and zeros past them. True if any is subnormal.
 inline bool bf16_pairs_of_row(const float* src, int64_t n_pad, int64_t words, uint32_t* dst) {
-  // Word t of the result takes the high 16 bits of float t: element 2t + 1 of the two sources
-  // read as 32 + 32 halves.
+  // Half t of the result (t < 32) is the high half of float t of first:second, that is element
+  // 2t + 1 of the 64 halves the two sources hold.
   alignas(64) static constexpr uint16_t kHighHalves[32] = {
       1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
       33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
