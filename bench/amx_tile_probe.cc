@@ -4,9 +4,10 @@
 //
 // Times TDPBF16PS (one 16 x 16 x 32 bf16 product into a 16 x 16 f32 tile) two ways, best of five
 // runs each: on tiles held in registers (four independent accumulators, no memory traffic: the
-// unit's rate), and as the avx512_amx forward computes S = Q K^T (fwd_tiles_amx-inl.h: passes of
-// 2 x 2 tile blocking, four tile loads per four products, the accumulators zeroed before and
-// stored after each pass) for 1, 2, 4 and 8 chunks of 32 dims per pass, that is D = 32 .. 256.
+// unit's rate), and in the S = Q K^T passes of the avx512_amx forward and backward (score_tiles of
+// src/cpu/amx_tiles-inl.h, compiled here: 2 x 2 tile blocking, four tile loads per four products,
+// the accumulators zeroed before and stored after each pass) for 1, 2, 4 and 8 chunks of 32 dims
+// per pass, that is D = 32 .. 256.
 //
 // Why: on the shared development VM the unit's rate moved between about 7 and 16 ns per product
 // within an hour (a neighbour on the core, presumably), which moves every bf16 timing of the
@@ -26,40 +27,23 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
-namespace {
+#include "cpu/simd/isa_target.h"
 
-#define ANYATTN_PROBE_TILES __attribute__((target("amx-tile,amx-bf16")))
+// The library's own tile code (configuration, S pass), compiled here for the tiles as in
+// fwd_avx512_amx.cc, so the S passes below are the kernel's.
+ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
+namespace anyattn_probe {
 
-// The operand of LDTILECFG (palette 1): eight tiles of 16 rows x 64 bytes.
-struct TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t bytes_per_row[16];
-  uint8_t rows[16];
-};
+#include "cpu/amx_tiles-inl.h"
 
-// Operands: K tiles (1 KiB each, contiguous), q rows (64 bytes per chunk, 512-byte rows as for
-// D = 256), S rows of 64 floats. bf16 0x3f3f is about 0.75: no subnormals, no overflow.
+// Operands: K tiles (1 KiB each; key group 1 at 8 KiB), q rows (64 bytes per chunk, 512-byte rows
+// as for D = 256), S rows of 64 floats. bf16 0x3f3f is about 0.75: no subnormals, no overflow.
 alignas(64) char k_tiles[16 * 1024];
 alignas(64) char q_rows[32 * 512];
 alignas(64) float s_rows[32 * 64];
 
-// Built at compile time: GCC 12 deleted the stores into a configuration filled in on the stack
-// just before LDTILECFG (only the palette byte reached memory, and the instruction faulted).
-constexpr TileConfig tile_config_16x64() {
-  TileConfig config = {};
-  config.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.bytes_per_row[t] = 64;
-  }
-  return config;
-}
-alignas(64) constexpr TileConfig kTileConfig = tile_config_16x64();
-
-ANYATTN_PROBE_TILES void configure() {
-  _tile_loadconfig(&kTileConfig);
+void configure() {
+  configure_tiles();
   _tile_loadd(4, q_rows, 512);
   _tile_loadd(5, q_rows + 16 * 512, 512);
   _tile_loadd(6, k_tiles, 64);
@@ -71,7 +55,7 @@ ANYATTN_PROBE_TILES void configure() {
 }
 
 // Four products per iteration on register tiles.
-ANYATTN_PROBE_TILES void products_in_registers(int64_t iterations) {
+void products_in_registers(int64_t iterations) {
   for (int64_t i = 0; i < iterations; ++i) {
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
@@ -80,33 +64,22 @@ ANYATTN_PROBE_TILES void products_in_registers(int64_t iterations) {
   }
 }
 
-// One S pass per iteration: zero four accumulators, `chunks` x (four loads, four products), store.
-ANYATTN_PROBE_TILES void score_passes(int64_t iterations, int64_t chunks) {
+// One S pass per iteration (score_tiles: two 16-row groups x two 16-key groups, `chunks` chunks).
+void score_passes(int64_t iterations, int64_t chunks) {
+  const KeyTiles keys{k_tiles, 8 * 1024, kTileBytes, 64};
   for (int64_t i = 0; i < iterations; ++i) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t c = 0; c < chunks; ++c) {
-      _tile_loadd(6, k_tiles + c * 1024, 64);
-      _tile_loadd(7, k_tiles + 8 * 1024 + c * 1024, 64);
-      _tile_loadd(4, q_rows + c * 64, 512);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(5, q_rows + 16 * 512 + c * 64, 512);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, s_rows, 256);
-    _tile_stored(1, s_rows + 16, 256);
-    _tile_stored(2, s_rows + 16 * 64, 256);
-    _tile_stored(3, s_rows + 16 * 64 + 16, 256);
+    score_tiles<2>(q_rows, 512, keys, 0, chunks, s_rows, 64 * 4);
   }
 }
 
-ANYATTN_PROBE_TILES void release() {
+void release() {
   _tile_release();
 }
+
+}  // namespace anyattn_probe
+ANYATTN_TARGET_END()
+
+namespace {
 
 // Best of five timed runs (after one untimed run), in ns per product.
 template <class Run>
@@ -145,22 +118,22 @@ int main(int argc, char** argv) {
         "to measure\n");
     return 0;
   }
-  std::memset(k_tiles, 0x3f, sizeof k_tiles);
-  std::memset(q_rows, 0x3f, sizeof q_rows);
-  configure();
-  const double in_registers =
-      best_ns_per_product(4 * iterations, [&] { products_in_registers(iterations); });
+  std::memset(anyattn_probe::k_tiles, 0x3f, sizeof anyattn_probe::k_tiles);
+  std::memset(anyattn_probe::q_rows, 0x3f, sizeof anyattn_probe::q_rows);
+  anyattn_probe::configure();
+  const double in_registers = best_ns_per_product(
+      4 * iterations, [&] { anyattn_probe::products_in_registers(iterations); });
   std::printf("TDPBF16PS (16 x 16 x 32 bf16 into f32), one core, best of 5 runs\n");
   std::printf("  tiles in registers, 4 accumulators:       %6.2f ns per product (%.2f TFLOP/s)\n",
               in_registers, 2.0 * 16 * 16 * 32 / in_registers / 1e3);
   for (int64_t chunks : {1, 2, 4, 8}) {
     const int64_t passes = std::max<int64_t>(1, iterations / chunks);
-    const double per_product =
-        best_ns_per_product(4 * chunks * passes, [&] { score_passes(passes, chunks); });
+    const double per_product = best_ns_per_product(
+        4 * chunks * passes, [&] { anyattn_probe::score_passes(passes, chunks); });
     std::printf("  S passes, D = %3lld (%lld chunk(s) per pass): %6.2f ns per product\n",
                 static_cast<long long>(32 * chunks), static_cast<long long>(chunks), per_product);
   }
-  release();
+  anyattn_probe::release();
   return 0;
 }
 

@@ -210,6 +210,23 @@ def make_torch_call(torch, functional, q, k, v, causal, use_gqa):
         q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), is_causal=causal)
 
 
+def record_timings(row, results):
+    """Stores time_interleaved's results for anyattn and torch in row (or their errors), with
+    GFLOP/s (and KV GB/s for decode rows) and, when both ran, the speedup over torch."""
+    for name, error_key, result in zip(("anyattn", "torch_sdpa"),
+                                       ("anyattn_error", "torch_error"), results):
+        if isinstance(result, RuntimeError):
+            row[name] = None
+            row[error_key] = str(result)
+            continue
+        row[name] = result
+        result["gflops"] = row["flops"] / result["median_s"] * 1e-9
+        if "kv_bytes" in row:
+            result["kv_gbps"] = row["kv_bytes"] / result["median_s"] * 1e-9
+    if row["anyattn"] and row["torch_sdpa"]:
+        row["speedup_vs_torch_sdpa"] = row["torch_sdpa"]["median_s"] / row["anyattn"]["median_s"]
+
+
 def run_row(torch, functional, lib, shape, threads, timing, use_gqa):
     """Times both implementations on one shape; returns the row dict."""
     dtype = torch.float32 if shape["dtype"] == "f32" else torch.bfloat16
@@ -231,24 +248,10 @@ def run_row(torch, functional, lib, shape, threads, timing, use_gqa):
     torch_run = make_torch_call(torch, functional, q_t, k_t, v_t, shape["causal"], use_gqa)
     torch_out = None
     with torch.inference_mode():
-        results = time_interleaved([anyattn_run, torch_run], **timing)
-        for name, error_key, result in zip(("anyattn", "torch_sdpa"),
-                                           ("anyattn_error", "torch_error"), results):
-            if isinstance(result, RuntimeError):
-                row[name] = None
-                row[error_key] = str(result)
-            else:
-                row[name] = result
+        record_timings(row, time_interleaved([anyattn_run, torch_run], **timing))
         if row["torch_sdpa"]:
             torch_out = torch_run().transpose(1, 2)
-
-    for name in ("anyattn", "torch_sdpa"):
-        if row.get(name):
-            row[name]["gflops"] = row["flops"] / row[name]["median_s"] * 1e-9
-            if "kv_bytes" in row:
-                row[name]["kv_gbps"] = row["kv_bytes"] / row[name]["median_s"] * 1e-9
-    if row.get("anyattn") and row.get("torch_sdpa"):
-        row["speedup_vs_torch_sdpa"] = row["torch_sdpa"]["median_s"] / row["anyattn"]["median_s"]
+    if "speedup_vs_torch_sdpa" in row:
         row["max_abs_diff_vs_torch_sdpa"] = float(
             (out.float() - torch_out.float()).abs().max().item())
     return row
@@ -280,17 +283,8 @@ def run_backward_row(torch, functional, lib, shape, threads, timing, use_gqa):
     def torch_run():
         return torch.autograd.grad(out_t, (q_t, k_t, v_t), dout_t, retain_graph=True)
 
-    results = time_interleaved([anyattn_run, torch_run], **timing)
-    for name, error_key, result in zip(("anyattn", "torch_sdpa"),
-                                       ("anyattn_error", "torch_error"), results):
-        if isinstance(result, RuntimeError):
-            row[name] = None
-            row[error_key] = str(result)
-        else:
-            row[name] = result
-            result["gflops"] = row["flops"] / result["median_s"] * 1e-9
-    if row.get("anyattn") and row.get("torch_sdpa"):
-        row["speedup_vs_torch_sdpa"] = row["torch_sdpa"]["median_s"] / row["anyattn"]["median_s"]
+    record_timings(row, time_interleaved([anyattn_run, torch_run], **timing))
+    if "speedup_vs_torch_sdpa" in row:
         torch_grads = torch_run()
         row["max_abs_diff_vs_torch_sdpa"] = max(
             float((ours.float() - theirs.transpose(1, 2).float()).abs().max().item())

@@ -13,7 +13,7 @@
 
 namespace anyattn::cpu {
 
-#define ANYATTN_BWD_KERNEL(ns, isa, name)                                                  \
+#define ANYATTN_BWD_KERNEL(ns, isa, name, bf16_tiles)                                      \
   namespace ns {                                                                           \
   void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta);            \
   void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,         \
@@ -32,10 +32,11 @@ struct BwdKernel {
   decltype(&bwd_portable::row_dots) row_dots;
   decltype(&bwd_portable::bwd_task) bwd_task;
   decltype(&bwd_portable::reduce_dq) reduce_dq;
+  bool bf16_tiles;  // S and dP of bf16 calls on AMX tiles (BwdLayout::bf16_tiles)
 };
 
-#define ANYATTN_BWD_KERNEL(ns, isa, name) \
-  BwdKernel{isa, name, &ns::row_dots, &ns::bwd_task, &ns::reduce_dq},
+#define ANYATTN_BWD_KERNEL(ns, isa, name, bf16_tiles) \
+  BwdKernel{isa, name, &ns::row_dots, &ns::bwd_task, &ns::reduce_dq, bf16_tiles},
 const BwdKernel kBwdKernels[] = {
 #include "cpu/bwd_kernels.inc"
 };
@@ -110,8 +111,7 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
   BwdLayout layout;
   layout.d_pad = (f.head_dim + 15) / 16 * 16;
   layout.dv_pad = (f.head_dim_v + 15) / 16 * 16;
-  // The avx512_amx backward computes S and dP of bf16 calls on tiles (bwd_kernel-inl.h).
-  layout.bf16_tiles = isa == ANYATTN_ISA_AVX512_AMX && f.dtype == DType::kBF16;
+  layout.bf16_tiles = kernel->bf16_tiles && f.dtype == DType::kBF16;
   int64_t chunks = std::min({ceil_div64(kWantedTasks, std::max<int64_t>(pairs, 1)), kMaxChunks,
                              std::max<int64_t>(max_blocks, 1)});
   const int64_t partial_row_bytes = std::max<int64_t>(total_rows * layout.d_pad * 4, 1);
