@@ -1,13 +1,15 @@
 // bf16 backward cases at the edges of the avx512_amx path's tile products (bwd_tiles_amx-inl.h:
-// S = Q K^T and dP = dout V^T on AMX tiles), run on every path the host supports: head dims
-// around the 32-element reduction chunks, query and key counts off the 16-row groups and 64-key
-// blocks, and subnormal V or dout, which the tiles would flush (such blocks take the f32 products).
+// all five products on AMX tiles), run on every path the host supports: head dims around the
+// 32-element reduction chunks, query and key counts off the 16-row groups, 32-row chunks and
+// 64-key blocks, and subnormal Q, K, V or dout, which the tiles would flush (such blocks take the
+// f32 products).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
 #include "bwd_test_support.h"
+#include "reference/reference.h"
 
 namespace anyattn {
 namespace testing {
@@ -25,8 +27,8 @@ TEST(BwdTiles, HeadDimsAroundTheTileChunksMatchTheReference) {
         c.fwd.dtype = ANYATTN_DTYPE_BF16;
         c.fwd.D = d;
         c.fwd.Dv = dv;
-        c.fwd.Sq = n % 2 ? 17 : 70;
-        c.fwd.Sk = n % 3 ? 130 : 63;
+        c.fwd.Sq = n % 3 == 0 ? 17 : (n % 3 == 1 ? 40 : 70);
+        c.fwd.Sk = n % 2 ? 130 : 63;
         c.fwd.Hq = 4;
         c.fwd.Hk = 2;
         c.fwd.causal = n % 4 == 1;
@@ -76,6 +78,118 @@ TEST(BwdTiles, SubnormalValuesOrOutputGradientsKeepDsExact) {
       const Gradients g = p.gradients();
       for (size_t e = 0; e < g.dk.size(); ++e) ASSERT_EQ(g.dk[e], 0.0) << "dk element " << e;
       for (size_t e = 0; e < g.dq.size(); ++e) ASSERT_EQ(g.dq[e], 0.0) << "dq element " << e;
+    }
+  }
+}
+
+// The right operands of dV, dK and dQ (dout, Q, K) holding the bf16 subnormal s = 1.5 2^-127 in
+// column 0 and zero elsewhere, with every score exactly 0 (P = 1 / Sk) and v_j = (+-1, 0, ...)
+// alternating in j (Sk even, so out = 0 and delta = 0):
+//   dout_i = (s, 0, ...):              dv_j[0] = sum_i P dout_i[0] = s Sq / Sk = s
+//   q_i = (s, 0, ...), dout_i = e_0:   dS_ij = v_j[0] / Sk, dk_j[0] = scale s Sq / Sk v_j[0]
+//   k_j = (s v_j[0], 0, ...), q = 0:   dq_i[0] = scale sum_j dS_ij k_j[0] = scale s
+// (with Sq = Sk and dout = e_0 where not subnormal). A product that flushed s would give 0.
+TEST(BwdTiles, SubnormalRightOperandsKeepTheirGradients) {
+  const double subnormal = 1.5 * std::ldexp(1.0, -127);
+  enum class Which { kDout, kQuery, kKey };
+  for (anyattn_isa isa : supported_isas()) {
+    for (Which which : {Which::kDout, Which::kQuery, Which::kKey}) {
+      BwdCase c;
+      c.fwd.isa = isa;
+      c.fwd.dtype = ANYATTN_DTYPE_BF16;
+      c.fwd.Sq = 64;
+      c.fwd.Sk = 64;
+      c.fwd.Hq = 1;
+      c.fwd.Hk = 1;
+      c.fwd.D = 32;
+      c.fwd.Dv = 32;
+      const char* names[] = {"subnormal dout", "subnormal q", "subnormal k"};
+      SCOPED_TRACE(c.describe() + ", " + names[static_cast<int>(which)]);
+      BwdProblem p(c);
+      for (int64_t j = 0; j < c.fwd.Sk; ++j) {
+        const double sign = j % 2 == 0 ? 1.0 : -1.0;
+        for (int64_t d = 0; d < c.fwd.D; ++d) {
+          const int64_t index[4] = {0, j, 0, d};
+          store(p.fwd.k, index, which == Which::kKey && d == 0 ? sign * subnormal : 0.0);
+          store(p.fwd.v, index, d == 0 ? sign : 0.0);
+        }
+      }
+      for (int64_t i = 0; i < c.fwd.Sq; ++i) {
+        for (int64_t d = 0; d < c.fwd.D; ++d) {
+          const int64_t index[4] = {0, i, 0, d};
+          store(p.fwd.q, index, which == Which::kQuery && d == 0 ? subnormal : 0.0);
+          store(p.dout, index, d == 0 ? (which == Which::kDout ? subnormal : 1.0) : 0.0);
+        }
+      }
+      ASSERT_EQ(p.prepare_forward(), ANYATTN_OK) << anyattn_last_error();
+      ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+      const Gradients g = p.gradients();
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.fwd.D));
+      // scale s is about 17 steps of 2^-133, the spacing of bf16 subnormals.
+      const double bf16_step = std::ldexp(1.0, -133);
+      int64_t wrong = 0, first_wrong = -1;
+      for (int64_t r = 0; r < 64; ++r) {
+        const double sign = r % 2 == 0 ? 1.0 : -1.0;
+        const size_t first = static_cast<size_t>(r * c.fwd.D);
+        bool right = false;
+        switch (which) {
+          case Which::kDout:
+            right = g.dv[first] == subnormal;
+            break;
+          case Which::kQuery:
+            right = std::abs(g.dk[first] - sign * scale * subnormal) <= bf16_step;
+            break;
+          case Which::kKey:
+            right = std::abs(g.dq[first] - scale * subnormal) <= bf16_step;
+            break;
+        }
+        if (!right && wrong++ == 0) first_wrong = r;
+      }
+      EXPECT_EQ(wrong, 0) << "column 0 of the gradient is wrong in " << wrong
+                          << " rows, the first row " << first_wrong;
+    }
+  }
+}
+
+// Scores all equal (q_i = k_j = e_0), so P = 1/3 over Sk = 3 keys; v_j = e_j and dout_i = e_i.
+// With o = out_i[i] (1/3 rounded to bf16, read back) and delta_i = o: dS_ii = P (1 - o) and
+// dS_ij = -P o (j != i), so dq_i[0] = scale sum_j dS_ij and dk_j[0] = scale sum_i dS_ij both
+// cancel to scale P (1 - 3 o) = -scale 2^-9 / 3, about 100 times smaller than the terms. The split
+// products keep it to f32 accuracy; dS rounded to bf16 alone would be off by about 50%.
+TEST(BwdTiles, CancellingScoreGradientSumsStayAccurate) {
+  for (anyattn_isa isa : supported_isas()) {
+    BwdCase c;
+    c.fwd.isa = isa;
+    c.fwd.dtype = ANYATTN_DTYPE_BF16;
+    c.fwd.Sq = 3;
+    c.fwd.Sk = 3;
+    c.fwd.Hq = 1;
+    c.fwd.Hk = 1;
+    c.fwd.D = 32;
+    c.fwd.Dv = 32;
+    SCOPED_TRACE(c.describe());
+    BwdProblem p(c);
+    for (int64_t r = 0; r < 3; ++r) {
+      for (int64_t d = 0; d < c.fwd.D; ++d) {
+        const int64_t index[4] = {0, r, 0, d};
+        store(p.fwd.q, index, d == 0 ? 1.0 : 0.0);
+        store(p.fwd.k, index, d == 0 ? 1.0 : 0.0);
+        store(p.fwd.v, index, d == r ? 1.0 : 0.0);
+        store(p.dout, index, d == r ? 1.0 : 0.0);
+      }
+    }
+    ASSERT_EQ(p.prepare_forward(), ANYATTN_OK) << anyattn_last_error();
+    ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+    const Gradients g = p.gradients();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.fwd.D));
+    for (int64_t r = 0; r < 3; ++r) {
+      const int64_t diagonal[4] = {0, r, 0, r};
+      const double o = reference::load(p.fwd.out, diagonal);
+      ASSERT_EQ(o, 0.333984375) << "out row " << r;
+      const double expected = scale / 3.0 * (1.0 - 3.0 * o);
+      const size_t first = static_cast<size_t>(r * c.fwd.D);
+      EXPECT_NEAR(g.dq[first], expected, 0.01 * std::abs(expected)) << "dq row " << r;
+      EXPECT_NEAR(g.dk[first], expected, 0.01 * std::abs(expected)) << "dk row " << r;
     }
   }
 }

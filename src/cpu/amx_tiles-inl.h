@@ -1,6 +1,6 @@
 // AMX tile basics shared by the avx512_amx forward (fwd_tiles_amx-inl.h) and backward
-// (bwd_kernel-inl.h with ANYATTN_BWD_BF16_TILES): the tile configuration, bf16 subnormal lanes, and
-// one pass of S = Q K^T on tiles.
+// (bwd_kernel-inl.h with ANYATTN_BWD_BF16_TILES): the tile configuration, bf16 subnormal lanes, one
+// pass of S = Q K^T, and products whose left operand is an f32 matrix split into bf16 hi + lo.
 //
 // Included inside an ISA namespace and a target region with AVX-512, AVX512_BF16, AMX-TILE and
 // AMX-BF16 (fwd_avx512_amx.cc, bwd_avx512_amx.cc).
@@ -120,5 +120,129 @@ inline void score_block_tiles(int64_t head_dim, const void* q, int64_t rows, con
         score_tiles<1>(q_group, q_row_bytes, k, kg, chunks, s_group + kg * kTileRows, s_row_bytes);
       }
     }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Products with a split left operand: C += (A_hi + A_lo) B
+// ---------------------------------------------------------------------------------------------
+//
+// The tiles multiply bf16 only. A left operand computed in f32 (probabilities, score gradients)
+// is split per element into hi = bf16(a) and lo = bf16(a - hi), |a - hi - lo| <= 2^-16 |a|, and
+// both parts are multiplied by the same right tiles: the product is as accurate as in f32 (bf16
+// hi alone, as GPU kernels use, would cost 2^-9 of |a| per term), for twice the tile products.
+
+// A split row: 64 values as [hi: 64 bf16 | lo: 64 bf16], 256 bytes like the f32 row it replaces.
+constexpr int64_t kSplitRowFloats = 64;
+constexpr int64_t kSplitRowBytes = kSplitRowFloats * 4;
+constexpr int64_t kSplitLoOffset = kSplitRowFloats * 2;  // bytes from the hi part to the lo part
+
+// Writes the 64 floats at p to dst as one split row (dst may be p).
+inline void split_row(const float* p, void* dst) {
+  __m512 values[4];
+  for (int i = 0; i < 4; ++i) values[i] = _mm512_loadu_ps(p + 16 * i);
+  __m512i hi[2], lo[2];
+  for (int half = 0; half < 2; ++half) {
+    const __m512 first = values[2 * half], second = values[2 * half + 1];
+    hi[half] = (__m512i)_mm512_cvtne2ps_pbh(second, first);
+    const __m512 first_hi = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi[half])), 16));
+    const __m512 second_hi = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi[half], 1)), 16));
+    lo[half] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(second, second_hi),
+                                            _mm512_sub_ps(first, first_hi));
+  }
+  __m512i* row = static_cast<__m512i*>(dst);
+  _mm512_storeu_si512(row + 0, hi[0]);
+  _mm512_storeu_si512(row + 1, hi[1]);
+  _mm512_storeu_si512(row + 2, lo[0]);
+  _mm512_storeu_si512(row + 3, lo[1]);
+}
+
+// split_row for the first `rows` rows of p (64 floats apart) into dst (kSplitRowBytes apart; dst
+// may be p), then zero rows up to the next multiple of 16.
+inline void split_rows(const float* p, int64_t rows, void* dst) {
+  char* dst_rows = static_cast<char*>(dst);
+  for (int64_t r = 0; r < rows; ++r) {
+    split_row(p + r * kSplitRowFloats, dst_rows + r * kSplitRowBytes);
+  }
+  for (int64_t r = rows; r < (rows + kTileRows - 1) / kTileRows * kTileRows; ++r) {
+    for (int i = 0; i < 4; ++i) {
+      _mm512_storeu_si512(dst_rows + r * kSplitRowBytes + 64 * i, _mm512_setzero_si512());
+    }
+  }
+}
+
+// Where a right operand's tiles lie: the tile of column group n (16 columns) and reduction chunk
+// c (32 deep, 16 rows of pairs) starts n * group_bytes + c * chunk_bytes past its base, and its
+// rows are row_bytes apart.
+struct RightTiles {
+  int64_t group_bytes;
+  int64_t chunk_bytes;
+  int64_t row_bytes;
+};
+
+// One left operand of a split pass: its split rows (kSplitRowBytes apart) from the pass's first
+// row group, its right operand's base at the pass's first column group, and its chunks.
+struct SplitStep {
+  const char* a;
+  const char* b;
+  int64_t chunks;
+};
+
+// C pieces of one or two 16-row groups x one or two 16-column groups (c: f32 rows c_row_bytes
+// apart) += sum over `count` steps of (A_hi + A_lo) B, each over its chunks: the C tiles are
+// loaded once and stored once for all of them. Tiles 0-3 hold C, 4-5 A, 6-7 B; per chunk two B
+// loads feed the hi and the lo products of both row groups.
+template <int kRowGroups, int kColumnGroups>
+inline void split_product_tiles(const SplitStep* steps, int64_t count, const RightTiles& right,
+                                float* c, int64_t c_row_bytes) {
+  char* c_bytes = reinterpret_cast<char*>(c);
+  const int64_t c_lower = kTileRows * c_row_bytes;
+  _tile_loadd(0, c_bytes, c_row_bytes);
+  if constexpr (kColumnGroups == 2) _tile_loadd(1, c_bytes + 64, c_row_bytes);
+  if constexpr (kRowGroups == 2) _tile_loadd(2, c_bytes + c_lower, c_row_bytes);
+  if constexpr (kRowGroups == 2 && kColumnGroups == 2) {
+    _tile_loadd(3, c_bytes + c_lower + 64, c_row_bytes);
+  }
+  for (int64_t s = 0; s < count; ++s) {
+    for (int64_t k = 0; k < steps[s].chunks; ++k) {
+      const char* b_chunk = steps[s].b + k * right.chunk_bytes;
+      _tile_loadd(6, b_chunk, right.row_bytes);
+      if constexpr (kColumnGroups == 2)
+        _tile_loadd(7, b_chunk + right.group_bytes, right.row_bytes);
+      for (int64_t part = 0; part < 2; ++part) {
+        const char* a_chunk = steps[s].a + part * kSplitLoOffset + k * 64;
+        _tile_loadd(4, a_chunk, kSplitRowBytes);
+        _tile_dpbf16ps(0, 4, 6);
+        if constexpr (kColumnGroups == 2) _tile_dpbf16ps(1, 4, 7);
+        if constexpr (kRowGroups == 2) {
+          _tile_loadd(5, a_chunk + kTileRows * kSplitRowBytes, kSplitRowBytes);
+          _tile_dpbf16ps(2, 5, 6);
+          if constexpr (kColumnGroups == 2) _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+    }
+  }
+  _tile_stored(0, c_bytes, c_row_bytes);
+  if constexpr (kColumnGroups == 2) _tile_stored(1, c_bytes + 64, c_row_bytes);
+  if constexpr (kRowGroups == 2) _tile_stored(2, c_bytes + c_lower, c_row_bytes);
+  if constexpr (kRowGroups == 2 && kColumnGroups == 2) {
+    _tile_stored(3, c_bytes + c_lower + 64, c_row_bytes);
+  }
+}
+
+// split_product_tiles for 1 or 2 row groups and 1 or 2 column groups, chosen at run time.
+inline void split_product_pass(bool two_rows, bool two_columns, const SplitStep* steps,
+                               int64_t count, const RightTiles& right, float* c,
+                               int64_t c_row_bytes) {
+  if (two_rows && two_columns) {
+    split_product_tiles<2, 2>(steps, count, right, c, c_row_bytes);
+  } else if (two_rows) {
+    split_product_tiles<2, 1>(steps, count, right, c, c_row_bytes);
+  } else if (two_columns) {
+    split_product_tiles<1, 2>(steps, count, right, c, c_row_bytes);
+  } else {
+    split_product_tiles<1, 1>(steps, count, right, c, c_row_bytes);
   }
 }

@@ -5,8 +5,8 @@
 //   kGemmRows x kGemmVecs   rows x column vectors of the C += A B micro-kernel
 // and dropout_row_factors(key, b, h, i, j0, threshold, keep_scale, z): that ISA's
 // dropout_keep_factors64 (bwd_philox.h), the dropout factors of 64 keys of one row. With
-// ANYATTN_BWD_BF16_TILES (bwd_avx512_amx.cc, after amx_tiles-inl.h), S and dP of bf16 calls run on
-// AMX tiles (bwd_tiles_amx-inl.h); elsewhere bwd_tiles_none-inl.h stands in.
+// ANYATTN_BWD_BF16_TILES (bwd_avx512_amx.cc, after amx_tiles-inl.h), the five products of bf16
+// calls run on AMX tiles (bwd_tiles_amx-inl.h); elsewhere bwd_tiles_none-inl.h stands in.
 //
 // Math (docs/backward.md): with x = <q_i, k_j> * scale, t = tanh(x / softcap), s = softcap * t (or
 // s = x), s += ALiBi, P = exp(s - lse_i), Z the dropout factors (0 or 1/(1-p); 1 without dropout)
@@ -24,13 +24,14 @@
 //      its Q and dout rows (f32, row-major) once, then for each 64-key block it sees:
 //        S  [rows][64] = Q    kt      depth D    A = Q (broadcast), B = kt panel
 //        dP [rows][64] = dout vt      depth Dv   A = dout, B = vt panel
-//        (both on AMX tiles for bf16 calls on avx512_amx, from bf16 copies of the same operands)
 //        elementwise: S <- P Z, dP <- dX, in place (L1: three 16 KiB tiles)
 //        dV [64][dv]  += (P Z)^T dout  depth rows   A = P read column-wise, B = dout rows
 //        dK [64][d]   += dX^T Q        depth rows   A = dX read column-wise, B = Q rows
 //        dQ [rows][d] += dX K          depth 64     A = dX, B = K rows
 //      These are the five products of the backward and nothing is recomputed. The micro-kernel
-//      broadcasts A, so A's transpose costs nothing: only its address arithmetic changes.
+//      broadcasts A, so A's transpose costs nothing: only its address arithmetic changes. For
+//      bf16 calls on avx512_amx all five run on AMX tiles, from bf16 copies of the same operands
+//      (P Z and dX transposed where needed and split into hi + lo; bwd_tiles_amx-inl.h).
 //   3. dQ of a query block is complete after its key blocks: with one chunk per sequence it is
 //      scaled and written to dq; with several, written unscaled to this chunk's f32 partial and
 //      summed over the chunks, in chunk order, by reduce_dq. dK and dV (f32 accumulators for the
@@ -383,6 +384,8 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
           pack_key_words(s.rows, dv_pad, dv_words, s.staging, s.v_words + kb * dv_words * kTile);
       s.key_flags[kb] = static_cast<uint8_t>((k_subnormal ? kKeySubnormal : 0) |
                                              (v_subnormal ? kValueSubnormal : 0));
+      pack_row_pairs(s.k + kb * kTile * d_pad, kTile, d_pad, kTile / 2,
+                     s.k_pairs + kb * kTile / 2 * d_pad);
     }
   }
   zero_floats(s.dk, chunk_blocks * kTile * d_pad);
@@ -394,10 +397,11 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
     const float* delta_head = delta_all + task.seq.row_first + h * seq.seqlen_q;
     for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kTile) {
       const int64_t rows = std::min(kTile, seq.seqlen_q - i0);
+      const int64_t row_chunks = (rows + 31) / 32;  // of the tiles' products over query rows
       // Keys of the chunk that at least one row of the block sees.
       const int64_t j_lo = std::max(task.key_begin, i0 + offset - f.window_left);
       const int64_t j_hi = std::min(task.key_end - 1, i0 + rows - 1 + offset + f.window_right);
-      zero_floats(s.dq, rows * d_pad);
+      zero_floats(s.dq, (rows + 15) / 16 * 16 * d_pad);
       if (j_lo <= j_hi) {
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r;
@@ -415,6 +419,8 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
         if (tiles) {
           q_subnormal = pack_query_words(s.q, rows, d_pad, d_words, s.q_words);
           dout_subnormal = pack_query_words(s.dout, rows, dv_pad, dv_words, s.dout_words);
+          pack_row_pairs(s.q, rows, d_pad, row_chunks * 16, s.q_pairs);
+          pack_row_pairs(s.dout, rows, dv_pad, row_chunks * 16, s.dout_pairs);
         }
         if (i0 + kTile < seq.seqlen_q) {
           const int64_t next_rows = std::min(kTile, seq.seqlen_q - i0 - kTile);
@@ -466,9 +472,26 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
                                s.neg_lse[r], s.delta[r], static_cast<float>(j0 - i - offset), mask,
                                range.lo, range.hi);
           }
-          gemm<true>(keys, dv_pad, rows, s.s, kTile, s.dout, dv_pad, dv, dv_pad, true);
-          gemm<true>(keys, d_pad, rows, s.dp, kTile, s.q, d_pad, dk, d_pad, true);
-          gemm<false>(rows, d_pad, keys, s.dp, kTile, k_rows, d_pad, s.dq, d_pad, true);
+          const int64_t key_groups = (keys + 15) / 16;
+          if (tiles && !dout_subnormal) {
+            split_transposed(s.s, rows, s.staging);
+            split_products(s.staging, key_groups, s.dout_pairs, dv_pad, row_chunks, dv);
+          } else {
+            gemm<true>(keys, dv_pad, rows, s.s, kTile, s.dout, dv_pad, dv, dv_pad, true);
+          }
+          if (tiles && !q_subnormal) {
+            split_transposed(s.dp, rows, s.staging);
+            split_products(s.staging, key_groups, s.q_pairs, d_pad, row_chunks, dk);
+          } else {
+            gemm<true>(keys, d_pad, rows, s.dp, kTile, s.q, d_pad, dk, d_pad, true);
+          }
+          if (tiles && (s.key_flags[kb] & kKeySubnormal) == 0) {
+            split_rows(s.dp, rows, s.dp);
+            split_products(s.dp, (rows + 15) / 16, s.k_pairs + kb * kTile / 2 * d_pad, d_pad,
+                           (keys + 31) / 32, s.dq);
+          } else {
+            gemm<false>(rows, d_pad, keys, s.dp, kTile, k_rows, d_pad, s.dq, d_pad, true);
+          }
         }
       }
       for (int64_t r = 0; r < rows; ++r) {

@@ -60,15 +60,16 @@ struct BwdLayout {
   int64_t dv_pad = 0;      // Dv rounded up to 16
   int64_t num_chunks = 1;  // key chunks per sequence (fewer when a sequence has fewer blocks)
   int64_t chunk_keys = 0;  // keys of the largest chunk, a multiple of 64
-  // S = Q K^T and dP = dout V^T on AMX tiles (bf16 calls on the avx512_amx path): the scratch
-  // then also holds bf16 copies of K, V, Q and dout in the tiles' formats (BwdScratch).
+  // The products on AMX tiles (bf16 calls on the avx512_amx path): the scratch then also holds
+  // bf16 copies of K, V, Q and dout in the tiles' formats (BwdScratch).
   bool bf16_tiles = false;
 
   // 32-bit words (bf16 pairs) per row of D or Dv rounded up to the tiles' 32-element chunks.
   int64_t d_words() const { return (d_pad + 31) / 32 * 16; }
   int64_t dv_words() const { return (dv_pad + 31) / 32 * 16; }
   int64_t tile_floats() const {
-    return chunk_keys * (d_words() + dv_words()) + kBwdBlock * (d_words() + dv_words()) +
+    return chunk_keys * (d_words() + dv_words()) + chunk_keys / 2 * d_pad +
+           kBwdBlock * (d_words() + dv_words()) + kBwdBlock / 2 * (d_pad + dv_pad) +
            kBwdBlock * 128 + (chunk_keys / kBwdBlock + 15) / 16 * 16;
   }
 
@@ -96,10 +97,15 @@ struct BwdLayout {
 // Tiles: s, dp, z [64][64] (scores then P Z; dP then dS; dropout factors); per row neg_lse (minus
 // the LSE) and delta.
 // With bf16_tiles, in 32-bit words of two bf16 (w = d_words(), wv = dv_words()):
-//   k_words [chunk blocks][w][64], v_words [chunk blocks][wv][64]   K and V as the B operand of
-//            the tiles (row w: dims 2w and 2w + 1 of each of 64 keys)
-//   q_words [64][w], dout_words [64][wv]   Q and dout rows as the A operand
-//   staging [64][128]   key rows in words before they are transposed
+//   k_words [chunk blocks][w][64], v_words [chunk blocks][wv][64]   K and V as the right operand
+//            of S and dP (row w: dims 2w and 2w + 1 of each of 64 keys)
+//   k_pairs [chunk blocks][32][d_pad]   K as the right operand of dQ (word (t, n): dim n of keys
+//            2t and 2t + 1)
+//   q_words [64][w], dout_words [64][wv]   Q and dout rows as the left operand of S and dP
+//   q_pairs [32][d_pad], dout_pairs [32][dv_pad]   Q and dout as the right operands of dK and dV
+//            (word (t, n): dim n of rows 2t and 2t + 1)
+//   staging [64][128]   key rows in words before they are transposed (while packing), then
+//            the split, transposed P Z or dX of a tile ([64][64])
 //   key_flags [chunk blocks] bytes   kKeySubnormal / kValueSubnormal per key block
 struct BwdScratch {
   float* kt = nullptr;
@@ -120,6 +126,9 @@ struct BwdScratch {
   uint32_t* v_words = nullptr;
   uint32_t* q_words = nullptr;
   uint32_t* dout_words = nullptr;
+  uint32_t* k_pairs = nullptr;
+  uint32_t* q_pairs = nullptr;
+  uint32_t* dout_pairs = nullptr;
   float* staging = nullptr;
   uint8_t* key_flags = nullptr;
 
@@ -150,6 +159,12 @@ struct BwdScratch {
       next += kBwdBlock * layout.d_words();
       s.dout_words = reinterpret_cast<uint32_t*>(next);
       next += kBwdBlock * layout.dv_words();
+      s.k_pairs = reinterpret_cast<uint32_t*>(next);
+      next += ck / 2 * layout.d_pad;
+      s.q_pairs = reinterpret_cast<uint32_t*>(next);
+      next += kBwdBlock / 2 * layout.d_pad;
+      s.dout_pairs = reinterpret_cast<uint32_t*>(next);
+      next += kBwdBlock / 2 * layout.dv_pad;
       s.staging = next;
       next += kBwdBlock * 128;
       s.key_flags = reinterpret_cast<uint8_t*>(next);

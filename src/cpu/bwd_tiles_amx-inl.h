@@ -1,23 +1,39 @@
-// The avx512_amx backward's tile products: S = Q K^T and dP = dout V^T of bf16 calls on AMX
-// tiles. Included by bwd_kernel-inl.h when ANYATTN_BWD_BF16_TILES is defined (bwd_avx512_amx.cc),
-// after amx_tiles-inl.h; the other paths include bwd_tiles_none-inl.h, which has the same names.
+// The avx512_amx backward's tile products: all five products of bf16 calls on AMX tiles.
+// Included by bwd_kernel-inl.h when ANYATTN_BWD_BF16_TILES is defined (bwd_avx512_amx.cc), after
+// amx_tiles-inl.h; the other paths include bwd_tiles_none-inl.h, which has the same names.
 //
-// Design: both products read operands that are bf16 inputs converted exactly to f32 (Q, K, dout,
-// V), so on the tiles they cost no accuracy: each product of two bf16 is exact in f32 and the
-// sums are f32, as in the f32 micro-kernel (in another order). The other three products of the
-// backward take P and dS, which are computed in f32, and stay on the FMA micro-kernel.
+// Design. S = Q K^T and dP = dout V^T read operands that are bf16 inputs converted exactly to f32
+// (Q, K, dout, V), so on the tiles they cost no accuracy: each product of two bf16 is exact in
+// f32 and the sums are f32, as in the f32 micro-kernel (in another order). dV += (P Z)^T dout,
+// dK += dX^T Q and dQ += dX K take P Z and dX, computed in f32: their left operand is split into
+// bf16 hi + lo (amx_tiles-inl.h), |a - hi - lo| <= 2^-16 |a|, and both parts meet the same right
+// tiles, so these products too keep f32 accuracy, for twice the tile products.
 //
-//   Key side, once per task (BwdScratch): each 64-key block's K rows and V rows, already
-//   converted to f32 for the other products, are written back as bf16 pairs (the high half of
-//   each f32, exact) into [64 keys][words] staging and transposed into a panel [words][64 keys]:
-//   the B operand of the tiles, row w holding dims 2w and 2w + 1 of 16 keys per 64 bytes. The
-//   tile of key group g and 32-dim chunk c is read in place (rows 256 bytes apart).
-//   Query side, per 64-row query block: the Q and dout rows as bf16 rows (the A operand), zero
-//   rows up to a multiple of 16 and zero dims up to a multiple of 32.
-//   TDPBF16PS treats subnormal inputs as zero: a key block whose K (V) holds a subnormal, or a
-//   query block whose Q (dout) does, computes that product with the f32 micro-kernel instead.
-//   Per 64 x 64 tile at D = Dv = 128: 2 x 64 TDPBF16PS replace 2 x 64 x 64 x 128 multiply-adds
-//   of the FMA kernel, two of the backward's five products.
+//   Key side, once per task (BwdScratch), from each 64-key block's f32 rows:
+//     k_words / v_words [words][64 keys]: K and V rows as bf16 pairs of dims (the high half of
+//       each f32, exact), transposed: the right operand of S and dP (row w holds dims 2w and
+//       2w + 1 of 16 keys per 64 bytes; rows 256 bytes apart).
+//     k_pairs [32 key pairs][d_pad]: word (t, n) holds dim n of keys 2t and 2t + 1: the right
+//       operand of dQ (rows d_pad words apart; 16 pair rows per 32-key chunk).
+//   Query side, per 64-row query block:
+//     q_words / dout_words: Q and dout rows as bf16 (the left operand of S and dP), zero rows up
+//       to a multiple of 16 and zero dims up to a multiple of 32.
+//     q_pairs / dout_pairs [32 row pairs][d_pad or dv_pad]: rows 2t and 2t + 1 interleaved, zero
+//       rows up to a multiple of 32: the right operands of dK and dV.
+//   Per tile: P Z and dX ([rows][64] f32, rows up to a multiple of 32 zeroed first) are
+//   transposed into staging and split ([64 keys][hi: 64 rows | lo: 64 rows]): the left operands
+//   of dV and dK; dX is then split in place ([rows][hi: 64 keys | lo: 64 keys]) for dQ. dK, dV
+//   (the task's accumulators) and dQ (the block's) stay f32 in scratch: 16 x 16 pieces are loaded
+//   into the tile accumulators, updated and stored, two by two.
+//
+//   TDPBF16PS treats subnormal inputs, accumulators and results as zero. A key block whose K (V)
+//   holds a subnormal computes S and dQ (dP) with the f32 micro-kernel, and a query block whose
+//   Q (dout) does, S and dK (dP and dV). The split parts of P Z and dX and the f32 accumulators
+//   can still be flushed when below 2^-126: an absolute error under 2^-126 per term.
+//
+//   Per 64 x 64 tile at D = Dv = 128: 2 x 64 TDPBF16PS for S and dP and 3 x 128 for dV, dK, dQ
+//   (hi and lo) replace 5 x 64 x 64 x 128 multiply-adds of the FMA kernel; what stays on the
+//   vector units is the elementwise step, the transposes and the splits.
 
 constexpr uint8_t kKeySubnormal = 1;
 constexpr uint8_t kValueSubnormal = 2;
@@ -91,4 +107,50 @@ inline void tile_products(int64_t head_dim, const uint32_t* a, int64_t rows, con
   const KeyTiles keys{reinterpret_cast<const char*>(panel), kTileRows * 4, kTileRows * kTile * 4,
                       kTile * 4};
   score_block_tiles(head_dim, a, rows, keys, out, kTile * 4);
+}
+
+// dst[t][n] = bf16(rows[2t][n]) | bf16(rows[2t + 1][n]) << 16 for t < pairs and n < n_pad, rows
+// n_pad floats apart holding bf16 values exactly; rows at or past `count` read as zero.
+inline void pack_row_pairs(const float* rows, int64_t count, int64_t n_pad, int64_t pairs,
+                           uint32_t* dst) {
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t t = 0; t < pairs; ++t) {
+    const float* even = rows + 2 * t * n_pad;
+    const float* odd = even + n_pad;
+    const bool has_even = 2 * t < count, has_odd = 2 * t + 1 < count;
+    for (int64_t n = 0; n < n_pad; n += 16) {
+      // The even row's high half moves to the low half; the odd row's high half stays.
+      const __m512i low = has_even ? _mm512_srli_epi32(_mm512_loadu_si512(even + n), 16) : zero;
+      const __m512i high = has_odd ? _mm512_loadu_si512(odd + n) : zero;
+      _mm512_storeu_si512(dst + t * n_pad + n,
+                          _mm512_mask_blend_epi16(static_cast<__mmask32>(0xAAAAAAAAu), low, high));
+    }
+  }
+}
+
+// The left operand of dV or dK from a tile's [rows][64] f32 values (P Z or dX; rows from `rows`
+// up to a multiple of 32 are zeroed in place): dst[j] = the split row of column j, [hi: 64 rows |
+// lo: 64 rows], kSplitRowBytes apart.
+inline void split_transposed(float* tile, int64_t rows, float* dst) {
+  zero_floats(tile + rows * kTile, ((rows + 31) / 32 * 32 - rows) * kTile);
+  transpose_to_columns(tile, kTile, dst);
+  for (int64_t j = 0; j < kTile; ++j) split_row(dst + j * kTile, dst + j * kTile);
+}
+
+// c[16 row_groups][cols] += A B over `chunks` 32-deep chunks: A split rows (kSplitRowBytes apart),
+// B pair rows of `cols` words (pack_row_pairs), c f32 rows `cols` floats apart; cols a multiple
+// of 16.
+inline void split_products(const void* a, int64_t row_groups, const uint32_t* b, int64_t cols,
+                           int64_t chunks, float* c) {
+  const RightTiles right{64, kTileRows * cols * 4, cols * 4};
+  const int64_t column_groups = cols / 16;
+  const char* a_bytes = static_cast<const char*>(a);
+  const char* b_bytes = reinterpret_cast<const char*>(b);
+  for (int64_t g = 0; g < row_groups; g += 2) {
+    for (int64_t cg = 0; cg < column_groups; cg += 2) {
+      const SplitStep step{a_bytes + g * kTileRows * kSplitRowBytes, b_bytes + cg * 64, chunks};
+      split_product_pass(g + 1 < row_groups, cg + 1 < column_groups, &step, 1, right,
+                         c + g * kTileRows * cols + cg * 16, cols * 4);
+    }
+  }
 }

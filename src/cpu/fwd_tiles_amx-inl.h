@@ -29,7 +29,8 @@
 //   O += P V: each probability row is split in place into bf16 hi + lo (hi = bf16(p), lo =
 //   bf16(p - hi), |p - hi - lo| <= 2^-16 |p|), so P V is as accurate as in f32 (bf16 P alone, as
 //   GPU kernels use, would cost 2^-9 of |p| per term). The f32 row of 64 probabilities (256 bytes)
-//   becomes [hi: 64 bf16 | lo: 64 bf16], and two left tiles per 32 keys feed the same V tiles. O
+//   becomes [hi: 64 bf16 | lo: 64 bf16], and two left tiles per 32 keys feed the same V tiles
+//   (split_row and split_product_tiles, amx_tiles-inl.h, shared with the backward). O
 //   stays in scratch.o as f32: its 16 x 16 pieces are loaded into the accumulators, updated and
 //   stored. A packed task gathers the split P of up to kMaxDeferredBlocks key blocks first (their
 //   panels stay in place), so each O piece is loaded and stored once per 256 keys rather than per
@@ -58,6 +59,7 @@ constexpr int64_t kMaxDeferredBlocks = 4;
 // A row of one key block's scores (64 f32) or of its split probabilities (64 bf16 hi, then 64
 // bf16 lo): 256 bytes either way.
 constexpr int64_t kBlockRowBytes = kKeyBlock * 4;
+static_assert(kBlockRowBytes == kSplitRowBytes, "a split P row replaces its f32 row in place");
 // Packed V: one 16-column group, 32 rows of key pairs x 16 columns of 32-bit pairs.
 constexpr int64_t kVGroupBytes = kKeyBlock / 2 * 64;
 
@@ -65,6 +67,9 @@ constexpr int64_t kVGroupBytes = kKeyBlock / 2 * 64;
 inline int64_t v_pair_word(int64_t g, int64_t t) {
   return (g * (kKeyBlock / 2) + t) * kTileRows;
 }
+// Packed V as the right operand of P V: column groups kVGroupBytes apart, 32-key chunks one
+// contiguous 1 KiB tile each.
+constexpr RightTiles kPackedVTiles{kVGroupBytes, kTileBytes, 64};
 
 // True when this call's bf16 products run on the tiles.
 inline bool uses_tiles(const FwdArgs& args) {
@@ -187,41 +192,6 @@ inline void compute_scores_tiles(const FwdArgs& args, const float* q, int64_t ro
 // O += P V
 // ---------------------------------------------------------------------------------------------
 
-// Writes one row of 64 probabilities (f32 at p) to dst as [hi: 64 bf16 | lo: 64 bf16] (256
-// bytes, like the f32 row; dst may be p) with hi + lo = p to 2^-16 |p|.
-inline void split_row(const float* p, void* dst) {
-  __m512 values[4];
-  for (int i = 0; i < 4; ++i) values[i] = _mm512_loadu_ps(p + 16 * i);
-  __m512i hi[2], lo[2];
-  for (int half = 0; half < 2; ++half) {
-    const __m512 first = values[2 * half], second = values[2 * half + 1];
-    hi[half] = (__m512i)_mm512_cvtne2ps_pbh(second, first);
-    const __m512 first_hi = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi[half])), 16));
-    const __m512 second_hi = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi[half], 1)), 16));
-    lo[half] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(second, second_hi),
-                                            _mm512_sub_ps(first, first_hi));
-  }
-  __m512i* row = static_cast<__m512i*>(dst);
-  _mm512_storeu_si512(row + 0, hi[0]);
-  _mm512_storeu_si512(row + 1, hi[1]);
-  _mm512_storeu_si512(row + 2, lo[0]);
-  _mm512_storeu_si512(row + 3, lo[1]);
-}
-
-// split_row for the first `rows` rows of p (kKeyBlock floats apart) into dst (256 bytes apart; dst
-// may be p), then zero rows up to the next multiple of 16.
-inline void split_probabilities(const float* p, int64_t rows, void* dst) {
-  char* dst_rows = static_cast<char*>(dst);
-  for (int64_t r = 0; r < rows; ++r) split_row(p + r * kKeyBlock, dst_rows + r * kBlockRowBytes);
-  for (int64_t r = rows; r < round_up(rows, kTileRows); ++r) {
-    for (int i = 0; i < 4; ++i) {
-      _mm512_storeu_si512(dst_rows + r * kBlockRowBytes + 64 * i, _mm512_setzero_si512());
-    }
-  }
-}
-
 // Multiplies one split row (hi | lo, as split_row writes it) by alpha: p = hi + lo (exact in
 // f32), p * alpha, split again.
 inline void rescale_split_row(void* row, float alpha) {
@@ -239,55 +209,6 @@ inline void rescale_split_row(void* row, float alpha) {
   split_row(values, row);
 }
 
-// One key block's share of a P V pass: its split P rows (256 bytes apart) for the pass's row
-// groups, its packed V tiles for the pass's column groups, and how many 32-key chunks to use.
-struct PvStep {
-  const char* p;
-  const char* v;
-  int64_t chunks;
-};
-
-// O pieces of one or two 16-row groups (o: f32 rows o_row_bytes apart) x one or two 16-column
-// groups += P V over `count` key blocks (steps), each for its chunks, hi and lo parts alike: the O
-// tiles are loaded once and stored once for all of them.
-template <int kRowGroups, int kColumnGroups>
-inline void pv_tiles(const PvStep* steps, int64_t count, float* o, int64_t o_row_bytes) {
-  constexpr int64_t kLoOffset = kKeyBlock * 2;  // bytes from a split row's hi part to its lo part
-  char* o_bytes = reinterpret_cast<char*>(o);
-  const int64_t o_lower = kTileRows * o_row_bytes;
-  _tile_loadd(0, o_bytes, o_row_bytes);
-  if constexpr (kColumnGroups == 2) _tile_loadd(1, o_bytes + 64, o_row_bytes);
-  if constexpr (kRowGroups == 2) _tile_loadd(2, o_bytes + o_lower, o_row_bytes);
-  if constexpr (kRowGroups == 2 && kColumnGroups == 2) {
-    _tile_loadd(3, o_bytes + o_lower + 64, o_row_bytes);
-  }
-  for (int64_t b = 0; b < count; ++b) {
-    for (int64_t c = 0; c < steps[b].chunks; ++c) {
-      _tile_loadd(6, steps[b].v + c * kTileBytes, 64);
-      if constexpr (kColumnGroups == 2) {
-        _tile_loadd(7, steps[b].v + kVGroupBytes + c * kTileBytes, 64);
-      }
-      for (int64_t part = 0; part < 2; ++part) {
-        const char* p_chunk = steps[b].p + part * kLoOffset + c * 64;
-        _tile_loadd(4, p_chunk, kBlockRowBytes);
-        _tile_dpbf16ps(0, 4, 6);
-        if constexpr (kColumnGroups == 2) _tile_dpbf16ps(1, 4, 7);
-        if constexpr (kRowGroups == 2) {
-          _tile_loadd(5, p_chunk + kTileRows * kBlockRowBytes, kBlockRowBytes);
-          _tile_dpbf16ps(2, 5, 6);
-          if constexpr (kColumnGroups == 2) _tile_dpbf16ps(3, 5, 7);
-        }
-      }
-    }
-  }
-  _tile_stored(0, o_bytes, o_row_bytes);
-  if constexpr (kColumnGroups == 2) _tile_stored(1, o_bytes + 64, o_row_bytes);
-  if constexpr (kRowGroups == 2) _tile_stored(2, o_bytes + o_lower, o_row_bytes);
-  if constexpr (kRowGroups == 2 && kColumnGroups == 2) {
-    _tile_stored(3, o_bytes + o_lower + 64, o_row_bytes);
-  }
-}
-
 // A key block whose split P waits for its P V pass (TileProducts defers them).
 struct SplitBlock {
   const char* p;                                     // split rows, 256 bytes apart
@@ -296,7 +217,7 @@ struct SplitBlock {
 };
 
 // O[rows][dv_pad] += sum over `count` blocks of P V: per pair of row groups and pair of column
-// groups, one pv_tiles pass over every block.
+// groups, one split_product_tiles pass over every block.
 inline void accumulate_split_blocks(const SplitBlock* blocks, int64_t count, int64_t rows, float* o,
                                     int64_t dv_pad) {
   const int64_t row_groups = ceil_div(rows, kTileRows);
@@ -305,7 +226,7 @@ inline void accumulate_split_blocks(const SplitBlock* blocks, int64_t count, int
   for (int64_t g = 0; g < row_groups; g += 2) {
     const bool two_rows = g + 1 < row_groups;
     for (int64_t cg = 0; cg < column_groups; cg += 2) {
-      PvStep steps[kMaxDeferredBlocks];
+      SplitStep steps[kMaxDeferredBlocks];
       int64_t used = 0;
       for (int64_t b = 0; b < count; ++b) {
         const int64_t chunks = blocks[b].chunks[g / 2];
@@ -314,17 +235,8 @@ inline void accumulate_split_blocks(const SplitBlock* blocks, int64_t count, int
                          blocks[b].v + cg * kVGroupBytes, chunks};
       }
       if (used == 0) continue;
-      float* o_group = o + g * kTileRows * dv_pad + cg * 16;
-      const bool two_columns = cg + 1 < column_groups;
-      if (two_rows && two_columns) {
-        pv_tiles<2, 2>(steps, used, o_group, o_row_bytes);
-      } else if (two_rows) {
-        pv_tiles<2, 1>(steps, used, o_group, o_row_bytes);
-      } else if (two_columns) {
-        pv_tiles<1, 2>(steps, used, o_group, o_row_bytes);
-      } else {
-        pv_tiles<1, 1>(steps, used, o_group, o_row_bytes);
-      }
+      split_product_pass(two_rows, cg + 1 < column_groups, steps, used, kPackedVTiles,
+                         o + g * kTileRows * dv_pad + cg * 16, o_row_bytes);
     }
   }
 }
@@ -344,7 +256,7 @@ inline void block_chunks(const int64_t* row_keys, int64_t rows, int64_t keys, in
 // stops at the 32-key chunk holding the last key either group needs.
 inline void accumulate_pv_tiles(float* p, int64_t rows, const float* v, int64_t keys, float* o,
                                 int64_t dv_pad, const int64_t* row_keys) {
-  split_probabilities(p, rows, p);
+  split_rows(p, rows, p);
   SplitBlock block;
   block.p = reinterpret_cast<const char*>(p);
   block.v = reinterpret_cast<const char*>(v);
@@ -495,7 +407,7 @@ class TileProducts {
     if (crosses_boundary) boundary_row_keys(args, seq, head_rows, j0, row_keys);
     if (block_flags == 0 && !exact_pv_ && defer_) {
       SplitBlock& block = gathered_[gathered_count_];
-      split_probabilities(p, head_rows.count, gathered_p_[gathered_count_]);
+      split_rows(p, head_rows.count, gathered_p_[gathered_count_]);
       block.p = reinterpret_cast<const char*>(gathered_p_[gathered_count_]);
       block.v = reinterpret_cast<const char*>(v);
       block_chunks(crosses_boundary ? row_keys : nullptr, head_rows.count, keys, block.chunks);
