@@ -366,7 +366,7 @@ ANYATTN_API anyattn_status anyattn_bwd(const anyattn_tensor* dout, const anyattn
  * Rows of dq, dk, dv outside every sequence are not written. The dropout mask of sequence b is
  * that of batch index b, positions counted within the sequence (as in the forward). Validation
  * and determinism as in anyattn_bwd. Workspace: Hq * total_q floats, per thread about
- * (3 D + 2 Dv) floats per key of the longest sequence's key chunk ((3.5 D + 2.5 Dv) for bf16 on
+ * (3 D + 2 Dv) floats per key of the longest sequence's key chunk ((4 D + 2.5 Dv) for bf16 on
  * avx512_amx), and at most 128 MiB of dq partials (docs/backward.md); never Sq x Sk. */
 ANYATTN_API anyattn_status anyattn_bwd_varlen(
     const anyattn_tensor* dout, const anyattn_tensor* q, const anyattn_tensor* k,
