@@ -1,9 +1,13 @@
-// anyattn_ab_probe: compares two to four builds of libanyattn.so on one dense forward shape,
-// inside one process, calls interleaved.
+// anyattn_ab_probe: compares two to four builds of libanyattn.so on one dense forward (or
+// backward) shape, inside one process, calls interleaved.
 //
 //   anyattn_ab_probe --lib OLD.so --lib NEW.so [--seqlen S] [--heads-q H] [--heads-k HK]
-//                    [--head-dim D] [--dtype f32|bf16] [--causal] [--threads T] [--runs N]
+//                    [--head-dim D] [--dtype f32|bf16] [--causal] [--backward] [--threads T]
+//                    [--runs N]
 //
+// With --backward each call is anyattn_bwd, on out and lse from one untimed forward of the
+// first library (every build differentiates the same out), GFLOP/s counting 2.5 times the
+// forward's FLOPs as anyattn_bench does.
 // Defaults: S = 2048, Hq = Hk = 16, D = 128, f32, no mask, 1 thread, 10 rounds. Each library is
 // opened with dlopen (RTLD_LOCAL), so the paths must differ: copy one build's libanyattn.so.0
 // elsewhere before rebuilding. Every round calls each library once on the same inputs, starting
@@ -36,6 +40,7 @@ struct LibraryBuild {
   std::string path;
   void* handle = nullptr;
   decltype(&anyattn_fwd) fwd = nullptr;
+  decltype(&anyattn_bwd) bwd = nullptr;
   decltype(&anyattn_fwd_params_init) params_init = nullptr;
   decltype(&anyattn_tensor_init_contiguous) tensor_init = nullptr;
   decltype(&anyattn_set_num_threads) set_num_threads = nullptr;
@@ -56,7 +61,7 @@ bool OpenBuild(const std::string& path, LibraryBuild* build) {
     return false;
   }
   void* h = build->handle;
-  if (!Resolve(h, "anyattn_fwd", &build->fwd) ||
+  if (!Resolve(h, "anyattn_fwd", &build->fwd) || !Resolve(h, "anyattn_bwd", &build->bwd) ||
       !Resolve(h, "anyattn_fwd_params_init", &build->params_init) ||
       !Resolve(h, "anyattn_tensor_init_contiguous", &build->tensor_init) ||
       !Resolve(h, "anyattn_set_num_threads", &build->set_num_threads) ||
@@ -75,6 +80,7 @@ struct AbOptions {
   int64_t head_dim = 128;
   DType dtype = DType::kF32;
   bool causal = false;
+  bool backward = false;
   int threads = 1;
   int rounds = 10;
 };
@@ -84,6 +90,10 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
     const std::string name = argv[i];
     if (name == "--causal") {
       options->causal = true;
+      continue;
+    }
+    if (name == "--backward") {
+      options->backward = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -156,7 +166,18 @@ int RunAb(const AbOptions& options) {
   AlignedBuffer out(q_elements * element_bytes);
   AlignedBuffer k(kv_elements * element_bytes);
   AlignedBuffer v(kv_elements * element_bytes);
-  if (!q.data() || !out.data() || !k.data() || !v.data()) {
+  // Backward only: dout, lse (f32, B x Hq x S) and the gradients.
+  const size_t lse_elements = options.seqlen * options.heads_q;
+  const size_t grad_q_elements = options.backward ? q_elements : 0;
+  const size_t grad_kv_elements = options.backward ? kv_elements : 0;
+  AlignedBuffer dout(grad_q_elements * element_bytes);
+  AlignedBuffer lse((options.backward ? lse_elements : 0) * sizeof(float));
+  AlignedBuffer dq(grad_q_elements * element_bytes);
+  AlignedBuffer dk(grad_kv_elements * element_bytes);
+  AlignedBuffer dv(grad_kv_elements * element_bytes);
+  if (!q.data() || !out.data() || !k.data() || !v.data() ||
+      (options.backward &&
+       (!dout.data() || !lse.data() || !dq.data() || !dk.data() || !dv.data()))) {
     std::fprintf(stderr, "anyattn_ab_probe: could not allocate the buffers\n");
     return 1;
   }
@@ -165,6 +186,25 @@ int RunAb(const AbOptions& options) {
   FillUniform(v.data(), options.dtype, kv_elements, 23);
   const int64_t q_shape[4] = {1, options.seqlen, options.heads_q, options.head_dim};
   const int64_t kv_shape[4] = {1, options.seqlen, options.heads_k, options.head_dim};
+  const int64_t lse_shape[3] = {1, options.heads_q, options.seqlen};
+  if (options.backward) {
+    FillUniform(dout.data(), options.dtype, q_elements, 24);
+    const LibraryBuild& first = builds[0];
+    anyattn_tensor tq, tk, tv, tout, tlse;
+    first.tensor_init(&tq, q.data(), dtype, 4, q_shape);
+    first.tensor_init(&tk, k.data(), dtype, 4, kv_shape);
+    first.tensor_init(&tv, v.data(), dtype, 4, kv_shape);
+    first.tensor_init(&tout, out.data(), dtype, 4, q_shape);
+    first.tensor_init(&tlse, lse.data(), ANYATTN_DTYPE_F32, 3, lse_shape);
+    anyattn_fwd_params params;
+    first.params_init(&params);
+    params.causal = options.causal ? 1 : 0;
+    if (first.fwd(&tq, &tk, &tv, &tout, &tlse, &params) != ANYATTN_OK) {
+      std::fprintf(stderr, "anyattn_ab_probe: %s: forward: %s\n", first.path.c_str(),
+                   first.last_error());
+      return 1;
+    }
+  }
 
   const size_t count = builds.size();
   std::vector<std::vector<double>> seconds(count);
@@ -172,17 +212,27 @@ int RunAb(const AbOptions& options) {
     for (size_t turn = 0; turn < count; ++turn) {
       const size_t index = (turn + static_cast<size_t>(round + 1)) % count;
       const LibraryBuild& build = builds[index];
-      anyattn_tensor tq, tk, tv, tout;
+      anyattn_tensor tq, tk, tv, tout, tlse, tdout, tdq, tdk, tdv;
       build.tensor_init(&tq, q.data(), dtype, 4, q_shape);
       build.tensor_init(&tk, k.data(), dtype, 4, kv_shape);
       build.tensor_init(&tv, v.data(), dtype, 4, kv_shape);
       build.tensor_init(&tout, out.data(), dtype, 4, q_shape);
+      if (options.backward) {
+        build.tensor_init(&tlse, lse.data(), ANYATTN_DTYPE_F32, 3, lse_shape);
+        build.tensor_init(&tdout, dout.data(), dtype, 4, q_shape);
+        build.tensor_init(&tdq, dq.data(), dtype, 4, q_shape);
+        build.tensor_init(&tdk, dk.data(), dtype, 4, kv_shape);
+        build.tensor_init(&tdv, dv.data(), dtype, 4, kv_shape);
+      }
       anyattn_fwd_params params;
       build.params_init(&params);
       params.causal = options.causal ? 1 : 0;
       build.set_num_threads(options.threads);
       const double start = NowSeconds();
-      const anyattn_status status = build.fwd(&tq, &tk, &tv, &tout, nullptr, &params);
+      const anyattn_status status =
+          options.backward
+              ? build.bwd(&tdout, &tq, &tk, &tv, &tout, &tlse, &tdq, &tdk, &tdv, nullptr, &params)
+              : build.fwd(&tq, &tk, &tv, &tout, nullptr, &params);
       const double elapsed = NowSeconds() - start;
       if (status != ANYATTN_OK) {
         std::fprintf(stderr, "anyattn_ab_probe: %s: %s\n", build.path.c_str(), build.last_error());
@@ -194,12 +244,13 @@ int RunAb(const AbOptions& options) {
 
   const double pairs = options.causal ? options.seqlen * (options.seqlen + 1) / 2.0
                                       : static_cast<double>(options.seqlen) * options.seqlen;
-  const double flops = 4.0 * options.heads_q * options.head_dim * pairs;
-  std::printf("B1 S%lld Hq%lld/Hk%lld D%lld %s %s, %d thread(s), %d rounds\n",
-              static_cast<long long>(options.seqlen), static_cast<long long>(options.heads_q),
-              static_cast<long long>(options.heads_k), static_cast<long long>(options.head_dim),
-              DTypeName(options.dtype), options.causal ? "causal" : "no mask", options.threads,
-              options.rounds);
+  const double flops =
+      (options.backward ? 2.5 : 1.0) * 4.0 * options.heads_q * options.head_dim * pairs;
+  std::printf("%sB1 S%lld Hq%lld/Hk%lld D%lld %s %s, %d thread(s), %d rounds\n",
+              options.backward ? "backward " : "", static_cast<long long>(options.seqlen),
+              static_cast<long long>(options.heads_q), static_cast<long long>(options.heads_k),
+              static_cast<long long>(options.head_dim), DTypeName(options.dtype),
+              options.causal ? "causal" : "no mask", options.threads, options.rounds);
   for (size_t i = 0; i < count; ++i) {
     std::vector<double> ratios;
     for (size_t r = 0; r < seconds[i].size(); ++r) ratios.push_back(seconds[i][r] / seconds[0][r]);
