@@ -128,7 +128,8 @@ inline void score_block_tiles(int64_t head_dim, const void* q, int64_t rows, con
 // ---------------------------------------------------------------------------------------------
 //
 // The tiles multiply bf16 only. A left operand computed in f32 (probabilities, score gradients)
-// is split per element into hi = bf16(a) and lo = bf16(a - hi), |a - hi - lo| <= 2^-16 |a|, and
+// is split per element into hi (a truncated to bf16) and lo = bf16(a - hi), |a - hi - lo| <=
+// 2^-16 |a|, and
 // both parts are multiplied by the same right tiles: the product is as accurate as in f32 (bf16
 // hi alone, as GPU kernels use, would cost 2^-9 of |a| per term), for twice the tile products.
 
@@ -137,20 +138,27 @@ constexpr int64_t kSplitRowFloats = 64;
 constexpr int64_t kSplitRowBytes = kSplitRowFloats * 4;
 constexpr int64_t kSplitLoOffset = kSplitRowFloats * 2;  // bytes from the hi part to the lo part
 
-// Writes the 64 floats at p to dst as one split row (dst may be p).
+// The high halves of the 32 floats of first:second, in order: bf16 truncations of them.
+inline __m512i high_halves(__m512i first, __m512i second) {
+  // Half t of the result is element 2t + 1 of the 64 halves the two sources hold.
+  alignas(64) static constexpr uint16_t kHighHalves[32] = {
+      1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+      33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  return _mm512_permutex2var_epi16(first, _mm512_load_si512(kHighHalves), second);
+}
+
+// Writes the 64 floats at p to dst as one split row (dst may be p): hi is each value truncated to
+// bf16 (|a - hi| < 2^-7 |a|, and a - hi is exact in f32), lo is a - hi rounded to nearest bf16,
+// so |a - hi - lo| <= 2^-9 |a - hi| < 2^-16 |a|.
 inline void split_row(const float* p, void* dst) {
-  __m512 values[4];
-  for (int i = 0; i < 4; ++i) values[i] = _mm512_loadu_ps(p + 16 * i);
+  const __m512 high_bits = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(0xffff0000u)));
   __m512i hi[2], lo[2];
   for (int half = 0; half < 2; ++half) {
-    const __m512 first = values[2 * half], second = values[2 * half + 1];
-    hi[half] = (__m512i)_mm512_cvtne2ps_pbh(second, first);
-    const __m512 first_hi = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi[half])), 16));
-    const __m512 second_hi = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi[half], 1)), 16));
-    lo[half] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(second, second_hi),
-                                            _mm512_sub_ps(first, first_hi));
+    const __m512 first = _mm512_loadu_ps(p + 32 * half);
+    const __m512 second = _mm512_loadu_ps(p + 32 * half + 16);
+    hi[half] = high_halves(_mm512_castps_si512(first), _mm512_castps_si512(second));
+    lo[half] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(second, _mm512_and_ps(second, high_bits)),
+                                            _mm512_sub_ps(first, _mm512_and_ps(first, high_bits)));
   }
   __m512i* row = static_cast<__m512i*>(dst);
   _mm512_storeu_si512(row + 0, hi[0]);

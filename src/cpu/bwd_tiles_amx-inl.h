@@ -53,19 +53,13 @@ inline void tiles_end(const BwdLayout& layout) {
 // dst[w] = bf16(src[2w]) | bf16(src[2w + 1]) << 16 for w < words, where src holds n_pad floats
 // (a multiple of 16) that are bf16 values exactly, and zeros past them. True if any is subnormal.
 inline bool bf16_pairs_of_row(const float* src, int64_t n_pad, int64_t words, uint32_t* dst) {
-  // Half t of the result (t < 32) is the high half of float t of first:second, that is element
-  // 2t + 1 of the 64 halves the two sources hold.
-  alignas(64) static constexpr uint16_t kHighHalves[32] = {
-      1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
-      33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
-  const __m512i high_halves = _mm512_load_si512(kHighHalves);
   __mmask32 subnormal = 0;
   for (int64_t w = 0; w < words; w += 16) {
     const int64_t i = 2 * w;
     const __m512i first = i < n_pad ? _mm512_loadu_si512(src + i) : _mm512_setzero_si512();
     const __m512i second =
         i + 16 < n_pad ? _mm512_loadu_si512(src + i + 16) : _mm512_setzero_si512();
-    const __m512i pairs = _mm512_permutex2var_epi16(first, high_halves, second);
+    const __m512i pairs = high_halves(first, second);
     subnormal |= subnormal_lanes(pairs);
     _mm512_storeu_si512(dst + w, pairs);
   }

@@ -26,11 +26,11 @@
 //   rows up to the next multiple of 16 are zero. S = Q K^T: per pair of 16-row groups and pair of
 //   16-key groups, dp / 32 passes; then S *= softmax_scale in f32 (64 x 64 floats, in L1).
 //
-//   O += P V: each probability row is split in place into bf16 hi + lo (hi = bf16(p), lo =
-//   bf16(p - hi), |p - hi - lo| <= 2^-16 |p|), so P V is as accurate as in f32 (bf16 P alone, as
-//   GPU kernels use, would cost 2^-9 of |p| per term). The f32 row of 64 probabilities (256 bytes)
-//   becomes [hi: 64 bf16 | lo: 64 bf16], and two left tiles per 32 keys feed the same V tiles
-//   (split_row and split_product_tiles, amx_tiles-inl.h, shared with the backward). O
+//   O += P V: each probability row is split in place into bf16 hi + lo (hi = p truncated to
+//   bf16, lo = bf16(p - hi), |p - hi - lo| <= 2^-16 |p|), so P V is as accurate as in f32 (bf16 P
+//   alone, as GPU kernels use, would cost 2^-9 of |p| per term). The f32 row of 64 probabilities
+//   (256 bytes) becomes [hi: 64 bf16 | lo: 64 bf16], and two left tiles per 32 keys feed the same
+//   V tiles (split_row and split_product_tiles, amx_tiles-inl.h, shared with the backward). O
 //   stays in scratch.o as f32: its 16 x 16 pieces are loaded into the accumulators, updated and
 //   stored. A packed task gathers the split P of up to kMaxDeferredBlocks key blocks first (their
 //   panels stay in place), so each O piece is loaded and stored once per 256 keys rather than per
