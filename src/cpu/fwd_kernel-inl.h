@@ -260,6 +260,10 @@ struct TaskRows {
 };
 
 struct ScoreTransform {
+  // The factor the block products leave to the softmax: 1 where q is pre-scaled (the vector
+  // products), softmax_scale where S is the raw q . k (the tile products, whose bf16 q is kept
+  // unscaled). Applied in registers as the scores are first read.
+  float score_scale = 1.f;
   bool softcap = false;
   float softcap_value = 0.f;
   float inverse_softcap = 0.f;
@@ -267,8 +271,8 @@ struct ScoreTransform {
   const float* neg_slope = nullptr;  // per query head of the rows: -slope
 };
 
-// Applies softcap, ALiBi and (when `apply_mask`) the window/end-of-keys mask to the scores of the
-// task's rows for the key block starting at j0.
+// Applies transform.score_scale, softcap, ALiBi and (when `apply_mask`) the window/end-of-keys mask
+// to the scores of the task's rows for the key block starting at j0.
 inline void transform_scores(const FwdArgs& args, const SeqInfo& seq,
                              const ScoreTransform& transform, bool apply_mask, const TaskRows& rows,
                              int64_t j0, float* s) {
@@ -276,6 +280,7 @@ inline void transform_scores(const FwdArgs& args, const SeqInfo& seq,
   const Vec negative_infinity = Vec::broadcast(kNegInfinity);
   const Vec cap = Vec::broadcast(transform.softcap_value);
   const Vec inverse_cap = Vec::broadcast(transform.inverse_softcap);
+  const Vec score_scale = Vec::broadcast(transform.score_scale);
   for (int64_t r = 0; r < rows.count; ++r) {
     float* s_row = s + r * kKeyBlock;
     const int64_t i = rows.position(r);
@@ -288,7 +293,7 @@ inline void transform_scores(const FwdArgs& args, const SeqInfo& seq,
     // Distance origin for ALiBi: key j is at |diagonal - (j - j0)| from the diagonal.
     const Vec diagonal = Vec::broadcast(static_cast<float>(i + seq.seqlen_k - seq.seqlen_q - j0));
     for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
-      Vec x = Vec::load(s_row + c);
+      Vec x = Vec::load(s_row + c) * score_scale;
       const Vec position = iota + Vec::broadcast(static_cast<float>(c));
       if (transform.softcap) x = cap * tanh(x * inverse_cap);
       if (transform.alibi) x = fma(slope, abs(diagonal - position), x);
@@ -305,23 +310,30 @@ inline void transform_scores(const FwdArgs& args, const SeqInfo& seq,
 // holds, so out and lse are the same up to rounding.
 constexpr float kStaleMaxHeadroom = 8.f;
 
-// One online-softmax step for one row and one key block: s_row (64 scores, natural units,
-// masked = -inf) becomes probabilities relative to the row's max *m, which moves to the block's
+// One online-softmax step for one row and one key block: s_row (64 scores, natural units once
+// multiplied by score_scale, used only with kScaled; masked = -inf) becomes probabilities relative
+// to the row's max *m, which moves to the block's
 // max only when a score exceeds it by more than kStaleMaxHeadroom (log2 units) or when the row
 // has no max yet; o_row and the row's lane sums l_lanes (kLanes partial denominators) are rescaled
 // when it moves. NaN scores make the row NaN, and so does a +inf score (an infinite input, or a
 // product beyond the f32 range), as in exact arithmetic (inf - inf).
-inline void online_softmax_row(float* s_row, float* m, float* l_lanes, float* o_row,
-                               int64_t dv_pad) {
+template <bool kScaled>
+inline void online_softmax_row(float* s_row, float score_scale, float* m, float* l_lanes,
+                               float* o_row, int64_t dv_pad) {
   constexpr int kVectors = static_cast<int>(kKeyBlock / kLanes);
   const float old_max = *m;
   const Vec log2e = Vec::broadcast(kLog2e);
+  const Vec scale = Vec::broadcast(score_scale);
+  // The scores in natural units: the multiply rounds exactly as a separate scaling pass would.
+  auto score = [&](int64_t c) {
+    return kScaled ? Vec::load(s_row + c) * scale : Vec::load(s_row + c);
+  };
   if (std::isfinite(old_max)) {
     const Vec shift = Vec::broadcast(old_max);
     Vec exponents[kVectors];
     Vec highest = Vec::broadcast(kNegInfinity);
     for (int c = 0; c < kVectors; ++c) {
-      exponents[c] = (Vec::load(s_row + c * kLanes) - shift) * log2e;
+      exponents[c] = (score(c * kLanes) - shift) * log2e;
       highest = max_keep_b_nan(exponents[c], highest);
     }
     if (!any_above(highest, kStaleMaxHeadroom)) {
@@ -337,9 +349,9 @@ inline void online_softmax_row(float* s_row, float* m, float* l_lanes, float* o_
       return;
     }
   }
-  Vec block_max_vec = Vec::load(s_row);
+  Vec block_max_vec = score(0);
   for (int64_t c = kLanes; c < kKeyBlock; c += kLanes) {
-    block_max_vec = max_keep_b_nan(Vec::load(s_row + c), block_max_vec);
+    block_max_vec = max_keep_b_nan(score(c), block_max_vec);
   }
   float block_max = reduce_max(block_max_vec);
   if (block_max == kNegInfinity) {
@@ -358,7 +370,7 @@ inline void online_softmax_row(float* s_row, float* m, float* l_lanes, float* o_
   for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
     // Clamped exp2: a NaN lane can hide a larger score from the vector max above, so s - max may
     // be positive here (the row is NaN then, through that NaN's probability).
-    const Vec p = exp2((Vec::load(s_row + c) - shift) * log2e);
+    const Vec p = exp2((score(c) - shift) * log2e);
     p.store(s_row + c);
     sum = sum + p;
   }
@@ -556,9 +568,16 @@ inline void scores_to_probabilities(const FwdArgs& args, const SeqInfo& seq,
   if (transform.softcap || transform.alibi || crosses_boundary) {
     transform.neg_slope = neg_slopes;
     transform_scores(args, seq, transform, crosses_boundary, head_rows, j0, s);
+    transform.score_scale = 1.f;
   }
   for (int64_t r = 0; r < head_rows.count; ++r) {
-    online_softmax_row(s + r * kKeyBlock, m + r, l + r * kRowSumSlots, o + r * dv_pad, dv_pad);
+    float* s_row = s + r * kKeyBlock;
+    float* l_row = l + r * kRowSumSlots;
+    if (transform.score_scale == 1.f) {
+      online_softmax_row<false>(s_row, 1.f, m + r, l_row, o + r * dv_pad, dv_pad);
+    } else {
+      online_softmax_row<true>(s_row, transform.score_scale, m + r, l_row, o + r * dv_pad, dv_pad);
+    }
   }
   if (args.dropout_threshold != 0) apply_dropout(args, seq, head_rows, j0, s);
 }
@@ -711,6 +730,8 @@ struct VectorProducts {
                    uint8_t* block_flags) {
     pack_block_heads(args, layout, seq, head_k, heads_k, block, panels, staging, block_flags);
   }
+  // q is pre-scaled: S needs no further factor.
+  static float score_scale(const FwdArgs& /*args*/) { return 1.f; }
   // S for `rows` rows (q at q) against the packed block kt.
   void scores(const FwdArgs& args, const PackedLayout& layout, const float* q, int64_t rows,
               const float* kt, uint8_t /*block_flags*/, float* s, const float* next_panel) {
@@ -747,7 +768,8 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
   const int64_t head_k = task.head_q_begin / args.group_size();
   const SeqInfo& seq = task.seq;
   float neg_slopes[kMaxQBlockRows];
-  const ScoreTransform transform = task_transform(args, task, neg_slopes);
+  ScoreTransform transform = task_transform(args, task, neg_slopes);
+  transform.score_scale = Products::score_scale(args);
   Products products;
   products.load_queries(args, layout, task, rows, scratch);
   reset_rows(layout, rows, scratch);

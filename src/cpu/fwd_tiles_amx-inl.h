@@ -379,8 +379,10 @@ class TileProducts {
                       staging, block_flags + h);
     }
   }
-  // S (scaled by softmax_scale) for `rows` rows; rows of s up to a multiple of 16 are written too.
-  // Notes the rows' maxima, which the softmax that follows may move.
+  // S is the raw q . k (bf16 q unscaled): the softmax multiplies it by softmax_scale.
+  static float score_scale(const FwdArgs& args) { return args.softmax_scale; }
+  // S (raw q . k) for `rows` rows; rows of s up to a multiple of 16 are written too. Notes the
+  // rows' maxima, which the softmax that follows may move.
   void scores(const FwdArgs& args, const PackedLayout& /*layout*/, const float* q, int64_t rows,
               const float* kt, uint8_t block_flags, float* s, const float* /*next_panel*/) {
     for (int64_t r = 0; r < rows_; ++r) max_before_[r] = m_[r];
@@ -388,12 +390,6 @@ class TileProducts {
       compute_scores_exact_tiles(args, q, rows, kt, s);
     } else {
       compute_scores_tiles(args, q, rows, kt, s);
-    }
-    const Vec scale = Vec::broadcast(args.softmax_scale);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
-        (Vec::load(s + r * kKeyBlock + c) * scale).store(s + r * kKeyBlock + c);
-      }
     }
   }
   // O += P V for the rows of one kv head and the block at j0, now or gathered; P is overwritten.
