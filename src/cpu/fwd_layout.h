@@ -22,7 +22,7 @@ namespace anyattn::cpu {
 // Keys per packed block. A multiple of every ISA's key tile (64 on AVX-512, 16 on AVX2).
 constexpr int64_t kKeyBlock = 64;
 // Most query rows one task processes; the scratch buffers are sized for it. Dense q blocks of 128
-// and of 36 rows were no faster (bench/README.md, "Where the forward time goes").
+// and of 36 rows were no faster (bench/MEASUREMENTS.md, "Where the forward time goes").
 constexpr int64_t kMaxQBlockRows = 64;
 // Most query rows per kv head for which streaming tasks read K and V directly instead of packing
 // them (fwd_decode_kernel-inl.h). Measured on the development VM (bf16, Hq32/Hk8, D128, B8
