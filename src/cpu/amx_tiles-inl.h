@@ -129,9 +129,9 @@ inline void score_block_tiles(int64_t head_dim, const void* q, int64_t rows, con
 //
 // The tiles multiply bf16 only. A left operand computed in f32 (probabilities, score gradients)
 // is split per element into hi (a truncated to bf16) and lo = bf16(a - hi), |a - hi - lo| <=
-// 2^-16 |a|, and
-// both parts are multiplied by the same right tiles: the product is as accurate as in f32 (bf16
-// hi alone, as GPU kernels use, would cost 2^-9 of |a| per term), for twice the tile products.
+// 2^-16 |a|, and both parts are multiplied by the same right tiles: the product is as accurate as
+// in f32 (bf16 hi alone, as GPU kernels use, would cost 2^-9 of |a| per term), for twice the tile
+// products.
 
 // A split row: 64 values as [hi: 64 bf16 | lo: 64 bf16], 256 bytes like the f32 row it replaces.
 constexpr int64_t kSplitRowFloats = 64;

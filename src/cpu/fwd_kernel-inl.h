@@ -312,11 +312,11 @@ constexpr float kStaleMaxHeadroom = 8.f;
 
 // One online-softmax step for one row and one key block: s_row (64 scores, natural units once
 // multiplied by score_scale, used only with kScaled; masked = -inf) becomes probabilities relative
-// to the row's max *m, which moves to the block's
-// max only when a score exceeds it by more than kStaleMaxHeadroom (log2 units) or when the row
-// has no max yet; o_row and the row's lane sums l_lanes (kLanes partial denominators) are rescaled
-// when it moves. NaN scores make the row NaN, and so does a +inf score (an infinite input, or a
-// product beyond the f32 range), as in exact arithmetic (inf - inf).
+// to the row's max *m, which moves to the block's max only when a score exceeds it by more than
+// kStaleMaxHeadroom (log2 units) or when the row has no max yet; o_row and the row's lane sums
+// l_lanes (kLanes partial denominators) are rescaled when it moves. NaN scores make the row NaN,
+// and so does a +inf score (an infinite input, or a product beyond the f32 range), as in exact
+// arithmetic (inf - inf).
 template <bool kScaled>
 inline void online_softmax_row(float* s_row, float score_scale, float* m, float* l_lanes,
                                float* o_row, int64_t dv_pad) {
