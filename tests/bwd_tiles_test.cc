@@ -154,7 +154,7 @@ TEST(BwdTiles, SubnormalRightOperandsKeepTheirGradients) {
 // Scores all equal (q_i = k_j = e_0), so P = 1/3 over Sk = 3 keys; v_j = e_j and dout_i = e_i.
 // With o = out_i[i] (1/3 rounded to bf16, read back) and delta_i = o: dS_ii = P (1 - o) and
 // dS_ij = -P o (j != i), so dq_i[0] = scale sum_j dS_ij and dk_j[0] = scale sum_i dS_ij both
-// cancel to scale P (1 - 3 o) = -scale 2^-9 / 3, about 100 times smaller than the terms. The split
+// cancel to scale P (1 - 3 o) = -scale 2^-9 / 3, about 300 times smaller than the terms. The split
 // products keep it to f32 accuracy; dS rounded to bf16 alone would be off by about 50%.
 TEST(BwdTiles, CancellingScoreGradientSumsStayAccurate) {
   for (anyattn_isa isa : supported_isas()) {
