@@ -187,19 +187,34 @@ int RunAb(const AbOptions& options) {
   const int64_t q_shape[4] = {1, options.seqlen, options.heads_q, options.head_dim};
   const int64_t kv_shape[4] = {1, options.seqlen, options.heads_k, options.head_dim};
   const int64_t lse_shape[3] = {1, options.heads_q, options.seqlen};
+  // The call's tensors and parameters as one build describes them (the gradient tensors only
+  // with --backward).
+  struct Call {
+    anyattn_tensor q, k, v, out, lse, dout, dq, dk, dv;
+    anyattn_fwd_params params;
+  };
+  auto describe = [&](const LibraryBuild& build) {
+    Call call;
+    build.tensor_init(&call.q, q.data(), dtype, 4, q_shape);
+    build.tensor_init(&call.k, k.data(), dtype, 4, kv_shape);
+    build.tensor_init(&call.v, v.data(), dtype, 4, kv_shape);
+    build.tensor_init(&call.out, out.data(), dtype, 4, q_shape);
+    if (options.backward) {
+      build.tensor_init(&call.lse, lse.data(), ANYATTN_DTYPE_F32, 3, lse_shape);
+      build.tensor_init(&call.dout, dout.data(), dtype, 4, q_shape);
+      build.tensor_init(&call.dq, dq.data(), dtype, 4, q_shape);
+      build.tensor_init(&call.dk, dk.data(), dtype, 4, kv_shape);
+      build.tensor_init(&call.dv, dv.data(), dtype, 4, kv_shape);
+    }
+    build.params_init(&call.params);
+    call.params.causal = options.causal ? 1 : 0;
+    return call;
+  };
   if (options.backward) {
     FillUniform(dout.data(), options.dtype, q_elements, 24);
     const LibraryBuild& first = builds[0];
-    anyattn_tensor tq, tk, tv, tout, tlse;
-    first.tensor_init(&tq, q.data(), dtype, 4, q_shape);
-    first.tensor_init(&tk, k.data(), dtype, 4, kv_shape);
-    first.tensor_init(&tv, v.data(), dtype, 4, kv_shape);
-    first.tensor_init(&tout, out.data(), dtype, 4, q_shape);
-    first.tensor_init(&tlse, lse.data(), ANYATTN_DTYPE_F32, 3, lse_shape);
-    anyattn_fwd_params params;
-    first.params_init(&params);
-    params.causal = options.causal ? 1 : 0;
-    if (first.fwd(&tq, &tk, &tv, &tout, &tlse, &params) != ANYATTN_OK) {
+    const Call call = describe(first);
+    if (first.fwd(&call.q, &call.k, &call.v, &call.out, &call.lse, &call.params) != ANYATTN_OK) {
       std::fprintf(stderr, "anyattn_ab_probe: %s: forward: %s\n", first.path.c_str(),
                    first.last_error());
       return 1;
@@ -212,27 +227,13 @@ int RunAb(const AbOptions& options) {
     for (size_t turn = 0; turn < count; ++turn) {
       const size_t index = (turn + static_cast<size_t>(round + 1)) % count;
       const LibraryBuild& build = builds[index];
-      anyattn_tensor tq, tk, tv, tout, tlse, tdout, tdq, tdk, tdv;
-      build.tensor_init(&tq, q.data(), dtype, 4, q_shape);
-      build.tensor_init(&tk, k.data(), dtype, 4, kv_shape);
-      build.tensor_init(&tv, v.data(), dtype, 4, kv_shape);
-      build.tensor_init(&tout, out.data(), dtype, 4, q_shape);
-      if (options.backward) {
-        build.tensor_init(&tlse, lse.data(), ANYATTN_DTYPE_F32, 3, lse_shape);
-        build.tensor_init(&tdout, dout.data(), dtype, 4, q_shape);
-        build.tensor_init(&tdq, dq.data(), dtype, 4, q_shape);
-        build.tensor_init(&tdk, dk.data(), dtype, 4, kv_shape);
-        build.tensor_init(&tdv, dv.data(), dtype, 4, kv_shape);
-      }
-      anyattn_fwd_params params;
-      build.params_init(&params);
-      params.causal = options.causal ? 1 : 0;
+      const Call call = describe(build);
       build.set_num_threads(options.threads);
       const double start = NowSeconds();
       const anyattn_status status =
-          options.backward
-              ? build.bwd(&tdout, &tq, &tk, &tv, &tout, &tlse, &tdq, &tdk, &tdv, nullptr, &params)
-              : build.fwd(&tq, &tk, &tv, &tout, nullptr, &params);
+          options.backward ? build.bwd(&call.dout, &call.q, &call.k, &call.v, &call.out, &call.lse,
+                                       &call.dq, &call.dk, &call.dv, nullptr, &call.params)
+                           : build.fwd(&call.q, &call.k, &call.v, &call.out, nullptr, &call.params);
       const double elapsed = NowSeconds() - start;
       if (status != ANYATTN_OK) {
         std::fprintf(stderr, "anyattn_ab_probe: %s: %s\n", build.path.c_str(), build.last_error());

@@ -15,6 +15,20 @@ namespace anyattn {
 namespace testing {
 namespace {
 
+// A bf16 case of one head (Hq = Hk = 1) and D = Dv = 32 on `isa`, the values set by each test.
+BwdCase one_head_bf16(anyattn_isa isa, int64_t seqlen_q, int64_t seqlen_k) {
+  BwdCase c;
+  c.fwd.isa = isa;
+  c.fwd.dtype = ANYATTN_DTYPE_BF16;
+  c.fwd.Sq = seqlen_q;
+  c.fwd.Sk = seqlen_k;
+  c.fwd.Hq = 1;
+  c.fwd.Hk = 1;
+  c.fwd.D = 32;
+  c.fwd.Dv = 32;
+  return c;
+}
+
 TEST(BwdTiles, HeadDimsAroundTheTileChunksMatchTheReference) {
   const int64_t head_dims[] = {8, 16, 17, 31, 33, 65};
   const int64_t value_dims[] = {16, 40, 80};
@@ -48,15 +62,7 @@ TEST(BwdTiles, SubnormalValuesOrOutputGradientsKeepDsExact) {
   const double subnormal = 1.5 * std::ldexp(1.0, -127);
   for (anyattn_isa isa : supported_isas()) {
     for (bool subnormal_values : {true, false}) {
-      BwdCase c;
-      c.fwd.isa = isa;
-      c.fwd.dtype = ANYATTN_DTYPE_BF16;
-      c.fwd.Sq = 64;
-      c.fwd.Sk = 64;
-      c.fwd.Hq = 1;
-      c.fwd.Hk = 1;
-      c.fwd.D = 32;
-      c.fwd.Dv = 32;
+      const BwdCase c = one_head_bf16(isa, 64, 64);
       SCOPED_TRACE(c.describe() + (subnormal_values ? ", subnormal V" : ", subnormal dout"));
       BwdProblem p(c);
       for (int64_t j = 0; j < c.fwd.Sk; ++j) {
@@ -94,15 +100,7 @@ TEST(BwdTiles, SubnormalRightOperandsKeepTheirGradients) {
   enum class Which { kDout, kQuery, kKey };
   for (anyattn_isa isa : supported_isas()) {
     for (Which which : {Which::kDout, Which::kQuery, Which::kKey}) {
-      BwdCase c;
-      c.fwd.isa = isa;
-      c.fwd.dtype = ANYATTN_DTYPE_BF16;
-      c.fwd.Sq = 64;
-      c.fwd.Sk = 64;
-      c.fwd.Hq = 1;
-      c.fwd.Hk = 1;
-      c.fwd.D = 32;
-      c.fwd.Dv = 32;
+      const BwdCase c = one_head_bf16(isa, 64, 64);
       const char* names[] = {"subnormal dout", "subnormal q", "subnormal k"};
       SCOPED_TRACE(c.describe() + ", " + names[static_cast<int>(which)]);
       BwdProblem p(c);
@@ -158,15 +156,7 @@ TEST(BwdTiles, SubnormalRightOperandsKeepTheirGradients) {
 // products keep it to f32 accuracy; dS rounded to bf16 alone would be off by about 50%.
 TEST(BwdTiles, CancellingScoreGradientSumsStayAccurate) {
   for (anyattn_isa isa : supported_isas()) {
-    BwdCase c;
-    c.fwd.isa = isa;
-    c.fwd.dtype = ANYATTN_DTYPE_BF16;
-    c.fwd.Sq = 3;
-    c.fwd.Sk = 3;
-    c.fwd.Hq = 1;
-    c.fwd.Hk = 1;
-    c.fwd.D = 32;
-    c.fwd.Dv = 32;
+    const BwdCase c = one_head_bf16(isa, 3, 3);
     SCOPED_TRACE(c.describe());
     BwdProblem p(c);
     for (int64_t r = 0; r < 3; ++r) {
