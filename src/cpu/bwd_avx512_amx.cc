@@ -1,5 +1,5 @@
 // The backward kernels for the avx512_amx path: bwd_kernel-inl.h compiled against vec_avx512.h,
-// with S = Q K^T and dP = dout V^T of bf16 calls on AMX tiles (bwd_tiles_amx-inl.h). Registered in
+// with the five products of bf16 calls on AMX tiles (bwd_tiles_amx-inl.h). Registered in
 // bwd_kernels.inc.
 #include <immintrin.h>
 #include <algorithm>

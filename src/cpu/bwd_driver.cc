@@ -32,7 +32,7 @@ struct BwdKernel {
   decltype(&bwd_portable::row_dots) row_dots;
   decltype(&bwd_portable::bwd_task) bwd_task;
   decltype(&bwd_portable::reduce_dq) reduce_dq;
-  bool bf16_tiles;  // S and dP of bf16 calls on AMX tiles (BwdLayout::bf16_tiles)
+  bool bf16_tiles;  // the products of bf16 calls on AMX tiles (BwdLayout::bf16_tiles)
 };
 
 #define ANYATTN_BWD_KERNEL(ns, isa, name, bf16_tiles) \
