@@ -35,7 +35,7 @@ if [ "$FAST" -eq 0 ]; then
 
   stage "Concurrency and resource tests under TSan"
   cmake --preset tsan >/dev/null
-  cmake --build --preset tsan -j "$JOBS" --target anyattn_reliability_tests
+  cmake --build --preset tsan -j "$JOBS" --target anyattn_reliability_tests anyattn_internal_tests
   ctest --preset tsan -R Reliability
 
   stage "Fuzzers (60 s each)"

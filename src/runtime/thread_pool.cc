@@ -33,6 +33,24 @@ inline void cpu_relax() {
 // the hand-off cheap; a long one burns the CPU time of oversubscribed machines.
 constexpr int kSpinIterations = 2000;
 
+// The job protocol. A job is its descriptor (fn, context, task count, threads) and a ticket, the
+// index of the next unclaimed task, or kClosed while the descriptor is being rewritten.
+//
+// - Tasks are claimed one at a time by compare-and-swap on the ticket, by the caller and by every
+//   worker whose index is below the job's thread count.
+// - The caller returns as soon as every task has *completed* (completed_ == task count). It never
+//   waits for a worker that has not claimed a task: on a loaded machine a worker that is not
+//   scheduled in time simply misses the job, and the caller runs the tasks itself. (Waiting for
+//   every worker to check in, as this pool once did, cost a tiny call 70 us and more whenever
+//   the other core was busy.)
+// - A worker reads the descriptor only while counted in inside_, and the next run() closes the
+//   ticket and then waits for inside_ to drop to 0 before it rewrites the descriptor. Workers
+//   enter with inside_.fetch_add before they load the ticket, and the caller closes the ticket
+//   before it loads inside_ (all sequentially consistent), so a worker either sees the ticket
+//   closed or is seen inside. The wait is short: a worker is inside across its tasks, which the
+//   caller waited for anyway, and one failed claim.
+constexpr int64_t kClosed = -1;
+
 class Pool {
  public:
   Pool() {
@@ -76,34 +94,50 @@ class Pool {
 
   // Requires a reservation and ensure_workers(threads).
   void run(int threads, int64_t num_tasks, TaskFn fn, void* context) {
+    ticket_.store(kClosed);
+    for (int spin = 0; inside_.load() != 0; ++spin) {
+      if (spin < kSpinIterations) {
+        cpu_relax();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    job_fn_ = fn;
+    job_context_ = context;
+    job_tasks_ = num_tasks;
+    job_threads_ = threads;
+    completed_.store(0);
     {
       std::lock_guard<std::mutex> lock(state_mutex_);
-      job_fn_ = fn;
-      job_context_ = context;
-      job_tasks_ = num_tasks;
-      job_threads_ = threads;
-      next_task_.store(0);
-      pending_workers_.store(threads - 1);
+      ticket_.store(0);
       generation_.fetch_add(1);
     }
     wake_.notify_all();
-    drain(0);
-    for (int spin = 0; pending_workers_.load(std::memory_order_acquire) != 0; ++spin) {
+    claim_tasks(0);
+    for (int spin = 0; completed_.load(std::memory_order_acquire) != num_tasks; ++spin) {
       if (spin < kSpinIterations) {
         cpu_relax();
       } else {
         std::unique_lock<std::mutex> lock(state_mutex_);
-        done_.wait(lock, [this] { return pending_workers_.load() == 0; });
+        done_.wait(lock, [&] { return completed_.load() == num_tasks; });
       }
     }
   }
 
  private:
-  void drain(int worker) {
+  // Claims and runs tasks of the current job until none is left. The caller (worker 0) always
+  // may; a worker must be counted in inside_.
+  void claim_tasks(int worker) {
     for (;;) {
-      const int64_t task = next_task_.fetch_add(1, std::memory_order_relaxed);
-      if (task >= job_tasks_) return;
+      int64_t task = ticket_.load();
+      if (task == kClosed || task >= job_tasks_) return;
+      if (!ticket_.compare_exchange_weak(task, task + 1)) continue;
       job_fn_(job_context_, task, worker);
+      // The caller waits only after its own last claim: a worker completing the job wakes it.
+      if (completed_.fetch_add(1, std::memory_order_acq_rel) + 1 == job_tasks_ && worker != 0) {
+        std::lock_guard<std::mutex> lock(state_mutex_);
+        done_.notify_all();
+      }
     }
   }
 
@@ -120,13 +154,11 @@ class Pool {
         wake_.wait(lock, [&] { return generation_.load() != seen; });
         seen = generation_.load();
         if (stopping_) return;
-        if (index >= job_threads_) continue;
       }
-      drain(index);
-      if (pending_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lock(state_mutex_);
-        done_.notify_all();
-      }
+      inside_.fetch_add(1);
+      const int64_t ticket = ticket_.load();
+      if (ticket != kClosed && index < job_threads_) claim_tasks(index);
+      inside_.fetch_sub(1);
     }
   }
 
@@ -140,7 +172,8 @@ class Pool {
     new (&state_mutex_) std::mutex();
     new (&wake_) std::condition_variable();
     new (&done_) std::condition_variable();
-    pending_workers_.store(0);
+    inside_.store(0);
+    ticket_.store(kClosed);
     job_threads_ = 0;
   }
 
@@ -151,13 +184,15 @@ class Pool {
   static inline AbandonedWorkers* abandoned_after_fork_ = nullptr;
 
   std::mutex call_mutex_;   // held by the lease owner for a whole call
-  std::mutex state_mutex_;  // guards the job fields and the condition variables
+  std::mutex state_mutex_;  // guards stopping_ and the condition variables' predicates
   std::condition_variable wake_;
   std::condition_variable done_;
   std::unique_ptr<std::vector<std::thread>> workers_ = std::make_unique<std::vector<std::thread>>();
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int64_t> next_task_{0};
-  std::atomic<int> pending_workers_{0};
+  std::atomic<uint64_t> generation_{0};  // bumped per job: wakes the workers
+  std::atomic<int64_t> ticket_{kClosed};
+  std::atomic<int64_t> completed_{0};
+  std::atomic<int> inside_{0};  // workers that may read the descriptor below
+  // The descriptor: written by run() only while the ticket is closed and inside_ is 0.
   TaskFn job_fn_ = nullptr;
   void* job_context_ = nullptr;
   int64_t job_tasks_ = 0;

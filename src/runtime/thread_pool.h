@@ -8,7 +8,9 @@
 //
 // Work is handed out as task indices from one atomic counter, so the mapping of tasks to threads
 // varies from run to run. Kernels make results independent of that mapping: every output element
-// is produced by exactly one task, in a fixed order.
+// is produced by exactly one task, in a fixed order. A job returns when its last task is done,
+// without waiting for workers that never took one (a worker the OS has not scheduled yet simply
+// misses the job).
 #ifndef ANYATTN_RUNTIME_THREAD_POOL_H_
 #define ANYATTN_RUNTIME_THREAD_POOL_H_
 
