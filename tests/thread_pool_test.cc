@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -54,14 +55,17 @@ TEST(ReliabilityThreadPool, ManyTinyJobsBackToBack) {
   }
 }
 
-// A lease of fewer threads than the pool has workers: the others stay out of its jobs.
+// A lease of fewer threads than the pool has workers: the others stay out of its jobs. Each task
+// sleeps a little, so that the other workers, woken by every job, are running while tasks are
+// still unclaimed (with instant tasks the two leased threads would finish before they wake).
 TEST(ReliabilityThreadPool, WorkersBeyondTheLeaseStayOut) {
   { const PoolLease wide = acquire_pool(6); }
   const PoolLease narrow = acquire_pool(2);
   ASSERT_EQ(narrow.num_threads(), 2);
   std::atomic<int> highest{0};
-  for (int job = 0; job < 200; ++job) {
+  for (int job = 0; job < 100; ++job) {
     narrow.run_each(16, [&](int64_t, int worker) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
       int seen = highest.load();
       while (worker > seen && !highest.compare_exchange_weak(seen, worker)) {
       }
