@@ -6,7 +6,8 @@
 #
 #   scripts/setup.sh            system packages only
 #   scripts/setup.sh --python   system packages, then .venv with numpy, pytest, torch (CPU use
-#                               of the PyPI wheel), transformers, and anyattn built from this tree
+#                               of the PyPI wheel), transformers, ggml-python (optional), and
+#                               anyattn built from this tree
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +42,10 @@ install_python_environment() {
   # its CMake build directory (build/python-*) and ccache between runs.
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q numpy pytest scikit-build-core nanobind torch transformers
+  # ggml-python builds ggml (the CPU flash attention llama.cpp runs) for this CPU: the peer of
+  # bench/ggml_fa.py. Optional: without it that comparison and its smoke test say so and skip.
+  .venv/bin/python -m pip install -q --no-build-isolation ggml-python==0.0.45 ||
+    echo "setup: ggml-python did not install; bench/ggml_fa.py will have no peer to run" >&2
   echo "setup: building and installing the anyattn Python package into .venv"
   .venv/bin/python -m pip install -q --no-build-isolation --no-deps .
 }

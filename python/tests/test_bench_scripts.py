@@ -1,9 +1,10 @@
-"""Smoke test of bench/torch_sdpa.py: one forward and one backward row against torch, through the
+"""Smoke tests of the peer comparisons: bench/torch_sdpa.py (one forward and one backward row
+against torch) and bench/ggml_fa.py (one forward and one decode row against ggml), through the
 ctypes mirror of the C ABI (bench/anyattn_ctypes.py), on the library the C++ build produced.
 
-The script's figures are timings (not checked here); what is checked is that both calls ran, the
-ratio was computed and the outputs agree with torch's to float32 rounding, so a change of the C
-structs that the mirror misses, or a broken call, fails here rather than in a benchmark run.
+The scripts' figures are timings (not checked here); what is checked is that both calls ran, the
+ratio was computed and the outputs agree with the peer's, so a change of the C structs that the
+mirror misses, or a broken call, fails here rather than in a benchmark run.
 """
 
 import json
@@ -13,14 +14,13 @@ import sys
 
 import pytest
 
-pytest.importorskip("torch")
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIBRARY = os.path.join(REPO, "build", "release", "src", "libanyattn.so")
 
 
 @pytest.mark.skipif(not os.path.exists(LIBRARY), reason="needs the Release build's libanyattn.so")
 def test_torch_sdpa_forward_and_backward_rows(tmp_path):
+    pytest.importorskip("torch")
     result_path = tmp_path / "torch_sdpa.json"
     command = [sys.executable, os.path.join(REPO, "bench", "torch_sdpa.py"), "--lib", LIBRARY,
                "--quick", "--threads-list", "1", "--target-seconds", "0.01", "--min-runs", "1",
@@ -36,3 +36,27 @@ def test_torch_sdpa_forward_and_backward_rows(tmp_path):
         assert row["speedup_vs_torch_sdpa"] > 0
         # f32 inputs in [-1, 1): outputs and gradients agree with torch's to rounding.
         assert row["max_abs_diff_vs_torch_sdpa"] < 1e-4, row
+
+
+@pytest.mark.skipif(not os.path.exists(LIBRARY), reason="needs the Release build's libanyattn.so")
+def test_ggml_fa_forward_and_decode_rows(tmp_path):
+    pytest.importorskip("ggml")
+    result_path = tmp_path / "ggml_fa.json"
+    command = [sys.executable, os.path.join(REPO, "bench", "ggml_fa.py"), "--lib", LIBRARY,
+               "--quick", "--threads-list", "1", "--target-seconds", "0.01", "--min-runs", "1",
+               "--dtypes", "f32,f16",
+               "--filter", "fwd/f32/causal/B1/Hq16/Hk4/D64/S1024",
+               "--filter", "decode/f16/B1/Hq32/Hk8/D128/Sk4096",
+               "--json", str(result_path)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    rows = json.loads(result_path.read_text())["rows"]
+    assert sorted(row["key"] for row in rows) == ["decode/f16/B1/Hq32/Hk8/D128/Sk4096",
+                                                   "fwd/f32/causal/B1/Hq16/Hk4/D64/S1024"]
+    for row in rows:
+        assert "anyattn_error" not in row and "ggml_error" not in row, row
+        assert row["speedup_vs_ggml"] > 0
+        # Inputs in [-1, 1): f32 outputs agree to rounding; in the f16 row ggml rounds q to f16
+        # and sums its output in f16 (a few units of 2^-11), anyattn rounds its output once.
+        bound = 1e-5 if row["dtype"] == "f32" else 2e-3
+        assert row["max_abs_diff_vs_ggml"] < bound, row

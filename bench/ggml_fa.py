@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""anyattn against ggml's flash attention (ggml_flash_attn_ext, the CPU kernel llama.cpp runs), in
+the same process.
+
+Runs anyattn_bench's forward and decode shapes for each thread count and each dtype of the K/V
+cache, with both implementations timed in alternation (peer_timing.time_interleaved: warm-up,
+then rounds of a chunk of calls of each; the median call of each), prints the ratios as it goes
+and writes JSON.
+
+    python3 bench/ggml_fa.py --lib build-bench/src/libanyattn.so [--quick] [--threads-list 1,2]
+                             [--dtypes f32,f16,bf16] [--filter TERMS] [--no-decode]
+
+ggml is reached through the ggml-python package (its ctypes bindings to the libggml it builds
+from source for this CPU; scripts/setup.sh installs it into .venv). How each side is called:
+
+- ggml: one graph holding ggml_flash_attn_ext, built once per row; the timed call is
+  ggml_graph_compute with a persistent ggml thread pool of the row's thread count, passive
+  (poll = 0: its workers sleep between calls, as anyattn's do, so neither steals the other's
+  cores). q is f32 (ggml's flash attention takes no other q type) holding the row dtype's values;
+  K and V are in the row's dtype, f16 being llama.cpp's default cache type. Layout (B, H, S, D),
+  ggml's natural one; the causal mask is ggml's f16 mask tensor (0 or -inf per query and key),
+  which is how llama.cpp asks for it.
+- anyattn: anyattn_fwd through bench/anyattn_ctypes.py on (B, S, H, D) buffers of the row's dtype
+  (q included), with the causal flag.
+Both get the same values. `max|diff|` compares the outputs (ggml writes f32; anyattn the row's
+dtype). ggml converts q to the K type for its dot products and, for f16 V, accumulates the output
+in f16, so its f16 rows differ from anyattn's by more than rounding.
+
+If ggml-python is not importable the script says so and exits 0.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+SCRIPT_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, SCRIPT_DIR)
+
+from anyattn_ctypes import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, AnyattnLibrary,  # noqa: E402
+                            find_library)
+from peer_timing import (decode_shapes, flops, forward_shapes, matches, row_key,  # noqa: E402
+                         time_interleaved)
+
+ABI_DTYPES = {"f32": DTYPE_F32, "f16": DTYPE_F16, "bf16": DTYPE_BF16}
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", help="path to libanyattn.so (default: search build-bench/ and "
+                        "build/ of this repository)")
+    parser.add_argument("--threads-list", help="thread counts, e.g. 1,2 (default: anyattn's "
+                        "default, then 1)")
+    parser.add_argument("--dtypes", default="f32,f16",
+                        help="K/V dtypes, comma-separated, of f32, f16, bf16 (default f32,f16)")
+    parser.add_argument("--quick", action="store_true", help="a subset of rows, shorter timings")
+    parser.add_argument("--filter", action="append", default=[],
+                        help="run rows whose key contains every comma-separated term (keys as in "
+                        "anyattn_bench); repeat to run the rows matching any")
+    parser.add_argument("--no-decode", action="store_true", help="skip the decode shapes")
+    parser.add_argument("--json", default=os.path.join("bench", "results", "ggml_fa.json"),
+                        help="results file (default bench/results/ggml_fa.json)")
+    parser.add_argument("--target-seconds", type=float, default=None,
+                        help="timed-run budget per case and implementation "
+                        "(default 0.5; quick 0.2)")
+    parser.add_argument("--min-runs", type=int, default=3, help="minimum timed runs (default 3)")
+    args = parser.parse_args()
+    args.dtypes = [d for d in args.dtypes.split(",") if d]
+    unknown = [d for d in args.dtypes if d not in ABI_DTYPES]
+    if unknown or not args.dtypes:
+        parser.error(f"--dtypes: {','.join(unknown) or 'nothing'} given; "
+                     "choose from f32, f16, bf16")
+    return args
+
+
+def bf16_bits(values):
+    """The bf16 bit patterns (uint16) of f32 values, rounded to nearest even (finite inputs)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
+
+
+def bf16_values(bits):
+    """The f32 values of bf16 bit patterns."""
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def random_tensor(rng, shape, dtype):
+    """Uniform values in [-1, 1) rounded to `dtype`: (the array anyattn reads, their f32 values).
+    bf16 arrays are uint16 bit patterns."""
+    values = rng.random(shape, dtype=np.float32) * 2 - 1
+    if dtype == "f32":
+        return values, values
+    if dtype == "f16":
+        half = values.astype(np.float16)
+        return half, half.astype(np.float32)
+    bits = bf16_bits(values)
+    return bits, bf16_values(bits)
+
+
+class GgmlAttention:
+    """One ggml_flash_attn_ext graph with its tensors, a passive thread pool and a compute plan."""
+
+    TYPES = {"f32": "GGML_TYPE_F32", "f16": "GGML_TYPE_F16", "bf16": "GGML_TYPE_BF16"}
+
+    def __init__(self, ggml, shape, q_values, k_data, v_data, threads):
+        """q_values: f32 (B, Hq, Sq, D); k_data, v_data: (B, Hk, Sk, D) in the row's dtype (bf16 as
+        uint16 bits). Copies them into the graph's tensors."""
+        self.ggml = ggml
+        batch, sq, sk = shape["batch"], shape["seqlen_q"], shape["seqlen_k"]
+        hq, hk, d = shape["heads_q"], shape["heads_k"], shape["head_dim"]
+        kv_type = getattr(ggml, self.TYPES[shape["dtype"]])
+        data_bytes = q_values.nbytes + k_data.nbytes + v_data.nbytes + batch * sq * hq * d * 4
+        if shape["causal"]:
+            data_bytes += sq * sk * 2
+        mem_size = (data_bytes + 16 * ggml.ggml_tensor_overhead() + ggml.ggml_graph_overhead()
+                    + (1 << 20))
+        params = ggml.ggml_init_params(mem_size=mem_size, mem_buffer=None, no_alloc=False)
+        self.ctx = ggml.ggml_init(params)
+        if not self.ctx:
+            raise MemoryError(f"ggml_init could not allocate {mem_size} bytes")
+        q = ggml.ggml_new_tensor_4d(self.ctx, ggml.GGML_TYPE_F32, d, sq, hq, batch)
+        k = ggml.ggml_new_tensor_4d(self.ctx, kv_type, d, sk, hk, batch)
+        v = ggml.ggml_new_tensor_4d(self.ctx, kv_type, d, sk, hk, batch)
+        for tensor, array in ((q, q_values), (k, k_data), (v, v_data)):
+            ctypes.memmove(ggml.ggml_get_data(tensor), array.ctypes.data, array.nbytes)
+        mask = None
+        if shape["causal"]:
+            mask = ggml.ggml_new_tensor_4d(self.ctx, ggml.GGML_TYPE_F16, sk, sq, 1, 1)
+            rows = np.arange(sq)[:, None]
+            keys = np.arange(sk)[None, :]
+            visible = keys <= rows + sk - sq  # bottom-right aligned, as anyattn's causal flag
+            mask_values = np.where(visible, 0.0, -np.inf).astype(np.float16)
+            ctypes.memmove(ggml.ggml_get_data(mask), mask_values.ctypes.data, mask_values.nbytes)
+        self.out = ggml.ggml_flash_attn_ext(self.ctx, q, k, v, mask, 1.0 / np.sqrt(d), 0.0, 0.0)
+        self.out_shape = (batch, sq, hq, d)  # ggml's result is [D, Hq, Sq, B]
+        self.graph = ggml.ggml_new_graph(self.ctx)
+        ggml.ggml_build_forward_expand(self.graph, self.out)
+        pool_params = ggml.ggml_threadpool_params_default(threads)
+        pool_params.poll = 0
+        self.pool = ggml.ggml_threadpool_new(ctypes.byref(pool_params))
+        self.plan = ggml.ggml_graph_plan(self.graph, threads, self.pool)
+        self.work = (ctypes.c_uint8 * max(1, self.plan.work_size))()
+        self.plan.work_data = ctypes.cast(self.work, ctypes.POINTER(ctypes.c_uint8))
+
+    def run(self):
+        status = self.ggml.ggml_graph_compute(self.graph, ctypes.byref(self.plan))
+        if status != 0:
+            raise RuntimeError(f"ggml_graph_compute returned status {status}")
+
+    def output(self):
+        """The result as an f32 (B, Sq, Hq, D) array (a copy)."""
+        pointer = ctypes.cast(self.ggml.ggml_get_data(self.out), ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(pointer, shape=self.out_shape).copy()
+
+    def close(self):
+        self.ggml.ggml_threadpool_free(self.pool)
+        self.ggml.ggml_free(self.ctx)
+
+
+def record_timings(row, results):
+    """Stores time_interleaved's results for anyattn and ggml in row (or their errors), with
+    GFLOP/s (and K/V GB/s for decode rows) and, when both ran, the speedup over ggml."""
+    for name, result in zip(("anyattn", "ggml"), results):
+        if isinstance(result, RuntimeError):
+            row[name] = None
+            row[name + "_error"] = str(result)
+            continue
+        row[name] = result
+        result["gflops"] = row["flops"] / result["median_s"] * 1e-9
+        if "kv_bytes" in row:
+            result["kv_gbps"] = row["kv_bytes"] / result["median_s"] * 1e-9
+    if row["anyattn"] and row["ggml"]:
+        row["speedup_vs_ggml"] = row["ggml"]["median_s"] / row["anyattn"]["median_s"]
+
+
+def run_row(ggml, lib, shape, threads, timing):
+    """Times both implementations on one shape; returns the row dict."""
+    dtype = shape["dtype"]
+    batch, sq, sk = shape["batch"], shape["seqlen_q"], shape["seqlen_k"]
+    hq, hk, d = shape["heads_q"], shape["heads_k"], shape["head_dim"]
+    rng = np.random.default_rng(1)
+    q, q_values = random_tensor(rng, (batch, sq, hq, d), dtype)
+    k, _ = random_tensor(rng, (batch, sk, hk, d), dtype)
+    v, _ = random_tensor(rng, (batch, sk, hk, d), dtype)
+    out = np.zeros((batch, sq, hq, d), dtype=q.dtype)
+    row = dict(shape, key=row_key(shape), threads=threads, flops=flops(shape))
+    if shape["kind"] == "decode":
+        row["kv_bytes"] = 2 * batch * sk * hk * d * k.itemsize
+
+    def head_major(array):
+        return np.ascontiguousarray(array.transpose(0, 2, 1, 3))
+
+    peer = GgmlAttention(ggml, shape, head_major(q_values), head_major(k), head_major(v), threads)
+    try:
+        anyattn_run = lib.fwd_call(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data,
+                                   ABI_DTYPES[dtype], batch, sq, sk, hq, hk, d, shape["causal"])
+        record_timings(row, time_interleaved([anyattn_run, peer.run], **timing))
+        if "speedup_vs_ggml" in row:
+            ours = bf16_values(out) if dtype == "bf16" else out.astype(np.float32)
+            row["max_abs_diff_vs_ggml"] = float(np.abs(ours - peer.output()).max())
+    finally:
+        peer.close()
+    return row
+
+
+def format_row(row):
+    """One table line for a row."""
+    if row["kind"] == "decode":
+        label = f"B{row['batch']} H{row['heads_q']}/{row['heads_k']} D{row['head_dim']} " \
+                f"Sk{row['seqlen_k']}"
+    else:
+        label = f"B{row['batch']} H{row['heads_q']}/{row['heads_k']} D{row['head_dim']} " \
+                f"S{row['seqlen_q']}"
+    mask = "causal" if row["causal"] else "none"
+    cells = [f"{label:<26} {row['dtype']:<5} {mask:<6} {row['threads']:>3}"]
+    for name in ("anyattn", "ggml"):
+        result = row.get(name)
+        if result:
+            rate = (f"{result['kv_gbps']:8.1f}GB/s" if "kv_gbps" in result
+                    else f"{result['gflops']:8.1f}GF/s")
+            cells.append(f"{result['median_s'] * 1e3:10.3f} {rate}")
+        else:
+            cells.append(f"{'error':>10} {'-':>12}")
+    if "speedup_vs_ggml" in row:
+        cells.append(f"{row['speedup_vs_ggml']:7.2f} {row['max_abs_diff_vs_ggml']:9.1e}")
+    else:
+        cells.append(f"{'-':>7} {'-':>9}")
+    errors = [row[k] for k in ("anyattn_error", "ggml_error") if k in row]
+    return " | ".join(cells) + ("  " + "; ".join(errors) if errors else "")
+
+
+def main():
+    args = parse_args()
+    try:
+        import ggml
+    except ImportError:
+        print("ggml-python is not importable in this Python; nothing to compare with. Install it "
+              "(pip install ggml-python, which builds ggml for this CPU) to run this comparison.")
+        return 0
+
+    library_path = find_library(args.lib)
+    if library_path is None:
+        print("libanyattn.so not found: build the library and pass --lib PATH", file=sys.stderr)
+        return 1
+    lib = AnyattnLibrary(library_path)
+    default_threads = lib.set_num_threads(0)
+    if args.threads_list:
+        thread_counts = [int(t) for t in args.threads_list.split(",")]
+    else:
+        thread_counts = [default_threads] + ([1] if default_threads != 1 and not args.quick
+                                              else [])
+    target = args.target_seconds or (0.2 if args.quick else 0.5)
+    timing = dict(target_seconds=target, min_runs=args.min_runs)
+    shapes = forward_shapes(args.quick, args.dtypes)
+    if not args.no_decode:
+        shapes += decode_shapes(args.quick, args.dtypes)
+    shapes = [s for s in shapes if matches(row_key(s), args.filter)]
+
+    features = ", ".join(name for name, probe in (("avx2", ggml.ggml_cpu_has_avx2),
+                                                  ("avx512", ggml.ggml_cpu_has_avx512),
+                                                  ("avx512_bf16", ggml.ggml_cpu_has_avx512_bf16))
+                         if probe())
+    print(f"anyattn {lib.version()} ({lib.path}) vs ggml_flash_attn_ext (ggml-python's libggml, "
+          f"built with: {features or 'no AVX'}); ggml thread pool passive (poll 0)")
+    print("x ggml = ggml ms / anyattn ms (>1: anyattn faster); GF/s = 4*B*Hq*D*visible_pairs / "
+          "median time; decode rows show GB/s of K and V; ggml's q is f32 holding the row "
+          "dtype's values, its K/V in the row dtype")
+    rows = []
+    for threads in thread_counts:
+        got = lib.set_num_threads(threads)
+        print(f"\n{threads} thread(s) (ggml {threads}, anyattn {got})")
+        print(f"{'shape':<26} {'dtype':<5} {'mask':<6} {'thr':>3} | {'anyattn ms':>10} "
+              f"{'rate':>12} | {'ggml ms':>10} {'rate':>12} | {'x ggml':>7} {'max|diff|':>9}")
+        for shape in shapes:
+            row = run_row(ggml, lib, shape, threads, timing)
+            rows.append(row)
+            print(format_row(row), flush=True)
+    lib.set_num_threads(0)
+
+    report = dict(schema="anyattn-ggml-fa/1",
+                  timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  command_line=" ".join(sys.argv), anyattn_library=lib.path,
+                  anyattn_version=lib.version(), ggml_cpu_features=features,
+                  timing_policy=timing, rows=rows)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as handle:
+        json.dump(report, handle, indent=2)
+    print(f"\nJSON: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

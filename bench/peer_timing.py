@@ -1,0 +1,122 @@
+"""What the peer comparisons in bench/ share: anyattn_bench's shapes and row keys, FLOP counts and
+the alternating timer.
+
+torch_sdpa.py (torch's scaled_dot_product_attention) and ggml_fa.py (ggml's flash attention, the
+kernel of llama.cpp) time anyattn and the peer on the same shapes, in alternation, by the rules of
+anyattn_bench's forward table (bench/timing.h), so that their ratios are taken in one process and
+one moment of a shared host.
+"""
+
+import math
+import statistics
+import time
+
+
+def forward_shapes(quick, dtypes=("f32", "bf16")):
+    """The forward table of anyattn_bench (bench/shapes.cc), as dicts, for each of `dtypes`."""
+    shapes = []
+    for dtype in dtypes:
+        for heads_k in ((4,) if quick else (16, 4)):
+            for head_dim in (64, 128):
+                for causal in (False, True):
+                    for seqlen in ((1024, 2048) if quick else (512, 1024, 2048, 4096, 8192)):
+                        shapes.append(dict(kind="fwd", dtype=dtype, batch=1, seqlen_q=seqlen,
+                                           seqlen_k=seqlen, heads_q=16, heads_k=heads_k,
+                                           head_dim=head_dim, causal=causal))
+    return shapes
+
+
+def decode_shapes(quick, dtypes=("bf16", "f32")):
+    """The decode table of anyattn_bench: Sq = 1, Hq = 32, Hk = 8, D = 128, for each of `dtypes`."""
+    shapes = []
+    for dtype in dtypes:
+        for batch in ((1,) if quick else (1, 8)):
+            for seqlen_k in (4096, 32768):
+                shapes.append(dict(kind="decode", dtype=dtype, batch=batch, seqlen_q=1,
+                                   seqlen_k=seqlen_k, heads_q=32, heads_k=8, head_dim=128,
+                                   causal=False))
+    return shapes
+
+
+def row_key(shape):
+    """The row key anyattn_bench uses for the same shape (what --filter matches)."""
+    if shape["kind"] == "decode":
+        return (f"decode/{shape['dtype']}/B{shape['batch']}/Hq{shape['heads_q']}"
+                f"/Hk{shape['heads_k']}/D{shape['head_dim']}/Sk{shape['seqlen_k']}")
+    mask = "causal" if shape["causal"] else "full"
+    return (f"{shape['kind']}/{shape['dtype']}/{mask}/B{shape['batch']}/Hq{shape['heads_q']}"
+            f"/Hk{shape['heads_k']}/D{shape['head_dim']}/S{shape['seqlen_q']}")
+
+
+def matches(key, filters):
+    """True when `filters` is empty or, for one of them, every comma-separated term occurs in key."""
+    if not filters:
+        return True
+    return any(all(term in key for term in text.split(",") if term) for text in filters)
+
+
+def visible_pairs(seqlen_q, seqlen_k, causal):
+    """Query-key pairs left visible by the bottom-right aligned causal mask (or all of them)."""
+    if not causal:
+        return seqlen_q * seqlen_k
+    return sum(min(max(i + seqlen_k - seqlen_q + 1, 0), seqlen_k) for i in range(seqlen_q))
+
+
+def flops(shape):
+    """Forward FLOPs by DESIGN.md section 5: 4 * B * Hq * D * visible pairs."""
+    return 4.0 * shape["batch"] * shape["heads_q"] * shape["head_dim"] * visible_pairs(
+        shape["seqlen_q"], shape["seqlen_k"], shape["causal"])
+
+
+def warm_up(run, warmup_seconds):
+    """Runs run() for at least one call and warmup_seconds; returns the last call's seconds."""
+    start = time.perf_counter()
+    while True:
+        run_start = time.perf_counter()
+        run()
+        single = time.perf_counter() - run_start
+        if time.perf_counter() - start >= warmup_seconds:
+            return single
+
+
+def time_interleaved(runs, target_seconds, min_runs, max_runs=25, warmup_seconds=0.1,
+                     long_run_seconds=2.0, min_runs_long=2, min_chunk_seconds=0.1):
+    """Times several zero-argument functions in alternation, as anyattn_bench does (TimeInterleaved
+    in bench/timing.h), so that a slow moment of a shared host falls on all of them alike: each
+    warms up, then every round runs each in turn for a chunk of calls about as long as one call of
+    the slowest (at least min_chunk_seconds), for clamp(ceil(target / chunk), min_runs, max_runs)
+    rounds (at least 5 while a chunk lasts at most 0.5 s; min_runs_long when a call exceeds
+    long_run_seconds). Returns, per function, a dict of median/min/max seconds and the run count,
+    or the RuntimeError its call raised (it then drops out of the later rounds)."""
+    results = [None] * len(runs)
+    single = [0.0] * len(runs)
+    for i, run in enumerate(runs):
+        try:
+            single[i] = warm_up(run, warmup_seconds)
+        except RuntimeError as error:
+            results[i] = error
+    slowest = max((single[i] for i in range(len(runs)) if results[i] is None), default=0.0)
+    chunk_seconds = max(min_chunk_seconds, slowest)
+    min_rounds = max(min_runs, 5) if chunk_seconds <= 0.5 else min_runs
+    rounds = max(min_rounds, min(max_runs, math.ceil(target_seconds / chunk_seconds)))
+    if slowest > long_run_seconds:
+        rounds = min(min_runs, min_runs_long)
+    chunks = [max(1, int(chunk_seconds // max(t, 1e-9))) for t in single]
+    samples = [[] for _ in runs]
+    for _ in range(rounds):
+        for i, run in enumerate(runs):
+            for _ in range(chunks[i]):
+                if results[i] is not None:
+                    break
+                run_start = time.perf_counter()
+                try:
+                    run()
+                except RuntimeError as error:
+                    results[i] = error
+                    break
+                samples[i].append(time.perf_counter() - run_start)
+    for i, times in enumerate(samples):
+        if results[i] is None:
+            results[i] = dict(median_s=statistics.median(times), min_s=min(times),
+                              max_s=max(times), runs=len(times))
+    return results
