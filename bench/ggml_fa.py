@@ -43,8 +43,8 @@ sys.path.insert(0, SCRIPT_DIR)
 
 from anyattn_ctypes import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, AnyattnLibrary,  # noqa: E402
                             find_library)
-from peer_timing import (decode_shapes, flops, forward_shapes, matches, row_key,  # noqa: E402
-                         time_interleaved)
+from peer_timing import (decode_shapes, flops, format_row, forward_shapes, matches,  # noqa: E402
+                         record_timings, row_key, time_interleaved)
 
 ABI_DTYPES = {"f32": DTYPE_F32, "f16": DTYPE_F16, "bf16": DTYPE_BF16}
 
@@ -163,22 +163,6 @@ class GgmlAttention:
         self.ggml.ggml_free(self.ctx)
 
 
-def record_timings(row, results):
-    """Stores time_interleaved's results for anyattn and ggml in row (or their errors), with
-    GFLOP/s (and K/V GB/s for decode rows) and, when both ran, the speedup over ggml."""
-    for name, result in zip(("anyattn", "ggml"), results):
-        if isinstance(result, RuntimeError):
-            row[name] = None
-            row[name + "_error"] = str(result)
-            continue
-        row[name] = result
-        result["gflops"] = row["flops"] / result["median_s"] * 1e-9
-        if "kv_bytes" in row:
-            result["kv_gbps"] = row["kv_bytes"] / result["median_s"] * 1e-9
-    if row["anyattn"] and row["ggml"]:
-        row["speedup_vs_ggml"] = row["ggml"]["median_s"] / row["anyattn"]["median_s"]
-
-
 def run_row(ggml, lib, shape, threads, timing):
     """Times both implementations on one shape; returns the row dict."""
     dtype = shape["dtype"]
@@ -200,39 +184,13 @@ def run_row(ggml, lib, shape, threads, timing):
     try:
         anyattn_run = lib.fwd_call(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data,
                                    ABI_DTYPES[dtype], batch, sq, sk, hq, hk, d, shape["causal"])
-        record_timings(row, time_interleaved([anyattn_run, peer.run], **timing))
+        record_timings(row, time_interleaved([anyattn_run, peer.run], **timing), "ggml")
         if "speedup_vs_ggml" in row:
             ours = bf16_values(out) if dtype == "bf16" else out.astype(np.float32)
             row["max_abs_diff_vs_ggml"] = float(np.abs(ours - peer.output()).max())
     finally:
         peer.close()
     return row
-
-
-def format_row(row):
-    """One table line for a row."""
-    if row["kind"] == "decode":
-        label = f"B{row['batch']} H{row['heads_q']}/{row['heads_k']} D{row['head_dim']} " \
-                f"Sk{row['seqlen_k']}"
-    else:
-        label = f"B{row['batch']} H{row['heads_q']}/{row['heads_k']} D{row['head_dim']} " \
-                f"S{row['seqlen_q']}"
-    mask = "causal" if row["causal"] else "none"
-    cells = [f"{label:<26} {row['dtype']:<5} {mask:<6} {row['threads']:>3}"]
-    for name in ("anyattn", "ggml"):
-        result = row.get(name)
-        if result:
-            rate = (f"{result['kv_gbps']:8.1f}GB/s" if "kv_gbps" in result
-                    else f"{result['gflops']:8.1f}GF/s")
-            cells.append(f"{result['median_s'] * 1e3:10.3f} {rate}")
-        else:
-            cells.append(f"{'error':>10} {'-':>12}")
-    if "speedup_vs_ggml" in row:
-        cells.append(f"{row['speedup_vs_ggml']:7.2f} {row['max_abs_diff_vs_ggml']:9.1e}")
-    else:
-        cells.append(f"{'-':>7} {'-':>9}")
-    errors = [row[k] for k in ("anyattn_error", "ggml_error") if k in row]
-    return " | ".join(cells) + ("  " + "; ".join(errors) if errors else "")
 
 
 def main():
@@ -280,7 +238,7 @@ def main():
         for shape in shapes:
             row = run_row(ggml, lib, shape, threads, timing)
             rows.append(row)
-            print(format_row(row), flush=True)
+            print(format_row(row, "ggml"), flush=True)
     lib.set_num_threads(0)
 
     report = dict(schema="anyattn-ggml-fa/1",

@@ -1,5 +1,5 @@
-"""What the peer comparisons in bench/ share: anyattn_bench's shapes and row keys, FLOP counts and
-the alternating timer.
+"""What the peer comparisons in bench/ share: anyattn_bench's shapes and row keys, FLOP counts,
+the alternating timer, and the rows' figures and table lines.
 
 torch_sdpa.py (torch's scaled_dot_product_attention) and ggml_fa.py (ggml's flash attention, the
 kernel of llama.cpp) time anyattn and the peer on the same shapes, in alternation, by the rules of
@@ -120,3 +120,48 @@ def time_interleaved(runs, target_seconds, min_runs, max_runs=25, warmup_seconds
             results[i] = dict(median_s=statistics.median(times), min_s=min(times),
                               max_s=max(times), runs=len(times))
     return results
+
+
+def record_timings(row, results, peer):
+    """Stores time_interleaved's results for anyattn and the peer in row, under "anyattn" and
+    `peer` (or their errors, under "<name>_error"), with GFLOP/s (and K/V GB/s for decode rows)
+    and, when both ran, row["speedup_vs_<peer>"] = peer time / anyattn time."""
+    for name, result in zip(("anyattn", peer), results):
+        if isinstance(result, RuntimeError):
+            row[name] = None
+            row[name + "_error"] = str(result)
+            continue
+        row[name] = result
+        result["gflops"] = row["flops"] / result["median_s"] * 1e-9
+        if "kv_bytes" in row:
+            result["kv_gbps"] = row["kv_bytes"] / result["median_s"] * 1e-9
+    if row["anyattn"] and row[peer]:
+        row["speedup_vs_" + peer] = row[peer]["median_s"] / row["anyattn"]["median_s"]
+
+
+def format_row(row, peer):
+    """One table line for a row timed against `peer` (its max_abs_diff_vs_<peer> included)."""
+    if row["kind"] == "decode":
+        label = f"B{row['batch']} H{row['heads_q']}/{row['heads_k']} D{row['head_dim']} " \
+                f"Sk{row['seqlen_k']}"
+    else:
+        label = f"B{row['batch']} H{row['heads_q']}/{row['heads_k']} D{row['head_dim']} " \
+                f"S{row['seqlen_q']}"
+    if row["kind"] == "bwd":
+        label = "bwd " + label
+    mask = "causal" if row["causal"] else "none"
+    cells = [f"{label:<26} {row['dtype']:<5} {mask:<6} {row['threads']:>3}"]
+    for name in ("anyattn", peer):
+        result = row.get(name)
+        if result:
+            rate = (f"{result['kv_gbps']:8.1f}GB/s" if "kv_gbps" in result
+                    else f"{result['gflops']:8.1f}GF/s")
+            cells.append(f"{result['median_s'] * 1e3:10.3f} {rate}")
+        else:
+            cells.append(f"{'error':>10} {'-':>12}")
+    if "speedup_vs_" + peer in row:
+        cells.append(f"{row['speedup_vs_' + peer]:7.2f} {row['max_abs_diff_vs_' + peer]:9.1e}")
+    else:
+        cells.append(f"{'-':>7} {'-':>9}")
+    errors = [row[name + "_error"] for name in ("anyattn", peer) if name + "_error" in row]
+    return " | ".join(cells) + ("  " + "; ".join(errors) if errors else "")

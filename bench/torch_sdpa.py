@@ -34,8 +34,8 @@ SCRIPT_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPT_DIR)
 
 from anyattn_ctypes import DTYPE_BF16, DTYPE_F32, AnyattnLibrary, find_library  # noqa: E402
-from peer_timing import (decode_shapes, flops, forward_shapes, matches, row_key,  # noqa: E402
-                         time_interleaved)
+from peer_timing import (decode_shapes, flops, format_row, forward_shapes, matches,  # noqa: E402
+                         record_timings, row_key, time_interleaved)
 from plot_results import plot_gflops  # noqa: E402
 
 
@@ -100,23 +100,6 @@ def make_torch_call(torch, functional, q, k, v, causal, use_gqa):
         q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), is_causal=causal)
 
 
-def record_timings(row, results):
-    """Stores time_interleaved's results for anyattn and torch in row (or their errors), with
-    GFLOP/s (and KV GB/s for decode rows) and, when both ran, the speedup over torch."""
-    for name, error_key, result in zip(("anyattn", "torch_sdpa"),
-                                       ("anyattn_error", "torch_error"), results):
-        if isinstance(result, RuntimeError):
-            row[name] = None
-            row[error_key] = str(result)
-            continue
-        row[name] = result
-        result["gflops"] = row["flops"] / result["median_s"] * 1e-9
-        if "kv_bytes" in row:
-            result["kv_gbps"] = row["kv_bytes"] / result["median_s"] * 1e-9
-    if row["anyattn"] and row["torch_sdpa"]:
-        row["speedup_vs_torch_sdpa"] = row["torch_sdpa"]["median_s"] / row["anyattn"]["median_s"]
-
-
 def run_row(torch, functional, lib, shape, threads, timing, use_gqa):
     """Times both implementations on one shape; returns the row dict."""
     dtype = torch.float32 if shape["dtype"] == "f32" else torch.bfloat16
@@ -138,7 +121,7 @@ def run_row(torch, functional, lib, shape, threads, timing, use_gqa):
     torch_run = make_torch_call(torch, functional, q_t, k_t, v_t, shape["causal"], use_gqa)
     torch_out = None
     with torch.inference_mode():
-        record_timings(row, time_interleaved([anyattn_run, torch_run], **timing))
+        record_timings(row, time_interleaved([anyattn_run, torch_run], **timing), "torch_sdpa")
         if row["torch_sdpa"]:
             torch_out = torch_run().transpose(1, 2)
     if "speedup_vs_torch_sdpa" in row:
@@ -173,41 +156,13 @@ def run_backward_row(torch, functional, lib, shape, threads, timing, use_gqa):
     def torch_run():
         return torch.autograd.grad(out_t, (q_t, k_t, v_t), dout_t, retain_graph=True)
 
-    record_timings(row, time_interleaved([anyattn_run, torch_run], **timing))
+    record_timings(row, time_interleaved([anyattn_run, torch_run], **timing), "torch_sdpa")
     if "speedup_vs_torch_sdpa" in row:
         torch_grads = torch_run()
         row["max_abs_diff_vs_torch_sdpa"] = max(
             float((ours.float() - theirs.transpose(1, 2).float()).abs().max().item())
             for ours, theirs in zip((dq, dk, dv), torch_grads))
     return row
-
-
-def format_row(row):
-    """One table line for a row."""
-    if row["kind"] == "decode":
-        label = f"B{row['batch']} H{row['heads_q']}/{row['heads_k']} D{row['head_dim']} " \
-                f"Sk{row['seqlen_k']}"
-    else:
-        label = f"B{row['batch']} H{row['heads_q']}/{row['heads_k']} D{row['head_dim']} " \
-                f"S{row['seqlen_q']}"
-    if row["kind"] == "bwd":
-        label = "bwd " + label
-    mask = "causal" if row["causal"] else "none"
-    cells = [f"{label:<26} {row['dtype']:<5} {mask:<6} {row['threads']:>3}"]
-    for name in ("anyattn", "torch_sdpa"):
-        result = row.get(name)
-        if result:
-            rate = (f"{result['kv_gbps']:8.1f}GB/s" if "kv_gbps" in result
-                    else f"{result['gflops']:8.1f}GF/s")
-            cells.append(f"{result['median_s'] * 1e3:10.3f} {rate}")
-        else:
-            cells.append(f"{'error':>10} {'-':>12}")
-    if "speedup_vs_torch_sdpa" in row:
-        cells.append(f"{row['speedup_vs_torch_sdpa']:7.2f} {row['max_abs_diff_vs_torch_sdpa']:9.1e}")
-    else:
-        cells.append(f"{'-':>7} {'-':>9}")
-    errors = [row[k] for k in ("anyattn_error", "torch_error") if k in row]
-    return " | ".join(cells) + ("  " + "; ".join(errors) if errors else "")
 
 
 def main():
@@ -262,7 +217,7 @@ def main():
             run = run_backward_row if shape["kind"] == "bwd" else run_row
             row = run(torch, functional, lib, shape, threads, timing, use_gqa)
             rows.append(row)
-            print(format_row(row), flush=True)
+            print(format_row(row, "torch_sdpa"), flush=True)
     lib.set_num_threads(0)
 
     report = dict(schema="anyattn-torch-sdpa/1",

@@ -32,7 +32,7 @@ def test_torch_sdpa_forward_and_backward_rows(tmp_path):
     rows = json.loads(result_path.read_text())["rows"]
     assert sorted(row["kind"] for row in rows) == ["bwd", "fwd"]
     for row in rows:
-        assert "anyattn_error" not in row and "torch_error" not in row, row
+        assert "anyattn_error" not in row and "torch_sdpa_error" not in row, row
         assert row["speedup_vs_torch_sdpa"] > 0
         # f32 inputs in [-1, 1): outputs and gradients agree with torch's to rounding.
         assert row["max_abs_diff_vs_torch_sdpa"] < 1e-4, row
