@@ -29,7 +29,6 @@ in f16, so its f16 rows differ from anyattn's by more than rounding.
 If ggml-python is not importable the script says so and exits 0.
 """
 
-import argparse
 import ctypes
 import json
 import os
@@ -41,34 +40,17 @@ import numpy as np
 SCRIPT_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPT_DIR)
 
-from anyattn_ctypes import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, AnyattnLibrary,  # noqa: E402
-                            find_library)
+from anyattn_ctypes import DTYPE_BF16, DTYPE_F16, DTYPE_F32  # noqa: E402
 from peer_timing import (decode_shapes, flops, format_row, forward_shapes, matches,  # noqa: E402
-                         record_timings, row_key, time_interleaved)
+                         open_library, peer_parser, record_timings, row_key, time_interleaved)
 
 ABI_DTYPES = {"f32": DTYPE_F32, "f16": DTYPE_F16, "bf16": DTYPE_BF16}
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lib", help="path to libanyattn.so (default: search build-bench/ and "
-                        "build/ of this repository)")
-    parser.add_argument("--threads-list", help="thread counts, e.g. 1,2 (default: anyattn's "
-                        "default, then 1)")
+    parser = peer_parser(__doc__, "ggml_fa.json")
     parser.add_argument("--dtypes", default="f32,f16",
                         help="K/V dtypes, comma-separated, of f32, f16, bf16 (default f32,f16)")
-    parser.add_argument("--quick", action="store_true", help="a subset of rows, shorter timings")
-    parser.add_argument("--filter", action="append", default=[],
-                        help="run rows whose key contains every comma-separated term (keys as in "
-                        "anyattn_bench); repeat to run the rows matching any")
-    parser.add_argument("--no-decode", action="store_true", help="skip the decode shapes")
-    parser.add_argument("--json", default=os.path.join("bench", "results", "ggml_fa.json"),
-                        help="results file (default bench/results/ggml_fa.json)")
-    parser.add_argument("--target-seconds", type=float, default=None,
-                        help="timed-run budget per case and implementation "
-                        "(default 0.5; quick 0.2)")
-    parser.add_argument("--min-runs", type=int, default=3, help="minimum timed runs (default 3)")
     args = parser.parse_args()
     args.dtypes = [d for d in args.dtypes.split(",") if d]
     unknown = [d for d in args.dtypes if d not in ABI_DTYPES]
@@ -202,19 +184,10 @@ def main():
               "(pip install ggml-python, which builds ggml for this CPU) to run this comparison.")
         return 0
 
-    library_path = find_library(args.lib)
-    if library_path is None:
-        print("libanyattn.so not found: build the library and pass --lib PATH", file=sys.stderr)
+    opened = open_library(args)
+    if opened is None:
         return 1
-    lib = AnyattnLibrary(library_path)
-    default_threads = lib.set_num_threads(0)
-    if args.threads_list:
-        thread_counts = [int(t) for t in args.threads_list.split(",")]
-    else:
-        thread_counts = [default_threads] + ([1] if default_threads != 1 and not args.quick
-                                              else [])
-    target = args.target_seconds or (0.2 if args.quick else 0.5)
-    timing = dict(target_seconds=target, min_runs=args.min_runs)
+    lib, thread_counts, timing = opened
     shapes = forward_shapes(args.quick, args.dtypes)
     if not args.no_decode:
         shapes += decode_shapes(args.quick, args.dtypes)

@@ -1,5 +1,5 @@
 """What the peer comparisons in bench/ share: anyattn_bench's shapes and row keys, FLOP counts,
-the alternating timer, and the rows' figures and table lines.
+the alternating timer, the rows' figures and table lines, and the common options and set-up.
 
 torch_sdpa.py (torch's scaled_dot_product_attention) and ggml_fa.py (ggml's flash attention, the
 kernel of llama.cpp) time anyattn and the peer on the same shapes, in alternation, by the rules of
@@ -7,9 +7,14 @@ anyattn_bench's forward table (bench/timing.h), so that their ratios are taken i
 one moment of a shared host.
 """
 
+import argparse
 import math
+import os
 import statistics
+import sys
 import time
+
+from anyattn_ctypes import AnyattnLibrary, find_library
 
 
 def forward_shapes(quick, dtypes=("f32", "bf16")):
@@ -165,3 +170,45 @@ def format_row(row, peer):
         cells.append(f"{'-':>7} {'-':>9}")
     errors = [row[name + "_error"] for name in ("anyattn", peer) if name + "_error" in row]
     return " | ".join(cells) + ("  " + "; ".join(errors) if errors else "")
+
+
+def peer_parser(description, json_name):
+    """An argument parser with the options every comparison takes; results go to
+    bench/results/<json_name> by default."""
+    parser = argparse.ArgumentParser(description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", help="path to libanyattn.so (default: search build-bench/ and "
+                        "build/ of this repository)")
+    parser.add_argument("--threads-list", help="thread counts, e.g. 1,2 (default: anyattn's "
+                        "default, then 1)")
+    parser.add_argument("--quick", action="store_true", help="a subset of rows, shorter timings")
+    parser.add_argument("--filter", action="append", default=[],
+                        help="run rows whose key contains every comma-separated term (keys as in "
+                        "anyattn_bench); repeat to run the rows matching any")
+    parser.add_argument("--no-decode", action="store_true", help="skip the decode shapes")
+    parser.add_argument("--json", default=os.path.join("bench", "results", json_name),
+                        help=f"results file (default bench/results/{json_name})")
+    parser.add_argument("--target-seconds", type=float, default=None,
+                        help="timed-run budget per case and implementation "
+                        "(default 0.5; quick 0.2)")
+    parser.add_argument("--min-runs", type=int, default=3, help="minimum timed runs (default 3)")
+    return parser
+
+
+def open_library(args):
+    """(library, thread counts, timing options) from the parsed common options, or None (after
+    saying why on stderr) when libanyattn.so cannot be found. Without --threads-list the counts
+    are anyattn's default, then 1 (default only with --quick)."""
+    library_path = find_library(args.lib)
+    if library_path is None:
+        print("libanyattn.so not found: build the library and pass --lib PATH", file=sys.stderr)
+        return None
+    lib = AnyattnLibrary(library_path)
+    default_threads = lib.set_num_threads(0)
+    if args.threads_list:
+        thread_counts = [int(t) for t in args.threads_list.split(",")]
+    else:
+        thread_counts = [default_threads] + ([1] if default_threads != 1 and not args.quick
+                                              else [])
+    target = args.target_seconds or (0.2 if args.quick else 0.5)
+    return lib, thread_counts, dict(target_seconds=target, min_runs=args.min_runs)

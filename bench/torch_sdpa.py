@@ -24,7 +24,6 @@ FLOPs (DESIGN.md section 5); max|diff| compares dq, dk and dv.
 If torch is not importable the script says so and exits 0.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -33,32 +32,17 @@ import time
 SCRIPT_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPT_DIR)
 
-from anyattn_ctypes import DTYPE_BF16, DTYPE_F32, AnyattnLibrary, find_library  # noqa: E402
+from anyattn_ctypes import DTYPE_BF16, DTYPE_F32  # noqa: E402
 from peer_timing import (decode_shapes, flops, format_row, forward_shapes, matches,  # noqa: E402
-                         record_timings, row_key, time_interleaved)
+                         open_library, peer_parser, record_timings, row_key, time_interleaved)
 from plot_results import plot_gflops  # noqa: E402
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lib", help="path to libanyattn.so (default: search build-bench/ and "
-                        "build/ of this repository)")
-    parser.add_argument("--threads-list", help="thread counts, e.g. 1,2 (default: anyattn's "
-                        "default, then 1)")
-    parser.add_argument("--quick", action="store_true", help="a subset of rows, shorter timings")
-    parser.add_argument("--filter", action="append", default=[],
-                        help="run rows whose key contains every comma-separated term (keys as in "
-                        "anyattn_bench); repeat to run the rows matching any")
-    parser.add_argument("--no-decode", action="store_true", help="skip the decode shapes")
+    parser = peer_parser(__doc__, "torch_sdpa.json")
     parser.add_argument("--no-backward", action="store_true", help="skip the backward shapes")
-    parser.add_argument("--json", default=os.path.join("bench", "results", "torch_sdpa.json"),
-                        help="results file (default bench/results/torch_sdpa.json)")
     parser.add_argument("--png", default=None,
                         help="plot file (default: the JSON path with .png)")
-    parser.add_argument("--target-seconds", type=float, default=None,
-                        help="timed-run budget per case and implementation (default 0.5; quick 0.2)")
-    parser.add_argument("--min-runs", type=int, default=3, help="minimum timed runs (default 3)")
     return parser.parse_args()
 
 
@@ -182,19 +166,10 @@ def main():
               "(pip install torch) to run this comparison.")
         return 0
 
-    library_path = find_library(args.lib)
-    if library_path is None:
-        print("libanyattn.so not found: build the library and pass --lib PATH", file=sys.stderr)
+    opened = open_library(args)
+    if opened is None:
         return 1
-    lib = AnyattnLibrary(library_path)
-    default_threads = lib.set_num_threads(0)
-    if args.threads_list:
-        thread_counts = [int(t) for t in args.threads_list.split(",")]
-    else:
-        thread_counts = [default_threads] + ([1] if default_threads != 1 and not args.quick
-                                              else [])
-    target = args.target_seconds or (0.2 if args.quick else 0.5)
-    timing = dict(target_seconds=target, min_runs=args.min_runs)
+    lib, thread_counts, timing = opened
     use_gqa = gqa_supported(torch, functional)
     shapes = (forward_shapes(args.quick) + ([] if args.no_decode else decode_shapes(args.quick))
               + ([] if args.no_backward else backward_shapes(args.quick)))

@@ -18,18 +18,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LIBRARY = os.path.join(REPO, "build", "release", "src", "libanyattn.so")
 
 
+def run_comparison(script, tmp_path, extra_args):
+    """Runs bench/<script>.py on one thread with the shortest timings and extra_args; asserts that
+    it exits 0 and returns the rows of its JSON."""
+    result_path = tmp_path / f"{script}.json"
+    command = [sys.executable, os.path.join(REPO, "bench", f"{script}.py"), "--lib", LIBRARY,
+               "--quick", "--threads-list", "1", "--target-seconds", "0.01", "--min-runs", "1",
+               "--json", str(result_path)] + extra_args
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return json.loads(result_path.read_text())["rows"]
+
+
 @pytest.mark.skipif(not os.path.exists(LIBRARY), reason="needs the Release build's libanyattn.so")
 def test_torch_sdpa_forward_and_backward_rows(tmp_path):
     pytest.importorskip("torch")
-    result_path = tmp_path / "torch_sdpa.json"
-    command = [sys.executable, os.path.join(REPO, "bench", "torch_sdpa.py"), "--lib", LIBRARY,
-               "--quick", "--threads-list", "1", "--target-seconds", "0.01", "--min-runs", "1",
-               "--filter", "fwd/f32/full/B1/Hq16/Hk4/D64/S1024",
-               "--filter", "bwd/f32/causal/B1/Hq16/Hk4/D64/S1024",
-               "--json", str(result_path), "--png", str(tmp_path / "torch_sdpa.png")]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    rows = json.loads(result_path.read_text())["rows"]
+    rows = run_comparison("torch_sdpa", tmp_path,
+                          ["--filter", "fwd/f32/full/B1/Hq16/Hk4/D64/S1024",
+                           "--filter", "bwd/f32/causal/B1/Hq16/Hk4/D64/S1024",
+                           "--png", str(tmp_path / "torch_sdpa.png")])
     assert sorted(row["kind"] for row in rows) == ["bwd", "fwd"]
     for row in rows:
         assert "anyattn_error" not in row and "torch_sdpa_error" not in row, row
@@ -41,16 +48,10 @@ def test_torch_sdpa_forward_and_backward_rows(tmp_path):
 @pytest.mark.skipif(not os.path.exists(LIBRARY), reason="needs the Release build's libanyattn.so")
 def test_ggml_fa_forward_and_decode_rows(tmp_path):
     pytest.importorskip("ggml")
-    result_path = tmp_path / "ggml_fa.json"
-    command = [sys.executable, os.path.join(REPO, "bench", "ggml_fa.py"), "--lib", LIBRARY,
-               "--quick", "--threads-list", "1", "--target-seconds", "0.01", "--min-runs", "1",
-               "--dtypes", "f32,f16",
-               "--filter", "fwd/f32/causal/B1/Hq16/Hk4/D64/S1024",
-               "--filter", "decode/f16/B1/Hq32/Hk8/D128/Sk4096",
-               "--json", str(result_path)]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    rows = json.loads(result_path.read_text())["rows"]
+    rows = run_comparison("ggml_fa", tmp_path,
+                          ["--dtypes", "f32,f16",
+                           "--filter", "fwd/f32/causal/B1/Hq16/Hk4/D64/S1024",
+                           "--filter", "decode/f16/B1/Hq32/Hk8/D128/Sk4096"])
     assert sorted(row["key"] for row in rows) == ["decode/f16/B1/Hq32/Hk8/D128/Sk4096",
                                                    "fwd/f32/causal/B1/Hq16/Hk4/D64/S1024"]
     for row in rows:
