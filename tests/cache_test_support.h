@@ -182,6 +182,30 @@ inline void naive_gathered(const reference::GatheredSequence& seq,
   }
 }
 
+// Bytes of `after` that differ from `before` outside the elements of `t` whose first index r has
+// allowed[r] (for lse, whose rows are the last index, `last_index` selects the last dimension).
+inline int64_t changed_outside(const std::vector<unsigned char>& after,
+                               const std::vector<unsigned char>& before, const anyattn_tensor& t,
+                               const std::vector<char>& allowed, bool last_index) {
+  std::vector<unsigned char> masked = after;
+  const int64_t es = dtype_size(t.dtype);
+  const int64_t n = reference::num_elements(t);
+  for (int64_t flat = 0; flat < n; ++flat) {
+    int64_t rest = flat, offset = 0, index[ANYATTN_MAX_NDIM] = {0, 0, 0, 0};
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      index[d] = rest % t.shape[d];
+      rest /= t.shape[d];
+      offset += index[d] * t.strides[d];
+    }
+    if (allowed[last_index ? index[t.ndim - 1] : index[0]]) {
+      std::memcpy(&masked[offset * es], &before[offset * es], es);
+    }
+  }
+  int64_t changed = 0;
+  for (size_t i = 0; i < masked.size(); ++i) changed += masked[i] != before[i];
+  return changed;
+}
+
 inline double max_abs_finite_of(const std::vector<double>& values) {
   double m = 0.0;
   for (double x : values) {

@@ -304,6 +304,25 @@ ANYATTN_API anyattn_status anyattn_fwd_kvcache(const anyattn_tensor* q,
                                                const anyattn_kvcache_params* cache,
                                                const anyattn_fwd_params* params);
 
+/* Forward attention of packed variable-length queries against a KV cache: flash-attn's paged
+ * varlen (flash_attn_varlen_func with block_table, as vLLM calls it) and its KV-cache call with
+ * cu_seqlens_q, for batches that mix prefill chunks and decode steps. Reads the cache only.
+ *   q       (total_q, Hq, D)     sequence b is rows [cu_seqlens_q[b], cu_seqlens_q[b+1])
+ *   k_cache, v_cache             as in anyattn_fwd_kvcache (contiguous or paged)
+ *   out     (total_q, Hq, Dv)    written;  lse (Hq, total_q) f32 written, may be NULL
+ *   cu_seqlens_q  i32 (B + 1), non-decreasing, starting at >= 0, within total_q, each length
+ *                 <= max_seqlen_q
+ *   cache   cache_seqlens / cache_seqlen, cache_batch_idx, cache_leftpad, block_table as in
+ *           anyattn_fwd_kvcache; k_new, v_new and the rotary tables must be NULL
+ *           (ANYATTN_E_UNSUPPORTED otherwise)
+ * Sequence b's queries attend to cache positions [leftpad_b, cache_seqlens[b]), the mask
+ * bottom-right aligned per sequence (its queries are the last of its keys, as in chunked
+ * prefill). Rows of q outside every sequence are not written. */
+ANYATTN_API anyattn_status anyattn_fwd_kvcache_varlen(
+    const anyattn_tensor* q, const anyattn_tensor* k_cache, const anyattn_tensor* v_cache,
+    const anyattn_tensor* out, const anyattn_tensor* lse, const anyattn_tensor* cu_seqlens_q,
+    int64_t max_seqlen_q, const anyattn_kvcache_params* cache, const anyattn_fwd_params* params);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Merging partial attention results                                                              */
 /* ---------------------------------------------------------------------------------------------- */

@@ -20,6 +20,14 @@ void fill_dense_layout(const anyattn_tensor* q, const anyattn_tensor* k, const a
 void fill_packed_layout(const anyattn_tensor* q, const anyattn_tensor* k, const anyattn_tensor* v,
                         const anyattn_tensor* out, cpu::FwdArgs* args);
 
+// Packed varlen queries against a 4-D KV cache: q (total_q, Hq, D), out (total_q, Hq, Dv), and
+// k (B', S', Hk, D), v (B', S', Hk, Dv), contiguous or paged. Sets dtype, Sk (the cache's second
+// dimension), Hq, Hk, D, Dv and every pointer and stride (q/out batch strides 0); the caller sets
+// B and the maximum lengths.
+void fill_packed_queries_cache_layout(const anyattn_tensor* q, const anyattn_tensor* k,
+                                      const anyattn_tensor* v, const anyattn_tensor* out,
+                                      cpu::FwdArgs* args);
+
 // lse (B, Hq, Sq) for dense calls, (Hq, total_q) for packed ones.
 void fill_lse_layout(const anyattn_tensor* lse, bool packed, cpu::FwdArgs* args);
 

@@ -204,6 +204,19 @@ anyattn_status anyattn_fwd_kvcache(const anyattn_tensor* q, const anyattn_tensor
   });
 }
 
+anyattn_status anyattn_fwd_kvcache_varlen(const anyattn_tensor* q, const anyattn_tensor* k_cache,
+                                          const anyattn_tensor* v_cache, const anyattn_tensor* out,
+                                          const anyattn_tensor* lse,
+                                          const anyattn_tensor* cu_seqlens_q, int64_t max_seqlen_q,
+                                          const anyattn_kvcache_params* cache,
+                                          const anyattn_fwd_params* params) {
+  return guarded_call("anyattn_fwd_kvcache_varlen", [&] {
+    const anyattn::api::ValidatedFwd call = anyattn::api::validate_fwd_kvcache_varlen(
+        q, k_cache, v_cache, out, lse, cu_seqlens_q, max_seqlen_q, cache, params);
+    anyattn::cpu::run_fwd(call.args, call.isa);
+  });
+}
+
 anyattn_status anyattn_merge_attention_states(
     const anyattn_tensor* out_a, const anyattn_tensor* lse_a, const anyattn_tensor* out_b,
     const anyattn_tensor* lse_b, const anyattn_tensor* out, const anyattn_tensor* lse_out) {

@@ -1,6 +1,7 @@
-// Argument validation for anyattn_fwd_kvcache: contiguous or paged caches, cache lengths, left
-// padding, batch indices, new keys to append and rotary tables. Everything the append and the
-// attention will touch is checked here, before anything is written.
+// Argument validation for anyattn_fwd_kvcache and anyattn_fwd_kvcache_varlen: contiguous or paged
+// caches, cache lengths, left padding, batch indices, new keys to append and rotary tables, with
+// dense or packed varlen queries. Everything the append and the attention will touch is checked
+// here, before anything is written.
 #ifndef ANYATTN_API_VALIDATE_KVCACHE_H_
 #define ANYATTN_API_VALIDATE_KVCACHE_H_
 
@@ -21,6 +22,15 @@ ValidatedKvcache validate_fwd_kvcache(const anyattn_tensor* q, const anyattn_ten
                                       const anyattn_tensor* lse,
                                       const anyattn_kvcache_params* cache,
                                       const anyattn_fwd_params* params);
+
+// anyattn_fwd_kvcache_varlen: packed queries (total_q, Hq, D) with cu_seqlens_q against a cache
+// that the call only reads (k_new, v_new and the rotary tables must be NULL).
+ValidatedFwd validate_fwd_kvcache_varlen(const anyattn_tensor* q, const anyattn_tensor* k_cache,
+                                         const anyattn_tensor* v_cache, const anyattn_tensor* out,
+                                         const anyattn_tensor* lse,
+                                         const anyattn_tensor* cu_seqlens_q, int64_t max_seqlen_q,
+                                         const anyattn_kvcache_params* cache,
+                                         const anyattn_fwd_params* params);
 
 }  // namespace anyattn::api
 

@@ -11,35 +11,48 @@ namespace {
 
 constexpr const char* kFn = "anyattn_fwd_varlen";
 
-// Reads cu_seqlens (B + 1 values) and checks: non-decreasing, first >= 0, last <= total, every
-// length <= max_seqlen.
-std::vector<int32_t> read_cu_seqlens(const char* name, const anyattn_tensor* t, int64_t batch,
-                                     int64_t total, const char* total_name, int64_t max_seqlen,
+}  // namespace
+
+std::vector<int32_t> read_cu_seqlens(const char* function, const char* name,
+                                     const anyattn_tensor* t, int64_t batch, int64_t total,
+                                     const char* total_name, int64_t max_seqlen,
                                      const char* max_name) {
-  std::vector<int32_t> cu = read_int32_vector(kFn, name, t, batch + 1);
-  if (cu[0] < 0) fail_invalid(kFn, ": ", name, "[0] is ", cu[0], "; must be >= 0");
+  std::vector<int32_t> cu = read_int32_vector(function, name, t, batch + 1);
+  if (cu[0] < 0) fail_invalid(function, ": ", name, "[0] is ", cu[0], "; must be >= 0");
   // Order first: a decreasing entry is the root cause of any "length" error it would produce.
   for (int64_t b = 0; b < batch; ++b) {
     if (cu[b + 1] < cu[b]) {
-      fail_invalid(kFn, ": ", name, " is not non-decreasing: ", name, "[", b, "] = ", cu[b], " > ",
-                   name, "[", b + 1, "] = ", cu[b + 1]);
+      fail_invalid(function, ": ", name, " is not non-decreasing: ", name, "[", b, "] = ", cu[b],
+                   " > ", name, "[", b + 1, "] = ", cu[b + 1]);
     }
   }
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t length = static_cast<int64_t>(cu[b + 1]) - cu[b];
     if (length > max_seqlen) {
-      fail_invalid(kFn, ": sequence ", b, " has ", length, " rows by ", name, " but ", max_name,
-                   " is ", max_seqlen, "; ", max_name, " must be at least every length");
+      fail_invalid(function, ": sequence ", b, " has ", length, " rows by ", name, " but ",
+                   max_name, " is ", max_seqlen, "; ", max_name, " must be at least every length");
     }
   }
   if (cu[batch] > total) {
-    fail_invalid(kFn, ": ", name, "[", batch, "] is ", cu[batch], " but ", total_name, " is ",
+    fail_invalid(function, ": ", name, "[", batch, "] is ", cu[batch], " but ", total_name, " is ",
                  total, "; the sequences must lie within the packed tensor");
   }
   return cu;
 }
 
-}  // namespace
+int64_t read_varlen_batch(const char* function, const anyattn_tensor* cu_seqlens_q) {
+  if (cu_seqlens_q == nullptr) fail_invalid(function, ": cu_seqlens_q is NULL; it is required");
+  if (cu_seqlens_q->ndim != 1 || cu_seqlens_q->shape[0] < 1) {
+    fail_invalid(function, ": cu_seqlens_q must have shape (B + 1) with B >= 0; got ndim ",
+                 cu_seqlens_q->ndim, cu_seqlens_q->ndim >= 1 ? ", shape[0] " : "",
+                 cu_seqlens_q->ndim >= 1 ? cu_seqlens_q->shape[0] : 0);
+  }
+  const int64_t batch = cu_seqlens_q->shape[0] - 1;
+  if (batch > kMaxExtent) {
+    fail_unsupported(function, ": B is ", batch, "; supported: up to ", kMaxExtent);
+  }
+  return batch;
+}
 
 ValidatedFwd validate_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor* k,
                                  const anyattn_tensor* v, const anyattn_tensor* out,
@@ -88,15 +101,7 @@ ValidatedFwd validate_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor* 
   if (max_seqlen_k < 0 || max_seqlen_k > kMaxExtent) {
     fail_invalid(kFn, ": max_seqlen_k is ", max_seqlen_k, "; supported: 0..", kMaxExtent);
   }
-  if (cu_seqlens_q == nullptr) fail_invalid(kFn, ": cu_seqlens_q is NULL; it is required");
-  if (cu_seqlens_q->ndim != 1 || cu_seqlens_q->shape[0] < 1) {
-    fail_invalid(kFn, ": cu_seqlens_q must have shape (B + 1) with B >= 0; got ndim ",
-                 cu_seqlens_q->ndim, cu_seqlens_q->ndim >= 1 ? ", shape[0] " : "",
-                 cu_seqlens_q->ndim >= 1 ? cu_seqlens_q->shape[0] : 0);
-  }
-  const int64_t batch = cu_seqlens_q->shape[0] - 1;
-  if (batch > kMaxExtent)
-    fail_unsupported(kFn, ": B is ", batch, "; supported: up to ", kMaxExtent);
+  const int64_t batch = read_varlen_batch(kFn, cu_seqlens_q);
 
   check_no_self_overlap(kFn, "out", out);
   check_disjoint(kFn, "out", out_extent, "q", q_extent);
@@ -104,11 +109,11 @@ ValidatedFwd validate_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor* 
   check_disjoint(kFn, "out", out_extent, "v", v_extent);
 
   ValidatedFwd result;
-  result.cu_seqlens_q = read_cu_seqlens("cu_seqlens_q", cu_seqlens_q, batch, total_q, "total_q",
-                                        max_seqlen_q, "max_seqlen_q");
+  result.cu_seqlens_q = read_cu_seqlens(kFn, "cu_seqlens_q", cu_seqlens_q, batch, total_q,
+                                        "total_q", max_seqlen_q, "max_seqlen_q");
   if (cu_seqlens_k == nullptr) fail_invalid(kFn, ": cu_seqlens_k is NULL; it is required");
-  result.cu_seqlens_k = read_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch, total_k, "total_k",
-                                        max_seqlen_k, "max_seqlen_k");
+  result.cu_seqlens_k = read_cu_seqlens(kFn, "cu_seqlens_k", cu_seqlens_k, batch, total_k,
+                                        "total_k", max_seqlen_k, "max_seqlen_k");
   if (seqused_k != nullptr) {
     result.seqlens_k = read_int32_vector(kFn, "seqused_k", seqused_k, batch);
     for (int64_t b = 0; b < batch; ++b) {

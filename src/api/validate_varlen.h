@@ -2,10 +2,24 @@
 #ifndef ANYATTN_API_VALIDATE_VARLEN_H_
 #define ANYATTN_API_VALIDATE_VARLEN_H_
 
+#include <cstdint>
+#include <vector>
+
 #include "anyattn/anyattn.h"
 #include "api/validate_fwd.h"
 
 namespace anyattn::api {
+
+// B of a varlen call from cu_seqlens_q (B + 1): throws unless it is a 1-D tensor of at least one
+// element, and B at most kMaxExtent. `function` names the entry point in the error.
+int64_t read_varlen_batch(const char* function, const anyattn_tensor* cu_seqlens_q);
+
+// Reads cu_seqlens (B + 1 values, named `name`) and checks: non-decreasing, first >= 0, last <=
+// total (the packed tensor's rows, named total_name), every length <= max_seqlen (named max_name).
+std::vector<int32_t> read_cu_seqlens(const char* function, const char* name,
+                                     const anyattn_tensor* t, int64_t batch, int64_t total,
+                                     const char* total_name, int64_t max_seqlen,
+                                     const char* max_name);
 
 // Checks every tensor, every cu_seqlens / seqused_k value and every option; throws ApiError
 // naming the parameter otherwise. The result owns copies of the length arrays.
