@@ -422,6 +422,51 @@ TEST(HppCacheAndVarlen, KvCacheAppendsAndRejectsOverflow) {
   EXPECT_EQ(k_cache[5 * d], 0.f) << "a rejected call wrote the cache";
 }
 
+TEST(HppCacheAndVarlen, KvCacheVarlenMatchesOneSequenceCalls) {
+  // A paged cache of 4 pages of 2 positions: sequence 0 holds 3 keys in pages {2, 0}, sequence 1
+  // holds 4 keys in pages {1, 3}; 2 and 1 queries.
+  const int64_t h = 1, d = 4, page = 2;
+  std::vector<float> k_cache(4 * page * d), v_cache(k_cache.size()), q(3 * d), out(3 * d, -1.f);
+  for (size_t i = 0; i < k_cache.size(); ++i) k_cache[i] = std::sin(0.7f * i);
+  for (size_t i = 0; i < v_cache.size(); ++i) v_cache[i] = 0.05f * i;
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::cos(0.4f * i);
+  std::vector<int32_t> block_table{2, 0, 1, 3}, seqlens{3, 4}, cu_q{0, 2, 3};
+  const anyattn::TensorView k_view(k_cache.data(), {4, page, h, d});
+  const anyattn::TensorView v_view(v_cache.data(), {4, page, h, d});
+  anyattn::KvCacheOptions cache;
+  cache.block_table = anyattn::TensorView(block_table.data(), {2, 2});
+  cache.cache_seqlens = anyattn::TensorView(seqlens.data(), {2});
+  anyattn::FwdOptions opt;
+  opt.causal = true;
+  anyattn::fwd_kvcache_varlen({q.data(), {3, h, d}}, k_view, v_view, {out.data(), {3, h, d}},
+                              {cu_q.data(), {3}}, 2, cache, std::nullopt, opt);
+  const int64_t q_start[2] = {0, 2}, q_len[2] = {2, 1};
+  for (int b = 0; b < 2; ++b) {
+    std::vector<float> one(q_len[b] * d);
+    anyattn::KvCacheOptions one_cache;
+    one_cache.block_table = anyattn::TensorView(block_table.data() + 2 * b, {1, 2});
+    one_cache.cache_seqlen = seqlens[b];
+    anyattn::fwd_kvcache({q.data() + q_start[b] * d, {1, q_len[b], h, d}}, k_view, v_view,
+                         {one.data(), {1, q_len[b], h, d}}, one_cache, std::nullopt, opt);
+    for (int64_t i = 0; i < q_len[b] * d; ++i) {
+      EXPECT_FLOAT_EQ(out[q_start[b] * d + i], one[i]) << "sequence " << b << " element " << i;
+    }
+  }
+  std::vector<float> k_new(2 * d, 1.f);
+  cache.k_new = anyattn::TensorView(k_new.data(), {2, 1, h, d});
+  cache.v_new = cache.k_new;
+  const std::vector<float> before = out;
+  try {
+    anyattn::fwd_kvcache_varlen({q.data(), {3, h, d}}, k_view, v_view, {out.data(), {3, h, d}},
+                                {cu_q.data(), {3}}, 2, cache);
+    FAIL() << "an append through the varlen cache call was accepted";
+  } catch (const anyattn::Error& e) {
+    EXPECT_EQ(e.status(), ANYATTN_E_UNSUPPORTED);
+    EXPECT_NE(std::string(e.what()).find("k_new"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(out, before) << "a rejected call wrote out";
+}
+
 TEST(HppCacheAndVarlen, MergeInPlace) {
   std::vector<float> a{1.f, 2.f}, b{3.f, 4.f}, lse_a{0.f}, lse_b{0.f}, lse_out{0.f};
   anyattn::merge_attention_states(

@@ -474,6 +474,23 @@ inline void fwd_kvcache(const TensorView& q, const TensorView& k_cache, const Te
                             &params));
 }
 
+// Packed variable-length queries against a KV cache (flash-attn's paged varlen); see
+// anyattn_fwd_kvcache_varlen in anyattn.h. q (total_q, Hq, D), out (total_q, Hq, Dv), lse
+// (Hq, total_q) f32 when given, cu_seqlens_q int32 (B + 1). The cache is only read: cache.k_new,
+// cache.v_new and the rotary tables must be empty.
+inline void fwd_kvcache_varlen(const TensorView& q, const TensorView& k_cache,
+                               const TensorView& v_cache, const TensorView& out,
+                               const TensorView& cu_seqlens_q, int64_t max_seqlen_q,
+                               const KvCacheOptions& cache,
+                               const std::optional<TensorView>& lse = std::nullopt,
+                               const FwdOptions& options = FwdOptions()) {
+  const anyattn_fwd_params params = options.to_c();
+  const anyattn_kvcache_params cache_params = cache.to_c();
+  check(anyattn_fwd_kvcache_varlen(&q.c_tensor(), &k_cache.c_tensor(), &v_cache.c_tensor(),
+                                   &out.c_tensor(), lse ? &lse->c_tensor() : nullptr,
+                                   &cu_seqlens_q.c_tensor(), max_seqlen_q, &cache_params, &params));
+}
+
 // Merges two partial attentions over disjoint key sets by their LSE; see
 // anyattn_merge_attention_states. out may be out_a (in place), lse_out may be lse_a.
 inline void merge_attention_states(const TensorView& out_a, const TensorView& lse_a,
