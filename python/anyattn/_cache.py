@@ -1,7 +1,8 @@
 """Varlen, KV-cache and merge calls on numpy arrays and CPU torch tensors, through the C ABI.
 
 Every function here takes already-checked arguments (see varlen_kvcache.py) and returns new output
-arrays/tensors; the KV-cache call also writes the new keys/values into the caches in place.
+arrays/tensors; the KV-cache call also writes the new keys/values into the caches in place (the
+varlen KV-cache call only reads them).
 """
 
 from __future__ import annotations
@@ -145,6 +146,31 @@ def kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
         specs.i32(block_table), specs(rotary_cos, rotary_code), specs(rotary_sin, rotary_code),
         bool(rotary_interleaved), softmax_scale, softcap, causal, window_left, window_right,
         specs.f32(alibi_slopes), specs.f32(sinks), int(num_splits))
+    return out, lse
+
+
+def kvcache_varlen_forward(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q: int, cache_seqlens,
+                           cache_seqlen: int, cache_batch_idx, cache_leftpad, block_table,
+                           softmax_scale: float, softcap: float, causal: bool, window_left: int,
+                           window_right: int, alibi_slopes, sinks, num_splits: int):
+    """anyattn_fwd_kvcache_varlen: packed queries (total_q, Hq, D) against a cache it only reads.
+
+    Returns (out (total_q, Hq, Dv) in q's dtype, lse (Hq, total_q) f32); rows of q outside every
+    sequence are 0 in out and -inf in lse, as in varlen_forward.
+    """
+    specs = _Specs()
+    code = float_code(q, "q")
+    total_q, hq = q.shape[0], q.shape[1]
+    out = _empty(q, (total_q, hq, v_cache.shape[-1]))
+    lse = _empty(q, (hq, total_q), f32=True)
+    out[...] = 0
+    lse[...] = -np.inf
+    _core.fwd_kvcache_varlen(
+        specs(q, code), specs(k_cache, code), specs(v_cache, code), specs(out, code),
+        specs(lse, _core.DTYPE_F32), specs.i32(cu_seqlens_q), int(max_seqlen_q),
+        specs.i32(cache_seqlens), int(cache_seqlen), specs.i32(cache_batch_idx),
+        specs.i32(cache_leftpad), specs.i32(block_table), softmax_scale, softcap, causal,
+        window_left, window_right, specs.f32(alibi_slopes), specs.f32(sinks), int(num_splits))
     return out, lse
 
 

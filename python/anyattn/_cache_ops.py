@@ -4,6 +4,8 @@
     anyattn::bwd_varlen             -> (dq, dk, dv, dsinks (Hq,) f32 or (0,) without sinks)
     anyattn::fwd_kvcache            mutates k_cache and v_cache (declared ``Tensor(a!)``,
                                     ``Tensor(b!)``) -> (out (B, Sq, Hq, Dv), lse (B, Hq, Sq))
+    anyattn::fwd_kvcache_varlen     reads k_cache and v_cache (paged varlen)
+                                    -> (out (total_q, Hq, Dv), lse (Hq, total_q))
     anyattn::merge_attention_states -> (out, lse)
     anyattn::merge_attention_states_ mutates out_a and lse_a -> ()
 
@@ -11,9 +13,9 @@ Like anyattn::fwd (``_torch_ops.py``) they are defined with ``torch.library.Libr
 overhead; the fake kernels let torch.compile and torch.export trace them.
 
 Autograd: anyattn::fwd_varlen is differentiable in q, k, v and sinks (register_autograd, backward
-anyattn::bwd_varlen over anyattn_bwd_varlen); its LSE output is non-differentiable. The KV-cache op has no backward (it
-mutates its caches and is for inference): a call that needs a gradient raises NotImplementedError
-at ``.backward()`` through ``NoGrad``.
+anyattn::bwd_varlen over anyattn_bwd_varlen); its LSE output is non-differentiable. The KV-cache
+ops have no backward (they are for inference, and one mutates its caches): a call that needs a
+gradient raises NotImplementedError at ``.backward()`` through ``NoGrad``.
 
 Import this module only when torch is installed.
 """
@@ -22,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from ._cache import kvcache_forward, merge_states, varlen_backward, varlen_forward
+from ._cache import (kvcache_forward, kvcache_varlen_forward, merge_states, varlen_backward,
+                     varlen_forward)
 
 _LIB = torch.library.Library("anyattn", "FRAGMENT")
 _LIB.define(
@@ -44,6 +47,13 @@ _LIB.define(
     "Tensor? cache_batch_idx, Tensor? cache_leftpad, Tensor? block_table, "
     "bool rotary_interleaved, float softmax_scale, float softcap, bool causal, int window_left, "
     "int window_right, Tensor? alibi_slopes, Tensor? sinks, int num_splits) -> (Tensor, Tensor)"
+)
+_LIB.define(
+    "fwd_kvcache_varlen(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, "
+    "int max_seqlen_q, Tensor? cache_seqlens, int cache_seqlen, Tensor? cache_batch_idx, "
+    "Tensor? cache_leftpad, Tensor? block_table, float softmax_scale, float softcap, bool causal, "
+    "int window_left, int window_right, Tensor? alibi_slopes, Tensor? sinks, int num_splits) "
+    "-> (Tensor, Tensor)"
 )
 _LIB.define(
     "merge_attention_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) "
@@ -80,6 +90,16 @@ def _kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
             q.new_empty((b, hq, sq), dtype=torch.float32))
 
 
+def _kvcache_varlen_fake(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q, cache_seqlens,
+                         cache_seqlen, cache_batch_idx, cache_leftpad, block_table, softmax_scale,
+                         softcap, causal, window_left, window_right, alibi_slopes, sinks,
+                         num_splits):
+    """out (total_q, Hq, Dv) in q's dtype, lse (Hq, total_q) float32."""
+    total_q, hq, _ = q.shape
+    return (q.new_empty((total_q, hq, v_cache.shape[-1])),
+            q.new_empty((hq, total_q), dtype=torch.float32))
+
+
 def _merge_cpu(out_a, lse_a, out_b, lse_b):
     return merge_states(out_a, lse_a, out_b, lse_b)
 
@@ -100,11 +120,13 @@ def _merge_inplace_fake(out_a, lse_a, out_b, lse_b):
 _LIB.impl("fwd_varlen", varlen_forward, "CPU")
 _LIB.impl("bwd_varlen", varlen_backward, "CPU")
 _LIB.impl("fwd_kvcache", kvcache_forward, "CPU")
+_LIB.impl("fwd_kvcache_varlen", kvcache_varlen_forward, "CPU")
 _LIB.impl("merge_attention_states", _merge_cpu, "CPU")
 _LIB.impl("merge_attention_states_", _merge_inplace_cpu, "CPU")
 torch.library.register_fake("anyattn::fwd_varlen", _varlen_fake, lib=_LIB)
 torch.library.register_fake("anyattn::bwd_varlen", _bwd_varlen_fake, lib=_LIB)
 torch.library.register_fake("anyattn::fwd_kvcache", _kvcache_fake, lib=_LIB)
+torch.library.register_fake("anyattn::fwd_kvcache_varlen", _kvcache_varlen_fake, lib=_LIB)
 torch.library.register_fake("anyattn::merge_attention_states", _merge_fake, lib=_LIB)
 torch.library.register_fake("anyattn::merge_attention_states_", _merge_inplace_fake, lib=_LIB)
 
@@ -145,11 +167,12 @@ class NoGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        """Always raises: the KV-cache op has no backward pass."""
+        """Always raises: the KV-cache ops have no backward pass."""
         raise NotImplementedError(
-            "anyattn.flash_attn_with_kvcache has no backward pass (it is an inference path that "
-            "writes into its caches). Wrap the call in torch.no_grad() or torch.inference_mode(); "
-            "to train, use flash_attn_func or flash_attn_varlen_func."
+            "anyattn: attention against a KV cache (flash_attn_with_kvcache, or "
+            "flash_attn_varlen_func with block_table) has no backward pass; it is an inference "
+            "path. Wrap the call in torch.no_grad() or torch.inference_mode(); to train, use "
+            "flash_attn_func or flash_attn_varlen_func without block_table."
         )
 
 

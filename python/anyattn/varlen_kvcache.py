@@ -16,7 +16,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from ._cache import kvcache_forward, merge_states, varlen_forward
+from ._cache import kvcache_forward, kvcache_varlen_forward, merge_states, varlen_forward
 from ._cpu import reject_numpy_dropout
 from ._options import make_options
 from ._tensors import is_torch_tensor, torch_module
@@ -135,6 +135,112 @@ def _varlen_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, a
     return out, lse
 
 
+def _paged_key_lengths(kind: str, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                       page_size: int):
+    """Per-sequence key counts (batch,) int32 for paged varlen (a numpy array, or a CPU tensor for
+    torch inputs): seqused_k when given, else cu_seqlens_k's differences. Their shapes are checked
+    here, and their values too outside torch.compile tracing (where the C ABI's checks, naming
+    cache_seqlens, remain), so that errors name the argument the caller passed."""
+    torch = torch_module()
+
+    def as_int32(x):
+        return np.asarray(x, dtype=np.int32) if kind == "numpy" else _index_tensor(torch, x)
+
+    batch = len(cu_seqlens_q) - 1
+    if seqused_k is not None:
+        name, lengths = "seqused_k", as_int32(seqused_k)
+        if tuple(lengths.shape) != (batch,):
+            raise ValueError(f"seqused_k: expected shape ({batch},) (batch from cu_seqlens_q), "
+                             f"got {tuple(lengths.shape)}")
+    elif cu_seqlens_k is not None:
+        cu_k = as_int32(cu_seqlens_k)
+        if tuple(cu_k.shape) != (batch + 1,):
+            raise ValueError(f"cu_seqlens_k: expected shape ({batch + 1},) (as cu_seqlens_q), "
+                             f"got {tuple(cu_k.shape)}")
+        name, lengths = "cu_seqlens_k", cu_k[1:] - cu_k[:-1]
+    else:
+        raise ValueError("cu_seqlens_k, seqused_k: with block_table, give seqused_k or "
+                         "cu_seqlens_k for the key counts; both are None")
+    tracing = torch is not None and torch.compiler.is_compiling()
+    if block_table.ndim == 2 and not tracing:
+        capacity = block_table.shape[1] * page_size
+        for b, n in enumerate(lengths.tolist()):
+            if n < 0 or n > capacity:
+                raise ValueError(f"{name}: sequence {b} has {n} keys; supported: 0 .. {capacity} "
+                                 f"(block_table's {block_table.shape[1]} blocks of {page_size})")
+    return lengths
+
+
+def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                  block_table, options, alibi_slopes, sinks, return_attn_probs):
+    """flash_attn_varlen_func with block_table: packed queries against a paged cache."""
+    kind = _kind(q, "q")
+    for name, x in (("k", k_cache), ("v", v_cache), ("block_table", block_table)):
+        if _kind(x, name) != kind:
+            raise TypeError(f"{name}: must be a {kind} array/tensor like q")
+    _check_rank(q, "q", 3, "(total_q, nheads, headdim)")
+    _check_rank(k_cache, "k", 4,
+                "(num_blocks, page_block_size, nheads_k, headdim) with block_table")
+    _check_rank(v_cache, "v", 4,
+                "(num_blocks, page_block_size, nheads_k, headdim_v) with block_table")
+    if options.dropout_p > 0.0:
+        raise NotImplementedError(
+            f"flash_attn_varlen_func: dropout_p is {options.dropout_p}; with block_table (paged "
+            "KV, an inference path) only dropout_p=0.0 is supported")
+    lengths = _paged_key_lengths(kind, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                                 k_cache.shape[1])
+    wl, wr = options.window_size
+    if _on_cpu(q):
+        q, scale = _scale(q, options.softmax_scale)
+        args = [q, k_cache, v_cache, cu_seqlens_q, int(max_seqlen_q), lengths, -1, None, None,
+                block_table, scale, options.softcap, options.causal, wl, wr, alibi_slopes, sinks,
+                0]
+        if kind == "numpy":
+            out, lse = kvcache_varlen_forward(*args)
+        else:
+            torch = torch_module()
+            for i in (3, 5, 9):
+                args[i] = _index_tensor(torch, args[i])
+            args[15], args[16] = _f32(torch, alibi_slopes), _f32(torch, sinks)
+            out, lse = _cache_ops.call(torch.ops.anyattn.fwd_kvcache_varlen, *args)
+    else:
+        out, lse = _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, lengths,
+                                           block_table, options, alibi_slopes, sinks)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, lengths, block_table, options,
+                            alibi_slopes, sinks):
+    """Torch tensors off the CPU: each sequence's pages gathered, then flash_attn_func."""
+    from .flash_attn_interface import flash_attn_func  # noqa: PLC0415
+
+    torch = torch_module()
+    cu_q = [int(x) for x in torch.as_tensor(cu_seqlens_q).tolist()]
+    table = block_table.tolist()
+    page = k_cache.shape[1]
+    hq = q.shape[1]
+    out = q.new_zeros((q.shape[0], hq, v_cache.shape[-1]))
+    lse = torch.full((hq, q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
+    for b in range(len(cu_q) - 1):
+        q0, q1 = cu_q[b], cu_q[b + 1]
+        if q1 == q0:
+            continue
+        pos = torch.arange(int(lengths[b]))
+        blocks = torch.tensor(table[b], dtype=torch.long)[pos // page].to(k_cache.device)
+        rows = (pos % page).to(k_cache.device)
+        slopes = alibi_slopes
+        if slopes is not None and slopes.dim() == 2:
+            slopes = slopes[b]
+        o, l, _ = flash_attn_func(q[None, q0:q1], k_cache[blocks, rows][None],
+                                  v_cache[blocks, rows][None], softmax_scale=options.softmax_scale,
+                                  causal=options.causal, window_size=options.window_size,
+                                  softcap=options.softcap, alibi_slopes=slopes,
+                                  return_attn_probs=True, sinks=sinks)
+        out[q0:q1] = o[0]
+        lse[:, q0:q1] = l[0]
+    return out, lse
+
+
 def flash_attn_varlen_func(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p: float = 0.0,
     softmax_scale: Optional[float] = None, causal: bool = False,
@@ -152,8 +258,11 @@ def flash_attn_varlen_func(
         max_seqlen_q, max_seqlen_k: at least every sequence's length.
         causal / window_size / softcap / alibi_slopes ((nheads,) or (batch, nheads)) / sinks: as in
             flash_attn_func, applied per sequence (bottom-right aligned per sequence).
-        block_table: flash-attn's paged varlen; not supported (NotImplementedError). Use
-            flash_attn_with_kvcache for paged caches.
+        block_table: optional (batch, max_blocks) int32: paged varlen (as vLLM calls it). k and v
+            are then paged caches (num_blocks, page_block_size, nheads_k, headdim[_v]), any
+            page_block_size >= 1; sequence b's keys are its positions 0 .. n_b - 1, with n_b =
+            seqused_k[b] if given, else cu_seqlens_k[b+1] - cu_seqlens_k[b] (cu_seqlens_k may
+            then be None). The caches are only read; no dropout and no backward on this path.
         seqused_k: optional (batch,) int32: sequence b uses only its first seqused_k[b] keys.
         dropout_p: as in flash_attn_func (torch tensors only); sequence b uses batch index b's
             mask with positions counted within the sequence. return_attn_probs with dropout raises
@@ -164,11 +273,10 @@ def flash_attn_varlen_func(
         out (total_q, nheads, headdim_v); with return_attn_probs, (out, softmax_lse
         (nheads, total_q) float32, None).
     """
-    if block_table is not None:
-        raise NotImplementedError(
-            "flash_attn_varlen_func: block_table (paged varlen) is not supported by anyattn; "
-            "use flash_attn_with_kvcache(..., block_table=...) for paged KV caches")
     options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    if block_table is not None:
+        return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                             block_table, options, alibi_slopes, sinks, return_attn_probs)
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options,
                    alibi_slopes, sinks, return_attn_probs, seqused_k)
 

@@ -227,6 +227,23 @@ void fwd_varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::ha
   if (status != ANYATTN_OK) raise_status(status);
 }
 
+// The cache's read-side arguments (lengths, batch indices, left padding, block table) of
+// anyattn_kvcache_params, with the buffers they view; each handle may be None.
+struct CacheLayoutArgs {
+  BufferView seqlens_buf, batch_idx_buf, leftpad_buf, block_table_buf;
+  anyattn_tensor seqlens{}, batch_idx{}, leftpad{}, block_table{};
+
+  void fill(nb::handle cache_seqlens, int64_t cache_seqlen, nb::handle cache_batch_idx,
+            nb::handle cache_leftpad, nb::handle block_table_spec, anyattn_kvcache_params* c) {
+    c->cache_seqlens = optional_tensor(cache_seqlens, "cache_seqlens", seqlens_buf, seqlens);
+    c->cache_seqlen = cache_seqlen;
+    c->cache_batch_idx =
+        optional_tensor(cache_batch_idx, "cache_batch_idx", batch_idx_buf, batch_idx);
+    c->cache_leftpad = optional_tensor(cache_leftpad, "cache_leftpad", leftpad_buf, leftpad);
+    c->block_table = optional_tensor(block_table_spec, "block_table", block_table_buf, block_table);
+  }
+};
+
 // KV-cache forward with optional in-place append. See anyattn_fwd_kvcache in anyattn.h.
 // k_cache / v_cache are written when k_new / v_new are given; every optional tensor may be None.
 // cache_seqlen is used when cache_seqlens is None (-1 = the whole cache).
@@ -237,35 +254,65 @@ void fwd_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handl
                  bool rotary_interleaved, float softmax_scale, float softcap, bool causal,
                  int32_t window_left, int32_t window_right, nb::handle alibi_slopes,
                  nb::handle sinks, int32_t num_splits, int32_t isa) {
-  BufferView bq, bkc, bvc, bout, blse, bkn, bvn, bsl, bbi, blp, bbt, bcos, bsin, balibi, bsinks;
+  BufferView bq, bkc, bvc, bout, blse, bkn, bvn, bcos, bsin, balibi, bsinks;
   const anyattn_tensor tq = to_tensor(q, "q", bq);
   const bool appends = !k_new.is_none();
   const anyattn_tensor tkc = to_tensor(k_cache, "k_cache", bkc, appends);
   const anyattn_tensor tvc = to_tensor(v_cache, "v_cache", bvc, appends);
   const anyattn_tensor tout = to_tensor(out, "out", bout, /*writable=*/true);
-  anyattn_tensor tlse{}, tkn{}, tvn{}, tsl{}, tbi{}, tlp{}, tbt{}, tcos{}, tsin{}, talibi{},
-      tsinks{};
+  anyattn_tensor tlse{}, tkn{}, tvn{}, tcos{}, tsin{}, talibi{}, tsinks{};
   const anyattn_tensor* plse = optional_tensor(lse, "lse", blse, tlse, /*writable=*/true);
   anyattn_kvcache_params cache;
   anyattn_kvcache_params_init(&cache);
+  CacheLayoutArgs layout;
+  layout.fill(cache_seqlens, cache_seqlen, cache_batch_idx, cache_leftpad, block_table, &cache);
   cache.k_new = optional_tensor(k_new, "k", bkn, tkn);
   cache.v_new = optional_tensor(v_new, "v", bvn, tvn);
-  cache.cache_seqlens = optional_tensor(cache_seqlens, "cache_seqlens", bsl, tsl);
-  cache.cache_seqlen = cache_seqlen;
-  cache.cache_batch_idx = optional_tensor(cache_batch_idx, "cache_batch_idx", bbi, tbi);
-  cache.cache_leftpad = optional_tensor(cache_leftpad, "cache_leftpad", blp, tlp);
-  cache.block_table = optional_tensor(block_table, "block_table", bbt, tbt);
   cache.rotary_cos = optional_tensor(rotary_cos, "rotary_cos", bcos, tcos);
   cache.rotary_sin = optional_tensor(rotary_sin, "rotary_sin", bsin, tsin);
   cache.rotary_interleaved = rotary_interleaved ? 1 : 0;
-  const anyattn_fwd_params params = make_params(
-      softmax_scale, softcap, causal, window_left, window_right,
-      optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
-      optional_tensor(sinks, "sinks", bsinks, tsinks), num_splits, isa);
+  const anyattn_fwd_params params =
+      make_params(softmax_scale, softcap, causal, window_left, window_right,
+                  optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
+                  optional_tensor(sinks, "sinks", bsinks, tsinks), num_splits, isa);
   anyattn_status status;
   {
     nb::gil_scoped_release release;
     status = anyattn_fwd_kvcache(&tq, &tkc, &tvc, &tout, plse, &cache, &params);
+  }
+  if (status != ANYATTN_OK) raise_status(status);
+}
+
+// Packed varlen queries against a KV cache, which is only read. See anyattn_fwd_kvcache_varlen
+// in anyattn.h; lse and every cache argument but the caches may be None.
+void fwd_kvcache_varlen(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle out,
+                        nb::handle lse, nb::handle cu_seqlens_q, int64_t max_seqlen_q,
+                        nb::handle cache_seqlens, int64_t cache_seqlen, nb::handle cache_batch_idx,
+                        nb::handle cache_leftpad, nb::handle block_table, float softmax_scale,
+                        float softcap, bool causal, int32_t window_left, int32_t window_right,
+                        nb::handle alibi_slopes, nb::handle sinks, int32_t num_splits,
+                        int32_t isa) {
+  BufferView bq, bkc, bvc, bout, blse, bcq, balibi, bsinks;
+  const anyattn_tensor tq = to_tensor(q, "q", bq);
+  const anyattn_tensor tkc = to_tensor(k_cache, "k_cache", bkc);
+  const anyattn_tensor tvc = to_tensor(v_cache, "v_cache", bvc);
+  const anyattn_tensor tout = to_tensor(out, "out", bout, /*writable=*/true);
+  const anyattn_tensor tcq = to_tensor(cu_seqlens_q, "cu_seqlens_q", bcq);
+  anyattn_tensor tlse{}, talibi{}, tsinks{};
+  const anyattn_tensor* plse = optional_tensor(lse, "lse", blse, tlse, /*writable=*/true);
+  anyattn_kvcache_params cache;
+  anyattn_kvcache_params_init(&cache);
+  CacheLayoutArgs layout;
+  layout.fill(cache_seqlens, cache_seqlen, cache_batch_idx, cache_leftpad, block_table, &cache);
+  const anyattn_fwd_params params =
+      make_params(softmax_scale, softcap, causal, window_left, window_right,
+                  optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
+                  optional_tensor(sinks, "sinks", bsinks, tsinks), num_splits, isa);
+  anyattn_status status;
+  {
+    nb::gil_scoped_release release;
+    status = anyattn_fwd_kvcache_varlen(&tq, &tkc, &tvc, &tout, plse, &tcq, max_seqlen_q, &cache,
+                                        &params);
   }
   if (status != ANYATTN_OK) raise_status(status);
 }
@@ -420,6 +467,16 @@ NB_MODULE(_core, m) {
         nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("num_splits") = 0,
         nb::arg("isa") = 0,
         "KV-cache forward attention with in-place append (anyattn_fwd_kvcache). Releases the GIL.");
+  m.def("fwd_kvcache_varlen", &fwd_kvcache_varlen, nb::arg("q"), nb::arg("k_cache"),
+        nb::arg("v_cache"), nb::arg("out"), nb::arg("lse").none(), nb::arg("cu_seqlens_q"),
+        nb::arg("max_seqlen_q"), nb::arg("cache_seqlens").none(), nb::arg("cache_seqlen"),
+        nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
+        nb::arg("block_table").none(), nb::arg("softmax_scale"), nb::arg("softcap"),
+        nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
+        nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("num_splits") = 0,
+        nb::arg("isa") = 0,
+        "Packed varlen queries against a KV cache (anyattn_fwd_kvcache_varlen). Releases the "
+        "GIL.");
   m.def("merge_attention_states", &merge_attention_states, nb::arg("out_a"), nb::arg("lse_a"),
         nb::arg("out_b"), nb::arg("lse_b"), nb::arg("out"), nb::arg("lse_out").none(),
         "Merges two partial attentions (anyattn_merge_attention_states). Releases the GIL.");

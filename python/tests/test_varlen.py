@@ -99,8 +99,6 @@ def test_bad_cu_seqlens_raise_value_error_naming_it():
         anyattn.flash_attn_varlen_func(q, q, q, np.array([0, 5, 3, 8], np.int32), _cu([3, 3, 2]), 8, 8)
     with pytest.raises(ValueError, match="cu_seqlens_k\\[1\\] is 9"):
         anyattn.flash_attn_varlen_func(q, q, q, _cu([8]), np.array([0, 9], np.int32), 8, 9)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        anyattn.flash_attn_varlen_func(q, q, q, _cu([8]), _cu([8]), 8, 8, block_table=np.zeros((1, 1), np.int32))
 
 
 def test_torch_op_traces_with_fake_tensors():
