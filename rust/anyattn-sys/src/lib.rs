@@ -233,6 +233,19 @@ extern "C" {
         cache: *const anyattn_kvcache_params,
         params: *const anyattn_fwd_params,
     ) -> anyattn_status;
+    /// Packed variable-length queries against a KV cache that the call only reads (paged
+    /// varlen); see `anyattn.h`.
+    pub fn anyattn_fwd_kvcache_varlen(
+        q: *const anyattn_tensor,
+        k_cache: *const anyattn_tensor,
+        v_cache: *const anyattn_tensor,
+        out: *const anyattn_tensor,
+        lse: *const anyattn_tensor,
+        cu_seqlens_q: *const anyattn_tensor,
+        max_seqlen_q: i64,
+        cache: *const anyattn_kvcache_params,
+        params: *const anyattn_fwd_params,
+    ) -> anyattn_status;
     /// Merges two partial attentions over disjoint key sets; see `anyattn.h`.
     pub fn anyattn_merge_attention_states(
         out_a: *const anyattn_tensor,
@@ -299,6 +312,7 @@ pub const DECLARED_FUNCTIONS: &[&str] = &[
     "anyattn_fwd_varlen",
     "anyattn_kvcache_params_init",
     "anyattn_fwd_kvcache",
+    "anyattn_fwd_kvcache_varlen",
     "anyattn_merge_attention_states",
     "anyattn_bwd",
     "anyattn_bwd_varlen",

@@ -1,5 +1,6 @@
-//! Forward attention against a KV cache with in-place append (`anyattn_fwd_kvcache`), flash-attn's
-//! `flash_attn_with_kvcache`.
+//! Forward attention against a KV cache: with in-place append (`anyattn_fwd_kvcache`), flash-attn's
+//! `flash_attn_with_kvcache`, and for packed variable-length queries (`anyattn_fwd_kvcache_varlen`),
+//! flash-attn's paged varlen.
 
 use anyattn_sys as sys;
 
@@ -98,6 +99,79 @@ fn block_table_tensor(table: &BlockTable<'_>) -> Result<sys::anyattn_tensor> {
     Ok(t)
 }
 
+/// The C descriptors of a [`KvCacheOptions`]; [`CacheDescriptors::params`] points into them, so
+/// they must stay in place until the call returns.
+struct CacheDescriptors {
+    k_new: Option<sys::anyattn_tensor>,
+    v_new: Option<sys::anyattn_tensor>,
+    seqlens: Option<sys::anyattn_tensor>,
+    seqlen: i64,
+    batch_idx: Option<sys::anyattn_tensor>,
+    leftpad: Option<sys::anyattn_tensor>,
+    table: Option<sys::anyattn_tensor>,
+    cos: Option<sys::anyattn_tensor>,
+    sin: Option<sys::anyattn_tensor>,
+    interleaved: bool,
+}
+
+impl CacheDescriptors {
+    fn new<T: Element>(cache: &KvCacheOptions<'_, T>) -> Result<Self> {
+        let (seqlens, seqlen) = match cache.cache_seqlens {
+            CacheSeqlens::Full => (None, -1),
+            CacheSeqlens::Uniform(n) => {
+                let n = i64::try_from(n).map_err(|_| {
+                    Error::invalid(format!(
+                        "cache_seqlens: {n} given, supported 0 to {}",
+                        i64::MAX
+                    ))
+                })?;
+                (None, n)
+            }
+            CacheSeqlens::PerSequence(lens) => (Some(i32_tensor(lens)), -1),
+        };
+        Ok(CacheDescriptors {
+            k_new: cache.k_new.as_ref().map(View::raw),
+            v_new: cache.v_new.as_ref().map(View::raw),
+            seqlens,
+            seqlen,
+            batch_idx: cache.cache_batch_idx.map(i32_tensor),
+            leftpad: cache.cache_leftpad.map(i32_tensor),
+            table: cache
+                .block_table
+                .as_ref()
+                .map(block_table_tensor)
+                .transpose()?,
+            cos: cache.rotary.as_ref().map(|r| r.cos.raw()),
+            sin: cache.rotary.as_ref().map(|r| r.sin.raw()),
+            interleaved: cache.rotary.is_some_and(|r| r.interleaved),
+        })
+    }
+
+    /// The C struct, pointing at the descriptors in `self`.
+    fn params(&self) -> sys::anyattn_kvcache_params {
+        let ptr = |t: &Option<sys::anyattn_tensor>| {
+            t.as_ref().map_or(std::ptr::null(), |t| t as *const _)
+        };
+        let mut c = std::mem::MaybeUninit::<sys::anyattn_kvcache_params>::zeroed();
+        // SAFETY: anyattn_kvcache_params_init writes every field of a valid struct.
+        let mut c = unsafe {
+            sys::anyattn_kvcache_params_init(c.as_mut_ptr());
+            c.assume_init()
+        };
+        c.k_new = ptr(&self.k_new);
+        c.v_new = ptr(&self.v_new);
+        c.cache_seqlens = ptr(&self.seqlens);
+        c.cache_seqlen = self.seqlen;
+        c.cache_batch_idx = ptr(&self.batch_idx);
+        c.cache_leftpad = ptr(&self.leftpad);
+        c.block_table = ptr(&self.table);
+        c.rotary_cos = ptr(&self.cos);
+        c.rotary_sin = ptr(&self.sin);
+        c.rotary_interleaved = i32::from(self.interleaved);
+        c
+    }
+}
+
 /// Forward attention of q against a KV cache, with an optional in-place append of new keys and
 /// values and an optional rotary embedding (`anyattn_fwd_kvcache`).
 ///
@@ -123,50 +197,8 @@ pub fn fwd_kvcache<T: Element>(
     let alibi = opts.alibi_slopes.as_ref().map(View::raw);
     let sinks = opts.sinks.as_ref().map(View::raw);
     let params = c_params(opts, alibi.as_ref(), sinks.as_ref())?;
-
-    let k_new = cache.k_new.as_ref().map(View::raw);
-    let v_new = cache.v_new.as_ref().map(View::raw);
-    let (seqlens, seqlen) = match cache.cache_seqlens {
-        CacheSeqlens::Full => (None, -1),
-        CacheSeqlens::Uniform(n) => {
-            let n = i64::try_from(n).map_err(|_| {
-                Error::invalid(format!(
-                    "cache_seqlens: {n} given, supported 0 to {}",
-                    i64::MAX
-                ))
-            })?;
-            (None, n)
-        }
-        CacheSeqlens::PerSequence(lens) => (Some(i32_tensor(lens)), -1),
-    };
-    let batch_idx = cache.cache_batch_idx.map(i32_tensor);
-    let leftpad = cache.cache_leftpad.map(i32_tensor);
-    let table = cache
-        .block_table
-        .as_ref()
-        .map(block_table_tensor)
-        .transpose()?;
-    let cos = cache.rotary.as_ref().map(|r| r.cos.raw());
-    let sin = cache.rotary.as_ref().map(|r| r.sin.raw());
-
-    let ptr =
-        |t: &Option<sys::anyattn_tensor>| t.as_ref().map_or(std::ptr::null(), |t| t as *const _);
-    let mut c = std::mem::MaybeUninit::<sys::anyattn_kvcache_params>::zeroed();
-    // SAFETY: anyattn_kvcache_params_init writes every field of a valid struct.
-    let mut c = unsafe {
-        sys::anyattn_kvcache_params_init(c.as_mut_ptr());
-        c.assume_init()
-    };
-    c.k_new = ptr(&k_new);
-    c.v_new = ptr(&v_new);
-    c.cache_seqlens = ptr(&seqlens);
-    c.cache_seqlen = seqlen;
-    c.cache_batch_idx = ptr(&batch_idx);
-    c.cache_leftpad = ptr(&leftpad);
-    c.block_table = ptr(&table);
-    c.rotary_cos = ptr(&cos);
-    c.rotary_sin = ptr(&sin);
-    c.rotary_interleaved = i32::from(cache.rotary.is_some_and(|r| r.interleaved));
+    let descriptors = CacheDescriptors::new(cache)?;
+    let c = descriptors.params();
 
     let tq = q.raw();
     let (tkc, tvc) = (k_cache.raw(), v_cache.raw());
@@ -185,6 +217,70 @@ pub fn fwd_kvcache<T: Element>(
             &tvc,
             &to,
             tl.as_ref().map_or(std::ptr::null(), |t| t as *const _),
+            &c,
+            &params,
+        )
+    };
+    check(status)
+}
+
+/// Forward attention of packed variable-length queries against a KV cache that the call only
+/// reads (`anyattn_fwd_kvcache_varlen`): flash-attn's paged varlen, for batches that mix prefill
+/// chunks and decode steps.
+///
+/// Shapes: `q (total_q, Hq, D)`, sequence `b` being rows `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]`
+/// (`B + 1` non-decreasing offsets, every length at most `max_seqlen_q`); the caches as in
+/// [`fwd_kvcache`], contiguous or paged; `out (total_q, Hq, Dv)`, `lse (Hq, total_q)` (f32,
+/// optional). Sequence `b` attends to cache positions `[leftpad_b, cache_seqlens[b])`, its
+/// queries being the last of those keys (the mask is bottom-right aligned per sequence). `cache`
+/// takes the lengths, batch indices, left padding and block table; its `k_new`, `v_new` and
+/// `rotary` must be `None` (an `Unsupported` error otherwise). Dropout is rejected. Rows of `out`
+/// and `lse` outside every sequence are left untouched.
+///
+/// Everything is validated before anything is written; the error names the parameter.
+#[allow(clippy::too_many_arguments)]
+pub fn fwd_kvcache_varlen<T: Element>(
+    q: &View<'_, T>,
+    k_cache: &View<'_, T>,
+    v_cache: &View<'_, T>,
+    out: &mut ViewMut<'_, T>,
+    lse: Option<&mut ViewMut<'_, f32>>,
+    cu_seqlens_q: &[i32],
+    max_seqlen_q: usize,
+    cache: &KvCacheOptions<'_, T>,
+    opts: &FwdOptions<'_>,
+) -> Result<()> {
+    let max_seqlen_q = i64::try_from(max_seqlen_q).map_err(|_| {
+        Error::invalid(format!(
+            "max_seqlen_q: {max_seqlen_q} given, supported 0 to {}",
+            i64::MAX
+        ))
+    })?;
+    let alibi = opts.alibi_slopes.as_ref().map(View::raw);
+    let sinks = opts.sinks.as_ref().map(View::raw);
+    let params = c_params(opts, alibi.as_ref(), sinks.as_ref())?;
+    let descriptors = CacheDescriptors::new(cache)?;
+    let c = descriptors.params();
+
+    let (tq, tkc, tvc) = (q.raw(), k_cache.raw(), v_cache.raw());
+    let to = out.raw();
+    let tl = lse.map(|l| l.raw());
+    let tcq = i32_tensor(cu_seqlens_q);
+    // SAFETY: every view lies inside its slice; out and lse are exclusive borrows, so they overlap
+    // neither each other nor the shared inputs (q, the caches, the tables). The library reads
+    // the caches only, and validates every offset and index it reads from the i32 tables
+    // (cu_seqlens_q, cache lengths, batch indices, left padding, block table entries) against
+    // the shapes before touching memory. The descriptors and both parameter structs outlive
+    // the call.
+    let status = unsafe {
+        sys::anyattn_fwd_kvcache_varlen(
+            &tq,
+            &tkc,
+            &tvc,
+            &to,
+            tl.as_ref().map_or(std::ptr::null(), |t| t as *const _),
+            &tcq,
+            max_seqlen_q,
             &c,
             &params,
         )

@@ -8,7 +8,8 @@
 //! - [`bwd`]: dense backward attention (dq, dk, dv and the sinks' gradient).
 //! - [`fwd_varlen`] and [`bwd_varlen`]: packed variable-length sequences (`cu_seqlens`).
 //! - [`fwd_kvcache`]: attention against a contiguous or paged KV cache with in-place append and
-//!   rotary embedding ([`KvCacheOptions`]).
+//!   rotary embedding ([`KvCacheOptions`]); [`fwd_kvcache_varlen`]: packed variable-length
+//!   queries against such a cache (paged varlen).
 //! - [`merge_attention_states`] (and its in-place form): merging partial attentions over
 //!   disjoint key sets.
 //! - [`kernels`]: the forward kernel registry.
@@ -52,7 +53,9 @@ use anyattn_sys as sys;
 pub use error::{Error, Result, Status};
 pub use fwd::{bwd, bwd_varlen, fwd, fwd_varlen, Dropout, FwdOptions, VarlenSeqs};
 pub use half::{bf16, f16};
-pub use kvcache::{fwd_kvcache, BlockTable, CacheSeqlens, KvCacheOptions, Rotary};
+pub use kvcache::{
+    fwd_kvcache, fwd_kvcache_varlen, BlockTable, CacheSeqlens, KvCacheOptions, Rotary,
+};
 pub use merge::{merge_attention_states, merge_attention_states_in_place};
 pub use view::{contiguous_strides, DType, Element, View, ViewMut, MAX_NDIM};
 
@@ -109,7 +112,13 @@ pub enum Isa {
 
 impl Isa {
     /// Every path, `Auto` first.
-    pub const ALL: [Isa; 5] = [Isa::Auto, Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Amx];
+    pub const ALL: [Isa; 5] = [
+        Isa::Auto,
+        Isa::Portable,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Avx512Amx,
+    ];
 
     pub(crate) fn raw(self) -> i32 {
         match self {

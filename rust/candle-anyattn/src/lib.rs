@@ -36,8 +36,9 @@
 //! - A `None` window side is exactly unbounded. flash-attn's CUDA kernels replace it by
 //!   `seqlen_k` when the other side is bounded, which differs only when `seq_len_q > seq_len_k`.
 //! - `max_seqlen_q`/`max_seqlen_k` of the varlen functions are checked against the sequences.
-//! - `flash_attn_varlen_paged_windowed` (paged KV cache with `mm_prefix_ranges`) is not provided:
-//!   anyattn's paged KV cache has no varlen form and no `mm_prefix_ranges`.
+//! - [`flash_attn_varlen_paged_windowed`] (paged varlen, as in candle-flash-attn's forks that
+//!   have it) rejects `mm_prefix_ranges` (ranges that bypass the mask): anyattn's masks are the
+//!   causal/window ones only. Any `page_block_size >= 1` works.
 //!
 //! Extras: [`flash_attn_sinks`] and [`flash_attn_varlen_sinks`] add per-head sink logits
 //! (gpt-oss, FA4's `learnable_sink`).
@@ -51,7 +52,9 @@
 //! on the packed tensors in place (no copies).
 #![warn(missing_docs)]
 
-use anyattn::{Element, FwdOptions, VarlenSeqs, View, ViewMut};
+use anyattn::{
+    BlockTable, CacheSeqlens, Element, FwdOptions, KvCacheOptions, VarlenSeqs, View, ViewMut,
+};
 use candle_core::backend::BackendStorage;
 use candle_core::WithDType;
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
@@ -107,6 +110,38 @@ pub struct FlashAttnVarLen {
     pub softcap: Option<f32>,
     /// Optional f32 sink logits of shape `(num_heads_q)`.
     pub sinks: Option<Tensor>,
+}
+
+/// The paged varlen op: packed `(total_q, num_heads, head_size)` queries against paged key and
+/// value caches `(num_blocks, page_block_size, num_heads_kv, head_size)`, which are only read.
+/// Sequence `b`'s keys are its cache positions `0 .. seqlens_k[b + 1] - seqlens_k[b]`, position
+/// `p` living in block `block_table[b][p / page_block_size]`, row `p % page_block_size`; its
+/// queries are the last of those keys (the mask is bottom-right aligned per sequence).
+#[derive(Debug, Clone)]
+pub struct FlashAttnVarLenPaged {
+    /// Multiplies `<q_i, k_j>`; must be non-zero.
+    pub softmax_scale: f32,
+    /// An upper bound of every query length (checked).
+    pub max_seqlen_q: usize,
+    /// An upper bound of every key length (checked).
+    pub max_seqlen_k: usize,
+    /// `batch + 1` cumulative query offsets (u32, i32 or i64).
+    pub seqlens_q: Tensor,
+    /// `batch + 1` cumulative key counts (u32, i32 or i64): sequence `b` has
+    /// `seqlens_k[b + 1] - seqlens_k[b]` keys in the cache.
+    pub seqlens_k: Tensor,
+    /// `(batch, max_blocks)` block indices (u32, i32 or i64), each in `[0, num_blocks)` where read.
+    pub block_table: Tensor,
+    /// Positions per block: the caches' second dimension.
+    pub page_block_size: usize,
+    /// f32 ALiBi slopes of shape `(num_heads_q)` or `(batch, num_heads_q)`.
+    pub alibi_slopes: Option<Tensor>,
+    /// Keys visible left of each sequence's (bottom-right aligned) diagonal; `None` = unbounded.
+    pub window_size_left: Option<usize>,
+    /// Keys visible right of the diagonal; `None` = unbounded, `Some(0)` = causal.
+    pub window_size_right: Option<usize>,
+    /// `Some(c)` with `c > 0`: scores become `c * tanh(s / c)`; `None` or `c <= 0` = off.
+    pub softcap: Option<f32>,
 }
 
 fn anyattn_err(e: anyattn::Error) -> candle_core::Error {
@@ -351,6 +386,12 @@ fn read_seqlens(name: &str, t: &Tensor) -> Result<Vec<i32>> {
             t.dims()
         )
     }
+    read_i32(name, t)
+}
+
+/// Reads an index tensor (u32, i32 or i64, any rank, any device) as row-major i32 values.
+fn read_i32(name: &str, t: &Tensor) -> Result<Vec<i32>> {
+    let t = t.flatten_all()?;
     let wide: Vec<i64> = match t.dtype() {
         DType::U32 => t.to_vec1::<u32>()?.into_iter().map(i64::from).collect(),
         DType::I32 => t.to_vec1::<i32>()?.into_iter().map(i64::from).collect(),
@@ -367,6 +408,103 @@ fn read_seqlens(name: &str, t: &Tensor) -> Result<Vec<i32>> {
             })
         })
         .collect()
+}
+
+/// Per-sequence key counts from cumulative offsets: non-decreasing, each at most `max_seqlen_k`.
+fn key_counts(cu_k: &[i32], max_seqlen_k: usize) -> Result<Vec<i32>> {
+    cu_k.windows(2)
+        .enumerate()
+        .map(|(b, w)| {
+            let n = i64::from(w[1]) - i64::from(w[0]);
+            if n < 0 || n as u64 > max_seqlen_k as u64 {
+                bail!(
+                    "flash-attn (anyattn): seqlens_k gives sequence {b} {n} keys \
+                     (seqlens_k[{}] = {}, seqlens_k[{b}] = {}); supported 0 to max_seqlen_k = \
+                     {max_seqlen_k}",
+                    b + 1,
+                    w[1],
+                    w[0]
+                )
+            }
+            Ok(n as i32)
+        })
+        .collect()
+}
+
+fn paged_typed<T: WithDType + Element>(
+    op: &FlashAttnVarLenPaged,
+    q: &CpuStorage,
+    q_l: &Layout,
+    k: &CpuStorage,
+    k_l: &Layout,
+    v: &CpuStorage,
+    v_l: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    check_rank("q", q_l, 3, "(total_q, num_heads, head_size)")?;
+    let what = "(num_blocks, page_block_size, num_heads_kv, head_size)";
+    check_rank("k", k_l, 4, what)?;
+    check_rank("v", v_l, 4, what)?;
+    if k_l.dims()[1] != op.page_block_size {
+        bail!(
+            "flash-attn (anyattn): page_block_size is {} but the key cache has {} positions per \
+             block (shape {:?})",
+            op.page_block_size,
+            k_l.dims()[1],
+            k_l.dims()
+        )
+    }
+    let (total_q, hq, _) = q_l.shape().dims3()?;
+    let dv = v_l.dims()[3];
+    let cu_q = read_seqlens("seqlens_q", &op.seqlens_q)?;
+    let lens_k = key_counts(&read_seqlens("seqlens_k", &op.seqlens_k)?, op.max_seqlen_k)?;
+    if op.block_table.rank() != 2 {
+        bail!(
+            "flash-attn (anyattn): block_table must have rank 2 (batch, max_blocks), got shape {:?}",
+            op.block_table.dims()
+        )
+    }
+    let table = read_i32("block_table", &op.block_table)?;
+    let cache = KvCacheOptions {
+        cache_seqlens: CacheSeqlens::PerSequence(&lens_k),
+        block_table: Some(BlockTable {
+            data: &table,
+            blocks_per_seq: op.block_table.dims()[1],
+        }),
+        ..Default::default()
+    };
+    let c = Common {
+        softmax_scale: op.softmax_scale,
+        alibi_slopes: op.alibi_slopes.as_ref(),
+        window_size_left: op.window_size_left,
+        window_size_right: op.window_size_right,
+        softcap: op.softcap,
+        sinks: None,
+    };
+    let (qi, ki, vi) = (
+        Input::<T>::new(q, q_l)?,
+        Input::<T>::new(k, k_l)?,
+        Input::<T>::new(v, v_l)?,
+    );
+    let mut out = vec![T::from_f64(0.0); total_q * hq * dv];
+    with_f32_view("alibi_slopes", c.alibi_slopes, |alibi| {
+        let opts = c.options(op.max_seqlen_k, op.max_seqlen_q, alibi, None);
+        let mut out_view =
+            ViewMut::contiguous(&mut out, &[total_q, hq, dv]).map_err(anyattn_err)?;
+        follow_candle_threads();
+        anyattn::fwd_kvcache_varlen(
+            &qi.view()?,
+            &ki.view()?,
+            &vi.view()?,
+            &mut out_view,
+            None,
+            &cu_q,
+            op.max_seqlen_q,
+            &cache,
+            &opts,
+        )
+        .map_err(anyattn_err)
+    })?;
+    Ok((T::to_cpu_storage_owned(out), Shape::from((total_q, hq, dv))))
 }
 
 fn varlen_typed<T: WithDType + Element>(
@@ -537,6 +675,41 @@ impl CustomOp3 for FlashAttnVarLen {
         _: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         bail!("flash-attn-varlen: CUDA tensors are handled by the candle_anyattn::flash_attn_varlen* functions (through candle-flash-attn), not by this op")
+    }
+}
+
+impl CustomOp3 for FlashAttnVarLenPaged {
+    fn name(&self) -> &'static str {
+        "flash-attn-varlen-paged"
+    }
+
+    fn cpu_fwd(
+        &self,
+        q: &CpuStorage,
+        q_l: &Layout,
+        k: &CpuStorage,
+        k_l: &Layout,
+        v: &CpuStorage,
+        v_l: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        match check_dtypes(q, k, v)? {
+            DType::F32 => paged_typed::<f32>(self, q, q_l, k, k_l, v, v_l),
+            DType::F16 => paged_typed::<half::f16>(self, q, q_l, k, k_l, v, v_l),
+            _ => paged_typed::<half::bf16>(self, q, q_l, k, k_l, v, v_l),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        bail!("flash-attn-varlen-paged: CUDA tensors are handled by candle_anyattn::flash_attn_varlen_paged_windowed (pages gathered, then candle-flash-attn), not by this op")
     }
 }
 
@@ -959,4 +1132,187 @@ pub fn flash_attn_varlen_sinks(
         Some(softcap),
         Some(sinks),
     )
+}
+
+/// Gathers each sequence's keys and values from the paged caches into packed `(total_k, H, D)`
+/// tensors on the caches' device, with the cumulative key offsets `(batch + 1)` u32. The route for
+/// devices whose flash attention has no paged varlen (CUDA through candle-flash-attn).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn gather_pages(
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_k: &Tensor,
+    block_table: &Tensor,
+    max_seqlen_k: usize,
+    page_block_size: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (num_blocks, page, hk, d) = k.dims4()?;
+    if page != page_block_size {
+        bail!("flash-attn (anyattn): page_block_size is {page_block_size} but the key cache has {page} positions per block")
+    }
+    let lens = key_counts(&read_seqlens("seqlens_k", seqlens_k)?, max_seqlen_k)?;
+    let (batch, max_blocks) = block_table.dims2()?;
+    let table = read_i32("block_table", block_table)?;
+    if lens.len() != batch {
+        bail!(
+            "flash-attn (anyattn): block_table has {batch} rows, seqlens_k gives {} sequences",
+            lens.len()
+        )
+    }
+    let mut rows = Vec::new();
+    for (b, &n) in lens.iter().enumerate() {
+        for p in 0..n as usize {
+            let block = p / page;
+            let entry = table
+                .get(b * max_blocks + block)
+                .copied()
+                .filter(|_| block < max_blocks);
+            match entry {
+                Some(e) if e >= 0 && (e as usize) < num_blocks => rows.push((e as usize * page + p % page) as u32),
+                _ => bail!("flash-attn (anyattn): block_table[{b}][{block}] is {entry:?}; supported 0 to {} for the {n} keys of sequence {b}", num_blocks as i64 - 1),
+            }
+        }
+    }
+    let mut cu: Vec<u32> = vec![0];
+    for &n in &lens {
+        cu.push(cu.last().copied().unwrap_or(0) + n as u32);
+    }
+    let index = Tensor::new(rows.as_slice(), k.device())?;
+    let flat_k = k
+        .reshape((num_blocks * page, hk, d))?
+        .index_select(&index, 0)?;
+    let dv = v.dims4()?.3;
+    let flat_v = v
+        .reshape((num_blocks * page, hk, dv))?
+        .index_select(&index, 0)?;
+    Ok((flat_k, flat_v, Tensor::new(cu.as_slice(), k.device())?))
+}
+
+/// Flash attention of packed variable-length queries against a paged KV cache (paged varlen):
+/// the decode and chunked-prefill batches of a serving engine, in one call.
+///
+/// * `q` - `(total_q, num_heads_q, head_size)`.
+/// * `k`, `v` - the caches, `(num_blocks, page_block_size, num_heads_kv, head_size[_v])`; read,
+///   never written.
+/// * `seqlens_q` - `batch + 1` cumulative query offsets (u32, i32 or i64).
+/// * `seqlens_k` - `batch + 1` cumulative key counts: sequence `b` has
+///   `seqlens_k[b + 1] - seqlens_k[b]` keys, its cache positions `0 ..` that count.
+/// * `block_table` - `(batch, max_blocks)`: position `p` of sequence `b` is row
+///   `p % page_block_size` of block `block_table[b][p / page_block_size]`.
+/// * `mm_prefix_ranges` - must be `None`: ranges that bypass the mask are not supported.
+/// * `max_seqlen_q`, `max_seqlen_k` - upper bounds of the lengths (checked).
+/// * `window_size_left`, `window_size_right` - as in [`flash_attn_windowed`], per sequence,
+///   bottom-right aligned (a sequence's queries are the last of its keys).
+/// * `page_block_size` - the caches' second dimension (checked); any value from 1.
+/// * `softcap` - `Some(c)` with `c > 0` applies `c * tanh(s / c)`.
+///
+/// Returns `(total_q, num_heads_q, head_size_v)`; rows in no sequence are zero. On the CPU the
+/// caches are read in place; CUDA tensors (with the `cuda` feature) have each sequence's pages
+/// gathered, then go to candle-flash-attn's varlen kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_paged_windowed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    block_table: &Tensor,
+    mm_prefix_ranges: Option<&Tensor>,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+    page_block_size: usize,
+    softcap: Option<f32>,
+) -> Result<Tensor> {
+    if let Some(ranges) = mm_prefix_ranges {
+        bail!(
+            "flash-attn (anyattn): mm_prefix_ranges (shape {:?}) is not supported: anyattn's \
+             masks are causal and sliding-window only; pass None",
+            ranges.dims()
+        )
+    }
+    #[cfg(feature = "cuda")]
+    if q.device().is_cuda() {
+        let (flat_k, flat_v, cu_k) =
+            gather_pages(k, v, seqlens_k, block_table, max_seqlen_k, page_block_size)?;
+        return varlen(
+            q,
+            &flat_k,
+            &flat_v,
+            None,
+            seqlens_q,
+            &cu_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            softmax_scale,
+            window_size_left,
+            window_size_right,
+            softcap,
+            None,
+        );
+    }
+    q.apply_op3(
+        k,
+        v,
+        FlashAttnVarLenPaged {
+            softmax_scale,
+            max_seqlen_q,
+            max_seqlen_k,
+            seqlens_q: seqlens_q.clone(),
+            seqlens_k: seqlens_k.clone(),
+            block_table: block_table.clone(),
+            page_block_size,
+            alibi_slopes: None,
+            window_size_left,
+            window_size_right,
+            softcap,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// The gather route (used for CUDA tensors) reads exactly the keys the native paged op reads:
+    /// on CPU tensors, varlen over the gathered keys equals the paged op.
+    #[test]
+    fn gathered_pages_give_the_paged_result() -> Result<()> {
+        let dev = &Device::Cpu;
+        let (blocks, page, hk, d) = (6, 3, 2, 8);
+        let k = Tensor::randn(0f32, 1., (blocks, page, hk, d), dev)?;
+        let v = Tensor::randn(0f32, 1., (blocks, page, hk, d), dev)?;
+        let q = Tensor::randn(0f32, 1., (6, 4, d), dev)?;
+        let seqlens_q = Tensor::new(&[0u32, 1, 6], dev)?;
+        let seqlens_k = Tensor::new(&[0u32, 4, 12], dev)?;
+        let table = Tensor::new(&[[5u32, 0, 0], [2, 4, 1]], dev)?;
+        let paged = flash_attn_varlen_paged_windowed(
+            &q,
+            &k,
+            &v,
+            &seqlens_q,
+            &seqlens_k,
+            &table,
+            None,
+            5,
+            8,
+            0.3,
+            None,
+            Some(0),
+            page,
+            None,
+        )?;
+        let (flat_k, flat_v, cu_k) = gather_pages(&k, &v, &seqlens_k, &table, 8, page)?;
+        assert_eq!(cu_k.to_vec1::<u32>()?, vec![0, 4, 12]);
+        let packed = flash_attn_varlen(&q, &flat_k, &flat_v, &seqlens_q, &cu_k, 5, 8, 0.3, true)?;
+        let diff = (paged - packed)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff <= 1e-6, "max difference {diff}");
+        let bad = Tensor::new(&[[5u32, 0, 0], [2, 9, 1]], dev)?;
+        let err = gather_pages(&k, &v, &seqlens_k, &bad, 8, page).unwrap_err();
+        assert!(err.to_string().contains("block_table[1][1]"), "{err}");
+        Ok(())
+    }
 }
