@@ -262,8 +262,7 @@ struct KvVarlenProblem {
   return r;
 }
 
-// ---- Layouts
-// --------------------------------------------------------------------------------------
+// ---- Layouts ------------------------------------------------------------------------------------
 
 TEST(KvcacheVarlen, ContiguousPagedAndBatchIndex) {
   for (int64_t page : {0, 1, 5, 16, 256}) {
@@ -308,8 +307,7 @@ TEST(KvcacheVarlen, LeftpadAndScalarSeqlen) {
   EXPECT_TRUE(run_and_check(scalar));
 }
 
-// ---- Score options, splits, ISA paths
-// -------------------------------------------------------------
+// ---- Score options, splits, ISA paths -----------------------------------------------------------
 
 TEST(KvcacheVarlen, ScoreOptionsPerSequence) {
   struct Feature {
@@ -360,8 +358,7 @@ TEST(KvcacheVarlen, SplitsAndIsaPaths) {
   }
 }
 
-// ---- Against anyattn_fwd_kvcache
-// ------------------------------------------------------------------
+// ---- Against anyattn_fwd_kvcache ----------------------------------------------------------------
 
 // With the same query count L for every sequence, packed q (B * L, Hq, D) is dense q (B, L, Hq, D)
 // and the call is the same problem as anyattn_fwd_kvcache's: out and lse agree bit for bit.
@@ -409,8 +406,7 @@ TEST(KvcacheVarlen, EqualLengthsMatchDenseKvcacheBitForBit) {
   }
 }
 
-// ---- Errors
-// ---------------------------------------------------------------------------------------
+// ---- Errors -------------------------------------------------------------------------------------
 
 void expect_error(KvVarlenProblem* p, anyattn_status expected,
                   const std::vector<std::string>& needles) {

@@ -105,27 +105,26 @@ def _f32(torch, x):
     return torch.as_tensor(x).to(torch.float32)
 
 
-def _varlen_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, alibi_slopes,
-                      sinks):
-    """Non-CPU torch tensors: flash_attn_func (device dispatch) once per sequence."""
+def _per_sequence_on_device(q, cu_seqlens_q, dv: int, keys_of, options, alibi_slopes, sinks):
+    """Packed q on a non-CPU device: flash_attn_func (device dispatch) once per sequence, on the
+    keys and values ``keys_of(b)`` returns, each (Sk_b, Hk, D[v]). Returns (out (total_q, Hq, Dv)
+    with zeros, lse (Hq, total_q) with -inf in rows outside every sequence)."""
     from .flash_attn_interface import flash_attn_func  # noqa: PLC0415
 
     torch = torch_module()
     cu_q = [int(x) for x in torch.as_tensor(cu_seqlens_q).tolist()]
-    cu_k = [int(x) for x in torch.as_tensor(cu_seqlens_k).tolist()]
-    used = None if seqused_k is None else [int(x) for x in torch.as_tensor(seqused_k).tolist()]
     hq = q.shape[1]
-    out = q.new_zeros((q.shape[0], hq, v.shape[-1]))
+    out = q.new_zeros((q.shape[0], hq, dv))
     lse = torch.full((hq, q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
     for b in range(len(cu_q) - 1):
-        q0, q1, k0 = cu_q[b], cu_q[b + 1], cu_k[b]
-        k1 = cu_k[b + 1] if used is None else k0 + used[b]
+        q0, q1 = cu_q[b], cu_q[b + 1]
         if q1 == q0:
             continue
+        keys, values = keys_of(b)
         slopes = alibi_slopes
         if slopes is not None and slopes.dim() == 2:
             slopes = slopes[b]
-        o, l, _ = flash_attn_func(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+        o, l, _ = flash_attn_func(q[None, q0:q1], keys[None], values[None],
                                   dropout_p=options.dropout_p, softmax_scale=options.softmax_scale,
                                   causal=options.causal, window_size=options.window_size,
                                   softcap=options.softcap, alibi_slopes=slopes,
@@ -133,6 +132,22 @@ def _varlen_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, a
         out[q0:q1] = o[0]
         lse[:, q0:q1] = l[0]
     return out, lse
+
+
+def _varlen_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, alibi_slopes,
+                      sinks):
+    """Non-CPU torch tensors: each sequence's rows of k and v through flash_attn_func."""
+    torch = torch_module()
+    cu_k = [int(x) for x in torch.as_tensor(cu_seqlens_k).tolist()]
+    used = None if seqused_k is None else [int(x) for x in torch.as_tensor(seqused_k).tolist()]
+
+    def keys_of(b):
+        k0 = cu_k[b]
+        k1 = cu_k[b + 1] if used is None else k0 + used[b]
+        return k[k0:k1], v[k0:k1]
+
+    return _per_sequence_on_device(q, cu_seqlens_q, v.shape[-1], keys_of, options, alibi_slopes,
+                                   sinks)
 
 
 def _paged_key_lengths(kind: str, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
@@ -212,33 +227,18 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
 def _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, lengths, block_table, options,
                             alibi_slopes, sinks):
     """Torch tensors off the CPU: each sequence's pages gathered, then flash_attn_func."""
-    from .flash_attn_interface import flash_attn_func  # noqa: PLC0415
-
     torch = torch_module()
-    cu_q = [int(x) for x in torch.as_tensor(cu_seqlens_q).tolist()]
     table = block_table.tolist()
     page = k_cache.shape[1]
-    hq = q.shape[1]
-    out = q.new_zeros((q.shape[0], hq, v_cache.shape[-1]))
-    lse = torch.full((hq, q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
-    for b in range(len(cu_q) - 1):
-        q0, q1 = cu_q[b], cu_q[b + 1]
-        if q1 == q0:
-            continue
+
+    def keys_of(b):
         pos = torch.arange(int(lengths[b]))
         blocks = torch.tensor(table[b], dtype=torch.long)[pos // page].to(k_cache.device)
         rows = (pos % page).to(k_cache.device)
-        slopes = alibi_slopes
-        if slopes is not None and slopes.dim() == 2:
-            slopes = slopes[b]
-        o, l, _ = flash_attn_func(q[None, q0:q1], k_cache[blocks, rows][None],
-                                  v_cache[blocks, rows][None], softmax_scale=options.softmax_scale,
-                                  causal=options.causal, window_size=options.window_size,
-                                  softcap=options.softcap, alibi_slopes=slopes,
-                                  return_attn_probs=True, sinks=sinks)
-        out[q0:q1] = o[0]
-        lse[:, q0:q1] = l[0]
-    return out, lse
+        return k_cache[blocks, rows], v_cache[blocks, rows]
+
+    return _per_sequence_on_device(q, cu_seqlens_q, v_cache.shape[-1], keys_of, options,
+                                   alibi_slopes, sinks)
 
 
 def flash_attn_varlen_func(

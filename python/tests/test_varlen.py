@@ -111,3 +111,24 @@ def test_torch_op_traces_with_fake_tensors():
         out, lse = torch.ops.anyattn.fwd_varlen(q, q[:, :2], q[:, :2, :8], cu, cu, None, 6, 6, 0.0, 0.0,
                                                 True, -1, -1, None, None)
         assert out.shape == (10, 4, 8) and lse.shape == (4, 10) and lse.dtype == torch.float32
+
+
+def test_device_route_slices_the_same_sequences():
+    """The off-CPU path (flash_attn_func per sequence) run on CPU tensors agrees with the varlen
+    kernel, seqused_k included, so its slicing reads the rows the kernel reads."""
+    torch = pytest.importorskip("torch")
+    from anyattn import varlen_kvcache
+    from anyattn._options import make_options
+
+    rng = np.random.default_rng(6)
+    q, k, v = (torch.from_numpy(rng.standard_normal((sum(lens), 2, 16)).astype(np.float32))
+               for lens in (LENS_Q, LENS_K, LENS_K))
+    cu_q, cu_k = torch.from_numpy(_cu(LENS_Q)), torch.from_numpy(_cu(LENS_K))
+    used = torch.tensor([min(n, 6) for n in LENS_K], dtype=torch.int32)
+    options = make_options(0.0, None, True, (-1, -1), 0.0, False)
+    out, lse = varlen_kvcache._varlen_on_device(q, k, v, cu_q, cu_k, used, options, None, None)
+    ref, ref_lse, _ = anyattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(LENS_Q), max(LENS_K),
+                                                     causal=True, seqused_k=used,
+                                                     return_attn_probs=True)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
