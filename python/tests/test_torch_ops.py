@@ -151,13 +151,19 @@ def test_compiled_call_uses_the_anyattn_op():
 
 
 def test_gil_is_released_during_kernels():
-    q = torch.randn(1, 3000, 8, 64)
     before = anyattn.get_num_threads()
     anyattn.set_num_threads(1)
     try:
-        start = time.perf_counter()
-        anyattn.flash_attn_func(q, q, q)
-        kernel_s = time.perf_counter() - start
+        # A kernel long enough for a stalled ticker to show, on slow and fast machines alike: the
+        # sequence doubles (four times the work) until one call takes 0.2 s.
+        seqlen = 1500
+        kernel_s = 0.0
+        while kernel_s < 0.2 and seqlen < 48000:
+            seqlen *= 2
+            q = torch.randn(1, seqlen, 8, 64)
+            start = time.perf_counter()
+            anyattn.flash_attn_func(q, q, q)
+            kernel_s = time.perf_counter() - start
         gaps = []
 
         def ticker(stop):
