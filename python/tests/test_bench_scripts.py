@@ -1,6 +1,8 @@
 """Smoke tests of the peer comparisons: bench/torch_sdpa.py (one forward and one backward row
 against torch) and bench/ggml_fa.py (one forward and one decode row against ggml), through the
-ctypes mirror of the C ABI (bench/anyattn_ctypes.py), on the library the C++ build produced.
+ctypes mirror of the C ABI (bench/anyattn_ctypes.py), on the library the C++ build produced; and
+bench/mixed_batch.py (a small mix of prefill chunks and decode steps against torch SDPA), through
+the installed package.
 
 The scripts' figures are timings (not checked here); what is checked is that both calls ran, the
 ratio was computed and the outputs agree with the peer's, so a change of the C structs that the
@@ -61,3 +63,22 @@ def test_ggml_fa_forward_and_decode_rows(tmp_path):
         # and sums its output in f16 (a few units of 2^-11), anyattn rounds its output once.
         bound = 1e-5 if row["dtype"] == "f32" else 2e-3
         assert row["max_abs_diff_vs_ggml"] < bound, row
+
+
+def test_mixed_batch_rows(tmp_path):
+    pytest.importorskip("torch")
+    result_path = tmp_path / "mixed_batch.json"
+    command = [sys.executable, os.path.join(REPO, "bench", "mixed_batch.py"), "--threads-list",
+               "1", "--dtypes", "f32,bf16", "--mix", "1x20@40,2x4@33,3x1@70", "--target-seconds",
+               "0.01", "--min-runs", "1", "--json", str(result_path)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    rows = json.loads(result_path.read_text())["rows"]
+    assert [(row["dtype"], row["sequences"]) for row in rows] == [("f32", 6), ("bf16", 6)]
+    for row in rows:
+        assert not any(key.endswith("_error") for key in row), row
+        assert row["split_over_mixed"] > 0 and row["sdpa_over_mixed"] > 0
+        # Inputs in [-1, 1): f32 outputs agree to rounding; bf16 outputs differ by the rounding of
+        # each side's bf16 result (2^-9 of values below 1).
+        bound = 1e-5 if row["dtype"] == "f32" else 8e-3
+        assert row["max_abs_diff_vs_sdpa"] < bound, row

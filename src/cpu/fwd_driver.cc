@@ -73,13 +73,12 @@ std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
 
 // Everything one group needs, carved from one allocation sized for the largest group.
 struct Workspace {
-  float* packed = nullptr;       // packed_blocks * block_floats
+  float* packed = nullptr;         // packed_blocks * block_floats
   uint8_t* block_flags = nullptr;  // packed_blocks
-  float* scratch = nullptr;      // threads * scratch_floats
-  float* partial_o = nullptr;    // partial_rows * splits * dv_pad (split plans only)
-  float* partial_ml = nullptr;   // 2 * partial_rows * splits (split plans only)
-  int64_t partial_rows = 0;      // capacity, rows
-  AlignedBuffer<float> owned;    // when the cached arena could not be used
+  float* scratch = nullptr;        // threads * scratch_floats
+  float* partial_o = nullptr;      // partial_rows * splits * dv_pad (split plans only)
+  float* partial_ml = nullptr;     // 2 * partial_rows * splits (split plans only)
+  int64_t partial_rows = 0;        // capacity, rows
 };
 
 // Workspace kept between calls, used only by the caller that holds the pool: re-faulting tens of
@@ -95,43 +94,59 @@ Arena& shared_arena() {
   return arena;
 }
 
-Workspace allocate_workspace(const plan::FwdPlan& plan, const std::vector<Group>& groups,
-                             bool may_use_arena) {
-  const PackedLayout& layout = plan.layout;
-  int64_t packed_blocks = 0, partial_rows = 0;
+// The sizes of the parts of a Workspace for `plan` and its groups, in floats.
+struct WorkspaceSizes {
+  int64_t packed_blocks = 0;
+  int64_t partial_rows = 0;  // split plans only
+  int64_t packed = 0, flags = 0, scratch = 0, partial_o = 0, partial_ml = 0;
+  int64_t total() const { return packed + flags + scratch + partial_o + partial_ml; }
+};
+
+WorkspaceSizes workspace_sizes(const plan::FwdPlan& plan, const std::vector<Group>& groups) {
+  WorkspaceSizes sizes;
   for (const Group& group : groups) {
-    packed_blocks = std::max(packed_blocks, group.packed_blocks);
-    partial_rows = std::max(partial_rows, group.partial_rows);
+    sizes.packed_blocks = std::max(sizes.packed_blocks, group.packed_blocks);
+    sizes.partial_rows = std::max(sizes.partial_rows, group.partial_rows);
   }
-  const bool split = plan.num_splits > 1;
-  Workspace ws;
-  ws.partial_rows = split ? partial_rows : 0;
-  const int64_t packed_floats = packed_blocks * layout.block_floats;
-  const int64_t flag_floats = round_up(packed_blocks, 64) / 4;
-  const int64_t scratch_floats = plan.threads * plan.scratch_floats;
-  const int64_t partial_o_floats = round_up(ws.partial_rows * plan.num_splits * layout.dv_pad, 16);
-  const int64_t partial_ml_floats = round_up(2 * ws.partial_rows * plan.num_splits, 16);
-  const int64_t total =
-      packed_floats + flag_floats + scratch_floats + partial_o_floats + partial_ml_floats;
-  float* base = nullptr;
-  if (may_use_arena && total <= kArenaLimitFloats) {
+  if (plan.num_splits == 1) sizes.partial_rows = 0;
+  sizes.packed = sizes.packed_blocks * plan.layout.block_floats;
+  sizes.flags = round_up(sizes.packed_blocks, 64) / 4;
+  sizes.scratch = plan.threads * plan.scratch_floats;
+  sizes.partial_o = round_up(sizes.partial_rows * plan.num_splits * plan.layout.dv_pad, 16);
+  sizes.partial_ml = round_up(2 * sizes.partial_rows * plan.num_splits, 16);
+  return sizes;
+}
+
+// At least `floats` of memory: the cached arena when this caller may use it and it is within
+// kArenaLimitFloats, else `owned`, allocated here.
+float* reserve_workspace(int64_t floats, bool may_use_arena, AlignedBuffer<float>* owned) {
+  if (may_use_arena && floats <= kArenaLimitFloats) {
     Arena& arena = shared_arena();
-    if (arena.floats < total) {
+    if (arena.floats < floats) {
       arena.buffer.allocate(0);
       arena.floats = 0;
-      arena.buffer.allocate(total);
-      arena.floats = total;
+      arena.buffer.allocate(floats);
+      arena.floats = floats;
     }
-    base = arena.buffer.get();
-  } else {
-    ws.owned.allocate(total);
-    base = ws.owned.get();
+    return arena.buffer.get();
   }
+  owned->allocate(floats);
+  return owned->get();
+}
+
+// The Workspace of `plan` and its groups, carved from `base` (workspace_sizes(...).total()
+// floats).
+Workspace carve_workspace(const plan::FwdPlan& plan, const std::vector<Group>& groups,
+                          float* base) {
+  const WorkspaceSizes sizes = workspace_sizes(plan, groups);
+  const bool split = plan.num_splits > 1;
+  Workspace ws;
+  ws.partial_rows = sizes.partial_rows;
   ws.packed = base;
-  ws.block_flags = reinterpret_cast<uint8_t*>(base + packed_floats);
-  ws.scratch = base + packed_floats + flag_floats;
-  ws.partial_o = split ? ws.scratch + scratch_floats : nullptr;
-  ws.partial_ml = split ? ws.partial_o + partial_o_floats : nullptr;
+  ws.block_flags = reinterpret_cast<uint8_t*>(base + sizes.packed);
+  ws.scratch = base + sizes.packed + sizes.flags;
+  ws.partial_o = split ? ws.scratch + sizes.scratch : nullptr;
+  ws.partial_ml = split ? ws.partial_o + sizes.partial_o : nullptr;
   return ws;
 }
 
@@ -255,35 +270,45 @@ void merge_splits(const FwdArgs& args, const plan::FwdPlan& plan, const Workspac
   });
 }
 
-}  // namespace
-
-void run_fwd(const FwdArgs& args, anyattn_isa isa) {
-  if (args.batch == 0 || args.seqlen_q == 0) return;
-  const FwdKernel* kernel = find_fwd_kernel(isa);
-  const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());
-  const plan::FwdPlan plan = plan::make_fwd_plan(args, *kernel, lease.num_threads());
-  if (plan::verbose_enabled()) std::fprintf(stderr, "%s\n", plan.describe(args).c_str());
-  const PackedLayout& layout = plan.layout;
-
+// The sequences of one plan: their (sequence, kv head) pairs, packing groups and tasks.
+struct PlannedPart {
+  plan::FwdPlan plan;
   std::vector<Pair> pairs;
-  pairs.reserve(static_cast<size_t>(args.batch * args.heads_k));
-  for (int64_t b = 0; b < args.batch; ++b) {
-    const SeqInfo seq = sequence_info(args, b);
-    if (seq.seqlen_q == 0) continue;
+  std::vector<Group> groups;
+  Workspace ws;
+};
+
+PlannedPart plan_part(const FwdArgs& args, const FwdKernel& kernel, int threads,
+                      const std::vector<SeqInfo>& seqs) {
+  plan::PlanShape shape;
+  shape.sequences = static_cast<int64_t>(seqs.size());
+  for (const SeqInfo& seq : seqs) {
+    shape.max_seqlen_q = std::max(shape.max_seqlen_q, seq.seqlen_q);
+    shape.max_seqlen_k = std::max(shape.max_seqlen_k, seq.seqlen_k);
+  }
+  PlannedPart part;
+  part.plan = plan::make_fwd_plan(args, shape, kernel, threads);
+  part.pairs.reserve(seqs.size() * static_cast<size_t>(args.heads_k));
+  for (const SeqInfo& seq : seqs) {
     for (int64_t head_k = 0; head_k < args.heads_k; ++head_k) {
       Pair pair;
       pair.seq = seq;
       pair.head_k = head_k;
       pair.blocks = key_blocks(seq);
-      pairs.push_back(pair);
+      part.pairs.push_back(pair);
     }
   }
-  // Every allocation happens before the first output is written.
-  std::vector<Group> groups = make_groups(args, plan, pairs);
-  const Workspace ws = allocate_workspace(plan, groups, lease.owns_pool());
-  for (Group& group : groups) group.tasks = build_tasks(args, plan, ws, pairs, group);
+  part.groups = make_groups(args, part.plan, part.pairs);
+  return part;
+}
 
-  for (const Group& group : groups) {
+void run_part(const FwdArgs& args, const FwdKernel& kernel, const runtime::PoolLease& lease,
+              const PlannedPart& part) {
+  const plan::FwdPlan& plan = part.plan;
+  const PackedLayout& layout = plan.layout;
+  const std::vector<Pair>& pairs = part.pairs;
+  const Workspace& ws = part.ws;
+  for (const Group& group : part.groups) {
     if (!plan.streaming) {
       lease.run_each(group.packed_blocks, [&](int64_t t, int) {
         // The pair that owns packed block t: the last one whose first block is <= t.
@@ -294,18 +319,56 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
                                             }) -
                            1;
         const Pair& pair = *owner;
-        kernel->pack_block(args, layout, pair.seq, pair.head_k, t - pair.packed_first,
-                           ws.packed + t * layout.block_floats, ws.block_flags + t);
+        kernel.pack_block(args, layout, pair.seq, pair.head_k, t - pair.packed_first,
+                          ws.packed + t * layout.block_floats, ws.block_flags + t);
       });
     }
     lease.run_each(static_cast<int64_t>(group.tasks.size()), [&](int64_t t, int worker) {
       const Scratch scratch =
           Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout, plan.panel_heads_k());
-      const AttendFn attend = plan.direct ? kernel->attend_direct : kernel->attend;
+      const AttendFn attend = plan.direct ? kernel.attend_direct : kernel.attend;
       attend(args, layout, group.tasks[t], scratch);
     });
     if (plan.num_splits > 1) merge_splits(args, plan, ws, lease, pairs, group);
   }
+}
+
+}  // namespace
+
+void run_fwd(const FwdArgs& args, anyattn_isa isa) {
+  if (args.batch == 0 || args.seqlen_q == 0) return;
+  const FwdKernel* kernel = find_fwd_kernel(isa);
+  const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());
+
+  // Sequences by path (a varlen call's decode steps, short and long prefill chunks), each part
+  // planned on its own: one plan for the longest would pack every decode step's K/V. Parts run one
+  // after the other; they write disjoint rows of out and lse.
+  std::vector<SeqInfo> seqs_by_path[3];
+  for (int64_t b = 0; b < args.batch; ++b) {
+    const SeqInfo seq = sequence_info(args, b);
+    if (seq.seqlen_q == 0) continue;
+    seqs_by_path[static_cast<int>(plan::fwd_path(args, seq.seqlen_q))].push_back(seq);
+  }
+  std::vector<PlannedPart> parts;
+  for (const std::vector<SeqInfo>& seqs : seqs_by_path) {
+    if (!seqs.empty()) parts.push_back(plan_part(args, *kernel, lease.num_threads(), seqs));
+  }
+  // Every allocation happens before the first output is written: one workspace, large enough for
+  // any part, serves each in turn.
+  int64_t workspace_floats = 0;
+  for (const PlannedPart& part : parts) {
+    workspace_floats = std::max(workspace_floats, workspace_sizes(part.plan, part.groups).total());
+  }
+  AlignedBuffer<float> owned;
+  float* base = reserve_workspace(workspace_floats, lease.owns_pool(), &owned);
+  for (PlannedPart& part : parts) {
+    if (plan::verbose_enabled()) std::fprintf(stderr, "%s\n", part.plan.describe(args).c_str());
+    part.ws = carve_workspace(part.plan, part.groups, base);
+    for (Group& group : part.groups) {
+      group.tasks = build_tasks(args, part.plan, part.ws, part.pairs, group);
+    }
+  }
+  for (const PlannedPart& part : parts) run_part(args, *kernel, lease, part);
 }
 
 }  // namespace anyattn::cpu

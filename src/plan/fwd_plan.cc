@@ -31,35 +31,43 @@ int64_t choose_splits(const cpu::FwdArgs& args, int64_t units, int64_t num_key_b
 
 }  // namespace
 
-FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, int threads) {
+FwdPath fwd_path(const cpu::FwdArgs& args, int64_t seqlen_q) {
+  const int64_t rows = args.group_size() * seqlen_q;
+  if (rows <= cpu::kDirectMaxRows) return FwdPath::kDirect;
+  return rows <= cpu::kMaxQBlockRows ? FwdPath::kStreaming : FwdPath::kPacked;
+}
+
+FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape,
+                      const cpu::FwdKernel& kernel, int threads) {
   FwdPlan plan;
   plan.kernel = &kernel;
   plan.threads = threads;
+  plan.shape = shape;
   plan.layout = cpu::PackedLayout::for_args(args);
-  // seqlen_q / seqlen_k are the maxima over sequences for varlen and KV-cache calls.
-  plan.streaming = args.group_size() * args.seqlen_q <= cpu::kMaxQBlockRows;
-  plan.q_block_rows = std::clamp<int64_t>(args.seqlen_q, 1, cpu::kMaxQBlockRows);
-  const int64_t q_blocks = cpu::ceil_div(args.seqlen_q, plan.q_block_rows);
+  const FwdPath path = fwd_path(args, shape.max_seqlen_q);
+  plan.streaming = path != FwdPath::kPacked;
+  plan.direct = path == FwdPath::kDirect;
+  plan.q_block_rows = std::clamp<int64_t>(shape.max_seqlen_q, 1, cpu::kMaxQBlockRows);
+  const int64_t q_blocks = cpu::ceil_div(shape.max_seqlen_q, plan.q_block_rows);
   if (plan.streaming) {
     // As many kv heads per task as fit its 64 rows and ~1 MiB of packed panels: one task then
     // sweeps whole key rows (all heads are contiguous in memory), which streams far better.
     const int64_t by_rows =
-        cpu::kMaxQBlockRows / (args.group_size() * std::max<int64_t>(args.seqlen_q, 1));
+        cpu::kMaxQBlockRows / (args.group_size() * std::max<int64_t>(shape.max_seqlen_q, 1));
     const int64_t by_memory = std::max<int64_t>(1, kStreamPanelFloats / plan.layout.block_floats);
-    plan.direct = args.group_size() * args.seqlen_q <= cpu::kDirectMaxRows;
     plan.stream_heads_k =
         std::clamp<int64_t>(plan.direct ? by_rows : std::min(by_rows, by_memory), 1, args.heads_k);
   }
   const int64_t units = plan.streaming
-                            ? args.batch * cpu::ceil_div(args.heads_k, plan.stream_heads_k)
-                            : args.batch * args.heads_q * q_blocks;
-  plan.num_splits = choose_splits(args, units, cpu::ceil_div(args.seqlen_k, cpu::kKeyBlock));
+                            ? shape.sequences * cpu::ceil_div(args.heads_k, plan.stream_heads_k)
+                            : shape.sequences * args.heads_q * q_blocks;
+  plan.num_splits = choose_splits(args, units, cpu::ceil_div(shape.max_seqlen_k, cpu::kKeyBlock));
   if (plan.streaming) {
     // Too few tasks to occupy every thread (a short cache: few key splits): fewer kv heads per
     // task until there are enough. Unlike the split count this may depend on the thread count:
     // each kv head's rows are computed alike whichever task holds them.
     while (plan.stream_heads_k > 1 &&
-           args.batch * cpu::ceil_div(args.heads_k, plan.stream_heads_k) * plan.num_splits <
+           shape.sequences * cpu::ceil_div(args.heads_k, plan.stream_heads_k) * plan.num_splits <
                threads) {
       plan.stream_heads_k = cpu::ceil_div(plan.stream_heads_k, 2);
     }
@@ -72,13 +80,13 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, in
 
 std::string FwdPlan::describe(const cpu::FwdArgs& args) const {
   const char* path = direct ? " direct" : streaming ? " streaming" : " packed";
-  return runtime::str_cat("anyattn: fwd kernel=", kernel->name, path, " threads=", threads,
-                          " B=", args.batch, " Sq=", args.seqlen_q, " Sk=", args.seqlen_k,
-                          " Hq=", args.heads_q, " Hk=", args.heads_k, " D=", args.head_dim,
-                          " Dv=", args.head_dim_v, args.cu_seqlens_q != nullptr ? " varlen" : "",
-                          args.block_table != nullptr ? " paged" : "", " q_block=", q_block_rows,
-                          " stream_heads_k=", stream_heads_k, " splits=", num_splits,
-                          " scratch_bytes_per_thread=", scratch_floats * 4);
+  return runtime::str_cat(
+      "anyattn: fwd kernel=", kernel->name, path, " threads=", threads, " B=", shape.sequences,
+      " Sq=", shape.max_seqlen_q, " Sk=", shape.max_seqlen_k, " Hq=", args.heads_q,
+      " Hk=", args.heads_k, " D=", args.head_dim, " Dv=", args.head_dim_v,
+      args.cu_seqlens_q != nullptr ? " varlen" : "", args.block_table != nullptr ? " paged" : "",
+      " q_block=", q_block_rows, " stream_heads_k=", stream_heads_k, " splits=", num_splits,
+      " scratch_bytes_per_thread=", scratch_floats * 4);
 }
 
 bool verbose_enabled() {

@@ -1,5 +1,6 @@
-// The forward dispatcher's decisions for one call: which kernel, how the work is partitioned, how
-// much memory it takes. Pure function of the arguments, the kernel and the thread count, except
+// The forward dispatcher's decisions for one call, or for the sequences of one path within a varlen
+// call: which kernel, how the work is partitioned, how much memory it takes. Pure function of the
+// arguments, the shape, the kernel and the thread count, except
 // that the key split count depends on the shape only (never on threads), so results are the same
 // bits for any thread count. ANYATTN_VERBOSE=1 prints the plan to stderr.
 #ifndef ANYATTN_PLAN_FWD_PLAN_H_
@@ -13,6 +14,22 @@
 #include "cpu/kernel_registry.h"
 
 namespace anyattn::plan {
+
+// How a sequence's query rows run, chosen by their count per kv head (group size x Sq):
+//   kDirect     at most kDirectMaxRows: one task per few kv heads reads K and V rows in place;
+//   kStreaming  at most kMaxQBlockRows: one task per kv head packs each block into its scratch;
+//   kPacked     more: K and V are packed once per (sequence, kv head), shared by q-block tasks.
+enum class FwdPath { kDirect, kStreaming, kPacked };
+FwdPath fwd_path(const cpu::FwdArgs& args, int64_t seqlen_q);
+
+// The sequences one plan covers: every sequence of a dense or KV-cache call (they share Sq), and
+// the sequences of one FwdPath in a varlen call, whose decode steps and prefill chunks would
+// otherwise all run the path of the longest. Lengths are the longest among those sequences.
+struct PlanShape {
+  int64_t sequences = 0;
+  int64_t max_seqlen_q = 0;
+  int64_t max_seqlen_k = 0;
+};
 
 struct FwdPlan {
   const cpu::FwdKernel* kernel = nullptr;
@@ -35,6 +52,8 @@ struct FwdPlan {
   // Key blocks per split for a sequence with `blocks` key blocks.
   int64_t blocks_per_split(int64_t blocks) const { return cpu::ceil_div(blocks, num_splits); }
 
+  PlanShape shape;
+
   std::string describe(const cpu::FwdArgs& args) const;
 };
 
@@ -49,7 +68,9 @@ constexpr int64_t kTasksPerThread = 8;
 // between packing and attending is paid rarely.
 constexpr int64_t kPackGroupTargetBytes = int64_t{8} << 20;
 
-FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const cpu::FwdKernel& kernel, int threads);
+// The plan for the sequences `shape` describes, all of one FwdPath.
+FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape,
+                      const cpu::FwdKernel& kernel, int threads);
 
 // True when ANYATTN_VERBOSE is set to a non-empty value other than "0".
 bool verbose_enabled();
