@@ -3,6 +3,7 @@
 // targets' calls in pairs, and prints and saves the tables. See bench/README.md.
 #include <cblas.h>
 
+#include <strings.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -85,6 +86,15 @@ BenchReport NewReport(int argc, char** argv, const Options& options) {
   return report;
 }
 
+// True for the OpenBLAS cores whose kernels use AVX-512 (names as openblas_get_corename gives
+// them).
+bool OpenblasCoreUsesAvx512(const std::string& corename) {
+  for (const char* core : {"SkylakeX", "Cooperlake", "SapphireRapids"}) {
+    if (strcasecmp(corename.c_str(), core) == 0) return true;
+  }
+  return false;
+}
+
 // The paired table at `threads` threads: each forward shape with kTargetMinSeqlen <= S <=
 // --pair-max-seqlen that the filters let through, in bf16 against f32, and (when threads > 1) on
 // `threads` against one thread, each pair timed in alternation. Returns the number of failed rows.
@@ -123,6 +133,13 @@ int RunBenchmark(int argc, char** argv, const Options& options) {
     std::printf(
         "warning      : OPENBLAS_CORETYPE is unset on an AVX-512 CPU; Debian's OpenBLAS "
         "may run slow kernels. Use bench/run_bench.sh or set OPENBLAS_CORETYPE=Cooperlake.\n");
+  } else if (CpuInfoHasFlag("avx512f") && !OpenblasCoreUsesAvx512(report.openblas_corename)) {
+    // A core type set for another machine (e.g. Haswell in a shared environment) runs OpenBLAS's
+    // AVX2 kernels: half the sgemm rate on an AVX-512 CPU, which would flatter the baseline ratio.
+    std::printf(
+        "warning      : OpenBLAS runs its %s kernels (OPENBLAS_CORETYPE=%s) on an AVX-512 CPU; "
+        "the baseline is then slower than it can be. Set OPENBLAS_CORETYPE=Cooperlake.\n",
+        report.openblas_corename.c_str(), report.openblas_coretype_env.c_str());
   }
 
   anyattn_set_num_threads(0);
