@@ -315,6 +315,43 @@ TEST(Varlen, OneLongSequenceAmongManyShort) {
   EXPECT_TRUE(run_and_check_varlen(c));
 }
 
+// A serving batch: decode steps (direct path) followed by prefill chunks (packed path). The steps'
+// rows must be the same bits as in a call that holds the steps alone (the chunks given no queries,
+// max_seqlen_q their own): each path's sequences are planned on their own, so the chunks change
+// nothing for the steps. With the key splits fixed, the two plans for the steps are the same.
+TEST(Varlen, DecodeStepsUnaffectedByPrefillChunksInTheCall) {
+  for (anyattn_dtype dtype : {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_BF16}) {
+    VarlenCase c;
+    c.lens_q = {1, 1, 2, 1, 70, 33};
+    c.lens_k = {40, 90, 65, 17, 70, 150};
+    c.Hq = 4;
+    c.Hk = 2;
+    c.dtype = dtype;
+    c.causal = true;
+    c.sinks = true;
+    c.num_splits = 1;
+    EXPECT_TRUE(run_and_check_varlen(c));
+    VarlenProblem mixed(c);
+    ASSERT_EQ(mixed.run(), ANYATTN_OK) << anyattn_last_error();
+    VarlenProblem alone(c);  // The same inputs; the chunks' query ranges emptied.
+    const int32_t step_rows = 5;
+    alone.cu_seqlens_q.set(5, step_rows);
+    alone.cu_seqlens_q.set(6, step_rows);
+    alone.max_q = 2;
+    ASSERT_EQ(alone.run(), ANYATTN_OK) << anyattn_last_error();
+    const std::vector<double> out_mixed = mixed.out.values(), out_alone = alone.out.values();
+    const std::vector<double> lse_mixed = mixed.lse.values(), lse_alone = alone.lse.values();
+    int64_t differ = 0;
+    for (int64_t i = 0; i < step_rows * c.Hq * c.Dv; ++i) differ += out_mixed[i] != out_alone[i];
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      for (int64_t r = 0; r < step_rows; ++r) {
+        differ += lse_mixed[h * mixed.total_q + r] != lse_alone[h * alone.total_q + r];
+      }
+    }
+    EXPECT_EQ(differ, 0) << dtype_name(dtype) << ": values of the decode steps that differ";
+  }
+}
+
 TEST(Varlen, BitwiseAcrossThreadCounts) {
   VarlenCase c = mixed_lengths();
   c.causal = true;
