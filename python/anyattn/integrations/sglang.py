@@ -7,8 +7,7 @@ expect (total_tokens, heads, head_dim_v) back. ``VisionAnyAttention`` honours ``
 runs on any device through ``anyattn.flash_attn_varlen_func`` (one call for the whole packed
 batch on CPU; flash_attn or SDPA elsewhere).
 
-Until anyattn's varlen kernels exist, each sequence of the packed batch is one dense call on a
-zero-copy slice. Registering it with sglang, e.g.
+Registering it with sglang, e.g.
 ``QKV_BACKEND_IMPL["anyattn"] = VisionAnyAttention``, is left to the caller: this module does
 not import sglang.
 """
