@@ -278,6 +278,8 @@ struct PlannedPart {
   Workspace ws;
 };
 
+// The plan, pairs and packing groups of `seqs` (non-empty, all of one FwdPath); the workspace and
+// tasks are filled in by the caller once every part is planned.
 PlannedPart plan_part(const FwdArgs& args, const FwdKernel& kernel, int threads,
                       const std::vector<SeqInfo>& seqs) {
   plan::PlanShape shape;
@@ -302,6 +304,8 @@ PlannedPart plan_part(const FwdArgs& args, const FwdKernel& kernel, int threads,
   return part;
 }
 
+// Packs, attends and merges one part, group by group, on the leased pool; writes only the rows of
+// out and lse of the part's sequences.
 void run_part(const FwdArgs& args, const FwdKernel& kernel, const runtime::PoolLease& lease,
               const PlannedPart& part) {
   const plan::FwdPlan& plan = part.plan;
