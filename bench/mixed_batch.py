@@ -49,11 +49,15 @@ def parse_mix(spec):
     """(spec, [(queries, keys)] per sequence) from "COUNTxQUERIES@KEYS,..."."""
     seqs = []
     for term in spec.split(","):
-        count, rest = term.split("x")
-        queries, keys = rest.split("@")
-        if not 1 <= int(queries) <= int(keys):
-            raise SystemExit(f"--mix term {term!r}: need 1 <= QUERIES <= KEYS")
-        seqs += [(int(queries), int(keys))] * int(count)
+        try:
+            count, rest = term.split("x")
+            queries, keys = (int(n) for n in rest.split("@"))
+            count = int(count)
+        except ValueError:
+            raise SystemExit(f"--mix term {term!r}: expected COUNTxQUERIES@KEYS, e.g. 31x1@4096")
+        if count < 1 or not 1 <= queries <= keys:
+            raise SystemExit(f"--mix term {term!r}: need COUNT >= 1 and 1 <= QUERIES <= KEYS")
+        seqs += [(queries, keys)] * count
     return spec, seqs
 
 
@@ -146,6 +150,8 @@ class PagedBatch:
 
 
 def run_mix(torch, anyattn, name, seqs, dtype_name, threads, timing, with_sdpa):
+    """Times one mix (mixed call, split calls, and the SDPA loop when with_sdpa) in alternation;
+    returns its JSON row: each kind's timing (or its error), GB/s, the ratios and max |diff|."""
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype_name]
     batch = PagedBatch.random(torch, seqs, dtype, torch.Generator().manual_seed(7))
     parts = [batch.subset(indices) for indices in
@@ -174,12 +180,16 @@ def run_mix(torch, anyattn, name, seqs, dtype_name, threads, timing, with_sdpa):
 
 
 def format_row(row):
+    """One table line of a run_mix row ('-' for what did not run, 'error' for what failed)."""
     def cell(label):
         if label not in row:
             return f"{'-':>9}"
         result = row[label]
         return f"{result['median_s'] * 1e3:9.2f}" if result else f"{'error':>9}"
-    ratio = lambda key: f"{row[key]:7.2f}" if key in row else f"{'-':>7}"  # noqa: E731
+
+    def ratio(key):
+        return f"{row[key]:7.2f}" if key in row else f"{'-':>7}"
+
     diff = (f"{row['max_abs_diff_vs_sdpa']:9.1e}" if "max_abs_diff_vs_sdpa" in row
             else f"{'-':>9}")
     gbps = f"{row['mixed']['kv_gbps']:7.1f}" if row["mixed"] else f"{'-':>7}"
