@@ -71,7 +71,8 @@ std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
   return groups;
 }
 
-// Everything one group needs, carved from one allocation sized for the largest group.
+// Everything one group needs, carved from the call's one allocation (sized for the largest group of
+// the largest part).
 struct Workspace {
   float* packed = nullptr;         // packed_blocks * block_floats
   uint8_t* block_flags = nullptr;  // packed_blocks
@@ -134,11 +135,9 @@ float* reserve_workspace(int64_t floats, bool may_use_arena, AlignedBuffer<float
   return owned->get();
 }
 
-// The Workspace of `plan` and its groups, carved from `base` (workspace_sizes(...).total()
-// floats).
-Workspace carve_workspace(const plan::FwdPlan& plan, const std::vector<Group>& groups,
-                          float* base) {
-  const WorkspaceSizes sizes = workspace_sizes(plan, groups);
+// The Workspace of sizes `sizes` (workspace_sizes of `plan`), carved from `base`, which holds at
+// least sizes.total() floats.
+Workspace carve_workspace(const plan::FwdPlan& plan, const WorkspaceSizes& sizes, float* base) {
   const bool split = plan.num_splits > 1;
   Workspace ws;
   ws.partial_rows = sizes.partial_rows;
@@ -275,11 +274,12 @@ struct PlannedPart {
   plan::FwdPlan plan;
   std::vector<Pair> pairs;
   std::vector<Group> groups;
+  WorkspaceSizes sizes;
   Workspace ws;
 };
 
-// The plan, pairs and packing groups of `seqs` (non-empty, all of one FwdPath); the workspace and
-// tasks are filled in by the caller once every part is planned.
+// The plan, pairs, packing groups and workspace sizes of `seqs` (non-empty, all of one FwdPath);
+// the workspace and tasks are filled in by the caller once every part is planned.
 PlannedPart plan_part(const FwdArgs& args, const FwdKernel& kernel, int threads,
                       const std::vector<SeqInfo>& seqs) {
   plan::PlanShape shape;
@@ -301,6 +301,7 @@ PlannedPart plan_part(const FwdArgs& args, const FwdKernel& kernel, int threads,
     }
   }
   part.groups = make_groups(args, part.plan, part.pairs);
+  part.sizes = workspace_sizes(part.plan, part.groups);
   return part;
 }
 
@@ -361,13 +362,13 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
   // any part, serves each in turn.
   int64_t workspace_floats = 0;
   for (const PlannedPart& part : parts) {
-    workspace_floats = std::max(workspace_floats, workspace_sizes(part.plan, part.groups).total());
+    workspace_floats = std::max(workspace_floats, part.sizes.total());
   }
   AlignedBuffer<float> owned;
   float* base = reserve_workspace(workspace_floats, lease.owns_pool(), &owned);
   for (PlannedPart& part : parts) {
     if (plan::verbose_enabled()) std::fprintf(stderr, "%s\n", part.plan.describe(args).c_str());
-    part.ws = carve_workspace(part.plan, part.groups, base);
+    part.ws = carve_workspace(part.plan, part.sizes, base);
     for (Group& group : part.groups) {
       group.tasks = build_tasks(args, part.plan, part.ws, part.pairs, group);
     }

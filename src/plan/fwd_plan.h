@@ -1,8 +1,8 @@
 // The forward dispatcher's decisions for one call, or for the sequences of one path within a varlen
 // call: which kernel, how the work is partitioned, how much memory it takes. Pure function of the
-// arguments, the shape, the kernel and the thread count, except
-// that the key split count depends on the shape only (never on threads), so results are the same
-// bits for any thread count. ANYATTN_VERBOSE=1 prints the plan to stderr.
+// arguments, the shape, the kernel and the thread count, except that the key split count depends
+// on the shape only (never on threads), so results are the same bits for any thread count.
+// ANYATTN_VERBOSE=1 prints the plan to stderr.
 #ifndef ANYATTN_PLAN_FWD_PLAN_H_
 #define ANYATTN_PLAN_FWD_PLAN_H_
 
