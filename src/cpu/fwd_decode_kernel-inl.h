@@ -6,30 +6,37 @@
 //
 // Design. With R <= 12 query rows per kv head every K/V element is used only R times, so the
 // packed path's conversion, transpose and copy of each block cost more than the products, and the
-// memory stream idles while they run. Per block of 64 keys and per kv head of the task (a unit):
-//   1. Scores. kDirectKeyGroup keys at a time (4 on AVX-512), each K row is converted to f32 one
-//      vector at a time and multiplied into R x G accumulators, so each q vector loaded from L1
-//      serves G keys. bf16 rows are widened two vectors per load (even and odd elements: a shift
-//      and a mask for 2 * lanes values), with q held in the same even/odd order. The accumulators
-//      of `lanes` consecutive keys are then reduced together by lane_sums, one vector of scores
-//      in about three instructions per score.
-//   2. Softcap, ALiBi, mask, online softmax and dropout exactly as in the packed path, on the same
-//      S rows (64 floats per row, in L1).
-//   3. O += P V with R x kPvVecs accumulator tiles, V rows converted on load (bf16 in even/odd
-//      pairs again, O kept in that order until the task ends): the first column tile reads the
-//      unit's V rows from memory, the others find them in L1 (64 rows of at most 1 KiB).
+// memory stream idles while they run. Per block of 64 keys:
+//   1. Scores, in passes of kDirectChunkKeys (16) keys and one kv head: chunk by chunk, and within
+//      a chunk kv head by kv head. A task holds several kv heads (up to 8 for a GQA group of 4)
+//      whose parts of a key row lie side by side, so the loop reads each key row of the task
+//      within a short time instead of one head's 256-byte slice of it per pass over the block.
+//      Within a pass, kDirectKeyGroup keys at a time (4 on AVX-512), each K row is converted to
+//      f32 one vector at a time and multiplied into R x G accumulators, so each q vector loaded
+//      from L1 serves G keys. bf16 rows are widened two vectors per load (even and odd elements:
+//      a shift and a mask for 2 * lanes values), with q held in the same even/odd order. The
+//      accumulators of `lanes` consecutive keys are then reduced together by lane_sums, one
+//      vector of scores in about three instructions per score.
+//   2. Softmax, kv head by kv head: softcap, ALiBi, mask, online softmax and dropout exactly as
+//      in the packed path, on the same S rows (64 floats per row, in L1).
+//   3. O += P V in the same passes, with R x kPvVecs accumulator tiles loaded from and stored to
+//      scratch.o once per pass and column tile, V rows converted on load (bf16 in even/odd pairs
+//      again, O kept in that order until the task ends): the first column tile reads the pass's
+//      16 V rows from memory, the others find them in L1.
 // Rows of more than kDirectTileRows queries per kv head run the tiles once per group of rows; the
 // later groups find K and V in L1.
 //
-// Memory traffic: each K and V row is read from memory once per task; q, S and O stay in L1.
-// A unit reads one head's rows, a whole K/V row of every head apart, so the hardware prefetchers
-// (which on the development VM barely act at all) see no stream. The loop therefore prefetches
-// each row itself, in the order it reads them, running on into the next unit's rows: first into
-// L2, kDirectPrefetchL2Bytes of the stream ahead, then into L1, kDirectPrefetchL1Bytes ahead
-// (fwd_layout.h has the measurements). Prefetching into L1 only, 16 keys ahead, was 8-10% slower;
-// a prefetcht1 sweep of the whole next block into L2 in memory order was slower still (59-60 ms
-// against 46-48 ms for the L1-only scheme, bf16 B8 Sk32768, 2 threads), as were prefetching only
-// part of each row, or in bursts.
+// Memory traffic: each K and V row is read from memory once per task; q, S and O stay in L1 (O
+// is read and written once per pass: 16 keys' worth of FMAs per load and store). The hardware
+// prefetchers barely follow these reads, so the loop prefetches each row itself
+// (PassPrefetcher): into L2 a whole chunk or more ahead, in memory order, and into L1 a few keys
+// ahead in the order the passes read them. Reading in passes over the task's kv heads instead
+// of a whole block per kv head made bf16 B8 Hq32/Hk8 D128 Sk32768 on 2 threads 25-40% faster on
+// a Zen 4 VM (bench/MEASUREMENTS.md, "Memory order"), about what the same bytes gained laid out
+// with one kv head (contiguous rows). Before that, on the unit-per-head loop: prefetching into
+// L1 only was 8-10% slower; a prefetcht1 sweep of the next block in memory order while the
+// products still ran head by head gained at most a few percent; prefetching only part of each
+// row, or in bursts, was slower.
 
 constexpr int kDirectTileRows = 4;
 static_assert(kDirectMaxRows <= kMaxQBlockRows, "direct tasks must fit the scratch rows");
@@ -79,57 +86,72 @@ inline void locate_block(const FwdArgs& args, const SeqInfo& seq, int64_t head_k
   }
 }
 
-// Where the rows of one (key block, kv head) are.
-struct DirectUnit {
-  int64_t keys = 0;
-  const void* k_rows[kKeyBlock];
-  const void* v_rows[kKeyBlock];
+// The rows of one stream (K or V) that the loop reads while it works on a key block: the block's
+// own rows, then the next block's, for the task's first kv head (head h of the task adds h times
+// the head stride), padded past the end of the stream with its last row so that every index below
+// 2 * kKeyBlock is a readable row.
+class BlockStream {
+ public:
+  BlockStream(const void* base, const int64_t* offsets, int64_t keys, const int64_t* next_offsets,
+              int64_t next_keys, int64_t head_bytes)
+      : head_bytes_(head_bytes) {
+    const char* origin = static_cast<const char*>(base);
+    const char* last = origin;
+    int64_t filled = 0;
+    for (int64_t j = 0; j < keys; ++j) rows_[filled++] = last = origin + offsets[j];
+    while (filled < kKeyBlock) rows_[filled++] = last;
+    for (int64_t j = 0; j < next_keys; ++j) rows_[filled++] = last = origin + next_offsets[j];
+    while (filled < 2 * kKeyBlock) rows_[filled++] = last;
+  }
+
+  // Row j of the block (j < kKeyBlock; past the block's keys, its last row) for kv head h of
+  // the task.
+  const void* row(int64_t j, int64_t h) const { return rows_[j] + h * head_bytes_; }
+  const char* ahead(int64_t index, int64_t h) const { return rows_[index] + h * head_bytes_; }
+
+ private:
+  int64_t head_bytes_;
+  const char* rows_[2 * kKeyBlock];
 };
 
-inline void locate_unit(const FwdArgs& args, const BlockRows& block, int64_t head,
-                        DirectUnit* unit) {
-  const char* k =
-      static_cast<const char*>(args.k) + head * args.k_head_stride * element_size(args.dtype);
-  const char* v =
-      static_cast<const char*>(args.v) + head * args.v_head_stride * element_size(args.dtype);
-  unit->keys = block.keys;
-  for (int64_t j = 0; j < block.keys; ++j) {
-    unit->k_rows[j] = k + block.k[j];
-    unit->v_rows[j] = v + block.v[j];
-  }
-}
+// Keys of one pass of the products: a chunk of the block's keys for one kv head. The loop runs
+// the passes chunk by chunk and, within a chunk, kv head by kv head, so that it reads the task's
+// part of each key row (its kv heads lie side by side) within a short time.
+constexpr int64_t kDirectChunkKeys = 16;
+static_assert(kKeyBlock % kDirectChunkKeys == 0, "chunks must tile a key block");
+static_assert(kDirectChunkKeys % kLanes == 0, "lane_sums reduces whole vectors of keys");
 
-// Prefetches, in the order the loop reads them, the rows it reads next: the rest of this unit's
-// rows, then those of the unit after it (the next kv head of the block, or the first head of the
-// next block). Two distances, both counted in bytes of this stream (kDirectPrefetchL1Bytes and
-// kDirectPrefetchL2Bytes, fwd_layout.h): a row is first asked into L2, then, closer to its use,
-// into L1.
-//
-// The rows in use order are gathered once per unit into one array, padded past the end of the
-// stream with its last row, so that ahead_of is two loads and the prefetch instructions, with no
-// branch on where the row lies: it runs once per key inside the product loops, with their
-// accumulators live, and must stay inline there. (As an out-of-line call it made GCC 12 spill
-// and reload every accumulator around each key.)
-class UnitPrefetcher {
+// The prefetches of one pass (chunk c, kv head h), one call per key j of the pass, issued before
+// key j is computed:
+//   - into L1, the row the loop reads l1_keys later in pass order (this pass, then the next kv
+//     head's pass of the chunk, or the first kv head's pass of the next chunk);
+//   - into L2, row c + j of the chunk l2_chunks ahead, same kv head: over one chunk of passes
+//     this asks for whole key rows of the task's kv heads, in memory order, that many chunks
+//     early (into the next block's rows, which BlockStream holds).
+// The targets are gathered once per pass, so that ahead_of is two loads and the prefetch
+// instructions with no branch: it runs inside the product loops with their accumulators live
+// and must stay inline there (as an out-of-line call GCC 12 spilled and reloaded every
+// accumulator around each key).
+class PassPrefetcher {
  public:
-  UnitPrefetcher(const void* const* rows, int64_t keys, const void* const* next_rows,
-                 int64_t next_keys, int64_t row_bytes)
-      : row_bytes_(row_bytes),
-        l1_keys_(keys_ahead(kDirectPrefetchL1Bytes, row_bytes)),
-        l2_keys_(keys_ahead(kDirectPrefetchL2Bytes, row_bytes)) {
-    const char* last = reinterpret_cast<const char*>(stream_);
-    int64_t filled = 0;
-    for (int64_t j = 0; j < keys; ++j) stream_[filled++] = last = static_cast<const char*>(rows[j]);
-    for (int64_t j = 0; j < next_keys && filled < kStreamRows; ++j) {
-      stream_[filled++] = last = static_cast<const char*>(next_rows[j]);
+  PassPrefetcher(const BlockStream& stream, int64_t c, int64_t h, int64_t heads, int64_t l1_keys,
+                 int64_t l2_chunks, int64_t row_bytes)
+      : row_bytes_(row_bytes) {
+    for (int64_t j = 0; j < kDirectChunkKeys; ++j) {
+      const int64_t ahead = j + l1_keys;  // position in pass order, l1_keys <= a chunk
+      const bool this_pass = ahead < kDirectChunkKeys;
+      const bool next_chunk = !this_pass && h + 1 == heads;
+      const int64_t key =
+          c + (this_pass ? ahead : ahead - kDirectChunkKeys) + (next_chunk ? kDirectChunkKeys : 0);
+      const int64_t head = this_pass ? h : next_chunk ? 0 : h + 1;
+      l1_[j] = stream.ahead(key, head);
+      l2_[j] = stream.ahead(c + j + l2_chunks * kDirectChunkKeys, h);
     }
-    while (filled < kStreamRows) stream_[filled++] = last;
   }
 
-  // Called once per key j < kKeyBlock of the unit, before key j is computed.
   __attribute__((always_inline)) void ahead_of(int64_t j) const {
-    const char* l1_row = stream_[j + l1_keys_];
-    const char* l2_row = stream_[j + l2_keys_];
+    const char* l1_row = l1_[j];
+    const char* l2_row = l2_[j];
     for (int64_t offset = 0; offset < row_bytes_; offset += 64) {
       prefetch_line_l1(l1_row + offset);
       prefetch_line_l2(l2_row + offset);
@@ -137,19 +159,29 @@ class UnitPrefetcher {
   }
 
  private:
-  // A key of the unit plus the farthest distance ahead.
-  static constexpr int64_t kStreamRows = 2 * kKeyBlock;
-
-  // Rows of `row_bytes` in `bytes`, at least 1 and at most a block.
-  static int64_t keys_ahead(int64_t bytes, int64_t row_bytes) {
-    return std::clamp<int64_t>(bytes / std::max<int64_t>(row_bytes, 1), 1, kKeyBlock);
-  }
-
   int64_t row_bytes_;
-  int64_t l1_keys_;
-  int64_t l2_keys_;
-  const char* stream_[kStreamRows];
+  const char* l1_[kDirectChunkKeys];
+  const char* l2_[kDirectChunkKeys];
 };
+
+// The prefetch distances for rows of row_bytes and `heads` kv heads per task: the L1 one in keys
+// of pass order (kDirectPrefetchL1Bytes of one head's rows, 1 to a chunk), the L2 one in chunks
+// (kDirectPrefetchL2Bytes of the task's whole key rows, rounded up, 1 to 4: the next block's rows
+// are the farthest BlockStream holds).
+struct PrefetchDistances {
+  int64_t l1_keys = 1;
+  int64_t l2_chunks = 1;
+};
+
+inline PrefetchDistances prefetch_distances(int64_t row_bytes, int64_t heads) {
+  PrefetchDistances d;
+  d.l1_keys = std::clamp<int64_t>(kDirectPrefetchL1Bytes / std::max<int64_t>(row_bytes, 1), 1,
+                                  kDirectChunkKeys);
+  const int64_t chunk_bytes = std::max<int64_t>(kDirectChunkKeys * heads * row_bytes, 1);
+  d.l2_chunks = std::clamp<int64_t>(ceil_div(kDirectPrefetchL2Bytes, chunk_bytes), 1,
+                                    kKeyBlock / kDirectChunkKeys);
+  return d;
+}
 
 // bf16 rows are widened a pair of vectors at a time (load_bf16_pairs: even and odd elements of
 // 2 * lanes values, two instructions instead of four), over their first paired_columns(n)
@@ -243,16 +275,17 @@ __attribute__((always_inline)) inline void direct_key_group(const float* q, int6
   }
 }
 
-// s[r][j] = q_r . k_j for R query rows (stride ldq, zero from D to ldq) and the 64 keys of a block,
-// kDirectKeyGroup keys at a time; keys past `keys` score 0 (the mask hides them).
+// s[r][j] = q_r . k_j for R query rows (stride ldq, zero from D to ldq) and the kDirectChunkKeys
+// keys of one pass, kDirectKeyGroup keys at a time; keys past `keys` score 0 (the mask hides
+// them). s: row r at s + r * kKeyBlock.
 template <DType kDtype, int R>
-inline void direct_score_rows(const float* q, int64_t ldq, const void* const* k_rows, int64_t keys,
-                              int64_t head_dim, const UnitPrefetcher* prefetch, float* s) {
+inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k_rows, int64_t keys,
+                               int64_t head_dim, const PassPrefetcher* prefetch, float* s) {
   static_assert(kLanes % kDirectKeyGroup == 0, "key groups must tile a vector of scores");
-  for (int64_t chunk = 0; chunk < kKeyBlock; chunk += kLanes) {
+  for (int64_t sub = 0; sub < kDirectChunkKeys; sub += kLanes) {
     Vec partial[R * kLanes];
     for (int64_t first = 0; first < kLanes; first += kDirectKeyGroup) {
-      const int64_t j = chunk + first;
+      const int64_t j = sub + first;
       const int64_t present = std::clamp<int64_t>(keys - j, 0, kDirectKeyGroup);
       for (int64_t g = 0; g < present && prefetch != nullptr; ++g) prefetch->ahead_of(j + g);
       if (present == kDirectKeyGroup) {
@@ -267,7 +300,7 @@ inline void direct_score_rows(const float* q, int64_t ldq, const void* const* k_
         }
       }
     }
-    for (int r = 0; r < R; ++r) lane_sums(partial + r * kLanes).store(s + r * kKeyBlock + chunk);
+    for (int r = 0; r < R; ++r) lane_sums(partial + r * kLanes).store(s + r * kKeyBlock + sub);
   }
 }
 
@@ -277,7 +310,7 @@ inline void direct_score_rows(const float* q, int64_t ldq, const void* const* k_
 // further).
 template <DType kDtype, int R, int NV, bool kPaired, bool kTail>
 inline void direct_pv_tile(const float* p, const void* const* v_rows, int64_t keys, int64_t col,
-                           int64_t head_dim_v, const UnitPrefetcher* prefetch, float* o,
+                           int64_t head_dim_v, const PassPrefetcher* prefetch, float* o,
                            int64_t ldo) {
   static_assert(!kPaired || (NV % 2 == 0 && !kTail), "paired tiles hold whole pairs");
   Vec acc[R][NV];
@@ -312,7 +345,7 @@ inline void direct_pv_tile(const float* p, const void* const* v_rows, int64_t ke
 // the prefetches.
 template <DType kDtype, int R>
 inline void direct_pv_rows(const float* p, const void* const* v_rows, int64_t keys,
-                           int64_t head_dim_v, const UnitPrefetcher* prefetch, float* o,
+                           int64_t head_dim_v, const PassPrefetcher* prefetch, float* o,
                            int64_t ldo) {
   static_assert(kPvVecs % 2 == 0, "paired tiles hold whole pairs");
   const int64_t paired = paired_columns<kDtype>(head_dim_v);
@@ -342,63 +375,62 @@ inline void direct_pv_rows(const float* p, const void* const* v_rows, int64_t ke
   }
 }
 
-// S rows for `rows` query rows in tiles of kDirectTileRows; the first tile issues the prefetches.
+// One pass of scores (the chunk's `keys` keys at k_rows) for `rows` query rows in tiles of
+// kDirectTileRows; the first tile issues the prefetches.
 template <DType kDtype>
-inline void direct_scores(const float* q, int64_t ldq, int64_t rows, const DirectUnit& unit,
-                          int64_t head_dim, const UnitPrefetcher* prefetch, float* s) {
+inline void direct_scores(const float* q, int64_t ldq, int64_t rows, const void* const* k_rows,
+                          int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch,
+                          float* s) {
   for (int64_t r = 0; r < rows; r += kDirectTileRows) {
-    const UnitPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
+    const PassPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
     const float* q_tile = q + r * ldq;
     float* s_tile = s + r * kKeyBlock;
     switch (std::min<int64_t>(rows - r, kDirectTileRows)) {
       case 1:
-        direct_score_rows<kDtype, 1>(q_tile, ldq, unit.k_rows, unit.keys, head_dim, tile_prefetch,
-                                     s_tile);
+        direct_score_chunk<kDtype, 1>(q_tile, ldq, k_rows, keys, head_dim, tile_prefetch, s_tile);
         break;
       case 2:
-        direct_score_rows<kDtype, 2>(q_tile, ldq, unit.k_rows, unit.keys, head_dim, tile_prefetch,
-                                     s_tile);
+        direct_score_chunk<kDtype, 2>(q_tile, ldq, k_rows, keys, head_dim, tile_prefetch, s_tile);
         break;
       case 3:
-        direct_score_rows<kDtype, 3>(q_tile, ldq, unit.k_rows, unit.keys, head_dim, tile_prefetch,
-                                     s_tile);
+        direct_score_chunk<kDtype, 3>(q_tile, ldq, k_rows, keys, head_dim, tile_prefetch, s_tile);
         break;
       default:
-        direct_score_rows<kDtype, 4>(q_tile, ldq, unit.k_rows, unit.keys, head_dim, tile_prefetch,
-                                     s_tile);
+        direct_score_chunk<kDtype, 4>(q_tile, ldq, k_rows, keys, head_dim, tile_prefetch, s_tile);
         break;
     }
   }
 }
 
-// O rows += P V for `rows` query rows in tiles of kDirectTileRows; the first tile issues the
-// prefetches.
+// One pass of O += P V (the chunk's `keys` keys at v_rows, probabilities at p, row stride 64) for
+// `rows` query rows in tiles of kDirectTileRows; the first tile issues the prefetches.
 template <DType kDtype>
-inline void direct_pv(const float* p, int64_t rows, const DirectUnit& unit, int64_t head_dim_v,
-                      const UnitPrefetcher* prefetch, float* o, int64_t ldo) {
+inline void direct_pv(const float* p, int64_t rows, const void* const* v_rows, int64_t keys,
+                      int64_t head_dim_v, const PassPrefetcher* prefetch, float* o, int64_t ldo) {
   for (int64_t r = 0; r < rows; r += kDirectTileRows) {
-    const UnitPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
+    const PassPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
     const float* p_tile = p + r * kKeyBlock;
     float* o_tile = o + r * ldo;
     switch (std::min<int64_t>(rows - r, kDirectTileRows)) {
       case 1:
-        direct_pv_rows<kDtype, 1>(p_tile, unit.v_rows, unit.keys, head_dim_v, tile_prefetch, o_tile,
-                                  ldo);
+        direct_pv_rows<kDtype, 1>(p_tile, v_rows, keys, head_dim_v, tile_prefetch, o_tile, ldo);
         break;
       case 2:
-        direct_pv_rows<kDtype, 2>(p_tile, unit.v_rows, unit.keys, head_dim_v, tile_prefetch, o_tile,
-                                  ldo);
+        direct_pv_rows<kDtype, 2>(p_tile, v_rows, keys, head_dim_v, tile_prefetch, o_tile, ldo);
         break;
       case 3:
-        direct_pv_rows<kDtype, 3>(p_tile, unit.v_rows, unit.keys, head_dim_v, tile_prefetch, o_tile,
-                                  ldo);
+        direct_pv_rows<kDtype, 3>(p_tile, v_rows, keys, head_dim_v, tile_prefetch, o_tile, ldo);
         break;
       default:
-        direct_pv_rows<kDtype, 4>(p_tile, unit.v_rows, unit.keys, head_dim_v, tile_prefetch, o_tile,
-                                  ldo);
+        direct_pv_rows<kDtype, 4>(p_tile, v_rows, keys, head_dim_v, tile_prefetch, o_tile, ldo);
         break;
     }
   }
+}
+
+// The rows of pass (chunk c, kv head h) of a stream.
+inline void pass_rows(const BlockStream& stream, int64_t c, int64_t h, const void** rows) {
+  for (int64_t j = 0; j < kDirectChunkKeys; ++j) rows[j] = stream.row(c + j, h);
 }
 
 template <DType kDtype>
@@ -417,20 +449,21 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   }
 
   const TaskBlocks blocks = task_blocks(args, task);
-  const int64_t rows_per_kv = rows.count / task.heads_k;
-  const int64_t heads_per_kv = task.heads / task.heads_k;
-  const int64_t k_row_bytes = args.head_dim * element_size(args.dtype);
-  const int64_t v_row_bytes = args.head_dim_v * element_size(args.dtype);
+  const int64_t heads = task.heads_k;
+  const int64_t rows_per_kv = rows.count / heads;
+  const int64_t heads_per_kv = task.heads / heads;
+  const int64_t element_bytes = element_size(args.dtype);
+  const int64_t k_row_bytes = args.head_dim * element_bytes;
+  const int64_t v_row_bytes = args.head_dim_v * element_bytes;
+  const int64_t k_head_bytes = args.k_head_stride * element_bytes;
+  const int64_t v_head_bytes = args.v_head_stride * element_bytes;
+  const PrefetchDistances k_distances = prefetch_distances(k_row_bytes, heads);
+  const PrefetchDistances v_distances = prefetch_distances(v_row_bytes, heads);
 
-  // Units in task order: block by block, the task's kv heads within a block. A unit's prefetches
-  // run on into the first rows of the unit after it, so the next block's rows are located one
-  // block early.
+  // Block by block; the next block's rows are located one block early, for the prefetches.
   BlockRows block_rows[2];
   int current = 0;
   if (blocks.begin < blocks.end) locate_block(args, seq, head_k, blocks.begin, &block_rows[0]);
-  DirectUnit units[2];
-  int this_unit = 0;
-  if (blocks.begin < blocks.end) locate_unit(args, block_rows[0], 0, &units[0]);
   for (int64_t block = blocks.begin; block < blocks.end; ++block) {
     const int64_t j0 = block * kKeyBlock;
     const bool crosses_boundary = blocks.crosses_boundary(j0);
@@ -438,44 +471,75 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
     BlockRows& next_block = block_rows[1 - current];
     const bool has_next = block + 1 < blocks.end;
     if (has_next) locate_block(args, seq, head_k, block + 1, &next_block);
-    for (int64_t h = 0; h < task.heads_k; ++h) {
-      const DirectUnit& unit = units[this_unit];
-      DirectUnit& next_unit = units[1 - this_unit];
-      next_unit.keys = 0;
-      if (h + 1 < task.heads_k) {
-        locate_unit(args, this_block, h + 1, &next_unit);
-      } else if (has_next) {
-        locate_unit(args, next_block, 0, &next_unit);
+    const int64_t next_keys = has_next ? next_block.keys : 0;
+    const BlockStream k_stream(args.k, this_block.k, this_block.keys, next_block.k, next_keys,
+                               k_head_bytes);
+    const BlockStream v_stream(args.v, this_block.v, this_block.keys, next_block.v, next_keys,
+                               v_head_bytes);
+    const int64_t keys = this_block.keys;
+
+    // 1. Scores, chunk by chunk, each chunk over the task's kv heads; chunks past the block's
+    // keys score 0 (the mask hides them: such a block crosses the boundary).
+    for (int64_t c = 0; c < kKeyBlock; c += kDirectChunkKeys) {
+      const int64_t present = std::clamp<int64_t>(keys - c, 0, kDirectChunkKeys);
+      for (int64_t h = 0; h < heads; ++h) {
+        float* s = scratch.s + h * rows_per_kv * kKeyBlock + c;
+        if (present == 0) {
+          for (int64_t r = 0; r < rows_per_kv; ++r) {
+            for (int64_t j = 0; j < kDirectChunkKeys; j += kLanes) {
+              Vec::zero().store(s + r * kKeyBlock + j);
+            }
+          }
+          continue;
+        }
+        const void* k_rows[kDirectChunkKeys];
+        pass_rows(k_stream, c, h, k_rows);
+        const PassPrefetcher prefetch(k_stream, c, h, heads, k_distances.l1_keys,
+                                      k_distances.l2_chunks, k_row_bytes);
+        direct_scores<kDtype>(scratch.q + h * rows_per_kv * layout.q_stride, layout.q_stride,
+                              rows_per_kv, k_rows, present, args.head_dim, &prefetch, s);
       }
-      const UnitPrefetcher k_prefetch(unit.k_rows, unit.keys, next_unit.k_rows, next_unit.keys,
-                                      k_row_bytes);
-      const UnitPrefetcher v_prefetch(unit.v_rows, unit.keys, next_unit.v_rows, next_unit.keys,
-                                      v_row_bytes);
+    }
+
+    // 2. Softmax, kv head by kv head.
+    for (int64_t h = 0; h < heads; ++h) {
       const int64_t r0 = h * rows_per_kv;
       const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
                                rows_per_kv};
-      float* s = scratch.s + r0 * kKeyBlock;
-      float* o = scratch.o + r0 * dv_pad;
-      const float* q = scratch.q + r0 * layout.q_stride;
-
-      direct_scores<kDtype>(q, layout.q_stride, rows_per_kv, unit, args.head_dim, &k_prefetch, s);
       scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv, crosses_boundary,
-                              head_rows, j0, s, scratch.m + r0, scratch.l + r0 * kRowSumSlots, o,
-                              dv_pad);
-      if (crosses_boundary) {
-        // Each row reads only the keys it may see: a masked key's probability is 0, and 0 times
-        // an infinite or NaN value would otherwise leak NaN into the row. (No V prefetch here:
-        // boundary blocks are at most one or two per task.)
+                              head_rows, j0, scratch.s + r0 * kKeyBlock, scratch.m + r0,
+                              scratch.l + r0 * kRowSumSlots, scratch.o + r0 * dv_pad, dv_pad);
+    }
+
+    // 3. O += P V.
+    if (crosses_boundary) {
+      // Each row reads only the keys it may see: a masked key's probability is 0, and 0 times
+      // an infinite or NaN value would otherwise leak NaN into the row. (No V prefetch here:
+      // boundary blocks are at most one or two per task.)
+      for (int64_t h = 0; h < heads; ++h) {
+        const void* v_rows[kKeyBlock];
+        for (int64_t j = 0; j < kKeyBlock; ++j) v_rows[j] = v_stream.row(j, h);
         for (int64_t r = 0; r < rows_per_kv; ++r) {
-          const VisibleRange range = visible_in_block(args, seq, head_rows.position(r), j0);
-          direct_pv_rows<kDtype, 1>(s + r * kKeyBlock + range.lo, unit.v_rows + range.lo,
-                                    range.hi - range.lo, args.head_dim_v, nullptr, o + r * dv_pad,
-                                    dv_pad);
+          const int64_t row = h * rows_per_kv + r;
+          const VisibleRange range = visible_in_block(args, seq, rows.position(row), j0);
+          direct_pv_rows<kDtype, 1>(scratch.s + row * kKeyBlock + range.lo, v_rows + range.lo,
+                                    range.hi - range.lo, args.head_dim_v, nullptr,
+                                    scratch.o + row * dv_pad, dv_pad);
         }
-      } else {
-        direct_pv<kDtype>(s, rows_per_kv, unit, args.head_dim_v, &v_prefetch, o, dv_pad);
       }
-      this_unit = 1 - this_unit;
+    } else {
+      for (int64_t c = 0; c < keys; c += kDirectChunkKeys) {
+        const int64_t present = std::min<int64_t>(keys - c, kDirectChunkKeys);
+        for (int64_t h = 0; h < heads; ++h) {
+          const void* v_rows[kDirectChunkKeys];
+          pass_rows(v_stream, c, h, v_rows);
+          const PassPrefetcher prefetch(v_stream, c, h, heads, v_distances.l1_keys,
+                                        v_distances.l2_chunks, v_row_bytes);
+          const int64_t r0 = h * rows_per_kv;
+          direct_pv<kDtype>(scratch.s + r0 * kKeyBlock + c, rows_per_kv, v_rows, present,
+                            args.head_dim_v, &prefetch, scratch.o + r0 * dv_pad, dv_pad);
+        }
+      }
     }
     current = 1 - current;
   }
