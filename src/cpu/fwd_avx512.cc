@@ -8,6 +8,8 @@
 
 #include "cpu/finalize.h"
 #include "cpu/fwd_args.h"
+#include "cpu/fwd_decode_bf16_dot.h"
+#include "cpu/fwd_decode_rows.h"
 #include "cpu/fwd_layout.h"
 #include "cpu/half.h"
 #include "cpu/prefetch.h"
@@ -39,8 +41,11 @@ constexpr int kPvVecs = 4;
 constexpr int kDirectKeyGroup = 4;
 
 #include "cpu/fwd_kernel-inl.h"
-// The direct decode loop uses fwd_kernel-inl.h's helpers: keep it after that file.
+// The direct decode loop uses fwd_kernel-inl.h's helpers: keep it after that file. Its bf16
+// scores run on VDPBF16PS where the CPU has it (fwd_decode_bf16_dot.h).
+#define ANYATTN_DIRECT_BF16_DOT 1
 #include "cpu/fwd_decode_kernel-inl.h"
+#undef ANYATTN_DIRECT_BF16_DOT
 
 }  // namespace anyattn::cpu::avx512
 ANYATTN_TARGET_END()

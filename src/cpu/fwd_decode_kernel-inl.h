@@ -16,7 +16,10 @@
 //      from L1 serves G keys. bf16 rows are widened two vectors per load (even and odd elements:
 //      a shift and a mask for 2 * lanes values), with q held in the same even/odd order. The
 //      accumulators of `lanes` consecutive keys are then reduced together by lane_sums, one
-//      vector of scores in about three instructions per score.
+//      vector of scores in about three instructions per score. bf16 calls on the avx512 path, on
+//      a CPU with AVX512_BF16, score on VDPBF16PS instead (fwd_decode_bf16_dot.h: raw bf16 q, no
+//      widening, half the instructions; the softmax applies softmax_scale), unless the task's q
+//      holds values that instruction would flush or lose (load_bf16_queries).
 //   2. Softmax, kv head by kv head: softcap, ALiBi, mask, online softmax and dropout exactly as
 //      in the packed path, on the same S rows (64 floats per row, in L1).
 //   3. O += P V in the same passes, with R x kPvVecs accumulator tiles loaded from and stored to
@@ -39,6 +42,8 @@
 // row, or in bursts, was slower.
 
 constexpr int kDirectTileRows = 4;
+// Passes of kDirectChunkKeys keys (fwd_layout.h) reduce whole vectors of scores.
+static_assert(kDirectChunkKeys % kLanes == 0, "lane_sums reduces whole vectors of keys");
 static_assert(kDirectMaxRows <= kMaxQBlockRows, "direct tasks must fit the scratch rows");
 static_assert(kDirectTileRows == 4, "direct_scores and direct_pv dispatch tiles of 1 to 4 rows");
 
@@ -84,103 +89,6 @@ inline void locate_block(const FwdArgs& args, const SeqInfo& seq, int64_t head_k
     rows->k[j] *= element_bytes;
     rows->v[j] *= element_bytes;
   }
-}
-
-// The rows of one stream (K or V) that the loop reads while it works on a key block: the block's
-// own rows, then the next block's, for the task's first kv head (head h of the task adds h times
-// the head stride), padded past the end of the stream with its last row so that every index below
-// 2 * kKeyBlock is a readable row.
-class BlockStream {
- public:
-  BlockStream(const void* base, const int64_t* offsets, int64_t keys, const int64_t* next_offsets,
-              int64_t next_keys, int64_t head_bytes)
-      : head_bytes_(head_bytes) {
-    const char* origin = static_cast<const char*>(base);
-    const char* last = origin;
-    int64_t filled = 0;
-    for (int64_t j = 0; j < keys; ++j) rows_[filled++] = last = origin + offsets[j];
-    while (filled < kKeyBlock) rows_[filled++] = last;
-    for (int64_t j = 0; j < next_keys; ++j) rows_[filled++] = last = origin + next_offsets[j];
-    while (filled < 2 * kKeyBlock) rows_[filled++] = last;
-  }
-
-  // Row j of the block (j < kKeyBlock; past the block's keys, its last row) for kv head h of
-  // the task.
-  const void* row(int64_t j, int64_t h) const { return rows_[j] + h * head_bytes_; }
-  const char* ahead(int64_t index, int64_t h) const { return rows_[index] + h * head_bytes_; }
-
- private:
-  int64_t head_bytes_;
-  const char* rows_[2 * kKeyBlock];
-};
-
-// Keys of one pass of the products: a chunk of the block's keys for one kv head. The loop runs
-// the passes chunk by chunk and, within a chunk, kv head by kv head, so that it reads the task's
-// part of each key row (its kv heads lie side by side) within a short time.
-constexpr int64_t kDirectChunkKeys = 16;
-static_assert(kKeyBlock % kDirectChunkKeys == 0, "chunks must tile a key block");
-static_assert(kDirectChunkKeys % kLanes == 0, "lane_sums reduces whole vectors of keys");
-
-// The prefetches of one pass (chunk c, kv head h), one call per key j of the pass, issued before
-// key j is computed:
-//   - into L1, the row the loop reads l1_keys later in pass order (this pass, then the next kv
-//     head's pass of the chunk, or the first kv head's pass of the next chunk);
-//   - into L2, row c + j of the chunk l2_chunks ahead, same kv head: over one chunk of passes
-//     this asks for whole key rows of the task's kv heads, in memory order, that many chunks
-//     early (into the next block's rows, which BlockStream holds).
-// The targets are gathered once per pass, so that ahead_of is two loads and the prefetch
-// instructions with no branch: it runs inside the product loops with their accumulators live
-// and must stay inline there (as an out-of-line call GCC 12 spilled and reloaded every
-// accumulator around each key).
-class PassPrefetcher {
- public:
-  PassPrefetcher(const BlockStream& stream, int64_t c, int64_t h, int64_t heads, int64_t l1_keys,
-                 int64_t l2_chunks, int64_t row_bytes)
-      : row_bytes_(row_bytes) {
-    for (int64_t j = 0; j < kDirectChunkKeys; ++j) {
-      const int64_t ahead = j + l1_keys;  // position in pass order, l1_keys <= a chunk
-      const bool this_pass = ahead < kDirectChunkKeys;
-      const bool next_chunk = !this_pass && h + 1 == heads;
-      const int64_t key =
-          c + (this_pass ? ahead : ahead - kDirectChunkKeys) + (next_chunk ? kDirectChunkKeys : 0);
-      const int64_t head = this_pass ? h : next_chunk ? 0 : h + 1;
-      l1_[j] = stream.ahead(key, head);
-      l2_[j] = stream.ahead(c + j + l2_chunks * kDirectChunkKeys, h);
-    }
-  }
-
-  __attribute__((always_inline)) void ahead_of(int64_t j) const {
-    const char* l1_row = l1_[j];
-    const char* l2_row = l2_[j];
-    for (int64_t offset = 0; offset < row_bytes_; offset += 64) {
-      prefetch_line_l1(l1_row + offset);
-      prefetch_line_l2(l2_row + offset);
-    }
-  }
-
- private:
-  int64_t row_bytes_;
-  const char* l1_[kDirectChunkKeys];
-  const char* l2_[kDirectChunkKeys];
-};
-
-// The prefetch distances for rows of row_bytes and `heads` kv heads per task: the L1 one in keys
-// of pass order (kDirectPrefetchL1Bytes of one head's rows, 1 to a chunk), the L2 one in chunks
-// (kDirectPrefetchL2Bytes of the task's whole key rows, rounded up, 1 to 4: the next block's rows
-// are the farthest BlockStream holds).
-struct PrefetchDistances {
-  int64_t l1_keys = 1;
-  int64_t l2_chunks = 1;
-};
-
-inline PrefetchDistances prefetch_distances(int64_t row_bytes, int64_t heads) {
-  PrefetchDistances d;
-  d.l1_keys = std::clamp<int64_t>(kDirectPrefetchL1Bytes / std::max<int64_t>(row_bytes, 1), 1,
-                                  kDirectChunkKeys);
-  const int64_t chunk_bytes = std::max<int64_t>(kDirectChunkKeys * heads * row_bytes, 1);
-  d.l2_chunks = std::clamp<int64_t>(ceil_div(kDirectPrefetchL2Bytes, chunk_bytes), 1,
-                                    kKeyBlock / kDirectChunkKeys);
-  return d;
 }
 
 // bf16 rows are widened a pair of vectors at a time (load_bf16_pairs: even and odd elements of
@@ -428,6 +336,43 @@ inline void direct_pv(const float* p, int64_t rows, const void* const* v_rows, i
   }
 }
 
+#if defined(ANYATTN_DIRECT_BF16_DOT)
+// The largest exponent field of a bf16 query element the dot-product scores take (|q| < 2^64),
+// and the largest softmax_scale (fwd_decode_bf16_dot.h bounds what VDPBF16PS flushes).
+constexpr uint32_t kDotMaxQueryExponent = 127 + 63;
+constexpr float kDotMaxSoftmaxScale = 65536.f;
+
+// For a bf16 task on a CPU with VDPBF16PS: writes the task's query rows into scratch.q as raw
+// bf16 (unscaled, unrotated: rows of 2 * q_stride elements, zero from D) and returns true, unless
+// the call has rotary (whose rotated q is not bf16), a softmax_scale above kDotMaxSoftmaxScale, or
+// a query element that is subnormal or of magnitude 2^64 or more; then it returns false and
+// leaves the rows to load_scaled_queries.
+inline bool load_bf16_queries(const FwdArgs& args, const PackedLayout& layout, const TaskRows& rows,
+                              const SeqInfo& seq, const Scratch& scratch) {
+  if (args.rotary_cos != nullptr || !(args.softmax_scale <= kDotMaxSoftmaxScale) ||
+      !bf16_dot_scores_available()) {
+    return false;
+  }
+  const int64_t ldq = 2 * layout.q_stride;
+  uint16_t* q16 = reinterpret_cast<uint16_t*>(scratch.q);
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const int64_t offset =
+        seq.q_offset + rows.position(r) * args.q_row_stride + rows.head(r) * args.q_head_stride;
+    const uint16_t* source = static_cast<const uint16_t*>(args.q) + offset;
+    uint16_t* row = q16 + r * ldq;
+    for (int64_t d = 0; d < args.head_dim; ++d) {
+      const uint16_t bits = source[d];
+      const uint32_t exponent = (bits >> 7) & 0xFFu;
+      const bool subnormal = exponent == 0 && (bits & 0x7Fu) != 0;
+      if (subnormal || (exponent > kDotMaxQueryExponent && exponent != 0xFFu)) return false;
+      row[d] = bits;
+    }
+    for (int64_t d = args.head_dim; d < ldq; ++d) row[d] = 0;
+  }
+  return true;
+}
+#endif
+
 // The rows of pass (chunk c, kv head h) of a stream.
 inline void pass_rows(const BlockStream& stream, int64_t c, int64_t h, const void** rows) {
   for (int64_t j = 0; j < kDirectChunkKeys; ++j) rows[j] = stream.row(c + j, h);
@@ -441,12 +386,23 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const int64_t head_k = task.head_q_begin / args.group_size();
   const int64_t dv_pad = layout.dv_pad;
   float neg_slopes[kMaxQBlockRows];
-  const ScoreTransform transform = task_transform(args, task, neg_slopes);
-  load_scaled_queries(args, layout, task, rows, scratch);
-  reset_rows(layout, rows, scratch);
-  for (int64_t r = 0; r < rows.count; ++r) {
-    split_pairs(scratch.q + r * layout.q_stride, paired_columns<kDtype>(args.head_dim));
+  ScoreTransform transform = task_transform(args, task, neg_slopes);
+  // bf16 scores on VDPBF16PS where the CPU has it: q stays raw bf16, and the softmax applies the
+  // scale as it reads the scores.
+  bool dot_scores = false;
+#if defined(ANYATTN_DIRECT_BF16_DOT)
+  if constexpr (kDtype == DType::kBF16)
+    dot_scores = load_bf16_queries(args, layout, rows, seq, scratch);
+#endif
+  if (dot_scores) {
+    transform.score_scale = args.softmax_scale;
+  } else {
+    load_scaled_queries(args, layout, task, rows, scratch);
+    for (int64_t r = 0; r < rows.count; ++r) {
+      split_pairs(scratch.q + r * layout.q_stride, paired_columns<kDtype>(args.head_dim));
+    }
   }
+  reset_rows(layout, rows, scratch);
 
   const TaskBlocks blocks = task_blocks(args, task);
   const int64_t heads = task.heads_k;
@@ -496,6 +452,15 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
         pass_rows(k_stream, c, h, k_rows);
         const PassPrefetcher prefetch(k_stream, c, h, heads, k_distances.l1_keys,
                                       k_distances.l2_chunks, k_row_bytes);
+#if defined(ANYATTN_DIRECT_BF16_DOT)
+        if (dot_scores) {
+          const int64_t ldq = 2 * layout.q_stride;
+          avx512_bf16::chunk_scores(
+              reinterpret_cast<const uint16_t*>(scratch.q) + h * rows_per_kv * ldq, ldq,
+              rows_per_kv, k_rows, present, args.head_dim, &prefetch, s);
+          continue;
+        }
+#endif
         direct_scores<kDtype>(scratch.q + h * rows_per_kv * layout.q_stride, layout.q_stride,
                               rows_per_kv, k_rows, present, args.head_dim, &prefetch, s);
       }

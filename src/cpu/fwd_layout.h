@@ -29,6 +29,11 @@ constexpr int64_t kMaxQBlockRows = 64;
 // Sk4096, 2 threads): 12 rows (Sq = 3) ran in 15.4 ms direct against 19.1 ms packed, 16 rows
 // (Sq = 4) in 21.4 against 21.3, medians of three.
 constexpr int64_t kDirectMaxRows = 12;
+// Keys of one pass of the direct loop's products: a chunk of a key block's keys for one kv head.
+// The loop runs the passes chunk by chunk and, within a chunk, kv head by kv head, so that it
+// reads the task's part of each key row (its kv heads lie side by side) within a short time.
+constexpr int64_t kDirectChunkKeys = 16;
+static_assert(kKeyBlock % kDirectChunkKeys == 0, "chunks must tile a key block");
 // How far ahead the direct loop prefetches K and V rows (fwd_decode_kernel-inl.h,
 // PassPrefetcher), K and V apart: into L1 kDirectPrefetchL1Bytes of one kv head's rows ahead in
 // the order its passes read them (8 bf16 rows of D = 128), and into L2 kDirectPrefetchL2Bytes

@@ -7,6 +7,7 @@
 
 #include "cpu/finalize.h"
 #include "cpu/fwd_args.h"
+#include "cpu/fwd_decode_rows.h"
 #include "cpu/fwd_layout.h"
 #include "cpu/half.h"
 #include "cpu/prefetch.h"

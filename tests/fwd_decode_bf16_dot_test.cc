@@ -1,0 +1,168 @@
+// The direct decode loop's bf16 scores on VDPBF16PS (src/cpu/fwd_decode_bf16_dot.cc): with them
+// on and off, bf16 decode calls on the avx512 path match the f64 reference by the 2x rule and each
+// other by the cross-ISA rule; and the inputs VDPBF16PS would get wrong (subnormal q, |q| >= 2^64,
+// softmax_scale above 2^16, each against subnormal or huge keys) take the f32 FMA scores. Linked
+// against the library's objects, to reach the internal switch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cpu/fwd_decode_bf16_dot.h"
+#include "test_support.h"
+
+namespace anyattn {
+namespace testing {
+namespace {
+
+// Restores the default (dot-product scores on where the CPU has them) after each test.
+class FwdDecodeBf16Dot : public ::testing::Test {
+ protected:
+  void TearDown() override { cpu::set_bf16_dot_scores_enabled(true); }
+};
+
+bool has_avx512_path() {
+  for (anyattn_isa isa : supported_isas()) {
+    if (isa == ANYATTN_ISA_AVX512) return true;
+  }
+  return false;
+}
+
+// bf16 decode shapes on the avx512 path: 1 to 12 rows per kv head, 1 to 8 kv heads per task,
+// head dims on and off the 32-element VDPBF16PS operand, partial and several key blocks, with the
+// masks, score options and layouts of the dense tests.
+std::vector<Case> dot_cases() {
+  struct Rows {
+    int64_t hq, hk, sq;
+  };
+  const Rows row_shapes[] = {{1, 1, 1},  {4, 1, 1}, {8, 2, 1}, {32, 8, 1}, {6, 2, 2},
+                             {12, 1, 1}, {4, 4, 3}, {3, 1, 4}, {16, 8, 1}};
+  const int64_t head_dims[] = {1, 8, 31, 32, 33, 59, 64, 65, 96, 127, 128, 129, 200, 256};
+  const int64_t key_counts[] = {1, 17, 64, 65, 300, 1000};
+  const Layout layouts[] = {Layout::kContiguous, Layout::kPaddedStrides, Layout::kNegativeStrides,
+                            Layout::kBroadcast, Layout::kTransposedBatch};
+  std::vector<Case> cases;
+  int64_t n = 0;
+  for (const Rows& shape : row_shapes) {
+    for (int64_t d = 0; d < 14; d += 1, ++n) {
+      Case c;
+      c.Hq = shape.hq;
+      c.Hk = shape.hk;
+      c.Sq = shape.sq;
+      c.D = head_dims[d];
+      c.Dv = head_dims[(d + n) % 14];
+      c.Sk = key_counts[(n * 5) % 6];
+      c.B = n % 3 == 0 ? 2 : 1;
+      c.dtype = ANYATTN_DTYPE_BF16;
+      c.causal = n % 4 == 1;
+      if (n % 5 == 3) {
+        c.window_left = 40;
+        c.window_right = n % 2 ? 0 : 5;
+      }
+      c.softcap = n % 6 == 2 ? 8.0f : 0.0f;
+      c.alibi = n % 7 == 4 ? Alibi::kPerHead : Alibi::kNone;
+      c.sinks = n % 4 == 2;
+      c.layout = layouts[n % 5];
+      c.num_splits = n % 8 == 5 ? 3 : 0;
+      c.isa = ANYATTN_ISA_AVX512;
+      c.seed = 9100 + n;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
+TEST_F(FwdDecodeBf16Dot, BothScorePathsMatchReferenceAndEachOther) {
+  if (!has_avx512_path()) GTEST_SKIP() << "no avx512 path on this CPU";
+  cpu::set_bf16_dot_scores_enabled(true);
+  if (!cpu::bf16_dot_scores_available()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
+  int failures = 0;
+  const std::vector<Case> cases = dot_cases();
+  for (size_t n = 0; n < cases.size(); n += reduced_sweep() ? 4 : 1) {
+    Problem p(cases[n]);
+    const reference::DenseOutputs ref = p.reference();
+    const reference::DenseOutputs naive = p.naive_same_dtype();
+    std::vector<double> outs[2], lses[2];
+    for (int dot = 1; dot >= 0; --dot) {
+      cpu::set_bf16_dot_scores_enabled(dot == 1);
+      p.reset_outputs();
+      ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+      const ::testing::AssertionResult r = check_outputs(p, ref, naive);
+      if (!r && ++failures <= 8) {
+        ADD_FAILURE() << cases[n].describe() << (dot ? " dot" : " fma") << ": " << r.message();
+      }
+      outs[dot] = p.out_values();
+      lses[dot] = p.lse_values();
+    }
+    const ::testing::AssertionResult agree =
+        check_cross(p, outs[0], outs[1], lses[0], lses[1], ref, naive);
+    if (!agree && ++failures <= 8) ADD_FAILURE() << cases[n].describe() << ": " << agree.message();
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+// Fills q and k of a decode problem (B1 Sq1 Hq4 Hk1 D16 Sk100, bf16) with q_unit and k_unit times
+// small integers, so that each score is a small multiple of q_unit * k_unit * softmax_scale.
+void fill_scaled(Problem& p, double q_unit, double k_unit) {
+  const Case& c = p.spec();
+  for (int64_t h = 0; h < c.Hq; ++h) {
+    for (int64_t d = 0; d < c.D; ++d) {
+      const int64_t index[4] = {0, 0, h, d};
+      store(p.q, index, q_unit * static_cast<double>((h * 3 + d * 5) % 7 - 3));
+    }
+  }
+  for (int64_t s = 0; s < c.Sk; ++s) {
+    for (int64_t d = 0; d < c.D; ++d) {
+      const int64_t index[4] = {0, s, 0, d};
+      store(p.k, index, k_unit * static_cast<double>((s * 7 + d * 3) % 9 - 4));
+    }
+  }
+}
+
+// Each input here would lose its scores on VDPBF16PS (it flushes subnormal inputs) while the true
+// scores are of order 1, so only the f32 FMA scores match the reference.
+TEST_F(FwdDecodeBf16Dot, InputsVdpbf16psWouldFlushTakeTheFmaScores) {
+  struct Extreme {
+    const char* what;
+    double q_unit, k_unit;
+    float softmax_scale;
+  };
+  const Extreme extremes[] = {
+      {"subnormal q, huge k", std::ldexp(1.0, -129), std::ldexp(1.0, 125), 1.0f},
+      {"|q| >= 2^64, subnormal k", std::ldexp(1.0, 120), std::ldexp(1.0, -129), 16.0f},
+      {"softmax_scale 2^125, subnormal k", 1.0, std::ldexp(1.0, -129), std::ldexp(1.0f, 125)},
+  };
+  for (const Extreme& extreme : extremes) {
+    for (anyattn_isa isa : supported_isas()) {
+      Case c;
+      c.Hq = 4;
+      c.Hk = 1;
+      c.D = 16;
+      c.Dv = 16;
+      c.Sk = 100;
+      c.dtype = ANYATTN_DTYPE_BF16;
+      c.softmax_scale = extreme.softmax_scale;
+      c.isa = isa;
+      SCOPED_TRACE(std::string(extreme.what) + " " + anyattn_isa_name(isa));
+      Problem p(c);
+      fill_scaled(p, extreme.q_unit, extreme.k_unit);
+      ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+      const reference::DenseOutputs ref = p.reference();
+      // Flushed scores would all be 0: uniform attention, the output of q = 0. The case must
+      // tell the two apart.
+      Problem uniform(c);
+      fill_scaled(uniform, 0.0, extreme.k_unit);
+      const reference::DenseOutputs uniform_ref = uniform.reference();
+      double gap = 0.0;
+      for (size_t i = 0; i < ref.out.size(); ++i) {
+        gap = std::max(gap, std::fabs(ref.out[i] - uniform_ref.out[i]));
+      }
+      ASSERT_GT(gap, 0.05) << "the case does not tell flushed scores apart";
+      EXPECT_TRUE(check_outputs(p, ref, p.naive_same_dtype()));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace anyattn
