@@ -163,6 +163,37 @@ TEST_F(FwdDecodeBf16Dot, InputsVdpbf16psWouldFlushTakeTheFmaScores) {
   }
 }
 
+// Whether a kv head scores on VDPBF16PS depends only on its own queries, never on which kv heads
+// share its task (the thread count decides that): with one kv head's q holding a subnormal, the
+// result is bitwise the same on 1 to 4 threads.
+TEST_F(FwdDecodeBf16Dot, ScorePathPerKvHeadKeepsResultsIndependentOfThreads) {
+  if (!has_avx512_path()) GTEST_SKIP() << "no avx512 path on this CPU";
+  Case c;
+  c.Hq = 32;
+  c.Hk = 8;
+  c.D = 128;
+  c.Dv = 128;
+  c.Sk = 300;
+  c.dtype = ANYATTN_DTYPE_BF16;
+  c.isa = ANYATTN_ISA_AVX512;
+  Problem p(c);
+  const int64_t index[4] = {0, 0, 13, 5};  // query head 13: kv head 3
+  store(p.q, index, std::ldexp(1.0, -130));
+  std::vector<unsigned char> first;
+  for (int threads = 1; threads <= 4; ++threads) {
+    anyattn_set_num_threads(threads);
+    p.reset_outputs();
+    ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+    if (first.empty()) {
+      first = p.output_bytes();
+      EXPECT_TRUE(check_outputs(p, p.reference(), p.naive_same_dtype()));
+    } else {
+      EXPECT_EQ(p.output_bytes(), first) << threads << " threads";
+    }
+  }
+  anyattn_set_num_threads(0);
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace anyattn

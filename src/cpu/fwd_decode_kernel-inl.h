@@ -19,7 +19,7 @@
 //      vector of scores in about three instructions per score. bf16 calls on the avx512 path, on
 //      a CPU with AVX512_BF16, score on VDPBF16PS instead (fwd_decode_bf16_dot.h: raw bf16 q, no
 //      widening, half the instructions; the softmax applies softmax_scale), unless the task's q
-//      holds values that instruction would flush or lose (load_bf16_queries).
+//      holds values that instruction would flush or lose (load_bf16_head_queries).
 //   2. Softmax, kv head by kv head: softcap, ALiBi, mask, online softmax and dropout exactly as
 //      in the packed path, on the same S rows (64 floats per row, in L1).
 //   3. O += P V in the same passes, with R x kPvVecs accumulator tiles loaded from and stored to
@@ -342,31 +342,41 @@ inline void direct_pv(const float* p, int64_t rows, const void* const* v_rows, i
 constexpr uint32_t kDotMaxQueryExponent = 127 + 63;
 constexpr float kDotMaxSoftmaxScale = 65536.f;
 
-// For a bf16 task on a CPU with VDPBF16PS: writes the task's query rows into scratch.q as raw
-// bf16 (unscaled, unrotated: rows of 2 * q_stride elements, zero from D) and returns true, unless
-// the call has rotary (whose rotated q is not bf16), a softmax_scale above kDotMaxSoftmaxScale, or
-// a query element that is subnormal or of magnitude 2^64 or more; then it returns false and
-// leaves the rows to load_scaled_queries.
-inline bool load_bf16_queries(const FwdArgs& args, const PackedLayout& layout, const TaskRows& rows,
-                              const SeqInfo& seq, const Scratch& scratch) {
-  if (args.rotary_cos != nullptr || !(args.softmax_scale <= kDotMaxSoftmaxScale) ||
-      !bf16_dot_scores_available()) {
-    return false;
+// True when the call may score bf16 on VDPBF16PS: a CPU with the instruction, no rotary (a rotated
+// q is not bf16) and softmax_scale <= kDotMaxSoftmaxScale.
+inline bool call_takes_dot_scores(const FwdArgs& args) {
+  return args.rotary_cos == nullptr && args.softmax_scale <= kDotMaxSoftmaxScale &&
+         bf16_dot_scores_available();
+}
+
+// For one kv head of a bf16 task (its `count` query rows from r0): unless one of their elements
+// is subnormal or of magnitude 2^64 or more, overwrites those rows of scratch.q (as loaded by
+// load_scaled_queries) with the raw bf16 queries (unscaled, rows of 2 * q_stride elements, zero
+// from D) and returns true; else leaves them and returns false. Decided per kv head, never per
+// task: which kv heads share a task may depend on the thread count, and a kv head's result must
+// not.
+inline bool load_bf16_head_queries(const FwdArgs& args, const PackedLayout& layout,
+                                   const TaskRows& rows, const SeqInfo& seq, int64_t r0,
+                                   int64_t count, const Scratch& scratch) {
+  auto source_row = [&](int64_t r) {
+    const int64_t offset =
+        seq.q_offset + rows.position(r) * args.q_row_stride + rows.head(r) * args.q_head_stride;
+    return static_cast<const uint16_t*>(args.q) + offset;
+  };
+  for (int64_t r = r0; r < r0 + count; ++r) {
+    const uint16_t* source = source_row(r);
+    for (int64_t d = 0; d < args.head_dim; ++d) {
+      const uint32_t exponent = (source[d] >> 7) & 0xFFu;
+      const bool subnormal = exponent == 0 && (source[d] & 0x7Fu) != 0;
+      if (subnormal || (exponent > kDotMaxQueryExponent && exponent != 0xFFu)) return false;
+    }
   }
   const int64_t ldq = 2 * layout.q_stride;
   uint16_t* q16 = reinterpret_cast<uint16_t*>(scratch.q);
-  for (int64_t r = 0; r < rows.count; ++r) {
-    const int64_t offset =
-        seq.q_offset + rows.position(r) * args.q_row_stride + rows.head(r) * args.q_head_stride;
-    const uint16_t* source = static_cast<const uint16_t*>(args.q) + offset;
+  for (int64_t r = r0; r < r0 + count; ++r) {
+    const uint16_t* source = source_row(r);
     uint16_t* row = q16 + r * ldq;
-    for (int64_t d = 0; d < args.head_dim; ++d) {
-      const uint16_t bits = source[d];
-      const uint32_t exponent = (bits >> 7) & 0xFFu;
-      const bool subnormal = exponent == 0 && (bits & 0x7Fu) != 0;
-      if (subnormal || (exponent > kDotMaxQueryExponent && exponent != 0xFFu)) return false;
-      row[d] = bits;
-    }
+    for (int64_t d = 0; d < args.head_dim; ++d) row[d] = source[d];
     for (int64_t d = args.head_dim; d < ldq; ++d) row[d] = 0;
   }
   return true;
@@ -386,27 +396,30 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const int64_t head_k = task.head_q_begin / args.group_size();
   const int64_t dv_pad = layout.dv_pad;
   float neg_slopes[kMaxQBlockRows];
-  ScoreTransform transform = task_transform(args, task, neg_slopes);
-  // bf16 scores on VDPBF16PS where the CPU has it: q stays raw bf16, and the softmax applies the
-  // scale as it reads the scores.
-  bool dot_scores = false;
+  const ScoreTransform transform = task_transform(args, task, neg_slopes);
+  const int64_t heads = task.heads_k;
+  const int64_t rows_per_kv = rows.count / heads;
+  load_scaled_queries(args, layout, task, rows, scratch);
+  // bf16 scores on VDPBF16PS where the CPU has it, kv head by kv head: such a head's q rows are
+  // raw bf16 instead, and its softmax applies the scale as it reads the scores.
+  bool dot_head[kMaxQBlockRows] = {};
 #if defined(ANYATTN_DIRECT_BF16_DOT)
-  if constexpr (kDtype == DType::kBF16)
-    dot_scores = load_bf16_queries(args, layout, rows, seq, scratch);
-#endif
-  if (dot_scores) {
-    transform.score_scale = args.softmax_scale;
-  } else {
-    load_scaled_queries(args, layout, task, rows, scratch);
-    for (int64_t r = 0; r < rows.count; ++r) {
-      split_pairs(scratch.q + r * layout.q_stride, paired_columns<kDtype>(args.head_dim));
+  if constexpr (kDtype == DType::kBF16) {
+    if (call_takes_dot_scores(args)) {
+      for (int64_t h = 0; h < heads; ++h) {
+        dot_head[h] =
+            load_bf16_head_queries(args, layout, rows, seq, h * rows_per_kv, rows_per_kv, scratch);
+      }
     }
+  }
+#endif
+  for (int64_t r = 0; r < rows.count; ++r) {
+    if (dot_head[r / rows_per_kv]) continue;
+    split_pairs(scratch.q + r * layout.q_stride, paired_columns<kDtype>(args.head_dim));
   }
   reset_rows(layout, rows, scratch);
 
   const TaskBlocks blocks = task_blocks(args, task);
-  const int64_t heads = task.heads_k;
-  const int64_t rows_per_kv = rows.count / heads;
   const int64_t heads_per_kv = task.heads / heads;
   const int64_t element_bytes = element_size(args.dtype);
   const int64_t k_row_bytes = args.head_dim * element_bytes;
@@ -453,7 +466,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
         const PassPrefetcher prefetch(k_stream, c, h, heads, k_distances.l1_keys,
                                       k_distances.l2_chunks, k_row_bytes);
 #if defined(ANYATTN_DIRECT_BF16_DOT)
-        if (dot_scores) {
+        if (dot_head[h]) {
           const int64_t ldq = 2 * layout.q_stride;
           avx512_bf16::chunk_scores(
               reinterpret_cast<const uint16_t*>(scratch.q) + h * rows_per_kv * ldq, ldq,
@@ -471,9 +484,12 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
       const int64_t r0 = h * rows_per_kv;
       const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
                                rows_per_kv};
-      scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv, crosses_boundary,
-                              head_rows, j0, scratch.s + r0 * kKeyBlock, scratch.m + r0,
-                              scratch.l + r0 * kRowSumSlots, scratch.o + r0 * dv_pad, dv_pad);
+      ScoreTransform head_transform = transform;
+      if (dot_head[h]) head_transform.score_scale = args.softmax_scale;
+      scores_to_probabilities(args, seq, head_transform, neg_slopes + h * heads_per_kv,
+                              crosses_boundary, head_rows, j0, scratch.s + r0 * kKeyBlock,
+                              scratch.m + r0, scratch.l + r0 * kRowSumSlots,
+                              scratch.o + r0 * dv_pad, dv_pad);
     }
 
     // 3. O += P V.
