@@ -31,10 +31,9 @@ class BlockStream {
     while (filled < 2 * kKeyBlock) rows_[filled++] = last;
   }
 
-  // Row j of the block (j < kKeyBlock; past the block's keys, its last row) for kv head h of
-  // the task.
-  const void* row(int64_t j, int64_t h) const { return rows_[j] + h * head_bytes_; }
-  const char* ahead(int64_t index, int64_t h) const { return rows_[index] + h * head_bytes_; }
+  // Row `index` for kv head h of the task: index < kKeyBlock is the block's key `index` (past its
+  // keys, its last row), then the next block's keys (past them, the stream's last row).
+  const char* row(int64_t index, int64_t h) const { return rows_[index] + h * head_bytes_; }
 
  private:
   int64_t head_bytes_;
@@ -64,8 +63,8 @@ class PassPrefetcher {
       const int64_t key =
           c + (this_pass ? ahead : ahead - kDirectChunkKeys) + (next_chunk ? kDirectChunkKeys : 0);
       const int64_t head = this_pass ? h : next_chunk ? 0 : h + 1;
-      l1_[j] = stream.ahead(key, head);
-      l2_[j] = stream.ahead(c + j + l2_chunks * kDirectChunkKeys, h);
+      l1_[j] = stream.row(key, head);
+      l2_[j] = stream.row(c + j + l2_chunks * kDirectChunkKeys, h);
     }
   }
 
