@@ -4,9 +4,9 @@
 //
 // Exactness. The products of two bf16 values are exact in f32; VDPBF16PS adds each pair of them
 // to the f32 accumulator with round-to-nearest, as the f32 FMA path rounds its sums. It treats
-// subnormal inputs and results as zero, so the caller uses it only for tasks whose queries hold
-// no subnormal, with |q| < 2^64 and softmax_scale <= 2^16: what it then flushes (a subnormal key
-// element, or a product below 2^-126) moves a score by less than 256 * 2^64 * 2^-126 * 2^16 =
+// subnormal inputs and results as zero, so the caller uses it only for kv heads whose queries
+// hold no subnormal, with |q| < 2^64 and softmax_scale <= 2^16: what it then flushes (a subnormal
+// key element, or a product below 2^-126) moves a score by less than 256 * 2^64 * 2^-126 * 2^16 =
 // 2^-38 in softmax units, far below the f32 rounding of any score that reaches the softmax.
 #ifndef ANYATTN_CPU_FWD_DECODE_BF16_DOT_H_
 #define ANYATTN_CPU_FWD_DECODE_BF16_DOT_H_
@@ -22,8 +22,8 @@ namespace anyattn::cpu {
 bool bf16_dot_scores_available();
 
 // For tests: runs the direct loop's bf16 scores on the f32 FMA path even where VDPBF16PS exists
-// (false), or on VDPBF16PS where it exists (true, the default). Not thread-safe against running
-// calls; set it between calls.
+// (false), or on VDPBF16PS where it exists (true, the default). Set it between calls: a call
+// running while it changes may score some kv heads each way.
 void set_bf16_dot_scores_enabled(bool enabled);
 
 namespace avx512_bf16 {

@@ -18,8 +18,8 @@
 //      accumulators of `lanes` consecutive keys are then reduced together by lane_sums, one
 //      vector of scores in about three instructions per score. bf16 calls on the avx512 path, on
 //      a CPU with AVX512_BF16, score on VDPBF16PS instead (fwd_decode_bf16_dot.h: raw bf16 q, no
-//      widening, half the instructions; the softmax applies softmax_scale), unless the task's q
-//      holds values that instruction would flush or lose (load_bf16_head_queries).
+//      widening, half the instructions; the softmax applies softmax_scale), except for kv heads
+//      whose q holds values that instruction would flush or lose (load_bf16_head_queries).
 //   2. Softmax, kv head by kv head: softcap, ALiBi, mask, online softmax and dropout exactly as
 //      in the packed path, on the same S rows (64 floats per row, in L1).
 //   3. O += P V in the same passes, with R x kPvVecs accumulator tiles loaded from and stored to
@@ -34,12 +34,12 @@
 // prefetchers barely follow these reads, so the loop prefetches each row itself
 // (PassPrefetcher): into L2 a whole chunk or more ahead, in memory order, and into L1 a few keys
 // ahead in the order the passes read them. Reading in passes over the task's kv heads instead
-// of a whole block per kv head made bf16 B8 Hq32/Hk8 D128 Sk32768 on 2 threads 25-40% faster on
-// a Zen 4 VM (bench/MEASUREMENTS.md, "Memory order"), about what the same bytes gained laid out
-// with one kv head (contiguous rows). Before that, on the unit-per-head loop: prefetching into
-// L1 only was 8-10% slower; a prefetcht1 sweep of the next block in memory order while the
-// products still ran head by head gained at most a few percent; prefetching only part of each
-// row, or in bursts, was slower.
+// of a whole block per kv head made bf16 B8 Hq32/Hk8 D128 Sk32768 on 2 threads about 30% faster
+// on a Zen 4 VM (17.4-19.5 -> 21.6-28.0 GB/s; bench/MEASUREMENTS.md, "Memory order"), about what
+// the same bytes gained laid out with one kv head (contiguous rows). Before that, on the
+// unit-per-head loop: prefetching into L1 only was 8-10% slower; a prefetcht1 sweep of the next
+// block in memory order while the products still ran head by head gained at most a few percent;
+// prefetching only part of each row, or in bursts, was slower.
 
 constexpr int kDirectTileRows = 4;
 // Passes of kDirectChunkKeys keys (fwd_layout.h) reduce whole vectors of scores.
