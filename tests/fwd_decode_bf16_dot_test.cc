@@ -1,8 +1,9 @@
 // The direct decode loop's bf16 scores on VDPBF16PS (src/cpu/fwd_decode_bf16_dot.cc): with them
 // on and off, bf16 decode calls on the avx512 path match the f64 reference by the 2x rule and each
 // other by the cross-ISA rule; and the inputs VDPBF16PS would get wrong (subnormal q, |q| >= 2^64,
-// softmax_scale above 2^16, each against subnormal or huge keys) take the f32 FMA scores. Linked
-// against the library's objects, to reach the internal switch.
+// softmax_scale above 2^16, each against subnormal or huge keys) take the f32 FMA scores; the
+// choice, made per kv head, leaves results independent of the thread count. Linked against the
+// library's objects, to reach the internal switch.
 #include <gtest/gtest.h>
 
 #include <cmath>
