@@ -16,10 +16,14 @@ namespace anyattn {
 namespace testing {
 namespace {
 
-// Restores the default (dot-product scores on where the CPU has them) after each test.
+// Restores the defaults (dot-product scores on where the CPU has them, the default thread count)
+// after each test.
 class FwdDecodeBf16Dot : public ::testing::Test {
  protected:
-  void TearDown() override { cpu::set_bf16_dot_scores_enabled(true); }
+  void TearDown() override {
+    cpu::set_bf16_dot_scores_enabled(true);
+    anyattn_set_num_threads(0);
+  }
 };
 
 bool has_avx512_path() {
@@ -31,7 +35,7 @@ bool has_avx512_path() {
 
 // bf16 decode shapes on the avx512 path: 1 to 12 rows per kv head, 1 to 8 kv heads per task,
 // head dims on and off the 32-element VDPBF16PS operand, partial and several key blocks, with the
-// masks, score options and layouts of the dense tests.
+// masks, score options and layouts of the other decode tests (vary_decode_options).
 std::vector<Case> dot_cases() {
   struct Rows {
     int64_t hq, hk, sq;
@@ -40,12 +44,10 @@ std::vector<Case> dot_cases() {
                              {12, 1, 1}, {4, 4, 3}, {3, 1, 4}, {16, 8, 1}};
   const int64_t head_dims[] = {1, 8, 31, 32, 33, 59, 64, 65, 96, 127, 128, 129, 200, 256};
   const int64_t key_counts[] = {1, 17, 64, 65, 300, 1000};
-  const Layout layouts[] = {Layout::kContiguous, Layout::kPaddedStrides, Layout::kNegativeStrides,
-                            Layout::kBroadcast, Layout::kTransposedBatch};
   std::vector<Case> cases;
   int64_t n = 0;
   for (const Rows& shape : row_shapes) {
-    for (int64_t d = 0; d < 14; d += 1, ++n) {
+    for (int64_t d = 0; d < 14; ++d, ++n) {
       Case c;
       c.Hq = shape.hq;
       c.Hk = shape.hk;
@@ -53,18 +55,8 @@ std::vector<Case> dot_cases() {
       c.D = head_dims[d];
       c.Dv = head_dims[(d + n) % 14];
       c.Sk = key_counts[(n * 5) % 6];
-      c.B = n % 3 == 0 ? 2 : 1;
       c.dtype = ANYATTN_DTYPE_BF16;
-      c.causal = n % 4 == 1;
-      if (n % 5 == 3) {
-        c.window_left = 40;
-        c.window_right = n % 2 ? 0 : 5;
-      }
-      c.softcap = n % 6 == 2 ? 8.0f : 0.0f;
-      c.alibi = n % 7 == 4 ? Alibi::kPerHead : Alibi::kNone;
-      c.sinks = n % 4 == 2;
-      c.layout = layouts[n % 5];
-      c.num_splits = n % 8 == 5 ? 3 : 0;
+      vary_decode_options(n, &c);
       c.isa = ANYATTN_ISA_AVX512;
       c.seed = 9100 + n;
       cases.push_back(c);
@@ -192,7 +184,6 @@ TEST_F(FwdDecodeBf16Dot, ScorePathPerKvHeadKeepsResultsIndependentOfThreads) {
       EXPECT_EQ(p.output_bytes(), first) << threads << " threads";
     }
   }
-  anyattn_set_num_threads(0);
 }
 
 }  // namespace

@@ -26,8 +26,6 @@ const int64_t kHeadDims[] = {8, 59, 64, 80, 111, 128, 256};
 const int64_t kKeyCounts[] = {1, 63, 64, 65, 200, 1000};
 
 std::vector<Case> decode_cases() {
-  const Layout layouts[] = {Layout::kContiguous, Layout::kPaddedStrides, Layout::kNegativeStrides,
-                            Layout::kBroadcast, Layout::kTransposedBatch};
   std::vector<Case> cases;
   int64_t n = 0;
   for (const RowShape& shape : kRowShapes) {
@@ -39,18 +37,8 @@ std::vector<Case> decode_cases() {
       c.D = kHeadDims[d];
       c.Dv = kHeadDims[(d + n) % 7];
       c.Sk = kKeyCounts[(n * 5) % 6];
-      c.B = n % 3 == 0 ? 2 : 1;
       c.dtype = kDtypes[n % 3];
-      c.causal = n % 4 == 1;
-      if (n % 5 == 3) {
-        c.window_left = 40;
-        c.window_right = n % 2 ? 0 : 5;
-      }
-      c.softcap = n % 6 == 2 ? 8.0f : 0.0f;
-      c.alibi = n % 7 == 4 ? Alibi::kPerHead : n % 7 == 6 ? Alibi::kPerBatchHead : Alibi::kNone;
-      c.sinks = n % 4 == 2;
-      c.layout = layouts[n % 5];
-      c.num_splits = n % 8 == 5 ? 3 : 0;
+      vary_decode_options(n, &c);
       c.seed = 7000 + n;
       cases.push_back(c);
     }

@@ -653,6 +653,22 @@ double naive_error_ceiling(anyattn_dtype dtype, double max_abs_ref) {
   return r;
 }
 
+void vary_decode_options(int64_t n, Case* c) {
+  const Layout layouts[] = {Layout::kContiguous, Layout::kPaddedStrides, Layout::kNegativeStrides,
+                            Layout::kBroadcast, Layout::kTransposedBatch};
+  c->B = n % 3 == 0 ? 2 : 1;
+  c->causal = n % 4 == 1;
+  if (n % 5 == 3) {
+    c->window_left = 40;
+    c->window_right = n % 2 ? 0 : 5;
+  }
+  c->softcap = n % 6 == 2 ? 8.0f : 0.0f;
+  c->alibi = n % 7 == 4 ? Alibi::kPerHead : n % 7 == 6 ? Alibi::kPerBatchHead : Alibi::kNone;
+  c->sinks = n % 4 == 2;
+  c->layout = layouts[n % 5];
+  c->num_splits = n % 8 == 5 ? 3 : 0;
+}
+
 bool reduced_sweep() {
   const char* env = std::getenv("ANYATTN_TEST_SWEEP");
   return env != nullptr && std::strcmp(env, "reduced") == 0;

@@ -127,6 +127,11 @@ double lse_eps(double max_abs_ref);
                                        const reference::DenseOutputs& ref,
                                        const reference::DenseOutputs& naive);
 
+// The options of decode case number n, in the fixed cycle the decode tests share: B (2 every third
+// case), causal, sliding windows, softcap, ALiBi (per head, per batch and head), sinks, the five
+// strided layouts and an explicit split count. Leaves shapes, dtype, isa and seed to the caller.
+void vary_decode_options(int64_t n, Case* c);
+
 // "reduced" when ANYATTN_TEST_SWEEP=reduced (sanitizer builds); the full sweep otherwise.
 bool reduced_sweep();
 
