@@ -1,10 +1,15 @@
 // anyattn_ab_probe: compares two to four builds of libanyattn.so on one dense forward (or
 // backward) shape, inside one process, calls interleaved.
 //
-//   anyattn_ab_probe --lib OLD.so --lib NEW.so [--seqlen S] [--heads-q H] [--heads-k HK]
-//                    [--head-dim D] [--dtype f32|bf16] [--causal] [--backward] [--threads T]
-//                    [--runs N]
+//   anyattn_ab_probe --lib OLD.so --lib NEW.so [--batch B] [--seqlen S] [--seqlen-q SQ]
+//                    [--heads-q H] [--heads-k HK] [--head-dim D] [--dtype f32|bf16] [--causal]
+//                    [--backward] [--huge-pages] [--threads T] [--runs N]
 //
+// --seqlen is the key length, and the query length too unless --seqlen-q gives it: --seqlen-q 1
+// --batch 8 --heads-q 32 --heads-k 8 --seqlen 32768 --dtype bf16 times decode, for which the
+// report adds the K/V bytes read per second at the minimum (one K/V copy, reused: shapes smaller
+// than the last-level cache run from cache). --huge-pages asks for 2 MiB pages for K and V
+// (bench/tensors.h, Pages::kHuge).
 // With --backward each call is anyattn_bwd, on out and lse from one untimed forward of the
 // first library (every build differentiates the same out), GFLOP/s counting 2.5 times the
 // forward's FLOPs as anyattn_bench does.
@@ -74,13 +79,16 @@ bool OpenBuild(const std::string& path, LibraryBuild* build) {
 
 struct AbOptions {
   std::vector<std::string> libraries;
-  int64_t seqlen = 2048;
+  int64_t batch = 1;
+  int64_t seqlen = 2048;  // keys
+  int64_t seqlen_q = 0;   // queries; 0: seqlen
   int64_t heads_q = 16;
   int64_t heads_k = 16;
   int64_t head_dim = 128;
   DType dtype = DType::kF32;
   bool causal = false;
   bool backward = false;
+  bool huge_pages = false;
   int threads = 1;
   int rounds = 10;
 };
@@ -96,6 +104,10 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
       options->backward = true;
       continue;
     }
+    if (name == "--huge-pages") {
+      options->huge_pages = true;
+      continue;
+    }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "anyattn_ab_probe: %s needs a value\n", name.c_str());
       return false;
@@ -103,8 +115,12 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
     const char* value = argv[++i];
     if (name == "--lib") {
       options->libraries.push_back(value);
+    } else if (name == "--batch") {
+      options->batch = std::atoll(value);
     } else if (name == "--seqlen") {
       options->seqlen = std::atoll(value);
+    } else if (name == "--seqlen-q") {
+      options->seqlen_q = std::atoll(value);
     } else if (name == "--heads-q") {
       options->heads_q = std::atoll(value);
     } else if (name == "--heads-k") {
@@ -129,12 +145,14 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
     std::fprintf(stderr, "anyattn_ab_probe: give --lib two to four times (got %zu)\n", count);
     return false;
   }
-  if (options->seqlen < 1 || options->heads_q < 1 || options->heads_k < 1 ||
-      options->heads_q % options->heads_k != 0 || options->head_dim < 1 ||
+  if (options->seqlen_q == 0) options->seqlen_q = options->seqlen;
+  if (options->batch < 1 || options->seqlen < 1 || options->seqlen_q < 1 || options->heads_q < 1 ||
+      options->heads_k < 1 || options->heads_q % options->heads_k != 0 || options->head_dim < 1 ||
       options->head_dim > 256 || options->threads < 1 || options->rounds < 1) {
-    std::fprintf(stderr,
-                 "anyattn_ab_probe: need seqlen, heads, threads, runs >= 1, heads-q a multiple "
-                 "of heads-k and head-dim in [1, 256]\n");
+    std::fprintf(
+        stderr,
+        "anyattn_ab_probe: need batch, seqlens, heads, threads, runs >= 1, heads-q a multiple "
+        "of heads-k and head-dim in [1, 256]\n");
     return false;
   }
   return true;
@@ -160,14 +178,17 @@ int RunAb(const AbOptions& options) {
 
   const anyattn_dtype dtype = options.dtype == DType::kF32 ? ANYATTN_DTYPE_F32 : ANYATTN_DTYPE_BF16;
   const size_t element_bytes = DTypeBytes(options.dtype);
-  const size_t q_elements = options.seqlen * options.heads_q * options.head_dim;
-  const size_t kv_elements = options.seqlen * options.heads_k * options.head_dim;
+  const int64_t batch = options.batch;
+  const int64_t seqlen_q = options.seqlen_q;
+  const size_t q_elements = batch * seqlen_q * options.heads_q * options.head_dim;
+  const size_t kv_elements = batch * options.seqlen * options.heads_k * options.head_dim;
   AlignedBuffer q(q_elements * element_bytes);
   AlignedBuffer out(q_elements * element_bytes);
-  AlignedBuffer k(kv_elements * element_bytes);
-  AlignedBuffer v(kv_elements * element_bytes);
+  const Pages kv_pages = options.huge_pages ? Pages::kHuge : Pages::kDefault;
+  AlignedBuffer k(kv_elements * element_bytes, kv_pages);
+  AlignedBuffer v(kv_elements * element_bytes, kv_pages);
   // Backward only: dout, lse (f32, B x Hq x S) and the gradients.
-  const size_t lse_elements = options.seqlen * options.heads_q;
+  const size_t lse_elements = batch * seqlen_q * options.heads_q;
   const size_t grad_q_elements = options.backward ? q_elements : 0;
   const size_t grad_kv_elements = options.backward ? kv_elements : 0;
   AlignedBuffer dout(grad_q_elements * element_bytes);
@@ -184,9 +205,9 @@ int RunAb(const AbOptions& options) {
   FillUniform(q.data(), options.dtype, q_elements, 21);
   FillUniform(k.data(), options.dtype, kv_elements, 22);
   FillUniform(v.data(), options.dtype, kv_elements, 23);
-  const int64_t q_shape[4] = {1, options.seqlen, options.heads_q, options.head_dim};
-  const int64_t kv_shape[4] = {1, options.seqlen, options.heads_k, options.head_dim};
-  const int64_t lse_shape[3] = {1, options.heads_q, options.seqlen};
+  const int64_t q_shape[4] = {batch, seqlen_q, options.heads_q, options.head_dim};
+  const int64_t kv_shape[4] = {batch, options.seqlen, options.heads_k, options.head_dim};
+  const int64_t lse_shape[3] = {batch, options.heads_q, seqlen_q};
   // The call's tensors and parameters as one build describes them (the gradient tensors only
   // with --backward).
   struct Call {
@@ -243,12 +264,20 @@ int RunAb(const AbOptions& options) {
     }
   }
 
-  const double pairs = options.causal ? options.seqlen * (options.seqlen + 1) / 2.0
-                                      : static_cast<double>(options.seqlen) * options.seqlen;
+  // Visible query-key pairs per (batch, head): causal is bottom-right aligned, so query i sees
+  // keys up to Sk - Sq + i.
+  double pairs = 0.0;
+  for (int64_t i = 0; i < seqlen_q; ++i) {
+    pairs += options.causal
+                 ? std::clamp<int64_t>(options.seqlen - seqlen_q + i + 1, 0, options.seqlen)
+                 : options.seqlen;
+  }
   const double flops =
-      (options.backward ? 2.5 : 1.0) * 4.0 * options.heads_q * options.head_dim * pairs;
-  std::printf("%sB1 S%lld Hq%lld/Hk%lld D%lld %s %s, %d thread(s), %d rounds\n",
-              options.backward ? "backward " : "", static_cast<long long>(options.seqlen),
+      (options.backward ? 2.5 : 1.0) * 4.0 * batch * options.heads_q * options.head_dim * pairs;
+  const double kv_bytes = 2.0 * kv_elements * element_bytes;
+  std::printf("%sB%lld Sq%lld Sk%lld Hq%lld/Hk%lld D%lld %s %s, %d thread(s), %d rounds\n",
+              options.backward ? "backward " : "", static_cast<long long>(batch),
+              static_cast<long long>(seqlen_q), static_cast<long long>(options.seqlen),
               static_cast<long long>(options.heads_q), static_cast<long long>(options.heads_k),
               static_cast<long long>(options.head_dim), DTypeName(options.dtype),
               options.causal ? "causal" : "no mask", options.threads, options.rounds);
@@ -256,9 +285,11 @@ int RunAb(const AbOptions& options) {
     std::vector<double> ratios;
     for (size_t r = 0; r < seconds[i].size(); ++r) ratios.push_back(seconds[i][r] / seconds[0][r]);
     const double minimum = *std::min_element(seconds[i].begin(), seconds[i].end());
-    std::printf("  %c %-40s min %9.3f ms (%6.1f GFLOP/s)  median %9.3f ms  time / A %.3f\n",
-                static_cast<char>('A' + i), builds[i].path.c_str(), minimum * 1e3,
-                flops / minimum * 1e-9, Median(seconds[i]) * 1e3, Median(ratios));
+    std::printf(
+        "  %c %-40s min %9.3f ms (%6.1f GFLOP/s, K/V %5.1f GB/s)  median %9.3f ms  "
+        "time / A %.3f\n",
+        static_cast<char>('A' + i), builds[i].path.c_str(), minimum * 1e3, flops / minimum * 1e-9,
+        kv_bytes / minimum * 1e-9, Median(seconds[i]) * 1e3, Median(ratios));
   }
   return 0;
 }

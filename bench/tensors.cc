@@ -1,5 +1,8 @@
 #include "tensors.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -18,9 +21,11 @@ void AlignedBuffer::FreeDeleter::operator()(void* p) const {
   std::free(p);
 }
 
-AlignedBuffer::AlignedBuffer(size_t bytes) {
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  data_.reset(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+AlignedBuffer::AlignedBuffer(size_t bytes, Pages pages) {
+  const size_t alignment = pages == Pages::kHuge ? size_t{2} << 20 : 64;
+  const size_t rounded = std::max<size_t>((bytes + alignment - 1) / alignment * alignment, 64);
+  data_.reset(std::aligned_alloc(alignment, rounded));
+  if (data_ && pages == Pages::kHuge) madvise(data_.get(), rounded, MADV_HUGEPAGE);
   bytes_ = data_ ? bytes : 0;
 }
 

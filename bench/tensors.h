@@ -19,12 +19,18 @@ const char* DTypeName(DType dtype);
 // Bytes per element of `dtype`.
 size_t DTypeBytes(DType dtype);
 
+// The pages a buffer asks the kernel for: its default (4 KiB where transparent huge pages are
+// "madvise" or "never"), or transparent 2 MiB pages (madvise(MADV_HUGEPAGE) on a 2 MiB aligned
+// block; the kernel may still give small pages).
+enum class Pages { kDefault, kHuge };
+
 // An owned, 64-byte aligned, uninitialised block of memory. Moves, never copies.
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
-  // Allocates `bytes` bytes (rounded up to 64). On allocation failure data() is null.
-  explicit AlignedBuffer(size_t bytes);
+  // Allocates `bytes` bytes (rounded up to 64, or to 2 MiB for Pages::kHuge). On allocation
+  // failure data() is null.
+  explicit AlignedBuffer(size_t bytes, Pages pages = Pages::kDefault);
 
   void* data() const { return data_.get(); }
   size_t bytes() const { return bytes_; }
