@@ -7,6 +7,7 @@
 
 #include "anyattn/anyattn.h"
 #include "results.h"
+#include "tensors.h"
 #include "timing.h"
 
 namespace anyattn_bench {
@@ -18,6 +19,8 @@ struct CaseSettings {
   bool run_baseline = true;
   // The baseline is skipped where its score matrix exceeds this many bytes.
   double baseline_cap_bytes = 0.0;
+  // Pages of the decode rows' K/V buffers.
+  Pages kv_pages = Pages::kHuge;
 };
 
 // Times anyattn and (unless skipped) the unfused OpenBLAS baseline on `shape` with random inputs,

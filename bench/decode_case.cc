@@ -37,6 +37,7 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
   row.kv_bytes = DecodeKvBytes(shape);
   row.read_bandwidth_gbps = limits.read_bandwidth_gbps;
   row.kv_copies = KvCopies(row.kv_bytes);
+  row.kv_huge_pages = settings.kv_pages == Pages::kHuge;
 
   const size_t element_bytes = DTypeBytes(shape.dtype);
   const size_t q_elements = shape.batch * shape.heads_q * shape.head_dim;
@@ -46,8 +47,8 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
   std::vector<AlignedBuffer> k_copies;
   std::vector<AlignedBuffer> v_copies;
   for (int c = 0; c < row.kv_copies; ++c) {
-    k_copies.emplace_back(kv_elements * element_bytes);
-    v_copies.emplace_back(kv_elements * element_bytes);
+    k_copies.emplace_back(kv_elements * element_bytes, settings.kv_pages);
+    v_copies.emplace_back(kv_elements * element_bytes, settings.kv_pages);
     if (!k_copies.back().data() || !v_copies.back().data()) {
       row.anyattn_error = "benchmark could not allocate the KV copies";
       return row;

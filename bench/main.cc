@@ -159,6 +159,7 @@ int RunBenchmark(int argc, char** argv, const Options& options) {
   settings.isa = IsaFromName(options.isa);
   settings.run_baseline = options.run_baseline;
   settings.baseline_cap_bytes = options.baseline_cap_mib * kMiB;
+  settings.kv_pages = options.kv_pages == "small" ? Pages::kDefault : Pages::kHuge;
   int failures = 0;
   for (const MachineLimits& limits : report.limits) {
     anyattn_set_num_threads(limits.threads);
@@ -194,7 +195,9 @@ int RunBenchmark(int argc, char** argv, const Options& options) {
       bool printed_header = false;
       for (const DecodeShape& shape : DecodeTableShapes(options.quick)) {
         if (!MatchesAnyFilter(DecodeKey(shape), options.filters)) continue;
-        if (!printed_header) PrintDecodeTableHeader(limits.threads);
+        if (!printed_header) {
+          PrintDecodeTableHeader(limits.threads, settings.kv_pages == Pages::kHuge);
+        }
         printed_header = true;
         report.decode.push_back(RunDecodeCase(shape, limits, settings));
         PrintDecodeRow(report.decode.back());

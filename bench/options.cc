@@ -70,6 +70,8 @@ Usage: anyattn_bench [options]
   --min-runs N           minimum timed runs per case (default 3)
   --isa NAME             anyattn path: auto, portable, avx2, avx512, avx512_amx (default auto)
   --bandwidth-mib N      buffer streamed by the read-bandwidth measurement (default 1024)
+  --kv-pages huge|small  pages of the decode rows' K/V: transparent 2 MiB pages, as the
+                         read-bandwidth buffer has (default), or the allocator's default
   --help                 this text
 Set OPENBLAS_CORETYPE=Cooperlake on AVX-512 machines (bench/run_bench.sh does it), or Debian's
 OpenBLAS 0.3.21 runs its SSE3 kernels and the baseline is far slower than it should be.
@@ -156,6 +158,13 @@ bool ParseOptions(int argc, char** argv, Options* options, std::string* error) {
       if (!(value = next_value())) return false;
       if (!ParsePositiveDouble(value, &options->bandwidth_mib)) {
         *error = std::string("--bandwidth-mib wants a positive number; got '") + value + "'";
+        return false;
+      }
+    } else if (arg == "--kv-pages") {
+      if (!(value = next_value())) return false;
+      options->kv_pages = value;
+      if (options->kv_pages != "huge" && options->kv_pages != "small") {
+        *error = "--kv-pages wants huge or small; got '" + options->kv_pages + "'";
         return false;
       }
     } else if (arg == "--child-bandwidth") {

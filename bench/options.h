@@ -37,6 +37,9 @@ struct Options {
   std::string isa = "auto";
   // Size of the buffer the read-bandwidth measurement streams, MiB.
   double bandwidth_mib = 1024.0;
+  // Pages of the decode rows' K/V buffers: "huge" (transparent 2 MiB pages, as the read-bandwidth
+  // buffer has) or "small" (the allocator's default).
+  std::string kv_pages = "huge";
   // Internal: measure read bandwidth with this many threads, print it, exit (a child process).
   int child_bandwidth_threads = 0;
   bool help = false;

@@ -137,6 +137,7 @@ void WriteDecodeRows(JsonWriter* json, const BenchReport& report) {
     json->Field("threads", row.threads);
     json->Field("kv_bytes", row.kv_bytes);
     json->Field("kv_copies_rotated", row.kv_copies);
+    json->Field("kv_pages", row.kv_huge_pages ? "huge" : "small");
     json->Field("read_bandwidth_gbps", row.read_bandwidth_gbps);
     json->Key("anyattn");
     if (row.anyattn) {
@@ -313,12 +314,14 @@ void PrintBwdRow(const BwdRow& row) {
   std::fflush(stdout);
 }
 
-void PrintDecodeTableHeader(int threads) {
+void PrintDecodeTableHeader(int threads, bool kv_huge_pages) {
   std::printf(
-      "\nDecode (Sq=1), %d thread(s). KV GB/s = bytes of K and V read / median time; "
+      "\nDecode (Sq=1), %d thread(s), K/V on %s. KV GB/s = bytes of K and V read / median time; "
       "%%bw = of the streaming read bandwidth measured at start-up; read now = a streaming read of "
       "the same K/V buffers right after the row (median), %%now = KV GB/s of it\n",
-      threads);
+      threads,
+      kv_huge_pages ? "transparent 2 MiB pages (as the start-up read's buffer)"
+                    : "the allocator's default pages (the start-up read's buffer asks for 2 MiB)");
   std::printf("%-28s %-5s %3s %10s %9s %8s %6s %8s %6s %7s\n", "shape", "dtype", "thr", "ms",
               "KV MiB", "KV GB/s", "%bw", "read now", "%now", "copies");
   std::fflush(stdout);

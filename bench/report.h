@@ -27,7 +27,7 @@ void PrintBwdTableHeader(int threads);
 void PrintBwdRow(const BwdRow& row);
 
 // Prints the decode table's title and column names for `threads` threads.
-void PrintDecodeTableHeader(int threads);
+void PrintDecodeTableHeader(int threads, bool kv_huge_pages);
 
 // Prints one decode row.
 void PrintDecodeRow(const DecodeRow& row);

@@ -72,10 +72,12 @@ struct DecodeRow {
   double read_bandwidth_gbps = 0.0;
   // Copies of K/V that the timed runs cycle through so that each run reads from DRAM, not cache.
   int kv_copies = 1;
+  // Whether the K/V buffers asked for transparent 2 MiB pages (CaseSettings::kv_pages).
+  bool kv_huge_pages = false;
   std::optional<TimingResult> anyattn;
   std::string anyattn_error;
-  // A streaming read of the same bytes from the same kind of buffers (plain aligned allocations
-  // rotated like the K/V copies, same threads), timed right after the row: the machine's read
+  // A streaming read of the same bytes from the K/V buffers themselves (rotated like the copies,
+  // same threads), timed right after the row: the machine's read
   // bandwidth at that moment, for a ratio that host-level noise moves less.
   std::optional<TimingResult> read_alongside;
 };
