@@ -122,24 +122,29 @@ double TimeReadPass(const float* data, size_t count, int threads) {
   });
 }
 
-double MeasureReadBandwidthGbps(int threads, size_t bytes, int passes) {
+ReadBandwidth MeasureReadBandwidth(int threads, size_t bytes, int passes) {
   constexpr size_t kChunkFloats = 64;
   const size_t chunks = bytes / sizeof(float) / kChunkFloats;
   const size_t count = chunks * kChunkFloats;
   float* data = static_cast<float*>(std::aligned_alloc(2 << 20, count * sizeof(float)));
-  if (data == nullptr) return 0.0;
+  if (data == nullptr) return {};
   madvise(data, count * sizeof(float), MADV_HUGEPAGE);
   TimeOnThreads(threads, [&](int t) {
     const ThreadSlice slice = SliceOf(count, threads, t);
     for (size_t i = slice.begin; i < slice.end; ++i) data[i] = static_cast<float>(i & 1023) * 1e-3f;
   });
-  double best = 0.0;
+  std::vector<double> gbps;
   for (int pass = 0; pass < passes; ++pass) {
     const double seconds = TimeReadPass(data, count, threads);
-    best = std::max(best, count * sizeof(float) / seconds * 1e-9);
+    gbps.push_back(count * sizeof(float) / seconds * 1e-9);
   }
   std::free(data);
-  return best;
+  std::sort(gbps.begin(), gbps.end());
+  const size_t n = gbps.size();
+  ReadBandwidth result;
+  result.median_gbps = n % 2 ? gbps[n / 2] : 0.5 * (gbps[n / 2 - 1] + gbps[n / 2]);
+  result.best_gbps = gbps.back();
+  return result;
 }
 
 }  // namespace anyattn_bench

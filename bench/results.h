@@ -20,8 +20,10 @@ struct MachineLimits {
   // The same FMA measurement repeated after the tables: a noise indicator only (the tables use
   // fma_peak_gflops). A large difference means other work shared the cores during the run.
   double fma_peak_gflops_end = 0.0;
-  // Streaming read bandwidth of `threads` threads, GB/s; 0 if the measurement failed.
+  // Streaming read bandwidth of `threads` threads, GB/s: the median of the start-up passes (the
+  // decode rows' denominator, as they report medians) and the fastest; 0 if it failed.
   double read_bandwidth_gbps = 0.0;
+  double read_bandwidth_best_gbps = 0.0;
 };
 
 // One row of the forward table.
