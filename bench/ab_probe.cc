@@ -3,13 +3,15 @@
 //
 //   anyattn_ab_probe --lib OLD.so --lib NEW.so [--batch B] [--seqlen S] [--seqlen-q SQ]
 //                    [--heads-q H] [--heads-k HK] [--head-dim D] [--dtype f32|bf16] [--causal]
-//                    [--backward] [--huge-pages] [--threads T] [--runs N]
+//                    [--backward] [--huge-pages] [--kv-copies N] [--threads T] [--runs N]
 //
 // --seqlen is the key length, and the query length too unless --seqlen-q gives it: --seqlen-q 1
 // --batch 8 --heads-q 32 --heads-k 8 --seqlen 32768 --dtype bf16 times decode, for which the
 // report adds the K/V bytes read per second at the minimum (one K/V copy, reused: shapes smaller
-// than the last-level cache run from cache). --huge-pages asks for 2 MiB pages for K and V
-// (bench/tensors.h, Pages::kHuge).
+// than the last-level cache run from cache, unless --kv-copies gives N > 1 copies of K and V,
+// which the calls use in turn: N * 2 * K bytes beyond twice the last-level cache time a small
+// shape from memory, as anyattn_bench's decode table does). --huge-pages asks for 2 MiB pages for
+// K and V (bench/tensors.h, Pages::kHuge).
 // With --backward each call is anyattn_bwd, on out and lse from one untimed forward of the
 // first library (every build differentiates the same out), GFLOP/s counting 2.5 times the
 // forward's FLOPs as anyattn_bench does.
@@ -89,6 +91,7 @@ struct AbOptions {
   bool causal = false;
   bool backward = false;
   bool huge_pages = false;
+  int kv_copies = 1;
   int threads = 1;
   int rounds = 10;
 };
@@ -130,6 +133,8 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
     } else if (name == "--dtype" &&
                (std::strcmp(value, "f32") == 0 || std::strcmp(value, "bf16") == 0)) {
       options->dtype = std::strcmp(value, "f32") == 0 ? DType::kF32 : DType::kBf16;
+    } else if (name == "--kv-copies") {
+      options->kv_copies = std::atoi(value);
     } else if (name == "--threads") {
       options->threads = std::atoi(value);
     } else if (name == "--runs") {
@@ -148,11 +153,12 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
   if (options->seqlen_q == 0) options->seqlen_q = options->seqlen;
   if (options->batch < 1 || options->seqlen < 1 || options->seqlen_q < 1 || options->heads_q < 1 ||
       options->heads_k < 1 || options->heads_q % options->heads_k != 0 || options->head_dim < 1 ||
-      options->head_dim > 256 || options->threads < 1 || options->rounds < 1) {
-    std::fprintf(
-        stderr,
-        "anyattn_ab_probe: need batch, seqlens, heads, threads, runs >= 1, heads-q a multiple "
-        "of heads-k and head-dim in [1, 256]\n");
+      options->head_dim > 256 || options->kv_copies < 1 || options->threads < 1 ||
+      options->rounds < 1) {
+    std::fprintf(stderr,
+                 "anyattn_ab_probe: need batch, seqlens, heads, kv-copies, threads, runs >= 1, "
+                 "heads-q a multiple "
+                 "of heads-k and head-dim in [1, 256]\n");
     return false;
   }
   return true;
@@ -185,8 +191,15 @@ int RunAb(const AbOptions& options) {
   AlignedBuffer q(q_elements * element_bytes);
   AlignedBuffer out(q_elements * element_bytes);
   const Pages kv_pages = options.huge_pages ? Pages::kHuge : Pages::kDefault;
-  AlignedBuffer k(kv_elements * element_bytes, kv_pages);
-  AlignedBuffer v(kv_elements * element_bytes, kv_pages);
+  std::vector<AlignedBuffer> k_copies, v_copies;
+  for (int c = 0; c < options.kv_copies; ++c) {
+    k_copies.emplace_back(kv_elements * element_bytes, kv_pages);
+    v_copies.emplace_back(kv_elements * element_bytes, kv_pages);
+  }
+  const auto all_allocated = [](const std::vector<AlignedBuffer>& buffers) {
+    return std::all_of(buffers.begin(), buffers.end(),
+                       [](const AlignedBuffer& b) { return b.data() != nullptr; });
+  };
   // Backward only: dout, lse (f32, B x Hq x S) and the gradients.
   const size_t lse_elements = batch * seqlen_q * options.heads_q;
   const size_t grad_q_elements = options.backward ? q_elements : 0;
@@ -196,29 +209,31 @@ int RunAb(const AbOptions& options) {
   AlignedBuffer dq(grad_q_elements * element_bytes);
   AlignedBuffer dk(grad_kv_elements * element_bytes);
   AlignedBuffer dv(grad_kv_elements * element_bytes);
-  if (!q.data() || !out.data() || !k.data() || !v.data() ||
+  if (!q.data() || !out.data() || !all_allocated(k_copies) || !all_allocated(v_copies) ||
       (options.backward &&
        (!dout.data() || !lse.data() || !dq.data() || !dk.data() || !dv.data()))) {
     std::fprintf(stderr, "anyattn_ab_probe: could not allocate the buffers\n");
     return 1;
   }
   FillUniform(q.data(), options.dtype, q_elements, 21);
-  FillUniform(k.data(), options.dtype, kv_elements, 22);
-  FillUniform(v.data(), options.dtype, kv_elements, 23);
+  for (int c = 0; c < options.kv_copies; ++c) {
+    FillUniform(k_copies[c].data(), options.dtype, kv_elements, 22);
+    FillUniform(v_copies[c].data(), options.dtype, kv_elements, 23);
+  }
   const int64_t q_shape[4] = {batch, seqlen_q, options.heads_q, options.head_dim};
   const int64_t kv_shape[4] = {batch, options.seqlen, options.heads_k, options.head_dim};
   const int64_t lse_shape[3] = {batch, options.heads_q, seqlen_q};
-  // The call's tensors and parameters as one build describes them (the gradient tensors only
-  // with --backward).
+  // The call's tensors and parameters as one build describes them, on K/V copy `copy` (the
+  // gradient tensors only with --backward).
   struct Call {
     anyattn_tensor q, k, v, out, lse, dout, dq, dk, dv;
     anyattn_fwd_params params;
   };
-  auto describe = [&](const LibraryBuild& build) {
+  auto describe = [&](const LibraryBuild& build, size_t copy) {
     Call call;
     build.tensor_init(&call.q, q.data(), dtype, 4, q_shape);
-    build.tensor_init(&call.k, k.data(), dtype, 4, kv_shape);
-    build.tensor_init(&call.v, v.data(), dtype, 4, kv_shape);
+    build.tensor_init(&call.k, k_copies[copy].data(), dtype, 4, kv_shape);
+    build.tensor_init(&call.v, v_copies[copy].data(), dtype, 4, kv_shape);
     build.tensor_init(&call.out, out.data(), dtype, 4, q_shape);
     if (options.backward) {
       build.tensor_init(&call.lse, lse.data(), ANYATTN_DTYPE_F32, 3, lse_shape);
@@ -234,7 +249,7 @@ int RunAb(const AbOptions& options) {
   if (options.backward) {
     FillUniform(dout.data(), options.dtype, q_elements, 24);
     const LibraryBuild& first = builds[0];
-    const Call call = describe(first);
+    const Call call = describe(first, 0);
     if (first.fwd(&call.q, &call.k, &call.v, &call.out, &call.lse, &call.params) != ANYATTN_OK) {
       std::fprintf(stderr, "anyattn_ab_probe: %s: forward: %s\n", first.path.c_str(),
                    first.last_error());
@@ -244,11 +259,12 @@ int RunAb(const AbOptions& options) {
 
   const size_t count = builds.size();
   std::vector<std::vector<double>> seconds(count);
+  size_t calls = 0;
   for (int round = -1; round < options.rounds; ++round) {  // round -1: warm-up
     for (size_t turn = 0; turn < count; ++turn) {
       const size_t index = (turn + static_cast<size_t>(round + 1)) % count;
       const LibraryBuild& build = builds[index];
-      const Call call = describe(build);
+      const Call call = describe(build, calls++ % k_copies.size());
       build.set_num_threads(options.threads);
       const double start = NowSeconds();
       const anyattn_status status =
@@ -275,12 +291,15 @@ int RunAb(const AbOptions& options) {
   const double flops =
       (options.backward ? 2.5 : 1.0) * 4.0 * batch * options.heads_q * options.head_dim * pairs;
   const double kv_bytes = 2.0 * kv_elements * element_bytes;
-  std::printf("%sB%lld Sq%lld Sk%lld Hq%lld/Hk%lld D%lld %s %s, %d thread(s), %d rounds\n",
-              options.backward ? "backward " : "", static_cast<long long>(batch),
-              static_cast<long long>(seqlen_q), static_cast<long long>(options.seqlen),
-              static_cast<long long>(options.heads_q), static_cast<long long>(options.heads_k),
-              static_cast<long long>(options.head_dim), DTypeName(options.dtype),
-              options.causal ? "causal" : "no mask", options.threads, options.rounds);
+  std::printf(
+      "%sB%lld Sq%lld Sk%lld Hq%lld/Hk%lld D%lld %s %s, %d thread(s), %d rounds, %d K/V "
+      "cop%s\n",
+      options.backward ? "backward " : "", static_cast<long long>(batch),
+      static_cast<long long>(seqlen_q), static_cast<long long>(options.seqlen),
+      static_cast<long long>(options.heads_q), static_cast<long long>(options.heads_k),
+      static_cast<long long>(options.head_dim), DTypeName(options.dtype),
+      options.causal ? "causal" : "no mask", options.threads, options.rounds, options.kv_copies,
+      options.kv_copies == 1 ? "y" : "ies");
   for (size_t i = 0; i < count; ++i) {
     std::vector<double> ratios;
     for (size_t r = 0; r < seconds[i].size(); ++r) ratios.push_back(seconds[i][r] / seconds[0][r]);
