@@ -7,10 +7,10 @@
 //
 // --seqlen is the key length, and the query length too unless --seqlen-q gives it: --seqlen-q 1
 // --batch 8 --heads-q 32 --heads-k 8 --seqlen 32768 --dtype bf16 times decode, for which the
-// report adds the K/V bytes read per second at the minimum (one K/V copy, reused: shapes smaller
-// than the last-level cache run from cache, unless --kv-copies gives N > 1 copies of K and V,
-// which the calls use in turn: N * 2 * K bytes beyond twice the last-level cache time a small
-// shape from memory, as anyattn_bench's decode table does). --huge-pages asks for 2 MiB pages for
+// report adds the K/V bytes read per second at the minimum. The calls use --kv-copies N copies
+// of K and V in turn (default 1, reused: a shape smaller than the last-level cache then runs
+// from cache); N copies whose bytes together exceed twice the last-level cache time a small
+// shape from memory, as anyattn_bench's decode table does. --huge-pages asks for 2 MiB pages for
 // K and V (bench/tensors.h, Pages::kHuge).
 // With --backward each call is anyattn_bwd, on out and lse from one untimed forward of the
 // first library (every build differentiates the same out), GFLOP/s counting 2.5 times the
@@ -157,8 +157,7 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
       options->rounds < 1) {
     std::fprintf(stderr,
                  "anyattn_ab_probe: need batch, seqlens, heads, kv-copies, threads, runs >= 1, "
-                 "heads-q a multiple "
-                 "of heads-k and head-dim in [1, 256]\n");
+                 "heads-q a multiple of heads-k and head-dim in [1, 256]\n");
     return false;
   }
   return true;
