@@ -16,13 +16,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "released_threads.h"
 
 namespace anyattn_bench {
 namespace {
@@ -133,21 +133,15 @@ bool ParseStreamOptions(int argc, char** argv, StreamOptions* options) {
   return true;
 }
 
-// Seconds for `threads` threads, started together, to run `loop` over disjoint slices of data.
+// Seconds for `threads` threads, released together, to run `loop` over disjoint slices of data
+// (as anyattn_bench's start-up read splits and times its passes).
 double TimePass(LineLoop loop, const float* data, size_t count, int threads,
                 size_t prefetch_bytes) {
-  const size_t slice = count / threads / 16 * 16;
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<std::thread> workers;
-  for (int t = 0; t < threads; ++t) {
-    workers.emplace_back([&, t] {
-      g_sink.store(loop(data + t * slice, slice, prefetch_bytes), std::memory_order_relaxed);
-    });
-  }
-  for (std::thread& worker : workers) worker.join();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return seconds * static_cast<double>(count) / static_cast<double>(slice * threads);
+  return TimeOnThreads(threads, [&](int t) {
+    const ThreadSlice slice = SliceOf(count, threads, t);
+    g_sink.store(loop(data + slice.begin, slice.end - slice.begin, prefetch_bytes),
+                 std::memory_order_relaxed);
+  });
 }
 
 int RunStream(const StreamOptions& options) {
