@@ -2,11 +2,13 @@
 // on and off, bf16 decode calls on the avx512 path match the f64 reference by the 2x rule and each
 // other by the cross-ISA rule; and the inputs VDPBF16PS would get wrong (subnormal q, |q| >= 2^64,
 // softmax_scale above 2^16, each against subnormal or huge keys) take the f32 FMA scores; the
-// choice, made per kv head, leaves results independent of the thread count. Linked against the
-// library's objects, to reach the internal switch.
+// choice, made per kv head, leaves results independent of the thread count; and the per-element
+// test behind that choice is exact on every bf16 bit pattern. Linked against the library's
+// objects, to reach the internal switch.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cpu/fwd_decode_bf16_dot.h"
@@ -110,6 +112,24 @@ void fill_scaled(Problem& p, double q_unit, double k_unit) {
       store(p.k, index, k_unit * static_cast<double>((s * 7 + d * 3) % 9 - 4));
     }
   }
+}
+
+// The per-element test that keeps a kv head off VDPBF16PS, over every bf16 bit pattern, against
+// its definition on the value: subnormal, or finite with |q| >= 2^64.
+TEST(FwdDecodeBf16DotQueries, UnfitElementsAreSubnormalOrAtLeast2To64) {
+  int64_t unfit = 0;
+  for (uint32_t bits = 0; bits <= 0xFFFFu; ++bits) {
+    const uint32_t widened = bits << 16;
+    float value;
+    std::memcpy(&value, &widened, sizeof(value));
+    const bool expected = std::fpclassify(value) == FP_SUBNORMAL ||
+                          (std::isfinite(value) && std::fabs(value) >= std::ldexp(1.0f, 64));
+    ASSERT_EQ(cpu::bf16_query_unfit_for_dot(static_cast<uint16_t>(bits)), expected)
+        << "bits 0x" << std::hex << bits << " value " << value;
+    unfit += expected;
+  }
+  // 2 * 127 subnormals and 2 * 64 * 128 finite values from 2^64 up.
+  EXPECT_EQ(unfit, 2 * 127 + 2 * 64 * 128);
 }
 
 // Each input here would lose its scores on VDPBF16PS (it flushes subnormal inputs) while the true

@@ -26,6 +26,19 @@ bool bf16_dot_scores_available();
 // running while it changes may score some kv heads each way.
 void set_bf16_dot_scores_enabled(bool enabled);
 
+// True when a bf16 query element (its bits) keeps its kv head off VDPBF16PS: subnormal, or finite
+// with |q| >= 2^64 (exponent field 191 to 254). On the magnitude bits m (sign cleared) both are
+// unsigned range tests, 1 <= m <= 0x7F and 0x5F80 <= m < 0x7F80, with no branch, so that a loop
+// over a row vectorises.
+constexpr bool bf16_query_unfit_for_dot(uint16_t bits) {
+  constexpr uint16_t kLargeFirst = (127 + 64) << 7;
+  constexpr uint16_t kInfBits = 0x7F80;
+  const uint16_t magnitude = bits & 0x7FFFu;
+  const bool subnormal = static_cast<uint16_t>(magnitude - 1u) < 0x7Fu;
+  const bool large = static_cast<uint16_t>(magnitude - kLargeFirst) < kInfBits - kLargeFirst;
+  return subnormal | large;
+}
+
 namespace avx512_bf16 {
 
 // s[r * 64 + j] = q_r . k_j (raw, unscaled) for `rows` <= 12 query rows and the kDirectChunkKeys
