@@ -17,6 +17,11 @@ namespace {
 // Bytes the rotated K/V copies may take in all.
 constexpr double kMaxRotationBytes = 2.0 * 1024 * 1024 * 1024;
 constexpr int kMaxCopies = 32;
+// The read passes of a round last about this share of its chunk of calls.
+constexpr double kReadShare = 0.5;
+// Seconds of rest after each chunk of calls, before the read passes: the library's pool workers
+// spin for a few tens of microseconds after a call, and would share a core with a reading thread.
+constexpr double kRestAfterCalls = 0.002;
 
 // How many K/V copies to cycle through so that the set exceeds twice the last-level cache.
 int KvCopies(double kv_bytes) {
@@ -76,32 +81,37 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
                       shape.dtype, false, settings.isa, q.data(), k_copies[0].data(),
                       v_copies[0].data(), out.data());
   if (paged) call.UsePagedCache(shape.page_size, block_table.data());
-  size_t next_copy = 0;
-  row.anyattn = TimeRepeated(
-      [&] {
-        const size_t c = next_copy++ % k_copies.size();
-        call.SetKv(k_copies[c].data(), v_copies[c].data());
-        return call.Run(&row.anyattn_error);
-      },
-      settings.policy);
-  if (!row.anyattn) return row;
-
-  // The same bytes read by a plain streaming loop from the K and V copies themselves (summed as
-  // floats; their values do not matter), rotated the same way.
+  // The calls alternate with a plain streaming read of the same bytes from the K and V copies
+  // themselves (summed as floats; their values do not matter), as the forward rows alternate with
+  // FMA bursts: chunks of calls, then read passes for half as long, round after round, so that
+  // `read now` sees the host as the calls did. Both take the least recently read copy from one
+  // rotation, so neither finds the other's bytes in cache. A read pass is timed from its
+  // threads' release to their end (thread start-up excluded); the rest after each chunk of calls
+  // lets the pool's workers stop spinning before the reading threads start.
   const size_t read_floats = kv_elements * element_bytes / sizeof(float) / 64 * 64;
-  // Timed from the threads' release to their end (thread start-up excluded), as many runs as
-  // the row had, after one untimed pass over every copy.
-  for (size_t c = 0; c < k_copies.size(); ++c) {
-    TimeReadPass(k_copies[c].f32(), read_floats, limits.threads);
-    TimeReadPass(v_copies[c].f32(), read_floats, limits.threads);
-  }
-  std::vector<double> seconds;
-  for (int run = 0; run < row.anyattn->runs; ++run) {
-    const size_t c = run % k_copies.size();
-    seconds.push_back(TimeReadPass(k_copies[c].f32(), read_floats, limits.threads) +
-                      TimeReadPass(v_copies[c].f32(), read_floats, limits.threads));
-  }
-  row.read_alongside = SummarizeRuns(std::move(seconds));
+  size_t next_copy = 0;
+  std::vector<double> read_seconds;
+  std::vector<InterleavedRun> runs(2);
+  runs[0].run = [&] {
+    const size_t c = next_copy++ % k_copies.size();
+    call.SetKv(k_copies[c].data(), v_copies[c].data());
+    return call.Run(&row.anyattn_error);
+  };
+  runs[0].rest_seconds = kRestAfterCalls;
+  runs[1].run = [&] {
+    const size_t c = next_copy++ % k_copies.size();
+    read_seconds.push_back(TimeReadPass(k_copies[c].f32(), read_floats, limits.threads) +
+                           TimeReadPass(v_copies[c].f32(), read_floats, limits.threads));
+    return true;
+  };
+  runs[1].chunk_share = kReadShare;
+  const std::vector<std::optional<TimingResult>> timings = TimeInterleaved(runs, settings.policy);
+  row.anyattn = timings[0];
+  if (!row.anyattn) return row;
+  // The warm-up passes came first; the timed ones are the last `runs`.
+  const int read_runs = timings[1]->runs;
+  row.read_alongside = SummarizeRuns(std::vector<double>(
+      read_seconds.end() - std::min<size_t>(read_seconds.size(), read_runs), read_seconds.end()));
   return row;
 }
 

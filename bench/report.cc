@@ -318,8 +318,8 @@ void PrintDecodeTableHeader(int threads, bool kv_huge_pages) {
   std::printf(
       "\nDecode (Sq=1), %d thread(s), K/V on %s. KV GB/s = bytes of K and V read / median time; "
       "%%bw = of the streaming read bandwidth measured at start-up (median); read now = a "
-      "streaming read of "
-      "the same K/V buffers right after the row (median), %%now = KV GB/s of it\n",
+      "streaming read of the same K/V buffers, in rounds alternating with the row's calls "
+      "(median), %%now = KV GB/s of it\n",
       threads,
       kv_huge_pages ? "transparent 2 MiB pages (as the start-up read's buffer)"
                     : "the allocator's default pages (the start-up read's buffer asks for 2 MiB)");
