@@ -47,7 +47,13 @@ install_python_environment() {
   .venv/bin/python -m pip install -q --no-build-isolation ggml-python==0.0.45 ||
     echo "setup: ggml-python did not install; bench/ggml_fa.py will have no peer to run" >&2
   echo "setup: building and installing the anyattn Python package into .venv"
-  .venv/bin/python -m pip install -q --no-build-isolation --no-deps .
+  # One retry: scikit-build-core gives up on CMake ("Accessing CMake timed out", then "Could not
+  # find CMake") when `cmake -E capabilities` takes over its 5 s timeout, which happened once on
+  # the development VM right after a long benchmark. A real build error fails both times.
+  if ! .venv/bin/python -m pip install -q --no-build-isolation --no-deps .; then
+    echo "setup: the package build failed; retrying once" >&2
+    .venv/bin/python -m pip install -q --no-build-isolation --no-deps .
+  fi
 }
 
 # The Rust crates need a toolchain new enough for candle-core (rust-version 1.82 in rust/). It
