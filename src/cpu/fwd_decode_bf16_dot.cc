@@ -7,8 +7,9 @@
 // VDPBF16PS zmm issues at the FMA's rate). The row tail past the last 32 elements is loaded with
 // a zeroing mask, so no byte past head_dim is read; q is zero there. The 16 accumulators of 16
 // keys are reduced by lane_sums into one vector of 16 scores per row, stored to S (in L1). K
-// rows come from L1 or L2: the first row tile issues the pass's prefetches, one key at a time, as
-// the f32 path does.
+// rows come from L1 or L2: the first row tile issues the pass's prefetches, for each 64 bytes of
+// K it loads the same line of both targets of each key (PassPrefetcher::line_of), as the f32 path
+// does.
 #include "cpu/fwd_decode_bf16_dot.h"
 
 #include <algorithm>
@@ -65,13 +66,17 @@ static_assert(kDirectChunkKeys == kLanes, "one lane_sums per row and pass");
 template <int R, int G>
 __attribute__((always_inline)) inline void key_group(const uint16_t* q, int64_t ldq,
                                                      const void* const* k_rows, int64_t head_dim,
-                                                     Vec* partial, int64_t first) {
+                                                     Vec* partial, int64_t first,
+                                                     const PassPrefetcher* prefetch) {
   __m512 acc[R][G];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
   }
   int64_t c = 0;
   for (; c + kPairLanes <= head_dim; c += kPairLanes) {
+    if (prefetch != nullptr) {
+      for (int g = 0; g < G; ++g) prefetch->line_of(first + g, c * 2);
+    }
     __m512bh key[G];
     for (int g = 0; g < G; ++g) {
       key[g] = (__m512bh)_mm512_loadu_si512(static_cast<const uint16_t*>(k_rows[g]) + c);
@@ -82,6 +87,9 @@ __attribute__((always_inline)) inline void key_group(const uint16_t* q, int64_t 
     }
   }
   if (c < head_dim) {
+    if (prefetch != nullptr) {
+      for (int g = 0; g < G; ++g) prefetch->line_of(first + g, c * 2);
+    }
     const __mmask32 present = static_cast<__mmask32>((uint64_t{1} << (head_dim - c)) - 1);
     __m512bh key[G];
     for (int g = 0; g < G; ++g) {
@@ -104,14 +112,13 @@ void tile_scores(const uint16_t* q, int64_t ldq, const void* const* k_rows, int6
   Vec partial[R * kLanes];
   for (int64_t first = 0; first < kDirectChunkKeys; first += kKeyGroup) {
     const int64_t present = std::clamp<int64_t>(keys - first, 0, kKeyGroup);
-    for (int64_t g = 0; g < present && prefetch != nullptr; ++g) prefetch->ahead_of(first + g);
     if (present == kKeyGroup) {
-      key_group<R, kKeyGroup>(q, ldq, k_rows + first, head_dim, partial, first);
+      key_group<R, kKeyGroup>(q, ldq, k_rows + first, head_dim, partial, first, prefetch);
       continue;
     }
     for (int64_t g = 0; g < kKeyGroup; ++g) {
       if (g < present) {
-        key_group<R, 1>(q, ldq, k_rows + first + g, head_dim, partial, first + g);
+        key_group<R, 1>(q, ldq, k_rows + first + g, head_dim, partial, first + g, prefetch);
       } else {
         for (int r = 0; r < R; ++r) partial[r * kLanes + first + g] = Vec::zero();
       }

@@ -33,13 +33,16 @@
 // is read and written once per pass: 16 keys' worth of FMAs per load and store). The hardware
 // prefetchers barely follow these reads, so the loop prefetches each row itself
 // (PassPrefetcher): into L2 a whole chunk or more ahead, in memory order, and into L1 a few keys
-// ahead in the order the passes read them. Reading in passes over the task's kv heads instead
-// of a whole block per kv head made bf16 B8 Hq32/Hk8 D128 Sk32768 on 2 threads about 30% faster
-// on a Zen 4 VM (17.4-19.5 -> 21.6-28.0 GB/s; bench/MEASUREMENTS.md, "Memory order"), about what
-// the same bytes gained laid out with one kv head (contiguous rows). Before that, on the
-// unit-per-head loop: prefetching into L1 only was 8-10% slower; a prefetcht1 sweep of the next
-// block in memory order while the products still ran head by head gained at most a few percent;
-// prefetching only part of each row, or in bursts, was slower.
+// ahead in the order the passes read them, each line's two hints next to the load of the same
+// line of the current row (spread over the arithmetic rather than in a burst per key: 6-13%
+// faster from memory, bench/MEASUREMENTS.md, "Prefetch hints spread over the loads"). Reading in
+// passes over the task's kv heads instead of a whole block per kv head made bf16 B8 Hq32/Hk8 D128
+// Sk32768 on 2 threads about 30% faster on a Zen 4 VM (17.4-19.5 -> 21.6-28.0 GB/s;
+// bench/MEASUREMENTS.md, "Memory order"), about what the same bytes gained laid out with one kv
+// head (contiguous rows). Before that, on the unit-per-head loop: prefetching into L1 only was
+// 8-10% slower; a prefetcht1 sweep of the next block in memory order while the products still ran
+// head by head gained at most a few percent; prefetching only part of each row, or in bursts, was
+// slower.
 
 constexpr int kDirectTileRows = 4;
 // Passes of kDirectChunkKeys keys (fwd_layout.h) reduce whole vectors of scores.
@@ -143,14 +146,21 @@ __attribute__((always_inline)) inline void fma_key_vectors(const float* q, int64
 // partial[r * lanes + first + g] = lane-wise partial products of q_r . k_g for R query rows
 // (stride ldq, paired order over paired_columns(head_dim)) and G keys; the lanes of each sum to
 // the score. The R x G accumulators are independent chains, and each q vector loaded serves G
-// keys. Always inlined: as a call GCC 12 kept the accumulators in a stack array (zeroed, stored
-// and copied on every call), and inlining it made the loop 19% faster (single thread, data in L2,
-// bf16 D = 128, 4 rows: 0.089 against 0.110 ms per call, minima of 3000).
+// keys. With `prefetch`, each 64 bytes loaded from the rows of keys pass_key .. pass_key + G - 1
+// come with the hints for the same line of those keys' targets. Always inlined: as a call GCC 12
+// kept the accumulators in a stack array (zeroed, stored and copied on every call), and inlining it
+// made the loop 19% faster (single thread, data in L2, bf16 D = 128, 4 rows: 0.089 against 0.110 ms
+// per call, minima of 3000).
 template <DType kDtype, int R, int G>
-__attribute__((always_inline)) inline void direct_key_group(const float* q, int64_t ldq,
-                                                            const void* const* k_rows,
-                                                            int64_t head_dim, Vec* partial,
-                                                            int64_t first) {
+__attribute__((always_inline)) inline void direct_key_group(
+    const float* q, int64_t ldq, const void* const* k_rows, int64_t head_dim, Vec* partial,
+    int64_t first, const PassPrefetcher* prefetch, int64_t pass_key) {
+  constexpr int64_t kElementBytes = kDtype == DType::kF32 ? 4 : 2;
+  // Called at each 64-byte line start of the rows (a vector may be half a line).
+  auto prefetch_lines = [&](int64_t column) {
+    if (prefetch == nullptr) return;
+    for (int g = 0; g < G; ++g) prefetch->line_of(pass_key + g, column * kElementBytes);
+  };
   Vec acc[R][G];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < G; ++g) acc[r][g] = Vec::zero();
@@ -160,6 +170,7 @@ __attribute__((always_inline)) inline void direct_key_group(const float* q, int6
   int64_t c = 0;
   if constexpr (kPairedWidening<kDtype>) {
     for (; c < paired; c += kPairCols) {
+      if (c * kElementBytes % 64 == 0) prefetch_lines(c);
       Vec even[G], odd[G];
       for (int g = 0; g < G; ++g) {
         Vec::load_bf16_pairs(static_cast<const uint16_t*>(k_rows[g]) + c, &even[g], &odd[g]);
@@ -169,11 +180,13 @@ __attribute__((always_inline)) inline void direct_key_group(const float* q, int6
     }
   }
   for (; c < full; c += kLanes) {
+    if (c * kElementBytes % 64 == 0) prefetch_lines(c);
     Vec key[G];
     for (int g = 0; g < G; ++g) key[g] = load_converted<kDtype>(k_rows[g], c);
     fma_key_vectors<R, G>(q + c, ldq, key, acc);
   }
   if (c < head_dim) {
+    if (c * kElementBytes % 64 == 0) prefetch_lines(c);
     Vec key[G];
     for (int g = 0; g < G; ++g) key[g] = load_converted_tail<kDtype>(k_rows[g], c, head_dim);
     fma_key_vectors<R, G>(q + c, ldq, key, acc);
@@ -195,14 +208,15 @@ inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k
     for (int64_t first = 0; first < kLanes; first += kDirectKeyGroup) {
       const int64_t j = sub + first;
       const int64_t present = std::clamp<int64_t>(keys - j, 0, kDirectKeyGroup);
-      for (int64_t g = 0; g < present && prefetch != nullptr; ++g) prefetch->ahead_of(j + g);
       if (present == kDirectKeyGroup) {
-        direct_key_group<kDtype, R, kDirectKeyGroup>(q, ldq, k_rows + j, head_dim, partial, first);
+        direct_key_group<kDtype, R, kDirectKeyGroup>(q, ldq, k_rows + j, head_dim, partial, first,
+                                                     prefetch, j);
         continue;
       }
       for (int64_t g = 0; g < kDirectKeyGroup; ++g) {
         if (g < present) {
-          direct_key_group<kDtype, R, 1>(q, ldq, k_rows + j + g, head_dim, partial, first + g);
+          direct_key_group<kDtype, R, 1>(q, ldq, k_rows + j + g, head_dim, partial, first + g,
+                                         prefetch, j + g);
         } else {
           for (int r = 0; r < R; ++r) partial[r * kLanes + first + g] = Vec::zero();
         }
@@ -215,7 +229,8 @@ inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k
 // o[r][col .. col + NV * lanes) += sum_{j < keys} p[r][j] v_j[col ..] for R rows (p stride 64,
 // o stride ldo). kPaired: the columns lie in the paired region, NV is even and each pair of
 // vectors is one load_bf16_pairs. kTail: one vector whose columns end at head_dim_v (read no
-// further).
+// further). With `prefetch`, each key's loads come with the hints for the same bytes (these
+// columns) of its targets.
 template <DType kDtype, int R, int NV, bool kPaired, bool kTail>
 inline void direct_pv_tile(const float* p, const void* const* v_rows, int64_t keys, int64_t col,
                            int64_t head_dim_v, const PassPrefetcher* prefetch, float* o,
@@ -225,8 +240,11 @@ inline void direct_pv_tile(const float* p, const void* const* v_rows, int64_t ke
   for (int r = 0; r < R; ++r) {
     for (int n = 0; n < NV; ++n) acc[r][n] = Vec::load(o + r * ldo + col + n * kLanes);
   }
+  constexpr int64_t kElementBytes = kDtype == DType::kF32 ? 4 : 2;
   for (int64_t j = 0; j < keys; ++j) {
-    if (prefetch != nullptr) prefetch->ahead_of(j);
+    if (prefetch != nullptr) {
+      prefetch->bytes_of(j, col * kElementBytes, (col + NV * kLanes) * kElementBytes);
+    }
     Vec values[NV];
     for (int n = 0; n < NV; ++n) {
       if constexpr (kPaired) {
@@ -249,8 +267,8 @@ inline void direct_pv_tile(const float* p, const void* const* v_rows, int64_t ke
   }
 }
 
-// o[r][0 .. head_dim_v) += sum_{j < keys} p[r][j] v_j for R rows; the first column tile issues
-// the prefetches.
+// o[r][0 .. head_dim_v) += sum_{j < keys} p[r][j] v_j for R rows; each column tile issues the
+// prefetches of the bytes its own columns cover in the target rows.
 template <DType kDtype, int R>
 inline void direct_pv_rows(const float* p, const void* const* v_rows, int64_t keys,
                            int64_t head_dim_v, const PassPrefetcher* prefetch, float* o,
@@ -261,25 +279,22 @@ inline void direct_pv_rows(const float* p, const void* const* v_rows, int64_t ke
   int64_t c = 0;
   if constexpr (kPairedWidening<kDtype>) {
     for (; c + kPvCols <= paired; c += kPvCols) {
-      direct_pv_tile<kDtype, R, kPvVecs, true, false>(p, v_rows, keys, c, head_dim_v,
-                                                      c == 0 ? prefetch : nullptr, o, ldo);
+      direct_pv_tile<kDtype, R, kPvVecs, true, false>(p, v_rows, keys, c, head_dim_v, prefetch, o,
+                                                      ldo);
     }
     for (; c < paired; c += kPairCols) {
-      direct_pv_tile<kDtype, R, 2, true, false>(p, v_rows, keys, c, head_dim_v,
-                                                c == 0 ? prefetch : nullptr, o, ldo);
+      direct_pv_tile<kDtype, R, 2, true, false>(p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
     }
   }
   for (; c + kPvCols <= full; c += kPvCols) {
-    direct_pv_tile<kDtype, R, kPvVecs, false, false>(p, v_rows, keys, c, head_dim_v,
-                                                     c == 0 ? prefetch : nullptr, o, ldo);
+    direct_pv_tile<kDtype, R, kPvVecs, false, false>(p, v_rows, keys, c, head_dim_v, prefetch, o,
+                                                     ldo);
   }
   for (; c < full; c += kLanes) {
-    direct_pv_tile<kDtype, R, 1, false, false>(p, v_rows, keys, c, head_dim_v,
-                                               c == 0 ? prefetch : nullptr, o, ldo);
+    direct_pv_tile<kDtype, R, 1, false, false>(p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
   }
   if (c < head_dim_v) {
-    direct_pv_tile<kDtype, R, 1, false, true>(p, v_rows, keys, c, head_dim_v,
-                                              c == 0 ? prefetch : nullptr, o, ldo);
+    direct_pv_tile<kDtype, R, 1, false, true>(p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
   }
 }
 

@@ -1,7 +1,7 @@
 // Where the direct decode loop (fwd_decode_kernel-inl.h) reads K and V rows, and which rows it
 // prefetches while it computes a pass: plain pointer arithmetic and prefetch hints, with no
 // ISA-specific code, shared by every ISA path and by the VDPBF16PS scores
-// (fwd_decode_bf16_dot.h), which inline PassPrefetcher::ahead_of into their own loops.
+// (fwd_decode_bf16_dot.h), which inline PassPrefetcher::line_of into their own loops.
 #ifndef ANYATTN_CPU_FWD_DECODE_ROWS_H_
 #define ANYATTN_CPU_FWD_DECODE_ROWS_H_
 
@@ -40,17 +40,25 @@ class BlockStream {
   const char* rows_[2 * kKeyBlock];
 };
 
-// The prefetches of one pass (chunk c, kv head h), one call per key j of the pass, issued before
-// key j is computed:
+// The prefetches of one pass (chunk c, kv head h). For each key j of the pass there are two
+// target rows, and the loops ask for them line by line, each line next to their own loads of the
+// same bytes of key j's row (line_of, bytes_of), so that the hints spread over the arithmetic:
 //   - into L1, the row the loop reads l1_keys later in pass order (this pass, then the next kv
 //     head's pass of the chunk, or the first kv head's pass of the next chunk);
 //   - into L2, row c + j of the chunk l2_chunks ahead, same kv head: over one chunk of passes
 //     this asks for whole key rows of the task's kv heads, in memory order, that many chunks
 //     early (into the next block's rows, which BlockStream holds).
-// The targets are gathered once per pass, so that ahead_of is two loads and the prefetch
+// The targets are gathered once per pass, so that line_of is two loads and two prefetch
 // instructions with no branch: it runs inside the product loops with their accumulators live
 // and must stay inline there (as an out-of-line call GCC 12 spilled and reloaded every
 // accumulator around each key).
+//
+// Why line by line: until 2026-12-02 each key's 2 x (row bytes / 64) hints went out in one burst
+// before the key was computed (4 keys' worth, 32 hints, before each VDPBF16PS key group), and a
+// Zen 4 VM read K/V 6-13% slower that way (bench/MEASUREMENTS.md, "Prefetch hints spread over the
+// loads"). Our reading, without hardware counters to confirm it: a burst fills the core's miss
+// queue, and the far (prefetcht1) hints that find it full are dropped, so their lines later
+// arrive on demand.
 class PassPrefetcher {
  public:
   PassPrefetcher(const BlockStream& stream, int64_t c, int64_t h, int64_t heads, int64_t l1_keys,
@@ -68,13 +76,16 @@ class PassPrefetcher {
     }
   }
 
-  __attribute__((always_inline)) void ahead_of(int64_t j) const {
-    const char* l1_row = l1_[j];
-    const char* l2_row = l2_[j];
-    for (int64_t offset = 0; offset < row_bytes_; offset += 64) {
-      prefetch_line_l1(l1_row + offset);
-      prefetch_line_l2(l2_row + offset);
-    }
+  // The line at byte `offset` (< row_bytes) of key j's two targets.
+  __attribute__((always_inline)) void line_of(int64_t j, int64_t offset) const {
+    prefetch_line_l1(l1_[j] + offset);
+    prefetch_line_l2(l2_[j] + offset);
+  }
+
+  // The lines of bytes [begin, end) of key j's targets, clipped to the row.
+  __attribute__((always_inline)) void bytes_of(int64_t j, int64_t begin, int64_t end) const {
+    const int64_t stop = std::min(end, row_bytes_);
+    for (int64_t offset = begin; offset < stop; offset += 64) line_of(j, offset);
   }
 
  private:
