@@ -14,6 +14,7 @@
 
 #include "machine_limits.h"
 #include "released_threads.h"
+#include "timing.h"
 
 namespace anyattn_bench {
 namespace {
@@ -104,11 +105,9 @@ ReadBandwidth MeasureReadBandwidth(int threads, size_t bytes, int passes) {
     gbps.push_back(count * sizeof(float) / seconds * 1e-9);
   }
   std::free(data);
-  std::sort(gbps.begin(), gbps.end());
-  const size_t n = gbps.size();
   ReadBandwidth result;
-  result.median_gbps = n % 2 ? gbps[n / 2] : 0.5 * (gbps[n / 2 - 1] + gbps[n / 2]);
-  result.best_gbps = gbps.back();
+  result.median_gbps = Median(gbps);
+  result.best_gbps = *std::max_element(gbps.begin(), gbps.end());
   return result;
 }
 

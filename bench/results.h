@@ -78,9 +78,9 @@ struct DecodeRow {
   bool kv_huge_pages = false;
   std::optional<TimingResult> anyattn;
   std::string anyattn_error;
-  // A streaming read of the same bytes from the K/V buffers themselves (rotated like the copies,
-  // same threads), timed right after the row: the machine's read
-  // bandwidth at that moment, for a ratio that host-level noise moves less.
+  // A streaming read of the same bytes from the K/V buffers themselves (same copy rotation, same
+  // threads), timed in rounds alternating with the row's calls: the machine's read bandwidth
+  // while the row ran, for a ratio that host-level noise moves less.
   std::optional<TimingResult> read_alongside;
 };
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "released_threads.h"
+#include "timing.h"
 
 namespace anyattn_bench {
 namespace {
@@ -178,9 +179,8 @@ int RunStream(const StreamOptions& options) {
       gbps.push_back(bytes / TimePass(loop, data, count, options.threads, options.prefetch_bytes) *
                      1e-9);
     }
-    std::sort(gbps.begin(), gbps.end());
-    std::printf("  F %2d: median %6.1f GB/s, best %6.1f GB/s (%d passes)\n", f,
-                gbps[gbps.size() / 2], gbps.back(), options.passes);
+    std::printf("  F %2d: median %6.1f GB/s, best %6.1f GB/s (%d passes)\n", f, Median(gbps),
+                *std::max_element(gbps.begin(), gbps.end()), options.passes);
   }
   std::free(data);
   return 0;
