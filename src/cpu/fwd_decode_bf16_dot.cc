@@ -8,8 +8,7 @@
 // a zeroing mask, so no byte past head_dim is read; q is zero there. The 16 accumulators of 16
 // keys are reduced by lane_sums into one vector of 16 scores per row, stored to S (in L1). K
 // rows come from L1 or L2: the first row tile issues the pass's prefetches, for each 64 bytes of
-// K it loads the same line of both targets of each key (PassPrefetcher::line_of), as the f32 path
-// does.
+// K it loads that line's two hints (PassPrefetcher::line), as the f32 path does.
 #include "cpu/fwd_decode_bf16_dot.h"
 
 #include <algorithm>
@@ -63,7 +62,7 @@ constexpr int64_t kPairLanes = 32;  // bf16 values per VDPBF16PS operand
 static_assert(kDirectChunkKeys == kLanes, "one lane_sums per row and pass");
 
 // partial[r * lanes + first + g] = lane-wise pair sums of q_r . k_g for R rows and G keys.
-template <int R, int G>
+template <int R, int G, bool kFarInMemoryOrder>
 __attribute__((always_inline)) inline void key_group(const uint16_t* q, int64_t ldq,
                                                      const void* const* k_rows, int64_t head_dim,
                                                      Vec* partial, int64_t first,
@@ -72,10 +71,14 @@ __attribute__((always_inline)) inline void key_group(const uint16_t* q, int64_t 
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
   }
+  // The group loads the pass's lines from `first` times the row's lines on, line by line, each
+  // over its keys.
+  const int64_t group_lines = first * ((head_dim + kPairLanes - 1) / kPairLanes);
   int64_t c = 0;
   for (; c + kPairLanes <= head_dim; c += kPairLanes) {
     if (prefetch != nullptr) {
-      for (int g = 0; g < G; ++g) prefetch->line_of(first + g, c * 2);
+      const int64_t n = group_lines + c / kPairLanes * G;
+      for (int g = 0; g < G; ++g) prefetch->line<kFarInMemoryOrder>(first + g, c * 2, n + g);
     }
     __m512bh key[G];
     for (int g = 0; g < G; ++g) {
@@ -88,7 +91,8 @@ __attribute__((always_inline)) inline void key_group(const uint16_t* q, int64_t 
   }
   if (c < head_dim) {
     if (prefetch != nullptr) {
-      for (int g = 0; g < G; ++g) prefetch->line_of(first + g, c * 2);
+      const int64_t n = group_lines + c / kPairLanes * G;
+      for (int g = 0; g < G; ++g) prefetch->line<kFarInMemoryOrder>(first + g, c * 2, n + g);
     }
     const __mmask32 present = static_cast<__mmask32>((uint64_t{1} << (head_dim - c)) - 1);
     __m512bh key[G];
@@ -106,19 +110,21 @@ __attribute__((always_inline)) inline void key_group(const uint16_t* q, int64_t 
   }
 }
 
-template <int R>
+template <int R, bool kFarInMemoryOrder>
 void tile_scores(const uint16_t* q, int64_t ldq, const void* const* k_rows, int64_t keys,
                  int64_t head_dim, const PassPrefetcher* prefetch, float* s) {
   Vec partial[R * kLanes];
   for (int64_t first = 0; first < kDirectChunkKeys; first += kKeyGroup) {
     const int64_t present = std::clamp<int64_t>(keys - first, 0, kKeyGroup);
     if (present == kKeyGroup) {
-      key_group<R, kKeyGroup>(q, ldq, k_rows + first, head_dim, partial, first, prefetch);
+      key_group<R, kKeyGroup, kFarInMemoryOrder>(q, ldq, k_rows + first, head_dim, partial, first,
+                                                 prefetch);
       continue;
     }
     for (int64_t g = 0; g < kKeyGroup; ++g) {
       if (g < present) {
-        key_group<R, 1>(q, ldq, k_rows + first + g, head_dim, partial, first + g, prefetch);
+        key_group<R, 1, kFarInMemoryOrder>(q, ldq, k_rows + first + g, head_dim, partial, first + g,
+                                           prefetch);
       } else {
         for (int r = 0; r < R; ++r) partial[r * kLanes + first + g] = Vec::zero();
       }
@@ -127,25 +133,36 @@ void tile_scores(const uint16_t* q, int64_t ldq, const void* const* k_rows, int6
   for (int r = 0; r < R; ++r) lane_sums(partial + r * kLanes).store(s + r * kKeyBlock);
 }
 
+template <bool kFarInMemoryOrder>
+void tile_scores_of(int64_t tile_rows, const uint16_t* q, int64_t ldq, const void* const* k_rows,
+                    int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch, float* s) {
+  switch (tile_rows) {
+    case 1:
+      tile_scores<1, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
+      break;
+    case 2:
+      tile_scores<2, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
+      break;
+    case 3:
+      tile_scores<3, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
+      break;
+    default:
+      tile_scores<4, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
+      break;
+  }
+}
+
 void chunk_scores(const uint16_t* q, int64_t ldq, int64_t rows, const void* const* k_rows,
                   int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch, float* s) {
   for (int64_t r = 0; r < rows; r += kTileRows) {
     const PassPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
-    const uint16_t* q_tile = q + r * ldq;
-    float* s_tile = s + r * kKeyBlock;
-    switch (std::min<int64_t>(rows - r, kTileRows)) {
-      case 1:
-        tile_scores<1>(q_tile, ldq, k_rows, keys, head_dim, tile_prefetch, s_tile);
-        break;
-      case 2:
-        tile_scores<2>(q_tile, ldq, k_rows, keys, head_dim, tile_prefetch, s_tile);
-        break;
-      case 3:
-        tile_scores<3>(q_tile, ldq, k_rows, keys, head_dim, tile_prefetch, s_tile);
-        break;
-      default:
-        tile_scores<4>(q_tile, ldq, k_rows, keys, head_dim, tile_prefetch, s_tile);
-        break;
+    const int64_t tile_rows = std::min<int64_t>(rows - r, kTileRows);
+    if (tile_prefetch != nullptr && tile_prefetch->far_in_memory_order()) {
+      tile_scores_of<true>(tile_rows, q + r * ldq, ldq, k_rows, keys, head_dim, tile_prefetch,
+                           s + r * kKeyBlock);
+    } else {
+      tile_scores_of<false>(tile_rows, q + r * ldq, ldq, k_rows, keys, head_dim, tile_prefetch,
+                            s + r * kKeyBlock);
     }
   }
 }

@@ -44,8 +44,8 @@ namespace avx512_bf16 {
 // s[r * 64 + j] = q_r . k_j (raw, unscaled) for `rows` <= 12 query rows and the kDirectChunkKeys
 // keys of one pass; keys j >= `keys` score 0. q: bf16 rows of ldq elements (a multiple of 32),
 // zero from head_dim to ldq; k_rows[j] for j < keys: bf16 rows of head_dim elements, read no
-// further. The first tile of rows issues key j's prefetches (prefetch->line_of(j, offset)) next to
-// its loads of the line at `offset` of key j's row (none when null).
+// further. The first tile of rows issues the pass's prefetches (PassPrefetcher::line) next to its
+// loads of the same lines (none when prefetch is null).
 void chunk_scores(const uint16_t* q, int64_t ldq, int64_t rows, const void* const* k_rows,
                   int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch, float* s);
 

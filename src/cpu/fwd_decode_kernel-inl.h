@@ -32,10 +32,12 @@
 // Memory traffic: each K and V row is read from memory once per task; q, S and O stay in L1 (O
 // is read and written once per pass: 16 keys' worth of FMAs per load and store). The hardware
 // prefetchers barely follow these reads, so the loop prefetches each row itself
-// (PassPrefetcher): into L2 a whole chunk or more ahead, in memory order, and into L1 a few keys
-// ahead in the order the passes read them, each line's two hints next to the load of the same
-// line of the current row (spread over the arithmetic rather than in a burst per key: 6-13%
-// faster from memory, bench/MEASUREMENTS.md, "Prefetch hints spread over the loads"). Reading in
+// (PassPrefetcher): into L2 a whole chunk or more ahead, in ascending memory order where the
+// layout allows it, and into L1 a few keys ahead in the order the passes read them, each line's
+// two hints next to the load of a line of the current row (spread over the arithmetic rather than
+// in a burst per key: 6-13% faster from memory, bench/MEASUREMENTS.md, "Prefetch hints spread
+// over the loads"; the far ones in ascending order: 5-6% faster again, "Far prefetch hints in
+// ascending memory order"). Reading in
 // passes over the task's kv heads instead of a whole block per kv head made bf16 B8 Hq32/Hk8 D128
 // Sk32768 on 2 threads about 30% faster on a Zen 4 VM (17.4-19.5 -> 21.6-28.0 GB/s;
 // bench/MEASUREMENTS.md, "Memory order"), about what the same bytes gained laid out with one kv
@@ -147,19 +149,24 @@ __attribute__((always_inline)) inline void fma_key_vectors(const float* q, int64
 // (stride ldq, paired order over paired_columns(head_dim)) and G keys; the lanes of each sum to
 // the score. The R x G accumulators are independent chains, and each q vector loaded serves G
 // keys. With `prefetch`, each 64 bytes loaded from the rows of keys pass_key .. pass_key + G - 1
-// come with the hints for the same line of those keys' targets. Always inlined: as a call GCC 12
-// kept the accumulators in a stack array (zeroed, stored and copied on every call), and inlining it
-// made the loop 19% faster (single thread, data in L2, bf16 D = 128, 4 rows: 0.089 against 0.110 ms
-// per call, minima of 3000).
-template <DType kDtype, int R, int G>
+// come with that line's hints (PassPrefetcher::line; the group loads the pass's lines from
+// pass_key times the row's lines on, line by line, each over its keys). Always inlined: as a call
+// GCC 12 kept the accumulators in a stack array (zeroed, stored and copied on every call), and
+// inlining it made the loop 19% faster (single thread, data in L2, bf16 D = 128, 4 rows: 0.089
+// against 0.110 ms per call, minima of 3000).
+template <DType kDtype, int R, int G, bool kFarInMemoryOrder>
 __attribute__((always_inline)) inline void direct_key_group(
     const float* q, int64_t ldq, const void* const* k_rows, int64_t head_dim, Vec* partial,
     int64_t first, const PassPrefetcher* prefetch, int64_t pass_key) {
   constexpr int64_t kElementBytes = kDtype == DType::kF32 ? 4 : 2;
+  const int64_t row_lines = (head_dim * kElementBytes + 63) / 64;
   // Called at each 64-byte line start of the rows (a vector may be half a line).
   auto prefetch_lines = [&](int64_t column) {
     if (prefetch == nullptr) return;
-    for (int g = 0; g < G; ++g) prefetch->line_of(pass_key + g, column * kElementBytes);
+    const int64_t n = pass_key * row_lines + column * kElementBytes / 64 * G;
+    for (int g = 0; g < G; ++g) {
+      prefetch->line<kFarInMemoryOrder>(pass_key + g, column * kElementBytes, n + g);
+    }
   };
   Vec acc[R][G];
   for (int r = 0; r < R; ++r) {
@@ -199,7 +206,7 @@ __attribute__((always_inline)) inline void direct_key_group(
 // s[r][j] = q_r . k_j for R query rows (stride ldq, zero from D to ldq) and the kDirectChunkKeys
 // keys of one pass, kDirectKeyGroup keys at a time; keys past `keys` score 0 (the mask hides
 // them). s: row r at s + r * kKeyBlock.
-template <DType kDtype, int R>
+template <DType kDtype, int R, bool kFarInMemoryOrder>
 inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k_rows, int64_t keys,
                                int64_t head_dim, const PassPrefetcher* prefetch, float* s) {
   static_assert(kLanes % kDirectKeyGroup == 0, "key groups must tile a vector of scores");
@@ -209,14 +216,14 @@ inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k
       const int64_t j = sub + first;
       const int64_t present = std::clamp<int64_t>(keys - j, 0, kDirectKeyGroup);
       if (present == kDirectKeyGroup) {
-        direct_key_group<kDtype, R, kDirectKeyGroup>(q, ldq, k_rows + j, head_dim, partial, first,
-                                                     prefetch, j);
+        direct_key_group<kDtype, R, kDirectKeyGroup, kFarInMemoryOrder>(
+            q, ldq, k_rows + j, head_dim, partial, first, prefetch, j);
         continue;
       }
       for (int64_t g = 0; g < kDirectKeyGroup; ++g) {
         if (g < present) {
-          direct_key_group<kDtype, R, 1>(q, ldq, k_rows + j + g, head_dim, partial, first + g,
-                                         prefetch, j + g);
+          direct_key_group<kDtype, R, 1, kFarInMemoryOrder>(q, ldq, k_rows + j + g, head_dim,
+                                                            partial, first + g, prefetch, j + g);
         } else {
           for (int r = 0; r < R; ++r) partial[r * kLanes + first + g] = Vec::zero();
         }
@@ -229,12 +236,16 @@ inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k
 // o[r][col .. col + NV * lanes) += sum_{j < keys} p[r][j] v_j[col ..] for R rows (p stride 64,
 // o stride ldo). kPaired: the columns lie in the paired region, NV is even and each pair of
 // vectors is one load_bf16_pairs. kTail: one vector whose columns end at head_dim_v (read no
-// further). With `prefetch`, each key's loads come with the hints for the same bytes (these
-// columns) of its targets.
-template <DType kDtype, int R, int NV, bool kPaired, bool kTail>
-inline void direct_pv_tile(const float* p, const void* const* v_rows, int64_t keys, int64_t col,
-                           int64_t head_dim_v, const PassPrefetcher* prefetch, float* o,
-                           int64_t ldo) {
+// further). With `prefetch`, each key's loads come with the hints of the row lines that start in
+// these columns (PassPrefetcher::bytes_of). Always inlined: once the far-order variants doubled
+// the instantiations GCC stopped inlining it, and the call stored the tile's accumulators to the
+// stack on every key (bf16 from L3 1.54 times slower).
+template <DType kDtype, int R, int NV, bool kPaired, bool kTail, bool kFarInMemoryOrder>
+__attribute__((always_inline)) inline void direct_pv_tile(const float* p, const void* const* v_rows,
+                                                          int64_t keys, int64_t col,
+                                                          int64_t head_dim_v,
+                                                          const PassPrefetcher* prefetch, float* o,
+                                                          int64_t ldo) {
   static_assert(!kPaired || (NV % 2 == 0 && !kTail), "paired tiles hold whole pairs");
   Vec acc[R][NV];
   for (int r = 0; r < R; ++r) {
@@ -243,7 +254,8 @@ inline void direct_pv_tile(const float* p, const void* const* v_rows, int64_t ke
   constexpr int64_t kElementBytes = kDtype == DType::kF32 ? 4 : 2;
   for (int64_t j = 0; j < keys; ++j) {
     if (prefetch != nullptr) {
-      prefetch->bytes_of(j, col * kElementBytes, (col + NV * kLanes) * kElementBytes);
+      prefetch->bytes_of<kFarInMemoryOrder>(j, col * kElementBytes,
+                                            (col + NV * kLanes) * kElementBytes);
     }
     Vec values[NV];
     for (int n = 0; n < NV; ++n) {
@@ -269,7 +281,7 @@ inline void direct_pv_tile(const float* p, const void* const* v_rows, int64_t ke
 
 // o[r][0 .. head_dim_v) += sum_{j < keys} p[r][j] v_j for R rows; each column tile issues the
 // prefetches of the bytes its own columns cover in the target rows.
-template <DType kDtype, int R>
+template <DType kDtype, int R, bool kFarInMemoryOrder>
 inline void direct_pv_rows(const float* p, const void* const* v_rows, int64_t keys,
                            int64_t head_dim_v, const PassPrefetcher* prefetch, float* o,
                            int64_t ldo) {
@@ -279,74 +291,105 @@ inline void direct_pv_rows(const float* p, const void* const* v_rows, int64_t ke
   int64_t c = 0;
   if constexpr (kPairedWidening<kDtype>) {
     for (; c + kPvCols <= paired; c += kPvCols) {
-      direct_pv_tile<kDtype, R, kPvVecs, true, false>(p, v_rows, keys, c, head_dim_v, prefetch, o,
-                                                      ldo);
+      direct_pv_tile<kDtype, R, kPvVecs, true, false, kFarInMemoryOrder>(
+          p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
     }
     for (; c < paired; c += kPairCols) {
-      direct_pv_tile<kDtype, R, 2, true, false>(p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
+      direct_pv_tile<kDtype, R, 2, true, false, kFarInMemoryOrder>(p, v_rows, keys, c, head_dim_v,
+                                                                   prefetch, o, ldo);
     }
   }
   for (; c + kPvCols <= full; c += kPvCols) {
-    direct_pv_tile<kDtype, R, kPvVecs, false, false>(p, v_rows, keys, c, head_dim_v, prefetch, o,
-                                                     ldo);
+    direct_pv_tile<kDtype, R, kPvVecs, false, false, kFarInMemoryOrder>(
+        p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
   }
   for (; c < full; c += kLanes) {
-    direct_pv_tile<kDtype, R, 1, false, false>(p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
+    direct_pv_tile<kDtype, R, 1, false, false, kFarInMemoryOrder>(p, v_rows, keys, c, head_dim_v,
+                                                                  prefetch, o, ldo);
   }
   if (c < head_dim_v) {
-    direct_pv_tile<kDtype, R, 1, false, true>(p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
+    direct_pv_tile<kDtype, R, 1, false, true, kFarInMemoryOrder>(p, v_rows, keys, c, head_dim_v,
+                                                                 prefetch, o, ldo);
+  }
+}
+
+// Scores of one tile of 1 to kDirectTileRows query rows over one pass.
+template <DType kDtype, bool kFarInMemoryOrder>
+inline void direct_score_tile(const float* q, int64_t ldq, int64_t tile_rows,
+                              const void* const* k_rows, int64_t keys, int64_t head_dim,
+                              const PassPrefetcher* prefetch, float* s) {
+  switch (tile_rows) {
+    case 1:
+      direct_score_chunk<kDtype, 1, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
+      break;
+    case 2:
+      direct_score_chunk<kDtype, 2, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
+      break;
+    case 3:
+      direct_score_chunk<kDtype, 3, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
+      break;
+    default:
+      direct_score_chunk<kDtype, 4, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
+      break;
   }
 }
 
 // One pass of scores (the chunk's `keys` keys at k_rows) for `rows` query rows in tiles of
-// kDirectTileRows; the first tile issues the prefetches.
+// kDirectTileRows; the first tile issues the prefetches, in the order the pass's prefetcher
+// chose.
 template <DType kDtype>
 inline void direct_scores(const float* q, int64_t ldq, int64_t rows, const void* const* k_rows,
                           int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch,
                           float* s) {
   for (int64_t r = 0; r < rows; r += kDirectTileRows) {
     const PassPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
-    const float* q_tile = q + r * ldq;
-    float* s_tile = s + r * kKeyBlock;
-    switch (std::min<int64_t>(rows - r, kDirectTileRows)) {
-      case 1:
-        direct_score_chunk<kDtype, 1>(q_tile, ldq, k_rows, keys, head_dim, tile_prefetch, s_tile);
-        break;
-      case 2:
-        direct_score_chunk<kDtype, 2>(q_tile, ldq, k_rows, keys, head_dim, tile_prefetch, s_tile);
-        break;
-      case 3:
-        direct_score_chunk<kDtype, 3>(q_tile, ldq, k_rows, keys, head_dim, tile_prefetch, s_tile);
-        break;
-      default:
-        direct_score_chunk<kDtype, 4>(q_tile, ldq, k_rows, keys, head_dim, tile_prefetch, s_tile);
-        break;
+    const int64_t tile_rows = std::min<int64_t>(rows - r, kDirectTileRows);
+    if (tile_prefetch != nullptr && tile_prefetch->far_in_memory_order()) {
+      direct_score_tile<kDtype, true>(q + r * ldq, ldq, tile_rows, k_rows, keys, head_dim,
+                                      tile_prefetch, s + r * kKeyBlock);
+    } else {
+      direct_score_tile<kDtype, false>(q + r * ldq, ldq, tile_rows, k_rows, keys, head_dim,
+                                       tile_prefetch, s + r * kKeyBlock);
     }
   }
 }
 
+// O += P V for one tile of 1 to kDirectTileRows query rows over one pass.
+template <DType kDtype, bool kFarInMemoryOrder>
+inline void direct_pv_tile_rows(const float* p, int64_t tile_rows, const void* const* v_rows,
+                                int64_t keys, int64_t head_dim_v, const PassPrefetcher* prefetch,
+                                float* o, int64_t ldo) {
+  switch (tile_rows) {
+    case 1:
+      direct_pv_rows<kDtype, 1, kFarInMemoryOrder>(p, v_rows, keys, head_dim_v, prefetch, o, ldo);
+      break;
+    case 2:
+      direct_pv_rows<kDtype, 2, kFarInMemoryOrder>(p, v_rows, keys, head_dim_v, prefetch, o, ldo);
+      break;
+    case 3:
+      direct_pv_rows<kDtype, 3, kFarInMemoryOrder>(p, v_rows, keys, head_dim_v, prefetch, o, ldo);
+      break;
+    default:
+      direct_pv_rows<kDtype, 4, kFarInMemoryOrder>(p, v_rows, keys, head_dim_v, prefetch, o, ldo);
+      break;
+  }
+}
+
 // One pass of O += P V (the chunk's `keys` keys at v_rows, probabilities at p, row stride 64) for
-// `rows` query rows in tiles of kDirectTileRows; the first tile issues the prefetches.
+// `rows` query rows in tiles of kDirectTileRows; the first tile issues the prefetches, in the
+// order the pass's prefetcher chose.
 template <DType kDtype>
 inline void direct_pv(const float* p, int64_t rows, const void* const* v_rows, int64_t keys,
                       int64_t head_dim_v, const PassPrefetcher* prefetch, float* o, int64_t ldo) {
   for (int64_t r = 0; r < rows; r += kDirectTileRows) {
     const PassPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
-    const float* p_tile = p + r * kKeyBlock;
-    float* o_tile = o + r * ldo;
-    switch (std::min<int64_t>(rows - r, kDirectTileRows)) {
-      case 1:
-        direct_pv_rows<kDtype, 1>(p_tile, v_rows, keys, head_dim_v, tile_prefetch, o_tile, ldo);
-        break;
-      case 2:
-        direct_pv_rows<kDtype, 2>(p_tile, v_rows, keys, head_dim_v, tile_prefetch, o_tile, ldo);
-        break;
-      case 3:
-        direct_pv_rows<kDtype, 3>(p_tile, v_rows, keys, head_dim_v, tile_prefetch, o_tile, ldo);
-        break;
-      default:
-        direct_pv_rows<kDtype, 4>(p_tile, v_rows, keys, head_dim_v, tile_prefetch, o_tile, ldo);
-        break;
+    const int64_t tile_rows = std::min<int64_t>(rows - r, kDirectTileRows);
+    if (tile_prefetch != nullptr && tile_prefetch->far_in_memory_order()) {
+      direct_pv_tile_rows<kDtype, true>(p + r * kKeyBlock, tile_rows, v_rows, keys, head_dim_v,
+                                        tile_prefetch, o + r * ldo, ldo);
+    } else {
+      direct_pv_tile_rows<kDtype, false>(p + r * kKeyBlock, tile_rows, v_rows, keys, head_dim_v,
+                                         tile_prefetch, o + r * ldo, ldo);
     }
   }
 }
@@ -445,6 +488,10 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const int64_t v_head_bytes = args.v_head_stride * element_bytes;
   const PrefetchDistances k_distances = prefetch_distances(k_row_bytes, heads);
   const PrefetchDistances v_distances = prefetch_distances(v_row_bytes, heads);
+  // Whether the task's kv heads lie side by side within each key row (PassPrefetcher's memory
+  // order).
+  const bool k_heads_side_by_side = args.k_head_stride < args.k_row_stride;
+  const bool v_heads_side_by_side = args.v_head_stride < args.v_row_stride;
 
   // Block by block; the next block's rows are located one block early, for the prefetches.
   BlockRows block_rows[2];
@@ -481,7 +528,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
         const void* k_rows[kDirectChunkKeys];
         pass_rows(k_stream, c, h, k_rows);
         const PassPrefetcher prefetch(k_stream, c, h, heads, k_distances.l1_keys,
-                                      k_distances.l2_chunks, k_row_bytes);
+                                      k_distances.l2_chunks, k_heads_side_by_side, k_row_bytes);
 #if defined(ANYATTN_DIRECT_BF16_DOT)
         if (dot_head[h]) {
           const int64_t ldq = 2 * layout.q_stride;
@@ -520,9 +567,9 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
         for (int64_t r = 0; r < rows_per_kv; ++r) {
           const int64_t row = h * rows_per_kv + r;
           const VisibleRange range = visible_in_block(args, seq, rows.position(row), j0);
-          direct_pv_rows<kDtype, 1>(scratch.s + row * kKeyBlock + range.lo, v_rows + range.lo,
-                                    range.hi - range.lo, args.head_dim_v, nullptr,
-                                    scratch.o + row * dv_pad, dv_pad);
+          direct_pv_rows<kDtype, 1, false>(scratch.s + row * kKeyBlock + range.lo,
+                                           v_rows + range.lo, range.hi - range.lo, args.head_dim_v,
+                                           nullptr, scratch.o + row * dv_pad, dv_pad);
         }
       }
     } else {
@@ -532,7 +579,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
           const void* v_rows[kDirectChunkKeys];
           pass_rows(v_stream, c, h, v_rows);
           const PassPrefetcher prefetch(v_stream, c, h, heads, v_distances.l1_keys,
-                                        v_distances.l2_chunks, v_row_bytes);
+                                        v_distances.l2_chunks, v_heads_side_by_side, v_row_bytes);
           const int64_t r0 = h * rows_per_kv;
           direct_pv<kDtype>(scratch.s + r0 * kKeyBlock + c, rows_per_kv, v_rows, present,
                             args.head_dim_v, &prefetch, scratch.o + r0 * dv_pad, dv_pad);

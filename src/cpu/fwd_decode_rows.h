@@ -1,7 +1,7 @@
 // Where the direct decode loop (fwd_decode_kernel-inl.h) reads K and V rows, and which rows it
 // prefetches while it computes a pass: plain pointer arithmetic and prefetch hints, with no
 // ISA-specific code, shared by every ISA path and by the VDPBF16PS scores
-// (fwd_decode_bf16_dot.h), which inline PassPrefetcher::line_of into their own loops.
+// (fwd_decode_bf16_dot.h), which inline PassPrefetcher::line into their own loops.
 #ifndef ANYATTN_CPU_FWD_DECODE_ROWS_H_
 #define ANYATTN_CPU_FWD_DECODE_ROWS_H_
 
@@ -40,30 +40,40 @@ class BlockStream {
   const char* rows_[2 * kKeyBlock];
 };
 
-// The prefetches of one pass (chunk c, kv head h). For each key j of the pass there are two
-// target rows, and the loops ask for them line by line, each line next to their own loads of the
-// same bytes of key j's row (line_of, bytes_of), so that the hints spread over the arithmetic:
-//   - into L1, the row the loop reads l1_keys later in pass order (this pass, then the next kv
-//     head's pass of the chunk, or the first kv head's pass of the next chunk);
-//   - into L2, row c + j of the chunk l2_chunks ahead, same kv head: over one chunk of passes
-//     this asks for whole key rows of the task's kv heads, in memory order, that many chunks
-//     early (into the next block's rows, which BlockStream holds).
-// The targets are gathered once per pass, so that line_of is two loads and two prefetch
-// instructions with no branch: it runs inside the product loops with their accumulators live
-// and must stay inline there (as an out-of-line call GCC 12 spilled and reloaded every
-// accumulator around each key).
+// The prefetches of one pass (chunk c, kv head h). The loops ask for them line by line, next to
+// their own loads, so that the hints spread over the arithmetic: the n-th line the pass loads
+// (byte `offset` of key j's row; the loops number their loads, 16 rows' lines in all) comes with
+// two hints (line):
+//   - into L1, the same bytes of the row the loop reads l1_keys later in pass order (this pass,
+//     then the next kv head's pass of the chunk, or the first kv head's pass of the next chunk);
+//   - into L2, a line of the chunk l2_chunks ahead. The chunk holds 16 x heads row slices (a key's
+//     row of one kv head); pass h's share is the h-th 16 of them in memory order: keys 2h and
+//     2h + 1 of every kv head for bf16 Hk8, whose rows hold the task's kv heads side by side (the
+//     (B, S, Hk, D) and paged layouts), or kv head h's 16 keys where each head's rows are
+//     contiguous instead. Where the share is one contiguous run of whole lines (no page break in
+//     it, the task's heads fill the rows), the far hint of the pass's n-th line is line n of the
+//     run: the passes ask for the chunk in ascending memory order (far_in_memory_order). Else it
+//     is the same bytes of key j + 16 l2_chunks of kv head h.
+// The loops take the order as a template argument, chosen per pass, so that line is two loads and
+// two prefetches with no branch. It runs inside the product loops with their accumulators live
+// and must stay inline there (as an out-of-line call GCC 12 spilled and reloaded every accumulator
+// around each key). Choosing the far target per hint at run time instead cost 16% from L3
+// (bench/MEASUREMENTS.md, "Far prefetch hints in ascending memory order").
 //
 // Why line by line: until 2026-12-02 each key's 2 x (row bytes / 64) hints went out in one burst
-// before the key was computed (4 keys' worth, 32 hints, before each VDPBF16PS key group), and a
-// Zen 4 VM read K/V 6-13% slower that way (bench/MEASUREMENTS.md, "Prefetch hints spread over the
-// loads"). Our reading, without hardware counters to confirm it: a burst fills the core's miss
-// queue, and the far (prefetcht1) hints that find it full are dropped, so their lines later
-// arrive on demand.
+// before the key was computed, and a Zen 4 VM read K/V 6-13% slower that way (MEASUREMENTS.md,
+// "Prefetch hints spread over the loads"); a burst fills the core's miss queue, and the far hints
+// that find it full are dropped (our reading, without counters to confirm it). Why ascending
+// memory order: on a Zen 5 VM it read 3-5% faster from memory than the same lines in pass order
+// (MHA 10%), while asking for the share a 64-byte column at a time across its slices was 7-9%
+// slower than pass order: the order of the requests matters, not only how early they go out.
 class PassPrefetcher {
  public:
+  __attribute__((always_inline))
   PassPrefetcher(const BlockStream& stream, int64_t c, int64_t h, int64_t heads, int64_t l1_keys,
-                 int64_t l2_chunks, int64_t row_bytes)
+                 int64_t l2_chunks, bool heads_side_by_side, int64_t row_bytes)
       : row_bytes_(row_bytes) {
+    const int64_t far_chunk = c + l2_chunks * kDirectChunkKeys;
     for (int64_t j = 0; j < kDirectChunkKeys; ++j) {
       const int64_t ahead = j + l1_keys;  // position in pass order, l1_keys <= a chunk
       const bool this_pass = ahead < kDirectChunkKeys;
@@ -72,26 +82,58 @@ class PassPrefetcher {
           c + (this_pass ? ahead : ahead - kDirectChunkKeys) + (next_chunk ? kDirectChunkKeys : 0);
       const int64_t head = this_pass ? h : next_chunk ? 0 : h + 1;
       l1_[j] = stream.row(key, head);
-      l2_[j] = stream.row(c + j + l2_chunks * kDirectChunkKeys, h);
+      far_[j] = stream.row(far_chunk + j, h);
+    }
+    // The share's first and last slices. The bytes between two rows of one stream belong to its
+    // buffer, so a run whose ends lie 15 rows apart is safe to sweep whatever lies inside it.
+    const char* first = far_[0];
+    const char* last = far_[kDirectChunkKeys - 1];
+    if (heads_side_by_side) {
+      const int64_t first_slice = h * kDirectChunkKeys;
+      const int64_t last_slice = first_slice + kDirectChunkKeys - 1;
+      first = stream.row(far_chunk + first_slice / heads, first_slice % heads);
+      last = stream.row(far_chunk + last_slice / heads, last_slice % heads);
+    }
+    far_run_ = first;
+    far_in_memory_order_ =
+        row_bytes % 64 == 0 && last == first + (kDirectChunkKeys - 1) * row_bytes;
+  }
+
+  // Whether the far hints may go in memory order (the loops' template argument).
+  bool far_in_memory_order() const { return far_in_memory_order_; }
+
+  // The two hints for the n-th line the pass loads, byte `offset` of key j's row.
+  template <bool kFarInMemoryOrder>
+  __attribute__((always_inline)) void line(int64_t j, int64_t offset, int64_t n) const {
+    prefetch_line_l1(l1_[j] + offset);
+    if constexpr (kFarInMemoryOrder) {
+      prefetch_line_l2(far_run_ + n * 64);
+    } else {
+      prefetch_line_l2(far_[j] + offset);
     }
   }
 
-  // The line at byte `offset` (< row_bytes) of key j's two targets.
-  __attribute__((always_inline)) void line_of(int64_t j, int64_t offset) const {
-    prefetch_line_l1(l1_[j] + offset);
-    prefetch_line_l2(l2_[j] + offset);
-  }
-
-  // The lines of bytes [begin, end) of key j's targets, clipped to the row.
+  // The hints for the lines that start within bytes [begin, end) of key j's row (clipped to the
+  // row), loaded by a column tile of the pass: each line once, however many tiles share it (a
+  // 32-byte tile of AVX2 covers half a line). The tiles cover the row in ascending order, each
+  // over the pass's 16 keys, so the tile whose lines start from line L0 to L1 loads the pass's
+  // lines from 16 L0 on, key j's from there j (L1 - L0) on.
+  template <bool kFarInMemoryOrder>
   __attribute__((always_inline)) void bytes_of(int64_t j, int64_t begin, int64_t end) const {
-    const int64_t stop = std::min(end, row_bytes_);
-    for (int64_t offset = begin; offset < stop; offset += 64) line_of(j, offset);
+    const int64_t first_line = (begin + 63) / 64;
+    const int64_t end_line = (std::min(end, row_bytes_) + 63) / 64;
+    int64_t n = first_line * kDirectChunkKeys + j * (end_line - first_line);
+    for (int64_t row_line = first_line; row_line < end_line; ++row_line) {
+      line<kFarInMemoryOrder>(j, row_line * 64, n++);
+    }
   }
 
  private:
   int64_t row_bytes_;
+  const char* far_run_;
+  bool far_in_memory_order_;
   const char* l1_[kDirectChunkKeys];
-  const char* l2_[kDirectChunkKeys];
+  const char* far_[kDirectChunkKeys];
 };
 
 // The prefetch distances for rows of row_bytes and `heads` kv heads per task: the L1 one in keys
