@@ -23,9 +23,13 @@ constexpr double kReadShare = 0.5;
 // spin for a few tens of microseconds after a call, and would share a core with a reading thread.
 constexpr double kRestAfterCalls = 0.002;
 
-// How many K/V copies to cycle through so that the set exceeds twice the last-level cache.
+// How many K/V copies to cycle through so that the set exceeds twice the last-level cache, taken
+// as the larger of sysfs's and the C library's figure: the library's may count every L3 of the
+// socket (384 MiB on a Zen 5 VM whose cores each see 32 MiB), and the threads may sit on
+// different L3s, so the larger rotation errs on the side of timing from memory.
 int KvCopies(double kv_bytes) {
-  const double llc_bytes = static_cast<double>(LastLevelCacheBytes());
+  const double llc_bytes =
+      static_cast<double>(std::max(LastLevelCacheBytes(), LibcLastLevelCacheBytes()));
   if (kv_bytes >= 2.0 * llc_bytes) return 1;
   const int wanted = static_cast<int>(std::ceil(2.0 * llc_bytes / kv_bytes));
   const int affordable = static_cast<int>(kMaxRotationBytes / kv_bytes);

@@ -63,11 +63,54 @@ bool CpuInfoHasFlag(const std::string& flag) {
   return false;
 }
 
-int64_t LastLevelCacheBytes() {
+namespace {
+
+// The size of the highest-level data or unified cache of CPU 0 in sysfs, or 0.
+int64_t SysfsLastLevelCacheBytes() {
+  int best_level = 0;
+  int64_t best_bytes = 0;
+  for (int index = 0; index < 16; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index);
+    std::ifstream level_file(dir + "/level"), type_file(dir + "/type"), size_file(dir + "/size");
+    int level = 0;
+    std::string type, size;
+    if (!(level_file >> level) || !(type_file >> type) || !(size_file >> size)) continue;
+    if (type != "Data" && type != "Unified") continue;
+    // "32768K", "1024K", "2M" or a plain byte count.
+    size_t digits = 0;
+    while (digits < size.size() && size[digits] >= '0' && size[digits] <= '9') ++digits;
+    if (digits == 0) continue;
+    int64_t bytes = std::stoll(size.substr(0, digits));
+    const std::string unit = size.substr(digits);
+    if (unit == "K") {
+      bytes <<= 10;
+    } else if (unit == "M") {
+      bytes <<= 20;
+    } else if (unit == "G") {
+      bytes <<= 30;
+    } else if (!unit.empty()) {
+      continue;
+    }
+    if (level > best_level) {
+      best_level = level;
+      best_bytes = bytes;
+    }
+  }
+  return best_bytes;
+}
+
+}  // namespace
+
+int64_t LibcLastLevelCacheBytes() {
   const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
   if (l3 > 0) return l3;
   const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
   return l2 > 0 ? l2 : 0;
+}
+
+int64_t LastLevelCacheBytes() {
+  const int64_t sysfs = SysfsLastLevelCacheBytes();
+  return sysfs > 0 ? sysfs : LibcLastLevelCacheBytes();
 }
 
 double LoadAverage() {

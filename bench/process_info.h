@@ -23,8 +23,14 @@ std::string CpuModelName();
 // True when /proc/cpuinfo lists the flag `flag` (e.g. "avx512f").
 bool CpuInfoHasFlag(const std::string& flag);
 
-// Size of the last-level cache in bytes as the C library reports it, or 0 if unknown.
+// Size in bytes of the last-level cache that CPU 0 sees: the highest-level data or unified cache
+// in /sys/devices/system/cpu/cpu0/cache, else what the C library reports, else 0. sysfs first
+// because glibc can report the sum over all of a socket's caches: on an AMD EPYC VM (Zen 5) it
+// gave 384 MiB where each core shares a 32 MiB L3.
 int64_t LastLevelCacheBytes();
+
+// The last-level cache size the C library reports (sysconf), or 0 if unknown.
+int64_t LibcLastLevelCacheBytes();
 
 // The 1-minute load average (/proc/loadavg), or -1 where unavailable.
 double LoadAverage();
