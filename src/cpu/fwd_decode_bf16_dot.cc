@@ -71,14 +71,15 @@ __attribute__((always_inline)) inline void key_group(const uint16_t* q, int64_t 
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
   }
-  // The group loads the pass's lines from `first` times the row's lines on, line by line, each
-  // over its keys.
-  const int64_t group_lines = first * ((head_dim + kPairLanes - 1) / kPairLanes);
+  const int64_t row_lines = (head_dim + kPairLanes - 1) / kPairLanes;
   int64_t c = 0;
   for (; c + kPairLanes <= head_dim; c += kPairLanes) {
     if (prefetch != nullptr) {
-      const int64_t n = group_lines + c / kPairLanes * G;
-      for (int g = 0; g < G; ++g) prefetch->line<kFarInMemoryOrder>(first + g, c * 2, n + g);
+      for (int g = 0; g < G; ++g) {
+        prefetch->line<kFarInMemoryOrder>(
+            first + g, c * 2,
+            PassPrefetcher::score_line_number(first, g, c / kPairLanes, G, row_lines));
+      }
     }
     __m512bh key[G];
     for (int g = 0; g < G; ++g) {
@@ -91,8 +92,11 @@ __attribute__((always_inline)) inline void key_group(const uint16_t* q, int64_t 
   }
   if (c < head_dim) {
     if (prefetch != nullptr) {
-      const int64_t n = group_lines + c / kPairLanes * G;
-      for (int g = 0; g < G; ++g) prefetch->line<kFarInMemoryOrder>(first + g, c * 2, n + g);
+      for (int g = 0; g < G; ++g) {
+        prefetch->line<kFarInMemoryOrder>(
+            first + g, c * 2,
+            PassPrefetcher::score_line_number(first, g, c / kPairLanes, G, row_lines));
+      }
     }
     const __mmask32 present = static_cast<__mmask32>((uint64_t{1} << (head_dim - c)) - 1);
     __m512bh key[G];
@@ -133,6 +137,7 @@ void tile_scores(const uint16_t* q, int64_t ldq, const void* const* k_rows, int6
   for (int r = 0; r < R; ++r) lane_sums(partial + r * kLanes).store(s + r * kKeyBlock);
 }
 
+// tile_scores for a tile of 1 to kTileRows rows.
 template <bool kFarInMemoryOrder>
 void tile_scores_of(int64_t tile_rows, const uint16_t* q, int64_t ldq, const void* const* k_rows,
                     int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch, float* s) {

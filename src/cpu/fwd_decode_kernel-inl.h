@@ -149,11 +149,10 @@ __attribute__((always_inline)) inline void fma_key_vectors(const float* q, int64
 // (stride ldq, paired order over paired_columns(head_dim)) and G keys; the lanes of each sum to
 // the score. The R x G accumulators are independent chains, and each q vector loaded serves G
 // keys. With `prefetch`, each 64 bytes loaded from the rows of keys pass_key .. pass_key + G - 1
-// come with that line's hints (PassPrefetcher::line; the group loads the pass's lines from
-// pass_key times the row's lines on, line by line, each over its keys). Always inlined: as a call
-// GCC 12 kept the accumulators in a stack array (zeroed, stored and copied on every call), and
-// inlining it made the loop 19% faster (single thread, data in L2, bf16 D = 128, 4 rows: 0.089
-// against 0.110 ms per call, minima of 3000).
+// come with that line's hints (PassPrefetcher::line, each line numbered by score_line_number).
+// Always inlined: as a call GCC 12 kept the accumulators in a stack array (zeroed, stored and
+// copied on every call), and inlining it made the loop 19% faster (single thread, data in L2, bf16
+// D = 128, 4 rows: 0.089 against 0.110 ms per call, minima of 3000).
 template <DType kDtype, int R, int G, bool kFarInMemoryOrder>
 __attribute__((always_inline)) inline void direct_key_group(
     const float* q, int64_t ldq, const void* const* k_rows, int64_t head_dim, Vec* partial,
@@ -163,9 +162,11 @@ __attribute__((always_inline)) inline void direct_key_group(
   // Called at each 64-byte line start of the rows (a vector may be half a line).
   auto prefetch_lines = [&](int64_t column) {
     if (prefetch == nullptr) return;
-    const int64_t n = pass_key * row_lines + column * kElementBytes / 64 * G;
+    const int64_t line = column * kElementBytes / 64;
     for (int g = 0; g < G; ++g) {
-      prefetch->line<kFarInMemoryOrder>(pass_key + g, column * kElementBytes, n + g);
+      prefetch->line<kFarInMemoryOrder>(
+          pass_key + g, column * kElementBytes,
+          PassPrefetcher::score_line_number(pass_key, g, line, G, row_lines));
     }
   };
   Vec acc[R][G];

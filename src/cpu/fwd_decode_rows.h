@@ -70,6 +70,21 @@ class BlockStream {
 // order of the requests matters, not only how early they go out.
 class PassPrefetcher {
  public:
+  // The number within its pass of line `line` of key first + g, loaded by a score key group of
+  // group_keys keys from `first` (line by line, each over the group's keys): the group's lines
+  // follow those of the pass's keys before it.
+  static constexpr int64_t score_line_number(int64_t first, int64_t g, int64_t line,
+                                             int64_t group_keys, int64_t row_lines) {
+    return first * row_lines + line * group_keys + g;
+  }
+
+  // The number within its pass of line row_line of key j, loaded by the P V column tile whose lines
+  // start from first_line to end_line (bytes_of).
+  static constexpr int64_t tile_line_number(int64_t j, int64_t first_line, int64_t end_line,
+                                            int64_t row_line) {
+    return first_line * kDirectChunkKeys + j * (end_line - first_line) + (row_line - first_line);
+  }
+
   __attribute__((always_inline))
   PassPrefetcher(const BlockStream& stream, int64_t c, int64_t h, int64_t heads, int64_t l1_keys,
                  int64_t l2_chunks, bool heads_side_by_side, int64_t row_bytes)
@@ -106,11 +121,21 @@ class PassPrefetcher {
   // The two hints for the n-th line the pass loads, byte `offset` of key j's row.
   template <bool kFarInMemoryOrder>
   __attribute__((always_inline)) void line(int64_t j, int64_t offset, int64_t n) const {
-    prefetch_line_l1(l1_[j] + offset);
+    prefetch_line_l1(near_target(j, offset));
+    prefetch_line_l2(far_target<kFarInMemoryOrder>(j, offset, n));
+  }
+
+  // Where line's two hints go (apart for the tests).
+  __attribute__((always_inline)) const char* near_target(int64_t j, int64_t offset) const {
+    return l1_[j] + offset;
+  }
+  template <bool kFarInMemoryOrder>
+  __attribute__((always_inline)) const char* far_target(int64_t j, int64_t offset,
+                                                        int64_t n) const {
     if constexpr (kFarInMemoryOrder) {
-      prefetch_line_l2(far_run_ + n * 64);
+      return far_run_ + n * 64;
     } else {
-      prefetch_line_l2(far_[j] + offset);
+      return far_[j] + offset;
     }
   }
 
@@ -118,14 +143,14 @@ class PassPrefetcher {
   // row), loaded by a column tile of the pass: each line once, however many tiles share it (a
   // 32-byte tile of AVX2 covers half a line). The tiles cover the row in ascending order, each
   // over the pass's 16 keys, so the tile whose lines start from line L0 to L1 loads the pass's
-  // lines from 16 L0 on, key j's from there j (L1 - L0) on.
+  // lines from 16 L0 on, key j's from there j (L1 - L0) on (tile_line_number).
   template <bool kFarInMemoryOrder>
   __attribute__((always_inline)) void bytes_of(int64_t j, int64_t begin, int64_t end) const {
     const int64_t first_line = (begin + 63) / 64;
     const int64_t end_line = (std::min(end, row_bytes_) + 63) / 64;
-    int64_t n = first_line * kDirectChunkKeys + j * (end_line - first_line);
     for (int64_t row_line = first_line; row_line < end_line; ++row_line) {
-      line<kFarInMemoryOrder>(j, row_line * 64, n++);
+      line<kFarInMemoryOrder>(j, row_line * 64,
+                              tile_line_number(j, first_line, end_line, row_line));
     }
   }
 
