@@ -48,7 +48,7 @@ class BlockStream {
 //     then the next kv head's pass of the chunk, or the first kv head's pass of the next chunk);
 //   - into L2, a line of the chunk l2_chunks ahead. The chunk holds 16 x heads row slices (a key's
 //     row of one kv head); pass h's share is the h-th 16 of them in memory order: keys 2h and
-//     2h + 1 of every kv head for bf16 Hk8, whose rows hold the task's kv heads side by side (the
+//     2h + 1 of every kv head for a task of 8 kv heads whose rows hold them side by side (the
 //     (B, S, Hk, D) and paged layouts), or kv head h's 16 keys where each head's rows are
 //     contiguous instead. Where the share is one contiguous run of whole lines (no page break in
 //     it, the task's heads fill the rows), the far hint of the pass's n-th line is line n of the
@@ -125,7 +125,7 @@ class PassPrefetcher {
     prefetch_line_l2(far_target<kFarInMemoryOrder>(j, offset, n));
   }
 
-  // Where line's two hints go (apart for the tests).
+  // Where line's two hints go (also read by the tests).
   __attribute__((always_inline)) const char* near_target(int64_t j, int64_t offset) const {
     return l1_[j] + offset;
   }
