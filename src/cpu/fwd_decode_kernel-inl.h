@@ -37,14 +37,13 @@
 // two hints next to the load of a line of the current row (spread over the arithmetic rather than
 // in a burst per key: 6-13% faster from memory, bench/MEASUREMENTS.md, "Prefetch hints spread
 // over the loads"; the far ones in ascending order: 5-6% faster again, "Far prefetch hints in
-// ascending memory order"). Reading in
-// passes over the task's kv heads instead of a whole block per kv head made bf16 B8 Hq32/Hk8 D128
-// Sk32768 on 2 threads about 30% faster on a Zen 4 VM (17.4-19.5 -> 21.6-28.0 GB/s;
-// bench/MEASUREMENTS.md, "Memory order"), about what the same bytes gained laid out with one kv
-// head (contiguous rows). Before that, on the unit-per-head loop: prefetching into L1 only was
-// 8-10% slower; a prefetcht1 sweep of the next block in memory order while the products still ran
-// head by head gained at most a few percent; prefetching only part of each row, or in bursts, was
-// slower.
+// ascending memory order"). Reading in passes over the task's kv heads instead of a whole block
+// per kv head made bf16 B8 Hq32/Hk8 D128 Sk32768 on 2 threads about 30% faster on a Zen 4 VM
+// (17.4-19.5 -> 21.6-28.0 GB/s; bench/MEASUREMENTS.md, "Memory order"), about what the same bytes
+// gained laid out with one kv head (contiguous rows). Before that, on the unit-per-head loop:
+// prefetching into L1 only was 8-10% slower; a prefetcht1 sweep of the next block in memory order
+// while the products still ran head by head gained at most a few percent; prefetching only part
+// of each row, or in bursts, was slower.
 
 constexpr int kDirectTileRows = 4;
 // Passes of kDirectChunkKeys keys (fwd_layout.h) reduce whole vectors of scores.
