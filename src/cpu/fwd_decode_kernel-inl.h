@@ -49,7 +49,7 @@ constexpr int kDirectTileRows = 4;
 // Passes of kDirectChunkKeys keys (fwd_layout.h) reduce whole vectors of scores.
 static_assert(kDirectChunkKeys % kLanes == 0, "lane_sums reduces whole vectors of keys");
 static_assert(kDirectMaxRows <= kMaxQBlockRows, "direct tasks must fit the scratch rows");
-static_assert(kDirectTileRows == 4, "direct_scores and direct_pv dispatch tiles of 1 to 4 rows");
+static_assert(kDirectTileRows == 4, "for_each_row_tile dispatches tiles of 1 to 4 rows");
 
 // Vector `index / lanes` of a row of kDtype values, as f32.
 template <DType kDtype>
@@ -313,85 +313,71 @@ inline void direct_pv_rows(const float* p, const void* const* v_rows, int64_t ke
   }
 }
 
-// Scores of one tile of 1 to kDirectTileRows query rows over one pass.
-template <DType kDtype, bool kFarInMemoryOrder>
-inline void direct_score_tile(const float* q, int64_t ldq, int64_t tile_rows,
-                              const void* const* k_rows, int64_t keys, int64_t head_dim,
-                              const PassPrefetcher* prefetch, float* s) {
-  switch (tile_rows) {
-    case 1:
-      direct_score_chunk<kDtype, 1, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
-      break;
-    case 2:
-      direct_score_chunk<kDtype, 2, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
-      break;
-    case 3:
-      direct_score_chunk<kDtype, 3, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
-      break;
-    default:
-      direct_score_chunk<kDtype, 4, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
-      break;
+// Runs one pass's product over `rows` query rows in tiles of up to kDirectTileRows:
+// tile(r, std::integral_constant<int, R>, std::bool_constant<kFarInMemoryOrder>, tile_prefetch)
+// for the tile of R rows from row r. The first tile issues the pass's prefetches (tile_prefetch is
+// `prefetch` there, null for the others), with the far hints in the order the prefetcher chose;
+// R and the order become template arguments of the loops, so that neither costs a branch inside
+// them. The lambdas are always inlined (here, within the ISA's target region, they can be).
+template <class Tile>
+__attribute__((always_inline)) inline void for_each_row_tile(int64_t rows,
+                                                             const PassPrefetcher* prefetch,
+                                                             Tile&& tile) {
+  for (int64_t r = 0; r < rows; r += kDirectTileRows) {
+    const PassPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
+    const int64_t tile_rows = std::min<int64_t>(rows - r, kDirectTileRows);
+    auto run = [&](auto in_memory_order) __attribute__((always_inline)) {
+      switch (tile_rows) {
+        case 1:
+          tile(r, std::integral_constant<int, 1>{}, in_memory_order, tile_prefetch);
+          break;
+        case 2:
+          tile(r, std::integral_constant<int, 2>{}, in_memory_order, tile_prefetch);
+          break;
+        case 3:
+          tile(r, std::integral_constant<int, 3>{}, in_memory_order, tile_prefetch);
+          break;
+        default:
+          tile(r, std::integral_constant<int, 4>{}, in_memory_order, tile_prefetch);
+          break;
+      }
+    };
+    if (tile_prefetch != nullptr && tile_prefetch->far_in_memory_order()) {
+      run(std::true_type{});
+    } else {
+      run(std::false_type{});
+    }
   }
 }
 
 // One pass of scores (the chunk's `keys` keys at k_rows) for `rows` query rows in tiles of
-// kDirectTileRows; the first tile issues the prefetches, in the order the pass's prefetcher
-// chose.
+// kDirectTileRows; the first tile issues the prefetches (for_each_row_tile).
 template <DType kDtype>
 inline void direct_scores(const float* q, int64_t ldq, int64_t rows, const void* const* k_rows,
                           int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch,
                           float* s) {
-  for (int64_t r = 0; r < rows; r += kDirectTileRows) {
-    const PassPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
-    const int64_t tile_rows = std::min<int64_t>(rows - r, kDirectTileRows);
-    if (tile_prefetch != nullptr && tile_prefetch->far_in_memory_order()) {
-      direct_score_tile<kDtype, true>(q + r * ldq, ldq, tile_rows, k_rows, keys, head_dim,
-                                      tile_prefetch, s + r * kKeyBlock);
-    } else {
-      direct_score_tile<kDtype, false>(q + r * ldq, ldq, tile_rows, k_rows, keys, head_dim,
-                                       tile_prefetch, s + r * kKeyBlock);
-    }
-  }
-}
-
-// O += P V for one tile of 1 to kDirectTileRows query rows over one pass.
-template <DType kDtype, bool kFarInMemoryOrder>
-inline void direct_pv_tile_rows(const float* p, int64_t tile_rows, const void* const* v_rows,
-                                int64_t keys, int64_t head_dim_v, const PassPrefetcher* prefetch,
-                                float* o, int64_t ldo) {
-  switch (tile_rows) {
-    case 1:
-      direct_pv_rows<kDtype, 1, kFarInMemoryOrder>(p, v_rows, keys, head_dim_v, prefetch, o, ldo);
-      break;
-    case 2:
-      direct_pv_rows<kDtype, 2, kFarInMemoryOrder>(p, v_rows, keys, head_dim_v, prefetch, o, ldo);
-      break;
-    case 3:
-      direct_pv_rows<kDtype, 3, kFarInMemoryOrder>(p, v_rows, keys, head_dim_v, prefetch, o, ldo);
-      break;
-    default:
-      direct_pv_rows<kDtype, 4, kFarInMemoryOrder>(p, v_rows, keys, head_dim_v, prefetch, o, ldo);
-      break;
-  }
+  for_each_row_tile(
+      rows, prefetch,
+      [&](int64_t r, auto tile_rows, auto in_memory_order,
+          const PassPrefetcher* tile_prefetch) __attribute__((always_inline)) {
+        direct_score_chunk<kDtype, decltype(tile_rows)::value, decltype(in_memory_order)::value>(
+            q + r * ldq, ldq, k_rows, keys, head_dim, tile_prefetch, s + r * kKeyBlock);
+      });
 }
 
 // One pass of O += P V (the chunk's `keys` keys at v_rows, probabilities at p, row stride 64) for
-// `rows` query rows in tiles of kDirectTileRows; the first tile issues the prefetches, in the
-// order the pass's prefetcher chose.
+// `rows` query rows in tiles of kDirectTileRows; the first tile issues the prefetches
+// (for_each_row_tile).
 template <DType kDtype>
 inline void direct_pv(const float* p, int64_t rows, const void* const* v_rows, int64_t keys,
                       int64_t head_dim_v, const PassPrefetcher* prefetch, float* o, int64_t ldo) {
-  for (int64_t r = 0; r < rows; r += kDirectTileRows) {
-    const PassPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
-    const int64_t tile_rows = std::min<int64_t>(rows - r, kDirectTileRows);
-    if (tile_prefetch != nullptr && tile_prefetch->far_in_memory_order()) {
-      direct_pv_tile_rows<kDtype, true>(p + r * kKeyBlock, tile_rows, v_rows, keys, head_dim_v,
-                                        tile_prefetch, o + r * ldo, ldo);
-    } else {
-      direct_pv_tile_rows<kDtype, false>(p + r * kKeyBlock, tile_rows, v_rows, keys, head_dim_v,
-                                         tile_prefetch, o + r * ldo, ldo);
-    }
-  }
+  for_each_row_tile(
+      rows, prefetch,
+      [&](int64_t r, auto tile_rows, auto in_memory_order, const PassPrefetcher* tile_prefetch)
+          __attribute__((always_inline)) {
+            direct_pv_rows<kDtype, decltype(tile_rows)::value, decltype(in_memory_order)::value>(
+                p + r * kKeyBlock, v_rows, keys, head_dim_v, tile_prefetch, o + r * ldo, ldo);
+          });
 }
 
 #if defined(ANYATTN_DIRECT_BF16_DOT)

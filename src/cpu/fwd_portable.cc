@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "cpu/finalize.h"
 #include "cpu/fwd_args.h"
