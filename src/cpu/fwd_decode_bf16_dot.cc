@@ -137,7 +137,9 @@ void tile_scores(const uint16_t* q, int64_t ldq, const void* const* k_rows, int6
   for (int r = 0; r < R; ++r) lane_sums(partial + r * kLanes).store(s + r * kKeyBlock);
 }
 
-// tile_scores for a tile of 1 to kTileRows rows.
+// tile_scores for a tile of 1 to kTileRows rows. The same dispatch as for_each_row_tile in
+// fwd_decode_kernel-inl.h, written out here: that helper lives in each ISA's target region, and
+// GCC does not inline across the two regions' target options.
 template <bool kFarInMemoryOrder>
 void tile_scores_of(int64_t tile_rows, const uint16_t* q, int64_t ldq, const void* const* k_rows,
                     int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch, float* s) {
