@@ -6,6 +6,7 @@ SDPA (see ``anyattn.backends()`` and docs/python.md).
 """
 
 from . import _core
+from ._flash_attn_compat import install_as_flash_attn
 from ._info import backends, get_num_threads, isa, set_num_threads
 from .flash_attn_interface import (
     flash_attn_func,
@@ -34,6 +35,7 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
     "get_num_threads",
+    "install_as_flash_attn",
     "isa",
     "merge_attention_states",
     "merge_attention_states_",

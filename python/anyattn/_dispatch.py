@@ -123,6 +123,8 @@ def flash_attn_version() -> Optional[str]:
         import flash_attn  # noqa: PLC0415 - optional dependency
     except Exception:  # any import failure (missing package, CUDA mismatch) means unusable
         return None
+    if getattr(flash_attn, "__anyattn_shim__", False):  # anyattn's own stand-in (install_as_flash_attn)
+        return None
     return str(getattr(flash_attn, "__version__", "0"))
 
 

@@ -85,6 +85,72 @@ def dropout_pattern(q, k, score_args, dropout_p: float, rng_state: torch.Tensor)
         return torch.where(keep, probs, -probs)
 
 
+def _varlen_rows(cu_seqlens: torch.Tensor):
+    """(rows, sequence, position): every packed row in [cu[0], cu[-1]), its sequence index and its
+    position within that sequence, as int64 tensors."""
+    cu = cu_seqlens.to(torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    rows = torch.arange(int(cu[0]), int(cu[-1]))
+    sequence = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    return rows, sequence, rows - cu[sequence]
+
+
+def _varlen_probs_times(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                        score_args, dropout_p, rng_state) -> torch.Tensor:
+    """(total_q, Hq, max_seqlen_k): P_ij * Z_ij of packed query row i against key j of its own
+    sequence, from varlen forwards on one-hot values."""
+    key_rows, _, key_pos = _varlen_rows(cu_seqlens_k)
+    cols = []
+    for j0 in range(0, max_seqlen_k, _CHUNK):
+        width = min(_CHUNK, max_seqlen_k - j0)
+        v = torch.zeros((k.shape[0], k.shape[1], width), dtype=q.dtype)
+        inside = (key_pos >= j0) & (key_pos < j0 + width)
+        v[key_rows[inside], :, key_pos[inside] - j0] = 1
+        out, _ = torch.ops.anyattn.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                              max_seqlen_q, max_seqlen_k, *score_args, dropout_p,
+                                              rng_state)
+        cols.append(out)
+    if not cols:
+        return q.new_zeros((q.shape[0], q.shape[1], 0))
+    return torch.cat(cols, dim=-1)
+
+
+def varlen_dropout_pattern(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q: int,
+                           max_seqlen_k: int, score_args, dropout_p: float,
+                           rng_state: torch.Tensor) -> torch.Tensor:
+    """dropout_pattern for packed sequences: (batch, Hq, max_seqlen_q, max_seqlen_k) in q's dtype.
+
+    Entry (b, h, i, j) encodes query i and key j of sequence b (positions within the sequence) as
+    in dropout_pattern; entries past a sequence's lengths are +0.0. ``score_args`` are
+    anyattn::fwd_varlen's (softmax_scale, softcap, causal, window_left, window_right,
+    alibi_slopes, sinks); the index tensors are int32 CPU tensors.
+    """
+    with torch.no_grad():
+        q, k = q.detach(), k.detach()
+        geometry = (cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+        probs = _varlen_probs_times(q, k, *geometry, score_args, 0.0, None)
+        zeros_q = torch.zeros((q.shape[0], q.shape[1], 1), dtype=torch.float32)
+        zeros_k = torch.zeros((k.shape[0], 1, 1), dtype=torch.float32)
+        plain = (0.0, 0.0, False, -1, -1, None, None)
+        keep = _varlen_probs_times(zeros_q, zeros_k, *geometry, plain, dropout_p, rng_state) != 0
+        signed = torch.where(keep, probs, -probs)
+        rows, sequence, position = _varlen_rows(cu_seqlens_q)
+        batch = cu_seqlens_q.numel() - 1
+        pattern = q.new_zeros((batch, q.shape[1], max_seqlen_q, max_seqlen_k))
+        pattern[sequence, :, position, :] = signed[rows]
+        return pattern
+
+
+def pad_to_blocks(pattern: torch.Tensor) -> torch.Tensor:
+    """``pattern`` (..., Sq, Sk) zero-padded to (..., round128(Sq), round128(Sk)): the shape of
+    flash-attn's ``S_dmask``, whose kernel writes whole 128 x 128 tiles."""
+    sq, sk = pattern.shape[-2], pattern.shape[-1]
+    pad_q, pad_k = -sq % 128, -sk % 128
+    if pad_q == 0 and pad_k == 0:
+        return pattern
+    return torch.nn.functional.pad(pattern, (0, pad_k, 0, pad_q))
+
+
 def maybe_rng_state(dropout_p: float) -> Optional[torch.Tensor]:
     """draw_rng_state() when ``dropout_p > 0``, else None (no generator draw)."""
     return draw_rng_state() if dropout_p > 0.0 else None

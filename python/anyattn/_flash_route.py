@@ -14,6 +14,10 @@ def flash_attn_call(q, k, v, options: AttnOptions, alibi_slopes, return_attn_pro
     """
     from flash_attn import flash_attn_func  # noqa: PLC0415 - optional dependency
 
+    from ._flash_attn_compat import original_function  # noqa: PLC0415
+
+    flash_attn_func = original_function(flash_attn_func)  # past install_as_flash_attn's CPU route
+
     kwargs = dict(
         dropout_p=options.dropout_p,
         softmax_scale=options.softmax_scale,

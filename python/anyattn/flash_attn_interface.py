@@ -18,6 +18,13 @@ from ._checks import check_dense_shapes, check_per_head, check_same_dtype
 from ._cpu import numpy_forward, reject_numpy_dropout
 from ._options import AttnOptions, make_options
 from ._tensors import is_torch_tensor, numpy_dtype_code, torch_dtype_code, torch_module
+from .varlen_kvcache import (  # noqa: F401 - flash-attn's module holds these too
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
+    varlen_call,
+)
 
 if torch_module() is not None:
     from . import _dropout, _torch_ops
@@ -72,7 +79,7 @@ def _numpy_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs):
     q, scale = _zero_scale(q, options)
     out, lse = numpy_forward(q, k, v, scale, options.softcap, options.causal,
                              options.window_size, alibi_slopes, sinks)
-    return (out, lse, None) if return_attn_probs else out
+    return (out, lse, np.empty((0,), q.dtype)) if return_attn_probs else out
 
 
 def _as_f32(torch, x, name: str, device):
@@ -86,9 +93,12 @@ def _as_f32(torch, x, name: str, device):
     return x if x.dtype == torch.float32 else x.to(torch.float32)
 
 
-def _torch_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs):
+def _checked_torch_call(q, k, v, alibi_slopes, sinks):
+    """Check a dense call on torch tensors; returns (alibi_slopes, sinks) as float32 on q's device
+    and the dims (B, Sq, Sk, Hq, Hk, D, Dv)."""
     torch = torch_module()
-    b, _, _, hq, _, d, dv = check_dense_shapes(q, k, v)
+    dims = check_dense_shapes(q, k, v)
+    b, hq = dims[0], dims[3]
     check_same_dtype((("q", q), ("k", k), ("v", v)))
     if torch_dtype_code(q.dtype) is None:
         raise TypeError(f"q: dtype {q.dtype} is not supported; use {_TORCH_DTYPES}")
@@ -102,19 +112,36 @@ def _torch_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs):
     if sinks is not None:
         sinks = _as_f32(torch, sinks, "sinks", device)
         check_per_head(sinks, "sinks", b, hq, allow_batched=False)
+    return alibi_slopes, sinks, dims
 
-    if device.type == "cpu":
-        q, scale = _zero_scale(q, options)
-        wl, wr = options.window_size
-        score_args = (scale, options.softcap, options.causal, wl, wr, alibi_slopes, sinks)
-        rng_state = _dropout.maybe_rng_state(options.dropout_p)
-        out, lse = _torch_ops.fwd(q, k, v, *score_args, options.dropout_p, rng_state)
-        if not return_attn_probs:
-            return out
-        if rng_state is None:
-            return out, lse, None
-        return out, lse, _dropout.dropout_pattern(q, k, score_args, options.dropout_p, rng_state)
+
+def _torch_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs):
+    alibi_slopes, sinks, dims = _checked_torch_call(q, k, v, alibi_slopes, sinks)
+    if q.device.type == "cpu":
+        out, lse, s_dmask, _ = _cpu_attention(q, k, v, options, alibi_slopes, sinks,
+                                              return_attn_probs)
+        return (out, lse, s_dmask) if return_attn_probs else out
+    d, dv = dims[5], dims[6]
     return _device_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs, d, dv)
+
+
+def _cpu_attention(q, k, v, options, alibi_slopes, sinks, want_s_dmask):
+    """The dense forward on checked CPU tensors: (out, lse, S_dmask, rng_state).
+
+    S_dmask is flash-attn's: an empty (0,) tensor without dropout (or when not wanted), else the
+    dropout pattern padded to (B, Hq, round128(Sq), round128(Sk)). rng_state is the dropout
+    (seed, offset) int64 tensor (2,), or None without dropout.
+    """
+    q_run, scale = _zero_scale(q, options)
+    wl, wr = options.window_size
+    score_args = (scale, options.softcap, options.causal, wl, wr, alibi_slopes, sinks)
+    rng_state = _dropout.maybe_rng_state(options.dropout_p)
+    out, lse = _torch_ops.fwd(q_run, k, v, *score_args, options.dropout_p, rng_state)
+    s_dmask = q.new_empty((0,))
+    if want_s_dmask and rng_state is not None:
+        pattern = _dropout.dropout_pattern(q_run, k, score_args, options.dropout_p, rng_state)
+        s_dmask = _dropout.pad_to_blocks(pattern)
+    return out, lse, s_dmask, rng_state
 
 
 def _device_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs, d, dv):
@@ -136,7 +163,7 @@ def _device_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs, 
     if choice.backend == _dispatch.SDPA:
         return _sdpa.sdpa_attention(q, k, v, options, alibi_slopes, sinks)
     out, lse = _sdpa.math_attention(q, k, v, options, alibi_slopes, sinks)
-    return (out, lse, None) if return_attn_probs else out
+    return (out, lse, q.new_empty((0,))) if return_attn_probs else out
 
 
 def _attention(q, k, v, options: AttnOptions, alibi_slopes, sinks, return_attn_probs):
@@ -244,3 +271,188 @@ def flash_attn_kvpacked_func(
         raise ValueError(f"kv: expected shape (batch, seqlen_k, 2, nheads_k, headdim), got {tuple(kv.shape)}")
     options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     return _attention(q, kv[:, :, 0], kv[:, :, 1], options, alibi_slopes, sinks, return_attn_probs)
+
+
+# ---- flash-attn 2.8's private functions ---------------------------------------------------------
+# Libraries that drive attention block by block (ring-flash-attn, zigzag and llama3 context
+# parallelism) call these directly: they keep the LSE, combine blocks themselves and run the
+# backward of each block against the global out and LSE. Signatures, defaults and return tuples
+# are flash-attn 2.8's; libraries read them with inspect.getfullargspec, so they stay plain
+# functions with positional parameters.
+
+
+def _private_tensors(fn: str, q, tensors) -> None:
+    """Check that the private functions' tensors are CPU torch tensors: the CUDA route is the real
+    flash_attn package's, which install_as_flash_attn leaves in charge there."""
+    if not is_torch_tensor(q):
+        raise TypeError(f"q: {fn} takes torch tensors, got {type(q).__name__}")
+    for name, x in tensors:
+        if x is not None and not is_torch_tensor(x):
+            raise TypeError(f"{name}: {fn} takes torch tensors, got {type(x).__name__}")
+        if x is not None and x.device.type != "cpu":
+            raise NotImplementedError(
+                f"{name}: {fn} on {x.device} tensors needs the real flash_attn package; anyattn "
+                "serves this private function on CPU tensors only")
+
+
+def _no_rng_state():
+    """The rng_state a call without dropout returns: zeros, as nothing was drawn."""
+    return torch_module().zeros((2,), dtype=torch_module().int64)
+
+
+def _softmax_d(dout, out):
+    """rowsum(dout * out) in float32, the quantity D of the attention backward, with heads first."""
+    return (dout.float() * out.float()).sum(-1).transpose(-1, -2)
+
+
+def _fill(destination, gradient):
+    """Copy ``gradient`` into the caller's buffer when it gave one (flash-attn fills dq/dk/dv)."""
+    if destination is not None:
+        destination.copy_(gradient)
+
+
+def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
+                        window_size_right, softcap, alibi_slopes, return_softmax):
+    """flash-attn 2.8's dense forward without autograd, on CPU torch tensors.
+
+    Arguments are flash_attn_func's, with the window split into ``window_size_left`` and
+    ``window_size_right`` and ``return_softmax`` in place of ``return_attn_probs``.
+    Returns (out (B, Sq, Hq, Dv), softmax_lse (B, Hq, Sq) float32, S_dmask, rng_state): S_dmask is
+    the dropout pattern padded to (B, Hq, round128(Sq), round128(Sk)) when ``return_softmax`` and
+    dropout, else an empty (0,) tensor; rng_state is the int64 (2,) tensor that
+    _flash_attn_backward takes to replay the same dropout mask.
+    """
+    _private_tensors("_flash_attn_forward", q, (("k", k), ("v", v), ("alibi_slopes", alibi_slopes)))
+    options = make_options(dropout_p, softmax_scale, causal,
+                           (window_size_left, window_size_right), softcap, False)
+    alibi_slopes, _, _ = _checked_torch_call(q, k, v, alibi_slopes, None)
+    with torch_module().no_grad():
+        out, lse, s_dmask, rng_state = _cpu_attention(q, k, v, options, alibi_slopes, None,
+                                                      bool(return_softmax))
+    return out, lse, s_dmask, _no_rng_state() if rng_state is None else rng_state
+
+
+def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale,
+                         causal, window_size_left, window_size_right, softcap, alibi_slopes,
+                         deterministic, rng_state=None):
+    """flash-attn 2.8's dense backward, on CPU torch tensors: fills dq, dk and dv in place.
+
+    ``out`` and ``softmax_lse`` may be those of a larger attention that this call's keys are one
+    block of (ring attention): the probabilities are exp(score - softmax_lse), so each block's
+    gradients add up to the whole attention's. ``rng_state`` is _flash_attn_forward's, when
+    dropout_p > 0. dq, dk and dv may be None (that gradient is then not returned to the caller).
+    Returns softmax_d (B, Hq, round128(Sq)) float32: rowsum(dout * out), zero-padded.
+    """
+    _private_tensors("_flash_attn_backward", q, (
+        ("dout", dout), ("k", k), ("v", v), ("out", out), ("softmax_lse", softmax_lse),
+        ("dq", dq), ("dk", dk), ("dv", dv), ("alibi_slopes", alibi_slopes)))
+    torch = torch_module()
+    options = make_options(dropout_p, softmax_scale, causal,
+                           (window_size_left, window_size_right), softcap, deterministic)
+    alibi_slopes, _, (b, sq, _, hq, _, _, dv_dim) = _checked_torch_call(q, k, v, alibi_slopes, None)
+    _check_like(dout, "dout", (b, sq, hq, dv_dim))
+    _check_like(out, "out", (b, sq, hq, dv_dim))
+    _check_like(softmax_lse, "softmax_lse", (b, hq, sq))
+    q_run, scale = _zero_scale(q, options)
+    wl, wr = options.window_size
+    with torch.no_grad():
+        grads = torch.ops.anyattn.bwd(
+            dout, q_run, k, v, out, softmax_lse.float(), scale, options.softcap, options.causal,
+            wl, wr, alibi_slopes, None, options.dropout_p,
+            rng_state if options.dropout_p > 0.0 else None)
+        gq, gk, gv = grads[0], grads[1], grads[2]
+        if options.softmax_scale == 0.0:
+            gq = gq.zero_()  # scores are scale * <q, k>: no gradient reaches q at scale 0
+        for destination, gradient in ((dq, gq), (dk, gk), (dv, gv)):
+            _fill(destination, gradient)
+        return torch.nn.functional.pad(_softmax_d(dout, out), (0, -sq % 128))
+
+
+def _check_like(x, name: str, shape) -> None:
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)} (from q, k and v), got "
+                         f"{tuple(x.shape)}")
+
+
+def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               dropout_p, softmax_scale, causal, window_size_left=-1,
+                               window_size_right=-1, softcap=0.0, alibi_slopes=None,
+                               return_softmax=False, block_table=None, leftpad_k=None,
+                               seqused_k=None):
+    """flash-attn 2.8's varlen forward without autograd, on CPU torch tensors.
+
+    Arguments are flash_attn_varlen_func's (``block_table``: k and v are paged caches;
+    ``seqused_k``: sequence b uses its first seqused_k[b] keys). ``leftpad_k`` is not supported
+    (NotImplementedError); flash_attn_with_kvcache's ``cache_leftpad`` serves that case.
+    Returns (out (total_q, Hq, Dv), softmax_lse (Hq, total_q) float32, S_dmask, rng_state) with
+    S_dmask (batch, Hq, round128(max_seqlen_q), round128(max_seqlen_k)) when ``return_softmax``
+    and dropout, else empty.
+    """
+    _private_tensors("_flash_attn_varlen_forward", q, (("k", k), ("v", v)))
+    if leftpad_k is not None:
+        raise NotImplementedError(
+            "leftpad_k: not supported by anyattn's _flash_attn_varlen_forward; pass leftpad_k=None "
+            "(flash_attn_with_kvcache's cache_leftpad covers left-padded caches)")
+    options = make_options(dropout_p, softmax_scale, causal,
+                           (window_size_left, window_size_right), softcap, False)
+    torch = torch_module()
+    with torch.no_grad():
+        if block_table is not None:
+            out, lse, s_dmask = flash_attn_varlen_func(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                options.softmax_scale, options.causal, options.window_size, options.softcap,
+                alibi_slopes, return_attn_probs=True, block_table=block_table,
+                seqused_k=seqused_k)
+            rng_state = None
+        else:
+            out, lse, s_dmask, rng_state = varlen_call(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options,
+                alibi_slopes, None, bool(return_softmax), seqused_k)
+    return out, lse, s_dmask, _no_rng_state() if rng_state is None else rng_state
+
+
+def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q,
+                                cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                softmax_scale, causal, window_size_left, window_size_right,
+                                softcap, alibi_slopes, deterministic, rng_state=None):
+    """flash-attn 2.8's varlen backward, on CPU torch tensors: fills dq, dk and dv in place.
+
+    As _flash_attn_backward, for packed sequences: ``out`` and ``softmax_lse`` (Hq, total_q) may
+    belong to a larger attention whose keys this call sees one block of. Rows outside every
+    sequence get zero gradients. Returns softmax_d (Hq, total_q + 128 * batch) float32:
+    rowsum(dout * out), zero-padded as flash-attn's is.
+    """
+    _private_tensors("_flash_attn_varlen_backward", q, (
+        ("dout", dout), ("k", k), ("v", v), ("out", out), ("softmax_lse", softmax_lse),
+        ("dq", dq), ("dk", dk), ("dv", dv), ("alibi_slopes", alibi_slopes)))
+    torch = torch_module()
+    options = make_options(dropout_p, softmax_scale, causal,
+                           (window_size_left, window_size_right), softcap, deterministic)
+    for name, x, rank in (("q", q, 3), ("k", k, 3), ("v", v, 3), ("dout", dout, 3),
+                          ("out", out, 3), ("softmax_lse", softmax_lse, 2)):
+        if x.ndim != rank:
+            raise ValueError(f"{name}: expected {rank} dimensions (packed varlen layout), got "
+                             f"shape {tuple(x.shape)}")
+    total_q, hq = q.shape[0], q.shape[1]
+    _check_like(dout, "dout", (total_q, hq, v.shape[-1]))
+    _check_like(out, "out", (total_q, hq, v.shape[-1]))
+    _check_like(softmax_lse, "softmax_lse", (hq, total_q))
+    q_run, scale = _zero_scale(q, options)
+    wl, wr = options.window_size
+    cu_q = cu_seqlens_q.to(device="cpu", dtype=torch.int32)
+    cu_k = cu_seqlens_k.to(device="cpu", dtype=torch.int32)
+    alibi = None if alibi_slopes is None else _as_f32(torch, alibi_slopes, "alibi_slopes", q.device)
+    with torch.no_grad():
+        grads = torch.ops.anyattn.bwd_varlen(
+            dout, q_run, k, v, out, softmax_lse.float(), cu_q, cu_k, None, int(max_seqlen_q),
+            int(max_seqlen_k), scale, options.softcap, options.causal, wl, wr, alibi, None,
+            options.dropout_p, rng_state if options.dropout_p > 0.0 else None)
+        gq, gk, gv = grads[0], grads[1], grads[2]
+        if options.softmax_scale == 0.0:
+            gq = gq.zero_()
+        for destination, gradient in ((dq, gq), (dk, gk), (dv, gv)):
+            _fill(destination, gradient)
+        batch = cu_q.numel() - 1
+        softmax_d = torch.zeros((hq, total_q + 128 * batch), dtype=torch.float32)
+        softmax_d[:, :total_q] = _softmax_d(dout, out)
+        return softmax_d

@@ -47,6 +47,11 @@ def _scale(q: Any, softmax_scale: Optional[float]) -> Tuple[Any, float]:
     return q, float(softmax_scale)
 
 
+def _empty_s_dmask(q: Any) -> Any:
+    """flash-attn's S_dmask without dropout: an empty (0,) array/tensor in q's dtype."""
+    return np.empty((0,), q.dtype) if isinstance(q, np.ndarray) else q.new_empty((0,))
+
+
 def _on_cpu(q: Any) -> bool:
     return isinstance(q, np.ndarray) or q.device.type == "cpu"
 
@@ -56,6 +61,20 @@ def _on_cpu(q: Any) -> bool:
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options,
             alibi_slopes, sinks, return_attn_probs, seqused_k=None):
+    out, lse, s_dmask, _ = varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, options, alibi_slopes, sinks,
+                                       return_attn_probs, seqused_k)
+    return (out, lse, s_dmask) if return_attn_probs else out
+
+
+def varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options,
+                alibi_slopes, sinks, want_s_dmask, seqused_k=None):
+    """The varlen forward on any supported input: (out, lse, S_dmask, rng_state).
+
+    S_dmask follows flash-attn: an empty (0,) array/tensor unless ``want_s_dmask`` and dropout,
+    else the dropout pattern (batch, Hq, round128(max_seqlen_q), round128(max_seqlen_k)).
+    rng_state is the dropout (seed, offset) int64 tensor (2,) on CPU torch with dropout, else None.
+    """
     kind = _kind(q, "q")
     for name, x in (("k", k), ("v", v)):
         if _kind(x, name) != kind:
@@ -64,6 +83,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt
     _check_rank(k, "k", 3, "(total_k, nheads_k, headdim)")
     _check_rank(v, "v", 3, "(total_k, nheads_k, headdim_v)")
     wl, wr = options.window_size
+    rng_state = None
+    s_dmask = _empty_s_dmask(q)
     if _on_cpu(q):
         if kind == "numpy":
             reject_numpy_dropout(options.dropout_p)
@@ -77,17 +98,16 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt
             torch = torch_module()
             args = args[:3] + tuple(_index_tensor(torch, x) for x in args[3:6]) + args[6:13] + (
                 _f32(torch, alibi_slopes), _f32(torch, sinks))
-            if options.dropout_p > 0.0 and return_attn_probs:
-                raise NotImplementedError(
-                    "flash_attn_varlen_func: return_attn_probs=True with dropout_p > 0 is not "
-                    "supported (no per-sequence dropout pattern); use flash_attn_func for the "
-                    "pattern, or dropout_p=0.0")
             rng_state = _dropout.maybe_rng_state(options.dropout_p)
             out, lse = torch.ops.anyattn.fwd_varlen(*args, options.dropout_p, rng_state)
+            if want_s_dmask and rng_state is not None:
+                pattern = _dropout.varlen_dropout_pattern(args[0], args[1], *args[3:8], args[8:],
+                                                          options.dropout_p, rng_state)
+                s_dmask = _dropout.pad_to_blocks(pattern)
     else:
         out, lse = _varlen_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options,
                                      alibi_slopes, sinks)
-    return (out, lse, None) if return_attn_probs else out
+    return out, lse, s_dmask, rng_state
 
 
 def _index_tensor(torch, x):
@@ -221,7 +241,7 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
     else:
         out, lse = _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, lengths,
                                            block_table, options, alibi_slopes, sinks)
-    return (out, lse, None) if return_attn_probs else out
+    return (out, lse, _empty_s_dmask(q)) if return_attn_probs else out
 
 
 def _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, lengths, block_table, options,
