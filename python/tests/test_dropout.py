@@ -65,7 +65,7 @@ def test_forward_and_backward_match_reference_with_the_same_mask(dtype):
     ins = [leaf(x, tdtype) for x in (q, k, v)] + [leaf(sinks, torch.float32)]
     torch.manual_seed(42)
     out, _, s_dmask = _api(*ins, p, tdtype, return_probs=True)
-    keep = ~torch.signbit(s_dmask)
+    keep = ~torch.signbit(s_dmask[:, :, :q.shape[1], :k.shape[1]])  # flash-attn pads to 128s
     got = dict(zip(["dq", "dk", "dv", "dsinks"], torch.autograd.grad(out, ins, dout.to(tdtype))))
 
     ins64 = [leaf(x, torch.float64) for x in (q, k, v, sinks)]
@@ -86,7 +86,10 @@ def test_attn_probs_pattern_holds_probabilities_and_mask():
     q, k, v, _, sinks = _problem()
     torch.manual_seed(1)
     _, lse, s_dmask = _api(q, k, v, sinks, 0.25, torch.float32, return_probs=True)
-    assert s_dmask.shape == (2, 4, 23, 29) and s_dmask.dtype == torch.float32
+    # flash-attn's shape: padded to multiples of 128, the padding zero.
+    assert s_dmask.shape == (2, 4, 128, 128) and s_dmask.dtype == torch.float32
+    assert not s_dmask[:, :, 23:].any() and not s_dmask[..., 29:].any()
+    s_dmask = s_dmask[:, :, :23, :29]
     ins = [x.float() for x in (q, k, v)]
     probs = s_dmask.abs().double()  # |S| = P
     _, lse64 = attention_torch(*(x.double() for x in ins), sinks=sinks, return_lse=True, **OPTS)
