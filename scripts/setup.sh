@@ -33,6 +33,32 @@ install_system_packages() {
   fi
 }
 
+# ring-flash-attn, the ring attention that python/tests/test_ring_flash_attn.py and
+# bench/ring_attention.py run over anyattn's flash-attn layer (docs/distributed.md). Its package
+# imports transformers' is_flash_attn_greater_or_equal_2_10, which transformers 5 removed, so it
+# gets a transformers 4.x of its own in build/ring-deps, with the huggingface-hub, tokenizers and
+# requests versions that 4.x accepts; everything else (torch, numpy, ...) comes from .venv. The
+# directory goes first on sys.path in those tests' and that benchmark's worker processes only.
+# --no-deps with every package pinned keeps torch out and the set exact; the stamp file skips the
+# download when the same pins are already installed.
+RING_DEPS_DIR=build/ring-deps
+RING_DEPS=(ring-flash-attn==0.1.8 transformers==4.57.6 huggingface-hub==0.36.2 tokenizers==0.22.2
+           requests==2.34.2 urllib3==2.8.0 charset-normalizer==3.5.3 certifi==2026.10.19.post1)
+
+install_ring_flash_attn_deps() {
+  # tokenizers and charset-normalizer are compiled wheels: the stamp names the Python they are for.
+  local stamp="$RING_DEPS_DIR/.installed"
+  local wanted
+  wanted="$(.venv/bin/python -c 'import sys; print("python%d.%d" % sys.version_info[:2])') ${RING_DEPS[*]}"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
+    return
+  fi
+  echo "setup: installing ${RING_DEPS[*]} into $RING_DEPS_DIR"
+  rm -rf "$RING_DEPS_DIR"
+  .venv/bin/python -m pip install -q --no-deps --target "$RING_DEPS_DIR" "${RING_DEPS[@]}"
+  echo "$wanted" >"$stamp"
+}
+
 install_python_environment() {
   if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv"
@@ -46,6 +72,7 @@ install_python_environment() {
   # bench/ggml_fa.py. Optional: without it that comparison and its smoke test say so and skip.
   .venv/bin/python -m pip install -q --no-build-isolation ggml-python==0.0.45 ||
     echo "setup: ggml-python did not install; bench/ggml_fa.py will have no peer to run" >&2
+  install_ring_flash_attn_deps
   echo "setup: building and installing the anyattn Python package into .venv"
   # One retry: scikit-build-core gives up on CMake ("Accessing CMake timed out", then "Could not
   # find CMake") when `cmake -E capabilities` takes over its 5 s timeout, which happened once on
