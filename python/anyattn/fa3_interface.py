@@ -134,7 +134,8 @@ def window_pair(window_size: Any) -> Tuple[Any, Any]:
     try:
         left, right = window_size
     except (TypeError, ValueError):
-        raise TypeError(f"window_size: expected a pair (left, right), got {window_size!r}") from None
+        raise TypeError(f"window_size: expected a pair (left, right), got "
+                        f"{window_size!r}") from None
     return (-1 if left is None else left), (-1 if right is None else right)
 
 

@@ -50,6 +50,8 @@ __version__ = "0.0.0+anyattn"
 
 def _fa4_window(causal: Any, window_size: Any) -> Tuple[int, int]:
     """FA4's window normalisation, as flash-attn 2.x (left, right) with -1 for unbounded."""
+    if window_size is None:
+        window_size = (None, None)
     try:
         left, right = window_size
     except (TypeError, ValueError):
