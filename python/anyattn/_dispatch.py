@@ -36,6 +36,7 @@ class CallFeatures(NamedTuple):
     window: bool = False
     sinks: bool = False
     return_lse: bool = False
+    seqused_k: bool = False  # varlen keys limited per sequence (flash_attn's public API lacks it)
 
 
 class Environment(NamedTuple):
@@ -75,6 +76,8 @@ def flash_attn_unsupported(call: CallFeatures, env: Environment) -> Optional[str
                 f"{call.head_dim}/{call.head_dim_v}")
     if call.sinks:
         return "flash_attn 2 has no attention sinks"
+    if call.seqused_k:
+        return "flash_attn's flash_attn_varlen_func has no seqused_k"
     version = _version_tuple(env.flash_attn_version)
     for needed, minimum, what in ((call.window, (2, 3), "window_size"),
                                   (call.alibi, (2, 4), "alibi_slopes"),

@@ -18,7 +18,7 @@ over queries so that memory stays bounded by ``chunk x Sk`` per head).
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -119,6 +119,21 @@ def math_attention(q, k, v, options: AttnOptions, alibi_slopes, sinks
     Scores for at most ``_QUERY_CHUNK`` queries exist at a time. Dropout, if requested, is applied to
     the probabilities (``torch.nn.functional.dropout``), as SDPA does.
     """
+    b, sq = q.shape[0], q.shape[1]
+    sk = k.shape[1]
+    allowed = visible_mask(sq, sk, options.effective_window(), q.device)
+    bias = alibi_bias(alibi_slopes, b, sq, sk) if alibi_slopes is not None else None
+    return masked_math_attention(q, k, v, options, sinks, lambda lo, hi: allowed[lo:hi],
+                                 None if bias is None else (lambda lo, hi: bias[:, :, lo:hi]))
+
+
+def masked_math_attention(q, k, v, options: AttnOptions, sinks, visible_rows: Callable,
+                          bias_rows: Optional[Callable]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """math_attention under any mask: ``visible_rows(lo, hi)`` gives the (hi - lo, Sk) bool mask of
+    queries lo..hi-1 (shared by the batch) and ``bias_rows(lo, hi)``, if given, the f32 score bias
+    (B or 1, Hq, hi - lo, Sk). Returns (out (B, Sq, Hq, Dv), lse (B, Hq, Sq)); a query that sees no
+    key (and no sink) gets out 0 and lse -inf.
+    """
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     groups = hq // hk
@@ -126,8 +141,6 @@ def math_attention(q, k, v, options: AttnOptions, alibi_slopes, sinks
     qt = q.transpose(1, 2).to(torch.float32)
     kt = _heads_first(k, groups).to(torch.float32)
     vt = _heads_first(v, groups).to(torch.float32)
-    allowed = visible_mask(sq, sk, options.effective_window(), q.device)
-    bias = alibi_bias(alibi_slopes, b, sq, sk) if alibi_slopes is not None else None
     sink = sinks.to(torch.float32).reshape(1, hq, 1, 1) if sinks is not None else None
     outs, lses = [], []
     for start in range(0, max(sq, 1), _QUERY_CHUNK):
@@ -135,9 +148,9 @@ def math_attention(q, k, v, options: AttnOptions, alibi_slopes, sinks
         s = scale * torch.matmul(qt[:, :, start:stop], kt.transpose(-1, -2))
         if options.softcap > 0.0:
             s = options.softcap * torch.tanh(s / options.softcap)
-        if bias is not None:
-            s = s + bias[:, :, start:stop]
-        s = s.masked_fill(~allowed[start:stop], float("-inf"))
+        if bias_rows is not None:
+            s = s + bias_rows(start, stop)
+        s = s.masked_fill(~visible_rows(start, stop), float("-inf"))
         if sink is not None:
             s = torch.cat([s, sink.expand(b, hq, stop - start, 1)], dim=-1)
         lse = torch.logsumexp(s, dim=-1, keepdim=True)

@@ -11,7 +11,6 @@ semantics.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -23,6 +22,7 @@ from ._tensors import is_torch_tensor, torch_module
 
 if torch_module() is not None:
     from . import _cache_ops, _dropout
+    from ._packed_route import varlen_on_device
 
 
 def _kind(x: Any, name: str) -> str:
@@ -105,8 +105,9 @@ def varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                           options.dropout_p, rng_state)
                 s_dmask = _dropout.pad_to_blocks(pattern)
     else:
-        out, lse = _varlen_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options,
-                                     alibi_slopes, sinks)
+        out, lse = varlen_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                    int(max_seqlen_q), int(max_seqlen_k), options,
+                                    _f32_on(q, alibi_slopes), _f32_on(q, sinks), want_s_dmask)
     return out, lse, s_dmask, rng_state
 
 
@@ -125,49 +126,11 @@ def _f32(torch, x):
     return torch.as_tensor(x).to(torch.float32)
 
 
-def _per_sequence_on_device(q, cu_seqlens_q, dv: int, keys_of, options, alibi_slopes, sinks):
-    """Packed q on a non-CPU device: flash_attn_func (device dispatch) once per sequence, on the
-    keys and values ``keys_of(b)`` returns, each (Sk_b, Hk, D[v]). Returns (out (total_q, Hq, Dv)
-    with zeros, lse (Hq, total_q) with -inf in rows outside every sequence)."""
-    from .flash_attn_interface import flash_attn_func  # noqa: PLC0415
-
-    torch = torch_module()
-    cu_q = [int(x) for x in torch.as_tensor(cu_seqlens_q).tolist()]
-    hq = q.shape[1]
-    out = q.new_zeros((q.shape[0], hq, dv))
-    lse = torch.full((hq, q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
-    for b in range(len(cu_q) - 1):
-        q0, q1 = cu_q[b], cu_q[b + 1]
-        if q1 == q0:
-            continue
-        keys, values = keys_of(b)
-        slopes = alibi_slopes
-        if slopes is not None and slopes.dim() == 2:
-            slopes = slopes[b]
-        o, l, _ = flash_attn_func(q[None, q0:q1], keys[None], values[None],
-                                  dropout_p=options.dropout_p, softmax_scale=options.softmax_scale,
-                                  causal=options.causal, window_size=options.window_size,
-                                  softcap=options.softcap, alibi_slopes=slopes,
-                                  return_attn_probs=True, sinks=sinks)
-        out[q0:q1] = o[0]
-        lse[:, q0:q1] = l[0]
-    return out, lse
-
-
-def _varlen_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, options, alibi_slopes,
-                      sinks):
-    """Non-CPU torch tensors: each sequence's rows of k and v through flash_attn_func."""
-    torch = torch_module()
-    cu_k = [int(x) for x in torch.as_tensor(cu_seqlens_k).tolist()]
-    used = None if seqused_k is None else [int(x) for x in torch.as_tensor(seqused_k).tolist()]
-
-    def keys_of(b):
-        k0 = cu_k[b]
-        k1 = cu_k[b + 1] if used is None else k0 + used[b]
-        return k[k0:k1], v[k0:k1]
-
-    return _per_sequence_on_device(q, cu_seqlens_q, v.shape[-1], keys_of, options, alibi_slopes,
-                                   sinks)
+def _f32_on(q, x):
+    """A per-head tensor as float32 on q's device (None stays None)."""
+    if x is None:
+        return None
+    return torch_module().as_tensor(x).to(device=q.device, dtype=torch_module().float32)
 
 
 def _paged_key_lengths(kind: str, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
@@ -239,26 +202,27 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
             args[15], args[16] = _f32(torch, alibi_slopes), _f32(torch, sinks)
             out, lse = _cache_ops.call(torch.ops.anyattn.fwd_kvcache_varlen, *args)
     else:
-        out, lse = _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, lengths,
-                                           block_table, options, alibi_slopes, sinks)
+        out, lse = _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q,
+                                           lengths, block_table, options, alibi_slopes, sinks,
+                                           return_attn_probs)
     return (out, lse, _empty_s_dmask(q)) if return_attn_probs else out
 
 
-def _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, lengths, block_table, options,
-                            alibi_slopes, sinks):
-    """Torch tensors off the CPU: each sequence's pages gathered, then flash_attn_func."""
+def _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q, lengths,
+                            block_table, options, alibi_slopes, sinks, want_lse):
+    """Torch tensors off the CPU: each sequence's pages gathered in one indexing operation (batch
+    rows of max_blocks pages, the first lengths[b] keys in use), then one packed attention."""
     torch = torch_module()
-    table = block_table.tolist()
+    batch, max_blocks = block_table.shape
     page = k_cache.shape[1]
-
-    def keys_of(b):
-        pos = torch.arange(int(lengths[b]))
-        blocks = torch.tensor(table[b], dtype=torch.long)[pos // page].to(k_cache.device)
-        rows = (pos % page).to(k_cache.device)
-        return k_cache[blocks, rows], v_cache[blocks, rows]
-
-    return _per_sequence_on_device(q, cu_seqlens_q, v_cache.shape[-1], keys_of, options,
-                                   alibi_slopes, sinks)
+    table = block_table.to(device=k_cache.device, dtype=torch.long)
+    keys = k_cache[table].reshape(batch * max_blocks * page, *k_cache.shape[2:])
+    values = v_cache[table].reshape(batch * max_blocks * page, *v_cache.shape[2:])
+    capacity = max_blocks * page
+    cu_k = torch.arange(batch + 1, device=q.device, dtype=torch.int32) * capacity
+    used = torch.as_tensor(lengths).to(device=q.device)
+    return varlen_on_device(q, keys, values, cu_seqlens_q, cu_k, used, int(max_seqlen_q), capacity,
+                            options, _f32_on(q, alibi_slopes), _f32_on(q, sinks), want_lse)
 
 
 def flash_attn_varlen_func(

@@ -184,15 +184,15 @@ def test_op_traces_with_fake_tensors_and_compiles():
 
 
 def test_device_route_gathers_the_same_keys():
-    """The off-CPU path (each sequence's pages gathered, then flash_attn_func) run on CPU tensors:
-    it agrees with the paged kernel, so the gather reads the keys the kernel reads."""
+    """The off-CPU path (every sequence's pages gathered at once, then one packed attention) run
+    on CPU tensors: it agrees with the paged kernel, so the gather reads the keys it reads."""
     torch = pytest.importorskip("torch")
     q, kc, vc, cu_q, cu_k, table, lens_k = (torch.from_numpy(x) if isinstance(x, np.ndarray) else x
                                             for x in _small_case(4))
     options = make_options(0.0, None, True, (-1, -1), 0.0, False)
     lengths = torch.tensor(lens_k, dtype=torch.int32)
-    out, lse = varlen_kvcache._paged_varlen_on_device(q, kc, vc, cu_q, lengths, table, options,
-                                                      None, None)
+    out, lse = varlen_kvcache._paged_varlen_on_device(q, kc, vc, cu_q, 3, lengths, table,
+                                                      options, None, None, True)
     ref, ref_lse, _ = anyattn.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 3, 7, causal=True,
                                                      block_table=table, return_attn_probs=True)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -57,10 +57,10 @@ def test_varlen_equals_dense_per_sequence(framework, dtype, feature):
         alibi = None if alibi is None else torch.from_numpy(alibi)
         sinks = None if sinks is None else torch.from_numpy(sinks)
     kw = {key: spec[key] for key in ("causal", "window_size", "softcap") if key in spec}
-    out, lse, none = anyattn.flash_attn_varlen_func(
+    out, lse, s_dmask = anyattn.flash_attn_varlen_func(
         q, k, v, cu_q, cu_k, max(LENS_Q), max(LENS_K), alibi_slopes=alibi, sinks=sinks,
         return_attn_probs=True, **kw)
-    assert none is None and type(out) is type(q) and out.dtype == q.dtype
+    assert tuple(s_dmask.shape) == (0,) and type(out) is type(q) and out.dtype == q.dtype
     assert tuple(out.shape) == (sum(LENS_Q), hq, d) and tuple(lse.shape) == (hq, sum(LENS_Q))
     ref_kw = dict(causal=kw.get("causal", False), window=kw.get("window_size", (-1, -1)),
                   softcap=kw.get("softcap", 0.0), alibi=None if alibi is None else to_numpy(alibi),
@@ -114,8 +114,9 @@ def test_torch_op_traces_with_fake_tensors():
 
 
 def test_device_route_slices_the_same_sequences():
-    """The off-CPU path (flash_attn_func per sequence) run on CPU tensors agrees with the varlen
-    kernel, seqused_k included, so its slicing reads the rows the kernel reads."""
+    """The off-CPU path (one attention over the packed rows under a block-diagonal mask) run on
+    CPU tensors agrees with the varlen kernel, seqused_k included, so its mask selects the keys
+    the kernel reads."""
     torch = pytest.importorskip("torch")
     from anyattn import varlen_kvcache
     from anyattn._options import make_options
@@ -126,7 +127,8 @@ def test_device_route_slices_the_same_sequences():
     cu_q, cu_k = torch.from_numpy(_cu(LENS_Q)), torch.from_numpy(_cu(LENS_K))
     used = torch.tensor([min(n, 6) for n in LENS_K], dtype=torch.int32)
     options = make_options(0.0, None, True, (-1, -1), 0.0, False)
-    out, lse = varlen_kvcache._varlen_on_device(q, k, v, cu_q, cu_k, used, options, None, None)
+    out, lse = varlen_kvcache.varlen_on_device(q, k, v, cu_q, cu_k, used, max(LENS_Q),
+                                               max(LENS_K), options, None, None)
     ref, ref_lse, _ = anyattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(LENS_Q), max(LENS_K),
                                                      causal=True, seqused_k=used,
                                                      return_attn_probs=True)
