@@ -37,6 +37,7 @@ class CallFeatures(NamedTuple):
     sinks: bool = False
     return_lse: bool = False
     seqused_k: bool = False  # varlen keys limited per sequence (flash_attn's public API lacks it)
+    paged_block_size: int = 0  # the page size of a paged KV cache, 0 when not paged
 
 
 class Environment(NamedTuple):
@@ -78,6 +79,8 @@ def flash_attn_unsupported(call: CallFeatures, env: Environment) -> Optional[str
         return "flash_attn 2 has no attention sinks"
     if call.seqused_k:
         return "flash_attn's flash_attn_varlen_func has no seqused_k"
+    if call.paged_block_size % 256:
+        return f"flash_attn 2 needs pages of a multiple of 256 keys, the cache has {call.paged_block_size}"
     version = _version_tuple(env.flash_attn_version)
     for needed, minimum, what in ((call.window, (2, 3), "window_size"),
                                   (call.alibi, (2, 4), "alibi_slopes"),

@@ -112,6 +112,18 @@ def sdpa_attention(q, k, v, options: AttnOptions, alibi_slopes, sinks) -> torch.
     return out.contiguous()
 
 
+def sdpa_with_mask(q, k, v, options: AttnOptions, allowed: torch.Tensor) -> torch.Tensor:
+    """SDPA on (B, S, H, D) tensors under a boolean mask broadcastable to (B, Hq, Sq, Sk), True where
+    visible. Returns (B, Sq, Hq, Dv); a query that sees no key gets 0 (SDPA would give NaN)."""
+    groups = q.shape[2] // k.shape[2]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), _heads_first(k, groups), _heads_first(v, groups), attn_mask=allowed,
+        dropout_p=options.dropout_p, scale=options.softmax_scale)
+    sees_nothing = ~allowed.any(dim=-1)  # (B or 1, 1 or Hq, Sq)
+    out = out.masked_fill(sees_nothing[..., None], 0.0)
+    return out.transpose(1, 2).contiguous()
+
+
 def math_attention(q, k, v, options: AttnOptions, alibi_slopes, sinks
                    ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The contract computed plainly in f32 on q's device. Returns (out (B, Sq, Hq, Dv), lse (B, Hq, Sq)).

@@ -36,7 +36,8 @@ from . import _cache_ops
 from ._checks import check_dense_shapes, check_same_dtype
 from ._options import AttnOptions, make_options
 from .flash_attn_interface import flash_attn_func as _fa2_func
-from .varlen_kvcache import _rotate, _scale
+from ._kvcache_route import rotate
+from .varlen_kvcache import _scale
 from .varlen_kvcache import flash_attn_varlen_func as _fa2_varlen_func
 from .varlen_kvcache import flash_attn_with_kvcache as _fa2_kvcache
 
@@ -461,6 +462,8 @@ def _new_tokens(k, v, cu_seqlens_k_new, batch: int, k_cache, v_cache):
         if tuple(new.shape[1:]) != tuple(cache.shape[2:]):
             raise ValueError(f"{name}: heads and head dim {tuple(new.shape[1:])} differ from the "
                              f"cache's {tuple(cache.shape[2:])}")
+        if new.dtype != cache.dtype:
+            raise TypeError(f"{name}: dtype {new.dtype} differs from the cache's {cache.dtype}")
     return counts, k, v
 
 
@@ -510,10 +513,10 @@ def append_to_cache(k_cache, v_cache, k_new, v_new, counts, stored, table, batch
         if rotary is not None:
             cos, sin, interleaved = rotary
             c, s = _rotary_rows(cos, sin, rotary_base[seq] + t, k_new.shape[-1])
-            k_new = _rotate(torch, k_new, c, s, interleaved)
+            k_new = rotate(k_new, c, s, interleaved)
         device = k_cache.device
-        k_cache[blocks.to(device), rows.to(device)] = k_new.to(k_cache.dtype)
-        v_cache[blocks.to(device), rows.to(device)] = v_new.detach().to(v_cache.dtype)
+        k_cache[blocks.to(device), rows.to(device)] = k_new
+        v_cache[blocks.to(device), rows.to(device)] = v_new.detach()
 
 
 def _cache_geometry(k_cache, v_cache, page_table, cache_batch_idx, batch: int):
@@ -526,6 +529,9 @@ def _cache_geometry(k_cache, v_cache, page_table, cache_batch_idx, batch: int):
         table = _page_table(page_table, batch, k_cache)
         return table, None, table.shape[1] * k_cache.shape[1]
     if cache_batch_idx is None:
+        if k_cache.shape[0] < batch:
+            raise ValueError(f"k_cache: {k_cache.shape[0]} cache batches for {batch} sequences; "
+                             "pass cache_batch_idx, or a cache with a batch per sequence")
         return None, None, k_cache.shape[1]
     idx = index_vector(cache_batch_idx, "cache_batch_idx", batch)
     bad = (idx < 0) | (idx >= k_cache.shape[0])
@@ -597,7 +603,7 @@ def _rotate_queries(pq, q0, q_span, q_end, base, rotary, per_row: bool):
     pos = base[seq] + (i if per_row else torch.zeros_like(i))
     c, s = _rotary_rows(cos, sin, pos, pq.shape[-1])
     start = int(q0[0]) if q0.numel() else 0
-    rotated = _rotate(torch, pq[start:q_end], c, s, interleaved)
+    rotated = rotate(pq[start:q_end], c, s, interleaved)
     return torch.cat([pq[:start], rotated, pq[q_end:]])
 
 

@@ -22,6 +22,7 @@ from ._tensors import is_torch_tensor, torch_module
 
 if torch_module() is not None:
     from . import _cache_ops, _dropout
+    from ._kvcache_route import CacheCall, kvcache_on_device
     from ._packed_route import varlen_on_device
 
 
@@ -363,77 +364,12 @@ def flash_attn_with_kvcache(
             args[18], args[19] = _f32(torch, alibi_slopes), _f32(torch, sinks)
             out, lse = _cache_ops.call(torch.ops.anyattn.fwd_kvcache, *args)
     else:
-        out, lse = _kvcache_on_device(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                      cache_seqlens, cache_seqlen, cache_batch_idx, cache_leftpad,
-                                      block_table, rotary_interleaved, options, alibi_slopes, sinks)
+        call = CacheCall(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                         cache_seqlen, cache_batch_idx, cache_leftpad, block_table,
+                         bool(rotary_interleaved))
+        out, lse = kvcache_on_device(q, call, options, _f32_on(q, alibi_slopes),
+                                     _f32_on(q, sinks), int(num_splits), bool(return_softmax_lse))
     return (out, lse) if return_softmax_lse else out
-
-
-def _rotate(torch, x, cos, sin, interleaved):
-    """x (..., S, H, D) rotated by cos/sin (S, rotary_dim / 2) in float32, back in x's dtype."""
-    rd = cos.shape[-1] * 2
-    xf = x.float()
-    c, s = cos.float()[:, None, :], sin.float()[:, None, :]
-    if interleaved:
-        x0, x1 = xf[..., 0:rd:2], xf[..., 1:rd:2]
-    else:
-        x0, x1 = xf[..., : rd // 2], xf[..., rd // 2: rd]
-    r0, r1 = x0 * c - x1 * s, x0 * s + x1 * c
-    rot = torch.stack((r0, r1), dim=-1).flatten(-2) if interleaved else torch.cat((r0, r1), -1)
-    return torch.cat((rot, xf[..., rd:]), dim=-1).to(x.dtype)
-
-
-def _kvcache_on_device(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                       cache_seqlen, cache_batch_idx, cache_leftpad, block_table,
-                       rotary_interleaved, options, alibi_slopes, sinks):
-    """Non-CPU torch tensors: the append and rotary in torch, then flash_attn_func per sequence."""
-    from .flash_attn_interface import flash_attn_func  # noqa: PLC0415
-
-    torch = torch_module()
-    b, sq, hq, _ = q.shape
-    s_new = 0 if k is None else k.shape[1]
-    page = k_cache.shape[1]
-    if cache_seqlens is None:
-        stored = [cache_seqlen if cache_seqlen >= 0 else page - s_new] * b
-    else:
-        stored = [int(x) for x in torch.as_tensor(cache_seqlens).tolist()]
-    pad = [0] * b if cache_leftpad is None else [int(x) for x in cache_leftpad.tolist()]
-    table = None if block_table is None else block_table.tolist()
-    index = None if cache_batch_idx is None else [int(x) for x in cache_batch_idx.tolist()]
-    q_per_row = options.causal or options.window_size != (-1, -1)
-
-    def rows(bi, first, last):  # (cache dim-0 index, dim-1 index) tensors for positions.
-        pos = torch.arange(first, last)
-        if table is None:
-            return torch.full_like(pos, index[bi] if index else bi), pos
-        return torch.tensor(table[bi], dtype=torch.long)[pos // page], pos % page
-
-    out = q.new_zeros((b, sq, hq, v_cache.shape[-1]))
-    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-    for bi in range(b):
-        if s_new:
-            kb = k[bi]
-            if rotary_cos is not None:
-                sl = slice(stored[bi], stored[bi] + s_new)
-                kb = _rotate(torch, kb, rotary_cos[sl], rotary_sin[sl], rotary_interleaved)
-            n, r = rows(bi, stored[bi], stored[bi] + s_new)
-            k_cache[n, r] = kb
-            v_cache[n, r] = v[bi]
-        qb = q[bi]
-        if rotary_cos is not None:
-            first = stored[bi]
-            sl = slice(first, first + sq) if q_per_row else [first] * sq
-            qb = _rotate(torch, qb, rotary_cos[sl], rotary_sin[sl], rotary_interleaved)
-        n, r = rows(bi, pad[bi], stored[bi] + s_new)
-        slopes = alibi_slopes
-        if slopes is not None and slopes.dim() == 2:
-            slopes = slopes[bi]
-        o, l, _ = flash_attn_func(qb[None], k_cache[n, r][None], v_cache[n, r][None],
-                                  softmax_scale=options.softmax_scale, causal=options.causal,
-                                  window_size=options.window_size, softcap=options.softcap,
-                                  alibi_slopes=slopes, return_attn_probs=True, sinks=sinks)
-        out[bi], lse[bi] = o[0], l[0]
-    return out, lse
 
 
 # ---- Merge --------------------------------------------------------------------------------------
