@@ -512,6 +512,19 @@ def test_fa3_kvcache_errors_name_the_argument():
                                     rotary_sin=sin, cache_seqlens=2, attention_chunk=2)
     with pytest.raises(ValueError, match="attention_chunk"):
         fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=2, attention_chunk=-1)
+    with pytest.raises(TypeError, match="k: dtype"):
+        fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new.double(), k_new.double(),
+                                    cache_seqlens=2, attention_chunk=2)
+    with pytest.raises(ValueError, match="k_cache: 1 cache batches for 2 sequences"):
+        fa3.flash_attn_with_kvcache(q, k_cache[:1], v_cache[:1], cache_seqlens=2,
+                                    attention_chunk=2)
+    with pytest.raises(ValueError, match="cache_batch_idx: repeats"):
+        fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, k_new, cache_seqlens=2,
+                                    cache_batch_idx=torch.tensor([1, 1]).int(), attention_chunk=2)
+    with pytest.raises(ValueError, match="page_table: sequence 0 writes position 2 to block 9"):
+        fa3.flash_attn_with_kvcache(q, k_cache.reshape(6, 2, 2, 8), v_cache.reshape(6, 2, 2, 8),
+                                    k_new, k_new, cache_seqlens=2, attention_chunk=2,
+                                    page_table=torch.tensor([[0, 9, 2], [3, 4, 5]]).int())
 
 
 def test_fa3_kvcache_has_no_backward():
