@@ -154,14 +154,18 @@ index_put_first_axis = IndexPutFirstAxis.apply
 index_first_axis_residual = IndexFirstAxisResidual.apply
 
 
-def _check_mask(where: str, name: str, mask, batch_seqlen: Tuple[int, int]) -> Tensor:
-    """Return ``mask`` as bool after checking its shape and that it holds only 0 and 1."""
+def _check_mask(where: str, name: str, mask, hidden_states: Tensor) -> Tensor:
+    """Return ``mask`` as bool after checking its shape, device and that it holds only 0/1."""
+    batch_seqlen = (hidden_states.shape[0], hidden_states.shape[1])
     if not isinstance(mask, Tensor):
         raise TypeError(f"{where}: {name} must be a torch.Tensor of shape (batch, seqlen), "
                         f"got {type(mask).__name__}")
     if tuple(mask.shape) != batch_seqlen:
         raise ValueError(f"{where}: {name} must have shape (batch, seqlen) = {batch_seqlen} "
                          f"to match hidden_states, got {tuple(mask.shape)}")
+    if mask.device != hidden_states.device:
+        raise ValueError(f"{where}: {name} is on {mask.device} but hidden_states is on "
+                         f"{hidden_states.device}; they must be on the same device")
     if mask.dtype == torch.bool:
         return mask
     if mask.is_complex():
@@ -216,11 +220,10 @@ def unpad_input(
     """
     where = "unpad_input"
     _require_tensor(where, "hidden_states", hidden_states, 3, "(batch, seqlen, ...)")
-    batch_seqlen = (hidden_states.shape[0], hidden_states.shape[1])
-    used = _check_mask(where, "attention_mask", attention_mask, batch_seqlen)
+    used = _check_mask(where, "attention_mask", attention_mask, hidden_states)
     selected = used
     if unused_mask is not None:
-        selected = used | _check_mask(where, "unused_mask", unused_mask, batch_seqlen)
+        selected = used | _check_mask(where, "unused_mask", unused_mask, hidden_states)
     seqlens = selected.sum(dim=-1, dtype=torch.int32)
     packed, indices = _pack(hidden_states, selected)
     return (packed, indices, _cumulative(seqlens), _max_or_zero(seqlens),
@@ -262,6 +265,10 @@ def unpad_input_for_concatenated_sequences(
     if tuple(lengths.shape) != (batch, seqlen):
         raise ValueError(f"{where}: attention_mask_in_length must have shape (batch, seqlen) = "
                          f"{(batch, seqlen)} to match hidden_states, got {tuple(lengths.shape)}")
+    if lengths.device != hidden_states.device:
+        raise ValueError(f"{where}: attention_mask_in_length is on {lengths.device} but "
+                         f"hidden_states is on {hidden_states.device}; they must be on the same "
+                         f"device")
     if lengths.dtype == torch.bool or lengths.is_floating_point() or lengths.is_complex():
         raise TypeError(f"{where}: attention_mask_in_length must hold integer lengths, "
                         f"got dtype {lengths.dtype}")

@@ -241,7 +241,8 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, offsets: Offsets,
     """
     half = cos.shape[1]
     rotary_dim = 2 * half
-    if rotary_dim == 0 or x.numel() == 0 or cos.shape[0] == 0:
+    no_sequences = cu_seqlens is not None and cu_seqlens.shape[0] < 2
+    if rotary_dim == 0 or x.numel() == 0 or cos.shape[0] == 0 or no_sequences:
         return x if inplace else x.clone()
     dtype = _compute_dtype(x.dtype)
     positions, rotates = _token_positions(x, offsets, cu_seqlens)
