@@ -62,6 +62,10 @@ CASES = (
              heads_k_stride=2, seed=6),
     RingCase("llama3_f16_causal_gqa", "llama3", "float16", True, (84, 12, 96), 4, 2, 32,
              heads_k_stride=2, seed=7),
+    # float32 only here: ring and zigzag 0.1.8 start their float32 gradient accumulators with
+    # .to(torch.float32), which aliases float32 block buffers (docs/distributed.md).
+    RingCase("llama3_f32_full_gqa", "llama3", "float32", False, (60, 36, 96), 4, 2, 32,
+             heads_k_stride=1, seed=8),
 )
 
 
@@ -128,8 +132,8 @@ def run_rank(rank: int, world_size: int, cases=CASES) -> Dict[str, Dict[str, np.
     """Worker body: every case forward and backward on this rank's shard.
 
     anyattn is installed as flash_attn before ring_flash_attn is first imported. Returns, per
-    case name, float32 numpy copies of the local out, lse, dq, dk and dv (exact: the dtypes are
-    bfloat16 and float16).
+    case name, float32 numpy copies of the local out, lse, dq, dk and dv (exact for every case
+    dtype).
     """
     import anyattn
 

@@ -2,13 +2,13 @@
 
 For 2 and 3 ranks, one run of worker processes (bench/ring_launch.py) calls anyattn's
 install_as_flash_attn() and then ring_flash_attn_func, zigzag_ring_flash_attn_func and
-llama3_flash_attn_varlen_func (ring_cases.CASES: causal and not, bf16 and f16, GQA and MQA),
-forward and backward, each rank on its shard of one sequence. Every rank's out, LSE, dq, dk and dv
-are checked against the same positions of one single-process anyattn call over the whole sequence
-by flash-attn's rule: max|ring - ref64| <= 2 * max|anyattn - ref64| + eps, ref64 being float64
-torch autograd (torch_reference.attention_torch) and eps the repository's (reference.out_eps,
-reference.lse_eps). A last test checks that a failing rank fails the run with its traceback
-instead of hanging its peers.
+llama3_flash_attn_varlen_func (ring_cases.CASES: causal and not; bf16, f16, and f32 for llama3;
+GQA and MQA), forward and backward, each rank on its shard of one sequence. Every rank's out, LSE,
+dq, dk and dv are checked against the same positions of one single-process anyattn call over the
+whole sequence by flash-attn's rule: max|ring - ref64| <= 2 * max|anyattn - ref64| + eps, ref64
+being float64 torch autograd (torch_reference.attention_torch) and eps the repository's
+(reference.out_eps, reference.lse_eps). A last test checks that a failing rank fails the run with
+its traceback instead of hanging its peers.
 
 ring-flash-attn and the transformers 4.x it imports live in build/ring-deps
 (scripts/setup.sh --python, function install_ring_flash_attn_deps); without them these tests skip.
