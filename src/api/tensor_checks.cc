@@ -52,13 +52,25 @@ std::string allowed_list(std::initializer_list<int32_t> allowed) {
 
 void check_head_dims(const char* function, const char* q_dim, int64_t head_dim, const char* v_dim,
                      int64_t head_dim_v) {
-  if (head_dim < 1 || head_dim > kMaxHeadDim) {
-    fail_invalid(function, ": ", q_dim, " (head dim D) is ", head_dim, "; supported: 1..",
+  if (head_dim < 0 || head_dim > kMaxHeadDim) {
+    fail_invalid(function, ": ", q_dim, " (head dim D) is ", head_dim, "; supported: 0..",
                  kMaxHeadDim);
   }
-  if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
-    fail_invalid(function, ": ", v_dim, " (head dim Dv) is ", head_dim_v, "; supported: 1..",
+  if (head_dim_v < 0 || head_dim_v > kMaxHeadDim) {
+    fail_invalid(function, ": ", v_dim, " (head dim Dv) is ", head_dim_v, "; supported: 0..",
                  kMaxHeadDim);
+  }
+}
+
+void check_heads(const char* function, const char* q_heads, int64_t heads_q, const char* k_heads,
+                 int64_t heads_k) {
+  if (heads_k == 0 && heads_q > 0) {
+    fail_invalid(function, ": ", k_heads, " (Hk) is 0 but ", q_heads, " (Hq) is ", heads_q,
+                 "; there are no key/value heads to attend with (Hk must be >= 1 unless Hq = 0)");
+  }
+  if (heads_k > 0 && heads_q % heads_k != 0) {
+    fail_invalid(function, ": Hq = ", heads_q, " is not a multiple of Hk = ", heads_k,
+                 "; GQA/MQA need Hq % Hk == 0");
   }
 }
 
@@ -92,12 +104,12 @@ TensorExtent check_tensor(const char* function, const char* name, const anyattn_
                    "] = ", size, ")");
     }
   }
+  if (extent.num_elements == 0) return TensorExtent{};  // addresses nothing: any strides
   const int last = t->ndim - 1;
   if (t->shape[last] > 1 && t->strides[last] != 1) {
     fail_invalid(function, ": ", name, ".strides[", last, "] is ", t->strides[last],
                  "; the last dimension must have unit stride");
   }
-  if (extent.num_elements == 0) return TensorExtent{};
   for (int d = 0; d < t->ndim; ++d) {
     int64_t span = 0;
     if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &span) ||

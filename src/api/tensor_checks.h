@@ -18,10 +18,17 @@ constexpr int64_t kMaxHeadDim = 256;
 // kernels form stays far from int64 overflow and the dropout counters stay exact.
 constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
 
-// Throws ANYATTN_E_INVALID_ARGUMENT unless 1 <= head_dim, head_dim_v <= kMaxHeadDim; q_dim and
-// v_dim name where they were read, e.g. "q.shape[3]" and "v.shape[3]".
+// Throws ANYATTN_E_INVALID_ARGUMENT unless 0 <= head_dim, head_dim_v <= kMaxHeadDim; q_dim and
+// v_dim name where they were read, e.g. "q.shape[3]" and "v.shape[3]". A head dim of 0 is a
+// degenerate but well-defined call (docs/semantics.md, section 6).
 void check_head_dims(const char* function, const char* q_dim, int64_t head_dim, const char* v_dim,
                      int64_t head_dim_v);
+
+// Throws ANYATTN_E_INVALID_ARGUMENT unless the head counts fit GQA/MQA: Hk >= 1 and Hq % Hk == 0,
+// or Hq = Hk = 0 (no heads: empty outputs). Hk = 0 with Hq >= 1 leaves nothing to attend with.
+// q_heads and k_heads name where they were read, e.g. "q.shape[2]" and "k.shape[2]".
+void check_heads(const char* function, const char* q_heads, int64_t heads_q, const char* k_heads,
+                 int64_t heads_k);
 
 // Throws ANYATTN_E_UNSUPPORTED if `value` (named `what`) exceeds kMaxExtent.
 void check_extent(const char* function, const char* what, int64_t value);
@@ -42,7 +49,8 @@ struct TensorExtent {
 // Validates `t` as the parameter `name` of `function`: non-null descriptor, ndim == expected_ndim
 // (dims_doc names the dimensions, e.g. "(B, Sq, Hq, D)"), a dtype in `allowed`, non-negative
 // shape, unit stride in the last dimension (any stride when that dimension has size <= 1),
-// non-null data unless empty, and an extent that fits in the address space. Throws ApiError.
+// non-null data, and an extent that fits in the address space. An empty tensor (an extent of 0)
+// addresses nothing: its data pointer and strides are not checked. Throws ApiError.
 TensorExtent check_tensor(const char* function, const char* name, const anyattn_tensor* t,
                           int expected_ndim, const char* dims_doc,
                           std::initializer_list<int32_t> allowed_dtypes);

@@ -98,14 +98,9 @@ ValidatedBwd validate_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
   const int64_t head_dim = q->shape[3];
   const int64_t seqlen_k = k->shape[1], heads_k = k->shape[2], head_dim_v = v->shape[3];
   check_head_dims(kFn, "q.shape[3]", head_dim, "v.shape[3]", head_dim_v);
-  if (heads_q < 1) fail_invalid(kFn, ": q.shape[2] (Hq) is ", heads_q, "; must be >= 1");
-  if (heads_k < 1) fail_invalid(kFn, ": k.shape[2] (Hk) is ", heads_k, "; must be >= 1");
   check_shape4("k", k, "(B, Sk, Hk, D)", batch, seqlen_k, heads_k, head_dim);
   check_shape4("v", v, "(B, Sk, Hk, Dv)", batch, seqlen_k, heads_k, head_dim_v);
-  if (heads_q % heads_k != 0) {
-    fail_invalid(kFn, ": Hq = ", heads_q, " is not a multiple of Hk = ", heads_k,
-                 "; GQA/MQA need Hq % Hk == 0");
-  }
+  check_heads(kFn, "q.shape[2]", heads_q, "k.shape[2]", heads_k);
   check_shape4("out", out, "(B, Sq, Hq, Dv)", batch, seqlen_q, heads_q, head_dim_v);
   check_shape4("dout", dout, "(B, Sq, Hq, Dv)", batch, seqlen_q, heads_q, head_dim_v);
   check_shape4("dq", dq, "(B, Sq, Hq, D)", batch, seqlen_q, heads_q, head_dim);

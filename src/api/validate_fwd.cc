@@ -97,9 +97,11 @@ void apply_attention_options(const char* function, const anyattn_fwd_params& par
     fail_invalid(function, ": params->softmax_scale is ", params.softmax_scale,
                  "; must be finite (0 selects the default 1/sqrt(D))");
   }
+  // With D = 0 every score is 0 whatever the scale: the default is then 1, not 1/sqrt(0).
   args->softmax_scale =
-      params.softmax_scale != 0.f
-          ? params.softmax_scale
+      params.softmax_scale != 0.f ? params.softmax_scale
+      : args->head_dim == 0
+          ? 1.f
           : static_cast<float>(1.0 / std::sqrt(static_cast<double>(args->head_dim)));
   if (!(params.softcap >= 0.f) || !std::isfinite(params.softcap)) {
     fail_invalid(function, ": params->softcap is ", params.softcap,
@@ -164,8 +166,6 @@ ValidatedFwd validate_fwd(const anyattn_tensor* q, const anyattn_tensor* k, cons
   const int64_t seqlen_k = k->shape[1], heads_k = k->shape[2], head_dim_v = v->shape[3];
 
   check_head_dims(kFn, "q.shape[3]", head_dim, "v.shape[3]", head_dim_v);
-  if (heads_q < 1) fail_invalid(kFn, ": q.shape[2] (Hq) is ", heads_q, "; must be >= 1");
-  if (heads_k < 1) fail_invalid(kFn, ": k.shape[2] (Hk) is ", heads_k, "; must be >= 1");
   if (k->shape[0] != batch || v->shape[0] != batch || out->shape[0] != batch) {
     fail_invalid(kFn, ": batch sizes differ: q.shape[0] = ", batch, ", k.shape[0] = ", k->shape[0],
                  ", v.shape[0] = ", v->shape[0], ", out.shape[0] = ", out->shape[0]);
@@ -177,10 +177,7 @@ ValidatedFwd validate_fwd(const anyattn_tensor* q, const anyattn_tensor* k, cons
     fail_invalid(kFn, ": v.shape is (", v->shape[0], ", ", v->shape[1], ", ", v->shape[2], ", ",
                  v->shape[3], "); its Sk and Hk must match k's (", seqlen_k, ", ", heads_k, ")");
   }
-  if (heads_q % heads_k != 0) {
-    fail_invalid(kFn, ": Hq = ", heads_q, " is not a multiple of Hk = ", heads_k,
-                 "; GQA/MQA need Hq % Hk == 0");
-  }
+  check_heads(kFn, "q.shape[2]", heads_q, "k.shape[2]", heads_k);
   if (out->shape[1] != seqlen_q || out->shape[2] != heads_q || out->shape[3] != head_dim_v) {
     fail_invalid(kFn, ": out.shape is (", out->shape[0], ", ", out->shape[1], ", ", out->shape[2],
                  ", ", out->shape[3], "); expected (B, Sq, Hq, Dv) = (", batch, ", ", seqlen_q,

@@ -85,8 +85,6 @@ ValidatedKvcache validate_cache_call(const char* fn, const anyattn_tensor* q,
   const char* q_heads_name = varlen ? "q.shape[1]" : "q.shape[2]";
   check_head_dims(fn, varlen ? "q.shape[2]" : "q.shape[3]", head_dim, "v_cache.shape[3]",
                   head_dim_v);
-  if (heads_q < 1) fail_invalid(fn, ": ", q_heads_name, " (Hq) is ", heads_q, "; must be >= 1");
-  if (heads_k < 1) fail_invalid(fn, ": k_cache.shape[2] (Hk) is ", heads_k, "; must be >= 1");
   if (k_cache->shape[3] != head_dim) {
     fail_invalid(fn, ": k_cache.shape[3] is ", k_cache->shape[3], "; must equal ",
                  varlen ? "q.shape[2]" : "q.shape[3]", " (D) = ", head_dim);
@@ -97,10 +95,7 @@ ValidatedKvcache validate_cache_call(const char* fn, const anyattn_tensor* q,
                  v_cache->shape[2], ", ...) must match k_cache's (", cache_rows, ", ", cache_len,
                  ", ", heads_k, ", ...)");
   }
-  if (heads_q % heads_k != 0) {
-    fail_invalid(fn, ": Hq = ", heads_q, " is not a multiple of Hk = ", heads_k,
-                 "; GQA/MQA need Hq % Hk == 0");
-  }
+  check_heads(fn, q_heads_name, heads_q, "k_cache.shape[2]", heads_k);
   if (varlen) {
     if (out->shape[0] != q->shape[0] || out->shape[1] != heads_q || out->shape[2] != head_dim_v) {
       fail_invalid(fn, ": out.shape is (", out->shape[0], ", ", out->shape[1], ", ", out->shape[2],

@@ -77,8 +77,6 @@ ValidatedFwd validate_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor* 
   const int64_t total_q = q->shape[0], heads_q = q->shape[1], head_dim = q->shape[2];
   const int64_t total_k = k->shape[0], heads_k = k->shape[1], head_dim_v = v->shape[2];
   check_head_dims(kFn, "q.shape[2]", head_dim, "v.shape[2]", head_dim_v);
-  if (heads_q < 1) fail_invalid(kFn, ": q.shape[1] (Hq) is ", heads_q, "; must be >= 1");
-  if (heads_k < 1) fail_invalid(kFn, ": k.shape[1] (Hk) is ", heads_k, "; must be >= 1");
   if (k->shape[2] != head_dim) {
     fail_invalid(kFn, ": k.shape[2] is ", k->shape[2], "; must equal q.shape[2] (D) = ", head_dim);
   }
@@ -86,10 +84,7 @@ ValidatedFwd validate_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor* 
     fail_invalid(kFn, ": v.shape is (", v->shape[0], ", ", v->shape[1], ", ", v->shape[2],
                  "); its total_k and Hk must match k's (", total_k, ", ", heads_k, ")");
   }
-  if (heads_q % heads_k != 0) {
-    fail_invalid(kFn, ": Hq = ", heads_q, " is not a multiple of Hk = ", heads_k,
-                 "; GQA/MQA need Hq % Hk == 0");
-  }
+  check_heads(kFn, "q.shape[1]", heads_q, "k.shape[1]", heads_k);
   if (out->shape[0] != total_q || out->shape[1] != heads_q || out->shape[2] != head_dim_v) {
     fail_invalid(kFn, ": out.shape is (", out->shape[0], ", ", out->shape[1], ", ", out->shape[2],
                  "); expected (total_q, Hq, Dv) = (", total_q, ", ", heads_q, ", ", head_dim_v,

@@ -7,6 +7,7 @@
 
 #include "cpu/bwd_layout.h"
 #include "cpu/half.h"
+#include "cpu/unit_head_dims.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/num_threads.h"
 #include "runtime/thread_pool.h"
@@ -81,6 +82,34 @@ int64_t task_cost(const FwdArgs& f, const BwdTask& task) {
   return cost * f.group_size() + ceil_div64(task.key_end - task.key_begin, kBwdBlock);
 }
 
+// Writes exact zeros to dk and dv of every sequence's keys that no query attends: those beyond
+// seqused_k (unused_only, varlen), or all of them (a call without query heads). A gradient
+// without columns (D or Dv = 0) is not addressed.
+void zero_key_gradients(const BwdArgs& args, const runtime::PoolLease& lease, bool unused_only) {
+  const FwdArgs& f = args.fwd;
+  lease.run_each(f.batch * f.heads_k, [&](int64_t t, int) {
+    const int64_t b = t / f.heads_k;
+    const int64_t head_k = t % f.heads_k;
+    const SeqInfo seq = sequence_info(f, b);
+    const int64_t available =
+        f.cu_seqlens_k != nullptr ? f.cu_seqlens_k[b + 1] - f.cu_seqlens_k[b] : seq.seqlen_k;
+    for (int64_t j = unused_only ? seq.seqlen_k : 0; j < available; ++j) {
+      if (f.head_dim > 0) {
+        void* dk = element_address(args.dk, f.dtype,
+                                   key_row_offset(f, seq, j, head_k, args.dk_batch_stride,
+                                                  args.dk_row_stride, args.dk_head_stride));
+        for (int64_t c = 0; c < f.head_dim; ++c) store_element(dk, f.dtype, c, 0.f);
+      }
+      if (f.head_dim_v > 0) {
+        void* dv = element_address(args.dv, f.dtype,
+                                   key_row_offset(f, seq, j, head_k, args.dv_batch_stride,
+                                                  args.dv_row_stride, args.dv_head_stride));
+        for (int64_t c = 0; c < f.head_dim_v; ++c) store_element(dv, f.dtype, c, 0.f);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 const char* bwd_kernel_name(anyattn_isa isa) {
@@ -94,6 +123,15 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
     for (int64_t h = 0; args.dsinks != nullptr && h < f.heads_q; ++h) {
       args.dsinks[h * args.dsinks_stride] = 0.f;  // an empty sum
     }
+    return;
+  }
+  if (f.heads_q == 0) {  // no query attends to any key: dk = dv = 0 (dq and dsinks are empty)
+    zero_key_gradients(args, runtime::acquire_pool(runtime::get_num_threads()), false);
+    return;
+  }
+  if (f.head_dim == 0 || f.head_dim_v == 0) {
+    UnitHeadDimsScratch scratch;
+    run_bwd(with_unit_head_dims(args, &scratch), isa);
     return;
   }
   const BwdKernel* kernel = find_bwd_kernel(isa);
@@ -192,22 +230,7 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
   });
   if (f.cu_seqlens_k != nullptr && f.seqlens_k != nullptr) {
     // Varlen keys beyond seqused_k take no part in attention: their gradients are exact zeros.
-    lease.run_each(f.batch * f.heads_k, [&](int64_t t, int) {
-      const BwdSeq& s = seqs[t / f.heads_k];
-      const int64_t head_k = t % f.heads_k;
-      const int64_t b = t / f.heads_k;
-      const int64_t available = f.cu_seqlens_k[b + 1] - f.cu_seqlens_k[b];
-      for (int64_t j = s.seq.seqlen_k; j < available; ++j) {
-        void* dk = element_address(args.dk, f.dtype,
-                                   key_row_offset(f, s.seq, j, head_k, args.dk_batch_stride,
-                                                  args.dk_row_stride, args.dk_head_stride));
-        void* dv = element_address(args.dv, f.dtype,
-                                   key_row_offset(f, s.seq, j, head_k, args.dv_batch_stride,
-                                                  args.dv_row_stride, args.dv_head_stride));
-        for (int64_t c = 0; c < f.head_dim; ++c) store_element(dk, f.dtype, c, 0.f);
-        for (int64_t c = 0; c < f.head_dim_v; ++c) store_element(dv, f.dtype, c, 0.f);
-      }
-    });
+    zero_key_gradients(args, lease, true);
   }
 }
 

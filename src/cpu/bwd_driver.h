@@ -19,7 +19,8 @@
 namespace anyattn::cpu {
 
 // `isa` must be resolved and runnable (api::resolve_isa). Throws std::bad_alloc when workspace
-// cannot be allocated, before anything is written.
+// cannot be allocated, before anything is written. With B = 0 only dsinks is written (zeros);
+// with Hq = 0 nothing; calls with D = 0 or Dv = 0 run with head dim 1 (cpu/unit_head_dims.h).
 void run_bwd(const BwdArgs& args, anyattn_isa isa);
 
 // The registry name of the backward kernel for `isa` (e.g. "bwd_f32acc_avx512_6x64"), or nullptr

@@ -23,6 +23,8 @@ struct FwdArgs {
   int64_t batch = 0;       // B
   int64_t seqlen_q = 0;    // Sq
   int64_t seqlen_k = 0;    // Sk
+  // Validated calls may have Hq = Hk = 0 and head dims of 0; run_fwd and run_bwd return early
+  // or rewrite those (cpu/unit_head_dims.h), so the kernels see the ranges below.
   int64_t heads_q = 0;     // Hq >= 1
   int64_t heads_k = 0;     // Hk >= 1, Hq % Hk == 0
   int64_t head_dim = 0;    // D in [1, 256]

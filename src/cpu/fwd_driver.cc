@@ -7,6 +7,7 @@
 #include "cpu/finalize.h"
 #include "cpu/fwd_layout.h"
 #include "cpu/kernel_registry.h"
+#include "cpu/unit_head_dims.h"
 #include "plan/fwd_plan.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/num_threads.h"
@@ -341,7 +342,13 @@ void run_part(const FwdArgs& args, const FwdKernel& kernel, const runtime::PoolL
 }  // namespace
 
 void run_fwd(const FwdArgs& args, anyattn_isa isa) {
-  if (args.batch == 0 || args.seqlen_q == 0) return;
+  if (args.batch == 0 || args.seqlen_q == 0 || args.heads_q == 0) return;  // out and lse empty
+  if (args.head_dim == 0 || args.head_dim_v == 0) {
+    if (args.head_dim_v == 0 && args.lse == nullptr) return;  // out has no columns, no lse
+    std::vector<float> out_scratch;
+    run_fwd(with_unit_head_dims(args, &out_scratch), isa);
+    return;
+  }
   const FwdKernel* kernel = find_fwd_kernel(isa);
   const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());
 

@@ -10,7 +10,9 @@
 namespace anyattn::cpu {
 
 // `isa` must be resolved and runnable (api::resolve_isa). Throws std::bad_alloc when workspace
-// cannot be allocated, before anything is written.
+// cannot be allocated, before anything is written. Empty calls (B, Sq or Hq = 0) write nothing;
+// calls with D = 0 or Dv = 0 run with head dim 1 (cpu/unit_head_dims.h), so the kernels only
+// ever see head dims >= 1 and Hq, Hk >= 1.
 void run_fwd(const FwdArgs& args, anyattn_isa isa);
 
 }  // namespace anyattn::cpu

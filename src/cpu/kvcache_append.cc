@@ -35,21 +35,26 @@ void append_to_cache(const FwdArgs& args, const CacheAppend& append,
     const int64_t key = cache_seqlens[b] + t - seq.k_first;
     const float* cos = rotary ? append.rotary_cos.data() + task * half : nullptr;
     const float* sin = rotary ? append.rotary_sin.data() + task * half : nullptr;
+    // A cache without columns (D or Dv = 0) may have no memory at all: it is not addressed.
     for (int64_t head = 0; head < args.heads_k; ++head) {
-      const int64_t k_src = b * append.k_new_batch_stride + t * append.k_new_row_stride +
-                            head * append.k_new_head_stride;
-      const int64_t k_dst = key_row_offset(args, seq, key, head, args.k_batch_stride,
-                                           args.k_row_stride, args.k_head_stride);
-      copy_row(element_address(append.k_new, args.dtype, k_src),
-               element_address(const_cast<void*>(args.k), args.dtype, k_dst), args.dtype,
-               args.head_dim, cos, sin, args.rotary_dim, args.rotary_interleaved);
-      const int64_t v_src = b * append.v_new_batch_stride + t * append.v_new_row_stride +
-                            head * append.v_new_head_stride;
-      const int64_t v_dst = key_row_offset(args, seq, key, head, args.v_batch_stride,
-                                           args.v_row_stride, args.v_head_stride);
-      copy_row(element_address(append.v_new, args.dtype, v_src),
-               element_address(const_cast<void*>(args.v), args.dtype, v_dst), args.dtype,
-               args.head_dim_v, nullptr, nullptr, 0, false);
+      if (args.head_dim > 0) {
+        const int64_t k_src = b * append.k_new_batch_stride + t * append.k_new_row_stride +
+                              head * append.k_new_head_stride;
+        const int64_t k_dst = key_row_offset(args, seq, key, head, args.k_batch_stride,
+                                             args.k_row_stride, args.k_head_stride);
+        copy_row(element_address(append.k_new, args.dtype, k_src),
+                 element_address(const_cast<void*>(args.k), args.dtype, k_dst), args.dtype,
+                 args.head_dim, cos, sin, args.rotary_dim, args.rotary_interleaved);
+      }
+      if (args.head_dim_v > 0) {
+        const int64_t v_src = b * append.v_new_batch_stride + t * append.v_new_row_stride +
+                              head * append.v_new_head_stride;
+        const int64_t v_dst = key_row_offset(args, seq, key, head, args.v_batch_stride,
+                                             args.v_row_stride, args.v_head_stride);
+        copy_row(element_address(append.v_new, args.dtype, v_src),
+                 element_address(const_cast<void*>(args.v), args.dtype, v_dst), args.dtype,
+                 args.head_dim_v, nullptr, nullptr, 0, false);
+      }
     }
   });
 }

@@ -26,10 +26,16 @@ void merge_states(const MergeArgs& m) {
           m.lse_a[n * m.la_outer_stride + h * m.la_head_stride + t * m.la_token_stride];
       const float lse_b =
           m.lse_b[n * m.lb_outer_stride + h * m.lb_head_stride + t * m.lb_token_stride];
-      const void* row_a = element_address(
-          m.out_a, m.dtype, n * m.a_outer_stride + t * m.a_token_stride + h * m.a_head_stride);
-      const void* row_b = element_address(
-          m.out_b, m.dtype, n * m.b_outer_stride + t * m.b_token_stride + h * m.b_head_stride);
+      // Outputs without columns (Dv = 0) may have no memory: only the LSE is merged then.
+      const bool columns = m.head_dim > 0;
+      const void* row_a = columns ? element_address(m.out_a, m.dtype,
+                                                    n * m.a_outer_stride + t * m.a_token_stride +
+                                                        h * m.a_head_stride)
+                                  : nullptr;
+      const void* row_b = columns ? element_address(m.out_b, m.dtype,
+                                                    n * m.b_outer_stride + t * m.b_token_stride +
+                                                        h * m.b_head_stride)
+                                  : nullptr;
       const float top = std::fmax(lse_a, lse_b);  // -inf only if both are -inf
       float merged_lse;
       if (top == -std::numeric_limits<float>::infinity()) {
@@ -49,9 +55,11 @@ void merge_states(const MergeArgs& m) {
         merged_lse = top + std::log(total);
         if (std::isnan(lse_a) || std::isnan(lse_b)) merged_lse = std::nanf("");
       }
-      void* out_row = element_address(
-          m.out, m.dtype, n * m.o_outer_stride + t * m.o_token_stride + h * m.o_head_stride);
-      for (int64_t c = 0; c < m.head_dim; ++c) store_element(out_row, m.dtype, c, merged[c]);
+      if (columns) {
+        void* out_row = element_address(
+            m.out, m.dtype, n * m.o_outer_stride + t * m.o_token_stride + h * m.o_head_stride);
+        for (int64_t c = 0; c < m.head_dim; ++c) store_element(out_row, m.dtype, c, merged[c]);
+      }
       if (m.lse_out != nullptr) {
         m.lse_out[n * m.lo_outer_stride + h * m.lo_head_stride + t * m.lo_token_stride] =
             merged_lse;
