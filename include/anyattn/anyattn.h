@@ -224,7 +224,8 @@ ANYATTN_API void anyattn_fwd_params_init(anyattn_fwd_params* params);
  *   out (B, Sq, Hq, Dv)   same dtype as q; written
  *   lse (B, Hq, Sq)       f32; written; may be NULL
  *   params                may be NULL for all defaults
- * 1 <= D, Dv <= 256. Any of B, Sq, Sk may be 0. out must not overlap q, k, v or lse.
+ * 0 <= D, Dv <= 256. Any of B, Sq, Sk, Hq may be 0 (Hk too when Hq is; docs/semantics.md,
+ * section 6). out must not overlap q, k, v or lse.
  * Fully masked rows (and Sk == 0) give out = 0 and lse = -inf, or lse = sink with a sink.
  * On any error nothing is written. */
 ANYATTN_API anyattn_status anyattn_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
