@@ -19,10 +19,10 @@ def check_rank(x: Any, name: str, ndim: int, layout: str) -> None:
 
 
 def check_last_dim(x: Any, name: str) -> None:
-    """Raise ValueError unless the head dimension of ``x`` is in [1, 256]."""
+    """Raise ValueError unless the head dimension of ``x`` is in [0, 256] (0: see docs/semantics.md, section 6)."""
     d = x.shape[-1]
-    if not 1 <= d <= 256:
-        raise ValueError(f"{name}: head dimension must be in [1, 256], got {d} (shape {tuple(x.shape)})")
+    if not 0 <= d <= 256:
+        raise ValueError(f"{name}: head dimension must be in [0, 256], got {d} (shape {tuple(x.shape)})")
 
 
 def check_dense_shapes(q: Any, k: Any, v: Any) -> Tuple[int, int, int, int, int, int, int]:
@@ -43,7 +43,12 @@ def check_dense_shapes(q: Any, k: Any, v: Any) -> Tuple[int, int, int, int, int,
         raise ValueError(
             f"v: seqlen_k and nheads_k must match k's ({sk}, {hk}), got shape {tuple(v.shape)}"
         )
-    if hk == 0 or hq % hk != 0:
+    if hk == 0 and hq > 0:
+        raise ValueError(
+            f"k: nheads_k is 0 but q has nheads={hq}; there are no key/value heads to attend with "
+            "(nheads_k must be >= 1 unless nheads is 0)"
+        )
+    if hk > 0 and hq % hk != 0:
         raise ValueError(
             f"k: nheads_k must divide q's nheads (GQA/MQA), got nheads={hq} and nheads_k={hk}"
         )
