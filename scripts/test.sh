@@ -6,11 +6,12 @@
 #   3. the concurrency and resource tests under ThreadSanitizer;
 #   4. each libFuzzer harness for 60 s (fuzz/run_fuzzers.sh);
 #   5. the C++ suite cross-compiled for AArch64, under qemu-user (scripts/test_aarch64.sh);
-#   6. the Python package (pytest);
-#   7. the Rust crates (cargo test).
+#   6. the manylinux wheel, installed and run where no compiler is on PATH (scripts/test_wheel.sh);
+#   7. the Python package (pytest);
+#   8. the Rust crates (cargo test).
 # Stops at the first failing stage; each runner prints its own summary line.
 #   scripts/test.sh            everything
-#   scripts/test.sh --fast     stages 1, 6 and 7 only
+#   scripts/test.sh --fast     stages 1, 7 and 8 only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST=0
@@ -43,6 +44,9 @@ if [ "$FAST" -eq 0 ]; then
 
   stage "C++ tests on AArch64 (cross-compiled, qemu-user, reduced sweep)"
   scripts/test_aarch64.sh
+
+  stage "Wheel (build, auditwheel repair, install without a compiler)"
+  scripts/test_wheel.sh
 fi
 
 stage "Python tests (pytest)"
