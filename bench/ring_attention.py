@@ -9,9 +9,10 @@ At one total sequence length, runs forward + backward of
               of --world-sizes; gloo over loopback (bench/ring_launch.py),
 
 and prints one row per rank: its threads, the median time of a call, that time over the one
-process's, the peak memory of a call and that peak over the one process's. The cores are shared,
-not oversubscribed where it can be helped: N ranks get max(1, cores // N) threads each (torch's
-and anyattn's), the one process gets all cores.
+process's, the peak memory of a call, that peak over the one process's, and the bytes of the
+rank's inputs (q, k, v and the output gradient), which the peak does not include. The cores are
+shared, not oversubscribed where it can be helped: N ranks get max(1, cores // N) threads each
+(torch's and anyattn's), the one process gets all cores.
 
 What is timed: in each worker, one warm-up call per function (thread pools, TorchScript, gloo
 buffers), then --repeats calls, each after a barrier across the ranks; a rank's time is its own
@@ -112,7 +113,7 @@ def measure_rank(rank: int, world_size: int, functions, config: dict) -> dict:
     """Worker body: for each of ``functions`` ("single" is anyattn.flash_attn_func on world_size
     1; "ring", "zigzag"), a warm-up call, then ``repeats`` timed calls, the first of them also
     measured for peak memory. Returns {function: {"threads", "times" (seconds), "peak_bytes",
-    "peak_from_hwm"}}."""
+    "peak_from_hwm", "input_bytes" (q, k, v and dout, held before the call)}}."""
     import torch
     import torch.distributed as dist
 
@@ -151,7 +152,8 @@ def measure_rank(rank: int, world_size: int, functions, config: dict) -> dict:
                 else:
                     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - maxrss_before
         results[function] = {"threads": torch.get_num_threads(), "times": times,
-                             "peak_bytes": peak_kib * 1024, "peak_from_hwm": from_hwm}
+                             "peak_bytes": peak_kib * 1024, "peak_from_hwm": from_hwm,
+                             "input_bytes": sum(x.nbytes for x in (q, k, v, dout))}
     return results
 
 
@@ -198,7 +200,7 @@ def main() -> int:
     single = _run(["single"], 1, config, args)[0]["single"]
     single_time = statistics.median(single["times"])
     header = (f"{'run':<12}{'rank':>8}{'threads':>8}{'seq/rank':>9}{'median ms':>11}"
-              f"{'x 1 proc':>9}{'peak MiB':>10}{'x 1 proc':>9}")
+              f"{'x 1 proc':>9}{'peak MiB':>10}{'x 1 proc':>9}{'inputs MiB':>11}")
     print(header)
     print("-" * len(header))
 
@@ -207,7 +209,8 @@ def main() -> int:
         mark = "" if result["peak_from_hwm"] else "*"
         print(f"{name:<12}{rank:>8}{result['threads']:>8}{seq:>9}{median * 1e3:>11.1f}"
               f"{median / single_time:>9.2f}{result['peak_bytes'] / 2**20:>9.1f}{mark:1}"
-              f"{result['peak_bytes'] / max(single['peak_bytes'], 1):>9.2f}")
+              f"{result['peak_bytes'] / max(single['peak_bytes'], 1):>9.2f}"
+              f"{result['input_bytes'] / 2**20:>11.1f}")
 
     row("1 process", 0, single, args.seqlen)
     for world_size in world_sizes:
