@@ -125,8 +125,26 @@ def _backward(ctx, dout, dlse):
 torch.library.register_autograd("anyattn::fwd", _backward, setup_context=_setup_context, lib=_LIB)
 
 
+def runs_eagerly_without_autograd(*tensors) -> bool:
+    """True if a call on ``tensors`` (None entries ignored) may run its CPU kernel body directly
+    instead of through the dispatcher: plain tensors (no subclass such as FakeTensor or DTensor),
+    no torch.compile tracing, and no gradient to record. The dispatcher costs more than the
+    kernel at decode shapes, and skipping it leaves the result unchanged."""
+    if torch.compiler.is_compiling():
+        return False
+    grad_mode = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad_mode and t.requires_grad)):
+            return False
+    return True
+
+
 def fwd(q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes, sinks, dropout_p=0.0,
         rng_state=None):
-    """Call anyattn::fwd on CPU tensors (differentiable in q, k, v and sinks)."""
+    """anyattn::fwd on CPU tensors (differentiable in q, k, v and sinks); the kernel body
+    directly when runs_eagerly_without_autograd allows."""
+    if runs_eagerly_without_autograd(q, k, v, alibi_slopes, sinks):
+        return torch_forward(q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes, sinks,
+                             dropout_p, rng_state)
     return torch.ops.anyattn.fwd(q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes,
                                  sinks, dropout_p, rng_state)

@@ -231,7 +231,7 @@ def test_alibi_slopes_get_no_gradient_and_lse_is_not_differentiable():
     q = torch.randn(1, 6, 2, 8, requires_grad=True)
     slopes = torch.rand(2, requires_grad=True)
     out, lse, probs = anyattn.flash_attn_func(q, q, q, alibi_slopes=slopes, return_attn_probs=True)
-    assert probs is None and not lse.requires_grad
+    assert probs.shape == (0,) and not lse.requires_grad  # flash-attn: empty S_dmask
     out.sum().backward()
     assert q.grad is not None and slopes.grad is None
 

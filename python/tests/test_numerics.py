@@ -79,9 +79,9 @@ def test_dense_forward_2x_rule(framework, dtype, feature, shape):
     (alibi, sinks), (alibi_np, sinks_np) = _extras(framework, b, hq, spec, rng)
     kwargs = {key: spec[key] for key in ("causal", "window_size", "softcap", "softmax_scale")
               if key in spec}
-    out, lse, none = anyattn.flash_attn_func(q, k, v, alibi_slopes=alibi, sinks=sinks,
-                                             return_attn_probs=True, **kwargs)
-    assert none is None
+    out, lse, s_dmask = anyattn.flash_attn_func(q, k, v, alibi_slopes=alibi, sinks=sinks,
+                                                return_attn_probs=True, **kwargs)
+    assert tuple(s_dmask.shape) == (0,)  # flash-attn's S_dmask without dropout
     assert tuple(out.shape) == (b, sq, hq, dv) and out.dtype == q.dtype
     assert tuple(lse.shape) == (b, hq, sq)
     assert type(out) is type(q)
