@@ -454,7 +454,8 @@ def test_flash_attn_qkvpacked(dtype, causal, d, dropout_p, seqlen):
      "score_mod": ["none", "alibi", "softcap"]},
     {"kvpacked": [False, True], "deterministic": [False, True],
      "shape": [(32, 113, 203), (59, 128, 217), (64, 217, 113), (128, 64, 128), (256, 1, 239),
-               (40, 3, 3), (96, 108, 256), (111, 239, 1)]},
+               (40, 3, 3), (96, 108, 256), (111, 239, 1), (64, 256, 512), (32, 512, 256),
+               (160, 113, 211)]},
 ))
 def test_flash_attn_output(dtype, mha_type, causal, local, score_mod, kvpacked, deterministic,
                            shape):
@@ -629,7 +630,7 @@ class Packed:
     {"kvpacked": [False, True], "deterministic": [False, True],
      "mode": ["random", "third", "full"],
      "shape": [(32, 113, 203), (59, 128, 217), (64, 1, 147), (128, 217, 113), (256, 64, 128),
-               (80, 97, 97), (40, 3, 50)]},
+               (80, 97, 97), (40, 3, 50), (64, 256, 512), (96, 113, 211), (224, 128, 128)]},
 ))
 def test_flash_attn_varlen_output(dtype, mha_type, causal, local, score_mod, kvpacked,
                                   deterministic, mode, shape):
@@ -733,11 +734,12 @@ def test_flash_attn_varlen_qkvpacked(dtype, causal, d, dropout_p, seqlen):
 @pytest.mark.parametrize(*grid(
     {"dtype": DTYPES, "mha_type": ["mha", "gqa"], "causal": [False, True]},
     {"shape": [(32, 113, 203), (64, 128, 217), (128, 217, 113)], "kvpacked": [False, True],
-     "local": [False, True]},
+     "local": [False, True], "max_seqlen": ["batch's", "padded"]},
 ))
-def test_flash_attn_varlen_dropout(dtype, mha_type, causal, shape, kvpacked, local):
-    """Varlen S_dmask: (batch, nheads, round128(max_seqlen_q), round128(max_seqlen_k)); sequence
-    b's probabilities and keep mask in [b, :, :seqlen_q_b, :seqlen_k_b]."""
+def test_flash_attn_varlen_dropout(dtype, mha_type, causal, shape, kvpacked, local, max_seqlen):
+    """Varlen S_dmask: (batch, nheads, round128(max_seqlen_q), round128(max_seqlen_k)) for the
+    max_seqlen_q/k passed (the batch's longest, or the padded length as callers often pass);
+    sequence b's probabilities and keep mask in [b, :, :seqlen_q_b, :seqlen_k_b]."""
     d, seqlen_q, seqlen_k = shape
     torch.manual_seed(0)
     batch, nheads_k = 3, KV_HEADS[mha_type]
@@ -749,7 +751,9 @@ def test_flash_attn_varlen_dropout(dtype, mha_type, causal, shape, kvpacked, loc
     pv = Packed(v, pk.mask)
     window = random_window(seqlen_k) if local else (-1, -1)
     q_u = pq.leaf()
-    lens = (pq.cu_seqlens, pk.cu_seqlens, pq.max_seqlen, pk.max_seqlen)
+    max_q, max_k = (pq.max_seqlen, pk.max_seqlen) if max_seqlen == "batch's" else (seqlen_q,
+                                                                                 seqlen_k)
+    lens = (pq.cu_seqlens, pk.cu_seqlens, max_q, max_k)
     if kvpacked:
         kv_u = torch.stack([pk.unpadded, pv.unpadded], dim=1).detach().requires_grad_()
         leaves = (q_u, kv_u)
@@ -761,8 +765,8 @@ def test_flash_attn_varlen_dropout(dtype, mha_type, causal, shape, kvpacked, loc
         out_u, lse, s_dmask = flash_attn_varlen_func(
             *leaves, *lens, DROPOUT_P, causal=causal, window_size=window, return_attn_probs=True)
     out = pq.pad(out_u)
-    keep, probs = keep_mask_from_s_dmask(s_dmask, batch, NHEADS, pq.max_seqlen, pk.max_seqlen,
-                                         seqlen_q, seqlen_k, dtype)
+    keep, probs = keep_mask_from_s_dmask(s_dmask, batch, NHEADS, max_q, max_k, seqlen_q,
+                                         seqlen_k, dtype)
     lengths = dict(q_lens=pq.lengths, k_lens=pk.lengths)
     args = dict(lengths, causal=causal, window_size=window, dropout_p=DROPOUT_P, keep=keep)
     out_ref, probs_ref, _ = attention_reference(q, k, v, **args)
@@ -1123,9 +1127,10 @@ def check_ring_result(dtype, ring, inputs, dout, whole, padded, ref_args, pad_q=
 
     float32: equal to the whole attention's own forward and autograd (``whole(*inputs)`` returns
     its (out, lse)) to 1e-5 of the largest value: the summation order differs, while a wrong mask
-    or a lost block would move results by orders of magnitude more. bfloat16/float16: the 2x rule against the float64
-    reference on the ``padded`` (B, S, H, D) tensors; ``pad_q``/``pad_k`` map the ring's rows to
-    that layout and ``lse_rows`` the reference LSE (B, H, Sq) to the ring's.
+    or a lost block would move results by orders of magnitude more.
+    bfloat16/float16: the 2x rule against the float64 reference on the ``padded`` (B, S, H, D)
+    tensors; ``pad_q``/``pad_k`` map the ring's rows to that layout and ``lse_rows`` the
+    reference LSE (B, H, Sq) to the ring's.
     """
     out, lse, dq, dk, dv = ring
     if dtype == torch.float32:
