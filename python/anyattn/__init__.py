@@ -13,13 +13,12 @@ from .flash_attn_interface import (
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
 )
-from .varlen_kvcache import (
+from .kvcache import flash_attn_with_kvcache
+from .merge import merge_attention_states, merge_attention_states_
+from .varlen import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
-    merge_attention_states,
-    merge_attention_states_,
 )
 
 __version__ = _core.version_string()

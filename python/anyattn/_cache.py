@@ -1,6 +1,6 @@
 """Varlen, KV-cache and merge calls on numpy arrays and CPU torch tensors, through the C ABI.
 
-Every function here takes already-checked arguments (see varlen_kvcache.py) and returns new output
+Every function here takes already-checked arguments (see varlen.py, kvcache.py and merge.py) and returns new output
 arrays/tensors; the KV-cache call also writes the new keys/values into the caches in place (the
 varlen KV-cache call only reads them).
 """

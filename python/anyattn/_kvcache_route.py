@@ -166,8 +166,10 @@ def kvcache_on_device(q, call: CacheCall, options: AttnOptions, alibi_slopes, si
         slopes = slopes[None, :] if slopes.dim() == 1 else slopes
         distance = (diag - j).abs().to(torch.float32)[:, None]  # (B, 1, Sq, L)
 
-        def bias(lo, hi):
+        def alibi(lo, hi):
             return -slopes[:, :, None, None] * distance[:, :, lo:hi]
+
+        bias = alibi
     return _sdpa.masked_math_attention(q, keys, values, options, sinks,
                                        lambda lo, hi: visible[:, :, lo:hi], bias)
 

@@ -11,7 +11,7 @@ sequences; it costs total_q x total_k booleans (and, with ALiBi, a bias per quer
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -108,10 +108,10 @@ def packed_attention(q, k, v, layout: PackedLayout, options: AttnOptions, alibi_
             attn_mask=allowed, dropout_p=options.dropout_p, scale=options.softmax_scale)
         out = out[0].transpose(0, 1).masked_fill(~allowed.any(dim=1)[:, None, None], 0.0)
         return out.contiguous(), None
-    bias = None
-    if alibi_slopes is not None:
-        def bias(lo, hi):
-            return alibi_rows(layout, alibi_slopes, lo, hi)
+    def alibi(lo, hi):
+        return alibi_rows(layout, alibi_slopes, lo, hi)
+
+    bias = None if alibi_slopes is None else alibi
     out, lse = _sdpa.masked_math_attention(
         q[None], k[None], v[None], options, sinks,
         lambda lo, hi: visible_rows(layout, window, lo, hi), bias)

@@ -37,9 +37,9 @@ from ._checks import check_dense_shapes, check_same_dtype
 from ._options import AttnOptions, make_options
 from .flash_attn_interface import flash_attn_func as _fa2_func
 from ._kvcache_route import rotate
-from .varlen_kvcache import _scale
-from .varlen_kvcache import flash_attn_varlen_func as _fa2_varlen_func
-from .varlen_kvcache import flash_attn_with_kvcache as _fa2_kvcache
+from ._arguments import _scale
+from .kvcache import flash_attn_with_kvcache as _fa2_kvcache
+from .varlen import flash_attn_varlen_func as _fa2_varlen_func
 
 __all__ = [
     "flash_attn_combine",

@@ -1,10 +1,13 @@
-"""Drop-in replacements for flash-attn 2.x's dense functions.
+"""flash-attn 2.x's ``flash_attn_interface`` module on anyattn.
 
-``from anyattn import flash_attn_func`` in place of ``from flash_attn import flash_attn_func``: the
-same names, argument order, defaults and return conventions, plus ``sinks=None`` (per-head sink
-logits, sglang's ``s_aux``). Inputs are torch tensors (float32/float16/bfloat16, any device) or
-numpy arrays (float32/float16). See docs/python.md for the dispatch rules and the differences from
-flash-attn.
+The dense functions are defined here; the varlen and KV-cache functions (varlen.py, kvcache.py)
+are held here too, as upstream's module holds them; and so are flash-attn 2.8's private forward
+and backward functions, which libraries such as ring-flash-attn import from this module.
+``from anyattn import flash_attn_func`` in place of ``from flash_attn import flash_attn_func``:
+the same names, argument order, defaults and return conventions, plus ``sinks=None`` (per-head
+sink logits, sglang's ``s_aux``). Inputs are torch tensors (float32/float16/bfloat16, any device)
+or numpy arrays (float32/float16). See docs/python.md for the dispatch rules and the differences
+from flash-attn.
 """
 
 from __future__ import annotations
@@ -18,13 +21,29 @@ from ._checks import check_dense_shapes, check_per_head, check_same_dtype
 from ._cpu import numpy_forward, reject_numpy_dropout
 from ._options import AttnOptions, make_options
 from ._tensors import is_torch_tensor, numpy_dtype_code, torch_dtype_code, torch_module
-from .varlen_kvcache import (  # noqa: F401 - flash-attn's module holds these too
+from .kvcache import flash_attn_with_kvcache
+from .varlen import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
     varlen_call,
 )
+
+# flash-attn 2.8's flash_attn_interface: the public functions and the private ones that libraries
+# built on it import.
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
+    "_flash_attn_forward",
+    "_flash_attn_backward",
+    "_flash_attn_varlen_forward",
+    "_flash_attn_varlen_backward",
+]
 
 if torch_module() is not None:
     from . import _dropout, _torch_ops

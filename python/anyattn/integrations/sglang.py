@@ -18,7 +18,7 @@ from typing import Any, List, Optional
 
 import torch
 
-from ..varlen_kvcache import flash_attn_varlen_func
+from ..varlen import flash_attn_varlen_func
 
 
 def _resolve_cu_seqlens(cu_seqlens: Any, bsz: int, seq_len: int, forward_metadata: Any) -> List[int]:
