@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import anyattn
-from anyattn import varlen_kvcache
+from anyattn import varlen
 from anyattn._options import make_options
 from conftest import FRAMEWORK_DTYPES, make_inputs, to_numpy
 from reference import check_2x, lse_eps, out_eps
@@ -191,7 +191,7 @@ def test_device_route_gathers_the_same_keys():
                                             for x in _small_case(4))
     options = make_options(0.0, None, True, (-1, -1), 0.0, False)
     lengths = torch.tensor(lens_k, dtype=torch.int32)
-    out, lse = varlen_kvcache._paged_varlen_on_device(q, kc, vc, cu_q, 3, lengths, table,
+    out, lse = varlen._paged_varlen_on_device(q, kc, vc, cu_q, 3, lengths, table,
                                                       options, None, None, True)
     ref, ref_lse, _ = anyattn.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 3, 7, causal=True,
                                                      block_table=table, return_attn_probs=True)

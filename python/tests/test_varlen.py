@@ -118,7 +118,7 @@ def test_device_route_slices_the_same_sequences():
     CPU tensors agrees with the varlen kernel, seqused_k included, so its mask selects the keys
     the kernel reads."""
     torch = pytest.importorskip("torch")
-    from anyattn import varlen_kvcache
+    from anyattn import varlen
     from anyattn._options import make_options
 
     rng = np.random.default_rng(6)
@@ -127,7 +127,7 @@ def test_device_route_slices_the_same_sequences():
     cu_q, cu_k = torch.from_numpy(_cu(LENS_Q)), torch.from_numpy(_cu(LENS_K))
     used = torch.tensor([min(n, 6) for n in LENS_K], dtype=torch.int32)
     options = make_options(0.0, None, True, (-1, -1), 0.0, False)
-    out, lse = varlen_kvcache.varlen_on_device(q, k, v, cu_q, cu_k, used, max(LENS_Q),
+    out, lse = varlen.varlen_on_device(q, k, v, cu_q, cu_k, used, max(LENS_Q),
                                                max(LENS_K), options, None, None)
     ref, ref_lse, _ = anyattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(LENS_Q), max(LENS_K),
                                                      causal=True, seqused_k=used,
