@@ -4,7 +4,7 @@ tensors in the forms the CPU kernels and the device routes take."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -22,15 +22,6 @@ def _kind(x: Any, name: str) -> str:
 def _check_rank(x: Any, name: str, ndim: int, dims: str) -> None:
     if x.ndim != ndim:
         raise ValueError(f"{name}: expected shape {dims}, got {tuple(x.shape)}")
-
-
-def _scale(q: Any, softmax_scale: Optional[float]) -> Tuple[Any, float]:
-    """(q, scale) for the C ABI, whose scale 0 means 1/sqrt(D); an explicit 0.0 runs q * 0."""
-    if softmax_scale is None:
-        return q, 0.0
-    if softmax_scale == 0.0:
-        return q * 0, 0.0
-    return q, float(softmax_scale)
 
 
 def _empty_s_dmask(q: Any) -> Any:

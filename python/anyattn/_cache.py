@@ -12,7 +12,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from . import _core
-from ._cpu import seed_offset
+from ._kernel_options import KernelOptions, binding_options
 from ._tensors import numpy_dtype_code, numpy_spec, torch_dtype_code, torch_module, torch_spec
 
 
@@ -72,16 +72,12 @@ def _empty(like: Any, shape: Tuple[int, ...], f32: bool = False) -> Any:
 
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q: int,
-                   max_seqlen_k: int, softmax_scale: float, softcap: float, causal: bool,
-                   window_left: int, window_right: int, alibi_slopes, sinks,
-                   dropout_p: float = 0.0, rng_state=None):
+                   max_seqlen_k: int, options: KernelOptions):
     """anyattn_fwd_varlen: returns (out (total_q, Hq, Dv) in q's dtype, lse (Hq, total_q) f32).
 
-    ``softmax_scale`` 0 selects 1/sqrt(D). Rows of q outside every sequence are 0 in out and
-    -inf in lse. With ``dropout_p > 0`` (torch only) the keep mask is keyed by ``rng_state``, an
-    int64 tensor (2,) = (seed, offset).
+    Rows of q outside every sequence are 0 in out and -inf in lse. With dropout (torch only) the
+    keep mask is keyed by ``options.rng_state``.
     """
-    seed, offset = seed_offset(rng_state)
     specs = _Specs()
     code = float_code(q, "q")
     total_q, hq = q.shape[0], q.shape[1]
@@ -91,18 +87,14 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q:
     lse[...] = -np.inf
     _core.fwd_varlen(specs(q, code), specs(k, code), specs(v, code), specs(out, code),
                      specs(lse, _core.DTYPE_F32), specs.i32(cu_seqlens_q), specs.i32(cu_seqlens_k),
-                     specs.i32(seqused_k), int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
-                     softcap, causal, window_left, window_right, specs.f32(alibi_slopes),
-                     specs.f32(sinks), dropout_p=dropout_p, dropout_seed=seed,
-                     dropout_offset=offset)
+                     specs.i32(seqused_k), int(max_seqlen_q), int(max_seqlen_k),
+                     binding_options(options, specs.f32))
     return out, lse
 
 
 def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, softcap: float,
-                    causal: bool, window_left: int, window_right: int, alibi_slopes, sinks,
-                    dropout_p: float, rng_state):
-    """anyattn_bwd_varlen on CPU torch tensors, with the forward's arguments.
+                    max_seqlen_q: int, max_seqlen_k: int, options: KernelOptions):
+    """anyattn_bwd_varlen on CPU torch tensors, with the forward's arguments and options.
 
     Returns (dq, dk, dv in q's dtype, shaped like q, k, v, zero in rows outside every sequence
     and, for dk/dv, keys beyond seqused_k; dsinks f32 (Hq,), or (0,) without sinks).
@@ -110,7 +102,7 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused
     torch = torch_module()
     specs = _Specs()
     code = float_code(q, "q")
-    seed, offset = seed_offset(rng_state)
+    sinks = options.sinks
     dq = torch.zeros(tuple(q.shape), dtype=q.dtype)
     dk = torch.zeros(tuple(k.shape), dtype=q.dtype)
     dv = torch.zeros(tuple(v.shape), dtype=q.dtype)
@@ -120,16 +112,13 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused
                      specs(dq, code), specs(dk, code), specs(dv, code),
                      None if sinks is None else specs(dsinks, _core.DTYPE_F32),
                      specs.i32(cu_seqlens_q), specs.i32(cu_seqlens_k), specs.i32(seqused_k),
-                     int(max_seqlen_q), int(max_seqlen_k), softmax_scale, softcap, causal,
-                     window_left, window_right, specs.f32(alibi_slopes), specs.f32(sinks),
-                     dropout_p=dropout_p, dropout_seed=seed, dropout_offset=offset)
+                     int(max_seqlen_q), int(max_seqlen_k), binding_options(options, specs.f32))
     return dq, dk, dv, dsinks
 
 
 def kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_seqlen: int, cache_batch_idx, cache_leftpad, block_table,
-                    rotary_interleaved: bool, softmax_scale: float, softcap: float, causal: bool,
-                    window_left: int, window_right: int, alibi_slopes, sinks, num_splits: int):
+                    rotary_interleaved: bool, options: KernelOptions, num_splits: int):
     """anyattn_fwd_kvcache: appends k/v (when given) into the caches in place and returns
     (out (B, Sq, Hq, Dv) in q's dtype, lse (B, Hq, Sq) f32). The caches are never copied: a cache
     whose last dimension is not unit-stride is rejected by the caller."""
@@ -144,15 +133,13 @@ def kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
         specs(lse, _core.DTYPE_F32), specs(k, code), specs(v, code), specs.i32(cache_seqlens),
         int(cache_seqlen), specs.i32(cache_batch_idx), specs.i32(cache_leftpad),
         specs.i32(block_table), specs(rotary_cos, rotary_code), specs(rotary_sin, rotary_code),
-        bool(rotary_interleaved), softmax_scale, softcap, causal, window_left, window_right,
-        specs.f32(alibi_slopes), specs.f32(sinks), int(num_splits))
+        bool(rotary_interleaved), binding_options(options, specs.f32, num_splits))
     return out, lse
 
 
 def kvcache_varlen_forward(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q: int, cache_seqlens,
                            cache_seqlen: int, cache_batch_idx, cache_leftpad, block_table,
-                           softmax_scale: float, softcap: float, causal: bool, window_left: int,
-                           window_right: int, alibi_slopes, sinks, num_splits: int):
+                           options: KernelOptions, num_splits: int):
     """anyattn_fwd_kvcache_varlen: packed queries (total_q, Hq, D) against a cache it only reads.
 
     Returns (out (total_q, Hq, Dv) in q's dtype, lse (Hq, total_q) f32); rows of q outside every
@@ -169,8 +156,8 @@ def kvcache_varlen_forward(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q: int,
         specs(q, code), specs(k_cache, code), specs(v_cache, code), specs(out, code),
         specs(lse, _core.DTYPE_F32), specs.i32(cu_seqlens_q), int(max_seqlen_q),
         specs.i32(cache_seqlens), int(cache_seqlen), specs.i32(cache_batch_idx),
-        specs.i32(cache_leftpad), specs.i32(block_table), softmax_scale, softcap, causal,
-        window_left, window_right, specs.f32(alibi_slopes), specs.f32(sinks), int(num_splits))
+        specs.i32(cache_leftpad), specs.i32(block_table),
+        binding_options(options, specs.f32, num_splits))
     return out, lse
 
 

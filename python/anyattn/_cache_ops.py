@@ -26,6 +26,7 @@ import torch
 
 from ._cache import (kvcache_forward, kvcache_varlen_forward, merge_states, varlen_backward,
                      varlen_forward)
+from ._kernel_options import KernelOptions
 
 _LIB = torch.library.Library("anyattn", "FRAGMENT")
 _LIB.define(
@@ -117,10 +118,30 @@ def _merge_inplace_fake(out_a, lse_a, out_b, lse_b):
     return None
 
 
-_LIB.impl("fwd_varlen", varlen_forward, "CPU")
-_LIB.impl("bwd_varlen", varlen_backward, "CPU")
-_LIB.impl("fwd_kvcache", kvcache_forward, "CPU")
-_LIB.impl("fwd_kvcache_varlen", kvcache_varlen_forward, "CPU")
+# The CPU kernels: the schemas spell the options as scalars; KernelOptions gathers them again.
+def _varlen_cpu(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, *options):
+    return varlen_forward(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, KernelOptions(*options))
+
+
+def _bwd_varlen_cpu(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, *options):
+    return varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k,
+                           KernelOptions(*options))
+
+
+def _kvcache_cpu(*args):
+    """args: the 13 cache arguments (q .. rotary_interleaved), 7 score arguments, num_splits."""
+    return kvcache_forward(*args[:13], KernelOptions(*args[13:20]), args[20])
+
+
+def _kvcache_varlen_cpu(*args):
+    """args: the 10 cache arguments (q .. block_table), 7 score arguments, num_splits."""
+    return kvcache_varlen_forward(*args[:10], KernelOptions(*args[10:17]), args[17])
+
+
+_LIB.impl("fwd_varlen", _varlen_cpu, "CPU")
+_LIB.impl("bwd_varlen", _bwd_varlen_cpu, "CPU")
+_LIB.impl("fwd_kvcache", _kvcache_cpu, "CPU")
+_LIB.impl("fwd_kvcache_varlen", _kvcache_varlen_cpu, "CPU")
 _LIB.impl("merge_attention_states", _merge_cpu, "CPU")
 _LIB.impl("merge_attention_states_", _merge_inplace_cpu, "CPU")
 torch.library.register_fake("anyattn::fwd_varlen", _varlen_fake, lib=_LIB)

@@ -26,6 +26,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._cpu import torch_backward, torch_forward
+from ._kernel_options import KernelOptions
 
 _SCORE_ARGS = (
     "float softmax_scale, float softcap, bool causal, int window_left, int window_right, "
@@ -60,10 +61,14 @@ def _fwd_cpu(
     rng_state: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """CPU kernel of anyattn::fwd: runs the C library (see anyattn._cpu.torch_forward)."""
-    return torch_forward(
-        q, k, v, softmax_scale, softcap, causal, window_left, window_right, alibi_slopes, sinks,
-        dropout_p, rng_state,
-    )
+    return torch_forward(q, k, v, KernelOptions(softmax_scale, softcap, causal, window_left,
+                                                window_right, alibi_slopes, sinks, dropout_p,
+                                                rng_state))
+
+
+def _bwd_cpu(dout, q, k, v, out, lse, *score_and_dropout):
+    """CPU kernel of anyattn::bwd: runs the C library (see anyattn._cpu.torch_backward)."""
+    return torch_backward(dout, q, k, v, out, lse, KernelOptions(*score_and_dropout))
 
 
 def _fwd_fake(
@@ -96,7 +101,7 @@ def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, softcap, causal, window_le
 
 
 _LIB.impl("fwd", _fwd_cpu, "CPU")
-_LIB.impl("bwd", torch_backward, "CPU")
+_LIB.impl("bwd", _bwd_cpu, "CPU")
 torch.library.register_fake("anyattn::fwd", _fwd_fake, lib=_LIB)
 torch.library.register_fake("anyattn::bwd", _bwd_fake, lib=_LIB)
 
@@ -139,12 +144,9 @@ def runs_eagerly_without_autograd(*tensors) -> bool:
     return True
 
 
-def fwd(q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes, sinks, dropout_p=0.0,
-        rng_state=None):
+def fwd(q, k, v, options: KernelOptions):
     """anyattn::fwd on CPU tensors (differentiable in q, k, v and sinks); the kernel body
     directly when runs_eagerly_without_autograd allows."""
-    if runs_eagerly_without_autograd(q, k, v, alibi_slopes, sinks):
-        return torch_forward(q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes, sinks,
-                             dropout_p, rng_state)
-    return torch.ops.anyattn.fwd(q, k, v, softmax_scale, softcap, causal, wl, wr, alibi_slopes,
-                                 sinks, dropout_p, rng_state)
+    if runs_eagerly_without_autograd(q, k, v, options.alibi_slopes, options.sinks):
+        return torch_forward(q, k, v, options)
+    return torch.ops.anyattn.fwd(q, k, v, *options)

@@ -37,7 +37,7 @@ from ._checks import check_dense_shapes, check_same_dtype
 from ._options import AttnOptions, make_options
 from .flash_attn_interface import flash_attn_func as _fa2_func
 from ._kvcache_route import rotate
-from ._arguments import _scale
+from ._kernel_options import kernel_options, kernel_query
 from .kvcache import flash_attn_with_kvcache as _fa2_kvcache
 from .varlen import flash_attn_varlen_func as _fa2_varlen_func
 
@@ -340,14 +340,13 @@ def run_cache(q, k_cache, v_cache, plan: Plan, table, batch_idx, options: AttnOp
         block_table, cache_batch = None, rows.to(torch.int32)
     if device.type != "cpu":
         q, k_cache, v_cache = q.cpu(), k_cache.cpu(), v_cache.cpu()
-    q_run, scale = _scale(q, options.softmax_scale)
-    wl, wr = options.window_size
     sinks = None if sinks is None else torch.as_tensor(sinks).to(device="cpu",
                                                                  dtype=torch.float32)
+    kopts = kernel_options(options, None, sinks)
     out, lse = _cache_ops.call(
-        torch.ops.anyattn.fwd_kvcache_varlen, q_run, k_cache, v_cache, plan.cu_q, plan.max_q,
-        plan.k_hi.to(torch.int32), -1, cache_batch, plan.k_lo.to(torch.int32), block_table,
-        scale, options.softcap, options.causal, wl, wr, None, sinks, max(num_splits, 0))
+        torch.ops.anyattn.fwd_kvcache_varlen, kernel_query(q, options), k_cache, v_cache,
+        plan.cu_q, plan.max_q, plan.k_hi.to(torch.int32), -1, cache_batch,
+        plan.k_lo.to(torch.int32), block_table, *kopts.score_args(), max(num_splits, 0))
     return out.to(device), lse.to(device)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from . import _dispatch
 from ._checks import check_dense_shapes, check_per_head, check_same_dtype
 from ._cpu import numpy_forward, reject_numpy_dropout
+from ._kernel_options import kernel_options, kernel_query
 from ._options import AttnOptions, make_options
 from ._tensors import is_torch_tensor, numpy_dtype_code, torch_dtype_code, torch_module
 from .kvcache import flash_attn_with_kvcache
@@ -65,23 +66,6 @@ def _framework(q: Any, others: Tuple[Tuple[str, Any], ...]) -> str:
     return kind
 
 
-def _zero_scale(q: Any, options: AttnOptions) -> Tuple[Any, float]:
-    """The (q, scale) pair to hand the C ABI, where a scale of 0 means "default 1/sqrt(D)".
-
-    An explicit ``softmax_scale=0.0`` (all scores 0 before softcap/ALiBi/masking) is honoured by
-    running q*0 with the default scale: every dot product is then exactly 0, or NaN where q or k
-    holds an Inf/NaN, which is what 0 * <q, k> gives.
-    """
-    if options.softmax_scale is None:
-        return q, 0.0
-    if options.softmax_scale == 0.0:
-        if isinstance(q, np.ndarray):
-            with np.errstate(invalid="ignore"):  # Inf * 0 = NaN is the intended result
-                return q * 0, 0.0
-        return q * 0, 0.0
-    return q, options.softmax_scale
-
-
 def _numpy_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs):
     reject_numpy_dropout(options.dropout_p)
     b, _, _, hq, _, _, _ = check_dense_shapes(q, k, v)
@@ -90,14 +74,13 @@ def _numpy_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs):
         raise TypeError(f"q: numpy dtype {q.dtype} is not supported; use float32 or float16 "
                         "(or a torch tensor for bfloat16)")
     if alibi_slopes is not None:
-        alibi_slopes = np.asarray(alibi_slopes)
+        alibi_slopes = np.asarray(alibi_slopes, np.float32)
         check_per_head(alibi_slopes, "alibi_slopes", b, hq, allow_batched=True)
     if sinks is not None:
-        sinks = np.asarray(sinks)
+        sinks = np.asarray(sinks, np.float32)
         check_per_head(sinks, "sinks", b, hq, allow_batched=False)
-    q, scale = _zero_scale(q, options)
-    out, lse = numpy_forward(q, k, v, scale, options.softcap, options.causal,
-                             options.window_size, alibi_slopes, sinks)
+    out, lse = numpy_forward(kernel_query(q, options), k, v,
+                             kernel_options(options, alibi_slopes, sinks))
     return (out, lse, np.empty((0,), q.dtype)) if return_attn_probs else out
 
 
@@ -151,14 +134,14 @@ def _cpu_attention(q, k, v, options, alibi_slopes, sinks, want_s_dmask):
     dropout pattern padded to (B, Hq, round128(Sq), round128(Sk)). rng_state is the dropout
     (seed, offset) int64 tensor (2,), or None without dropout.
     """
-    q_run, scale = _zero_scale(q, options)
-    wl, wr = options.window_size
-    score_args = (scale, options.softcap, options.causal, wl, wr, alibi_slopes, sinks)
+    q_run = kernel_query(q, options)
     rng_state = _dropout.maybe_rng_state(options.dropout_p)
-    out, lse = _torch_ops.fwd(q_run, k, v, *score_args, options.dropout_p, rng_state)
+    kopts = kernel_options(options, alibi_slopes, sinks, rng_state)
+    out, lse = _torch_ops.fwd(q_run, k, v, kopts)
     s_dmask = q.new_empty((0,))
     if want_s_dmask and rng_state is not None:
-        pattern = _dropout.dropout_pattern(q_run, k, score_args, options.dropout_p, rng_state)
+        pattern = _dropout.dropout_pattern(q_run, k, kopts.score_args(), options.dropout_p,
+                                           rng_state)
         s_dmask = _dropout.pad_to_blocks(pattern)
     return out, lse, s_dmask, rng_state
 
@@ -372,13 +355,11 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
     _check_like(dout, "dout", (b, sq, hq, dv_dim))
     _check_like(out, "out", (b, sq, hq, dv_dim))
     _check_like(softmax_lse, "softmax_lse", (b, hq, sq))
-    q_run, scale = _zero_scale(q, options)
-    wl, wr = options.window_size
+    kopts = kernel_options(options, alibi_slopes, None,
+                           rng_state if options.dropout_p > 0.0 else None)
     with torch.no_grad():
-        grads = torch.ops.anyattn.bwd(
-            dout, q_run, k, v, out, softmax_lse.float(), scale, options.softcap, options.causal,
-            wl, wr, alibi_slopes, None, options.dropout_p,
-            rng_state if options.dropout_p > 0.0 else None)
+        grads = torch.ops.anyattn.bwd(dout, kernel_query(q, options), k, v, out,
+                                      softmax_lse.float(), *kopts)
         gq, gk, gv = grads[0], grads[1], grads[2]
         if options.softmax_scale == 0.0:
             gq = gq.zero_()  # scores are scale * <q, k>: no gradient reaches q at scale 0
@@ -456,16 +437,14 @@ def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_
     _check_like(dout, "dout", (total_q, hq, v.shape[-1]))
     _check_like(out, "out", (total_q, hq, v.shape[-1]))
     _check_like(softmax_lse, "softmax_lse", (hq, total_q))
-    q_run, scale = _zero_scale(q, options)
-    wl, wr = options.window_size
     cu_q = cu_seqlens_q.to(device="cpu", dtype=torch.int32)
     cu_k = cu_seqlens_k.to(device="cpu", dtype=torch.int32)
     alibi = None if alibi_slopes is None else _as_f32(torch, alibi_slopes, "alibi_slopes", q.device)
+    kopts = kernel_options(options, alibi, None, rng_state if options.dropout_p > 0.0 else None)
     with torch.no_grad():
         grads = torch.ops.anyattn.bwd_varlen(
-            dout, q_run, k, v, out, softmax_lse.float(), cu_q, cu_k, None, int(max_seqlen_q),
-            int(max_seqlen_k), scale, options.softcap, options.causal, wl, wr, alibi, None,
-            options.dropout_p, rng_state if options.dropout_p > 0.0 else None)
+            dout, kernel_query(q, options), k, v, out, softmax_lse.float(), cu_q, cu_k, None,
+            int(max_seqlen_q), int(max_seqlen_k), *kopts)
         gq, gk, gv = grads[0], grads[1], grads[2]
         if options.softmax_scale == 0.0:
             gq = gq.zero_()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from ._arguments import _check_rank, _f32, _f32_on, _index_tensor, _kind, _on_cpu, _scale
+from ._arguments import _check_rank, _f32, _f32_on, _index_tensor, _kind, _on_cpu
 from ._cache import kvcache_forward
+from ._kernel_options import kernel_options, kernel_query
 from ._options import make_options
 from ._tensors import torch_module
 
@@ -71,20 +72,22 @@ def flash_attn_with_kvcache(
         if cache_seqlen < 0:
             raise ValueError(f"cache_seqlens: must be >= 0, got {cache_seqlens}")
         cache_seqlens = None
-    wl, wr = options.window_size
     if _on_cpu(q):
-        q, scale = _scale(q, options.softmax_scale)
-        args = [q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
-                cache_batch_idx, cache_leftpad, block_table, bool(rotary_interleaved), scale,
-                options.softcap, options.causal, wl, wr, alibi_slopes, sinks, int(num_splits)]
+        q = kernel_query(q, options)
         if kind == "numpy":
-            out, lse = kvcache_forward(*args)
+            out, lse = kvcache_forward(
+                q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
+                cache_batch_idx, cache_leftpad, block_table, bool(rotary_interleaved),
+                kernel_options(options, alibi_slopes, sinks), int(num_splits))
         else:
             torch = torch_module()
-            for i in (7, 9, 10, 11):
-                args[i] = _index_tensor(torch, args[i])
-            args[18], args[19] = _f32(torch, alibi_slopes), _f32(torch, sinks)
-            out, lse = _cache_ops.call(torch.ops.anyattn.fwd_kvcache, *args)
+            index = tuple(_index_tensor(torch, x) for x in (cache_batch_idx, cache_leftpad,
+                                                            block_table))
+            kopts = kernel_options(options, _f32(torch, alibi_slopes), _f32(torch, sinks))
+            out, lse = _cache_ops.call(
+                torch.ops.anyattn.fwd_kvcache, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                _index_tensor(torch, cache_seqlens), cache_seqlen, *index,
+                bool(rotary_interleaved), *kopts.score_args(), int(num_splits))
     else:
         call = CacheCall(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_seqlen, cache_batch_idx, cache_leftpad, block_table,

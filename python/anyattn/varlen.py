@@ -15,9 +15,10 @@ from typing import Optional, Tuple
 import numpy as np
 
 from ._arguments import (_check_rank, _empty_s_dmask, _f32, _f32_on, _index_tensor, _kind,
-                         _on_cpu, _scale)
+                         _on_cpu)
 from ._cache import kvcache_varlen_forward, varlen_forward
 from ._cpu import reject_numpy_dropout
+from ._kernel_options import kernel_options, kernel_query
 from ._options import make_options
 from ._tensors import torch_module
 
@@ -49,27 +50,26 @@ def varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     _check_rank(q, "q", 3, "(total_q, nheads, headdim)")
     _check_rank(k, "k", 3, "(total_k, nheads_k, headdim)")
     _check_rank(v, "v", 3, "(total_k, nheads_k, headdim_v)")
-    wl, wr = options.window_size
     rng_state = None
     s_dmask = _empty_s_dmask(q)
     if _on_cpu(q):
+        q = kernel_query(q, options)
+        lengths = (int(max_seqlen_q), int(max_seqlen_k))
         if kind == "numpy":
             reject_numpy_dropout(options.dropout_p)
-        q, scale = _scale(q, options.softmax_scale)
-        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
-                int(max_seqlen_k), scale, options.softcap, options.causal, wl, wr, alibi_slopes,
-                sinks)
-        if kind == "numpy":
-            out, lse = varlen_forward(*args)
+            out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths,
+                                      kernel_options(options, alibi_slopes, sinks))
         else:
             torch = torch_module()
-            args = args[:3] + tuple(_index_tensor(torch, x) for x in args[3:6]) + args[6:13] + (
-                _f32(torch, alibi_slopes), _f32(torch, sinks))
+            index = tuple(_index_tensor(torch, x) for x in (cu_seqlens_q, cu_seqlens_k, seqused_k))
             rng_state = _dropout.maybe_rng_state(options.dropout_p)
-            out, lse = torch.ops.anyattn.fwd_varlen(*args, options.dropout_p, rng_state)
+            kopts = kernel_options(options, _f32(torch, alibi_slopes), _f32(torch, sinks),
+                                   rng_state)
+            out, lse = torch.ops.anyattn.fwd_varlen(q, k, v, *index, *lengths, *kopts)
             if want_s_dmask and rng_state is not None:
-                pattern = _dropout.varlen_dropout_pattern(args[0], args[1], *args[3:8], args[8:],
-                                                          options.dropout_p, rng_state)
+                pattern = _dropout.varlen_dropout_pattern(q, k, *index, *lengths,
+                                                          kopts.score_args(), options.dropout_p,
+                                                          rng_state)
                 s_dmask = _dropout.pad_to_blocks(pattern)
     else:
         out, lse = varlen_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
@@ -132,20 +132,20 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
             "KV, an inference path) only dropout_p=0.0 is supported")
     lengths = _paged_key_lengths(kind, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
                                  k_cache.shape[1])
-    wl, wr = options.window_size
     if _on_cpu(q):
-        q, scale = _scale(q, options.softmax_scale)
-        args = [q, k_cache, v_cache, cu_seqlens_q, int(max_seqlen_q), lengths, -1, None, None,
-                block_table, scale, options.softcap, options.causal, wl, wr, alibi_slopes, sinks,
-                0]
+        q = kernel_query(q, options)
         if kind == "numpy":
-            out, lse = kvcache_varlen_forward(*args)
+            out, lse = kvcache_varlen_forward(
+                q, k_cache, v_cache, cu_seqlens_q, int(max_seqlen_q), lengths, -1, None, None,
+                block_table, kernel_options(options, alibi_slopes, sinks), 0)
         else:
             torch = torch_module()
-            for i in (3, 5, 9):
-                args[i] = _index_tensor(torch, args[i])
-            args[15], args[16] = _f32(torch, alibi_slopes), _f32(torch, sinks)
-            out, lse = _cache_ops.call(torch.ops.anyattn.fwd_kvcache_varlen, *args)
+            kopts = kernel_options(options, _f32(torch, alibi_slopes), _f32(torch, sinks))
+            out, lse = _cache_ops.call(
+                torch.ops.anyattn.fwd_kvcache_varlen, q, k_cache, v_cache,
+                _index_tensor(torch, cu_seqlens_q), int(max_seqlen_q),
+                _index_tensor(torch, lengths), -1, None, None, _index_tensor(torch, block_table),
+                *kopts.score_args(), 0)
     else:
         out, lse = _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q,
                                            lengths, block_table, options, alibi_slopes, sinks,

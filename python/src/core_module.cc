@@ -125,68 +125,6 @@ anyattn_tensor to_tensor(nb::handle spec, const char* name, BufferView& buf, boo
   return out;
 }
 
-// Dense forward. See anyattn_fwd in anyattn.h for shapes and semantics; `lse`, `alibi_slopes`
-// and `sinks` may be None. dropout_p = 0 disables dropout (seed and offset are then unused).
-void fwd(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
-         float softmax_scale, float softcap, bool causal, int32_t window_left,
-         int32_t window_right, nb::handle alibi_slopes, nb::handle sinks, int32_t num_splits,
-         int32_t isa, float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
-  BufferView bq, bk, bv, bout, blse, balibi, bsinks;
-  const anyattn_tensor tq = to_tensor(q, "q", bq);
-  const anyattn_tensor tk = to_tensor(k, "k", bk);
-  const anyattn_tensor tv = to_tensor(v, "v", bv);
-  const anyattn_tensor tout = to_tensor(out, "out", bout, /*writable=*/true);
-  anyattn_tensor tlse{}, talibi{}, tsinks{};
-  if (!lse.is_none()) tlse = to_tensor(lse, "lse", blse, /*writable=*/true);
-  if (!alibi_slopes.is_none()) talibi = to_tensor(alibi_slopes, "alibi_slopes", balibi);
-  if (!sinks.is_none()) tsinks = to_tensor(sinks, "sinks", bsinks);
-
-  anyattn_fwd_params params;
-  anyattn_fwd_params_init(&params);
-  params.softmax_scale = softmax_scale;
-  params.softcap = softcap;
-  params.causal = causal ? 1 : 0;
-  params.window_left = window_left;
-  params.window_right = window_right;
-  params.alibi_slopes = alibi_slopes.is_none() ? nullptr : &talibi;
-  params.sinks = sinks.is_none() ? nullptr : &tsinks;
-  params.num_splits = num_splits;
-  params.isa = isa;
-  params.dropout_p = dropout_p;
-  params.dropout_seed = dropout_seed;
-  params.dropout_offset = dropout_offset;
-
-  anyattn_status status;
-  {
-    nb::gil_scoped_release release;
-    status = anyattn_fwd(&tq, &tk, &tv, &tout, lse.is_none() ? nullptr : &tlse, &params);
-  }
-  if (status != ANYATTN_OK) raise_status(status);
-}
-
-// The score options shared by every forward entry point.
-anyattn_fwd_params make_params(float softmax_scale, float softcap, bool causal, int32_t window_left,
-                               int32_t window_right, const anyattn_tensor* alibi,
-                               const anyattn_tensor* sinks, int32_t num_splits, int32_t isa,
-                               float dropout_p = 0.0f, uint64_t dropout_seed = 0,
-                               uint64_t dropout_offset = 0) {
-  anyattn_fwd_params params;
-  anyattn_fwd_params_init(&params);
-  params.softmax_scale = softmax_scale;
-  params.softcap = softcap;
-  params.causal = causal ? 1 : 0;
-  params.window_left = window_left;
-  params.window_right = window_right;
-  params.alibi_slopes = alibi;
-  params.sinks = sinks;
-  params.num_splits = num_splits;
-  params.isa = isa;
-  params.dropout_p = dropout_p;
-  params.dropout_seed = dropout_seed;
-  params.dropout_offset = dropout_offset;
-  return params;
-}
-
 // An optional tensor: nullptr for None, else `t` filled from the spec.
 const anyattn_tensor* optional_tensor(nb::handle spec, const char* name, BufferView& buf,
                                       anyattn_tensor& t, bool writable = false) {
@@ -195,34 +133,82 @@ const anyattn_tensor* optional_tensor(nb::handle spec, const char* name, BufferV
   return &t;
 }
 
+// The score options of every attention call, as the one tuple anyattn._kernel_options.py builds:
+//   (softmax_scale, softcap, causal, window_left, window_right, alibi_slopes, sinks, num_splits,
+//    dropout_p, dropout_seed, dropout_offset)
+// with alibi_slopes and sinks tensor specs or None. This is the one place where they become
+// anyattn_fwd_params. Not copyable: the params point at the tensors held here.
+class ScoreParams {
+ public:
+  explicit ScoreParams(nb::handle options) {
+    const nb::tuple t = nb::borrow<nb::tuple>(options);
+    if (t.size() != 11) {
+      throw nb::value_error("options: expected the 11-tuple of anyattn._kernel_options");
+    }
+    anyattn_fwd_params_init(&params_);
+    params_.softmax_scale = nb::cast<float>(t[0]);
+    params_.softcap = nb::cast<float>(t[1]);
+    params_.causal = nb::cast<bool>(t[2]) ? 1 : 0;
+    params_.window_left = nb::cast<int32_t>(t[3]);
+    params_.window_right = nb::cast<int32_t>(t[4]);
+    params_.alibi_slopes = optional_tensor(t[5], "alibi_slopes", alibi_buf_, alibi_);
+    params_.sinks = optional_tensor(t[6], "sinks", sinks_buf_, sinks_);
+    params_.num_splits = nb::cast<int32_t>(t[7]);
+    params_.dropout_p = nb::cast<float>(t[8]);
+    params_.dropout_seed = nb::cast<uint64_t>(t[9]);
+    params_.dropout_offset = nb::cast<uint64_t>(t[10]);
+  }
+  ScoreParams(const ScoreParams&) = delete;
+  ScoreParams& operator=(const ScoreParams&) = delete;
+
+  const anyattn_fwd_params* get() const { return &params_; }
+
+ private:
+  BufferView alibi_buf_, sinks_buf_;
+  anyattn_tensor alibi_{}, sinks_{};
+  anyattn_fwd_params params_;
+};
+
+// Dense forward. See anyattn_fwd in anyattn.h for shapes and semantics; `lse` may be None.
+void fwd(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+         nb::handle options) {
+  BufferView bq, bk, bv, bout, blse;
+  const anyattn_tensor tq = to_tensor(q, "q", bq);
+  const anyattn_tensor tk = to_tensor(k, "k", bk);
+  const anyattn_tensor tv = to_tensor(v, "v", bv);
+  const anyattn_tensor tout = to_tensor(out, "out", bout, /*writable=*/true);
+  anyattn_tensor tlse{};
+  const anyattn_tensor* plse = optional_tensor(lse, "lse", blse, tlse, /*writable=*/true);
+  const ScoreParams params(options);
+  anyattn_status status;
+  {
+    nb::gil_scoped_release release;
+    status = anyattn_fwd(&tq, &tk, &tv, &tout, plse, params.get());
+  }
+  if (status != ANYATTN_OK) raise_status(status);
+}
+
 // Variable-length forward. See anyattn_fwd_varlen in anyattn.h; lse, seqused_k, alibi_slopes and
 // sinks may be None.
 void fwd_varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
                 nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
-                int64_t max_seqlen_q, int64_t max_seqlen_k, float softmax_scale, float softcap,
-                bool causal, int32_t window_left, int32_t window_right, nb::handle alibi_slopes,
-                nb::handle sinks, int32_t num_splits, int32_t isa, float dropout_p,
-                uint64_t dropout_seed, uint64_t dropout_offset) {
-  BufferView bq, bk, bv, bout, blse, bcq, bck, bused, balibi, bsinks;
+                int64_t max_seqlen_q, int64_t max_seqlen_k, nb::handle options) {
+  BufferView bq, bk, bv, bout, blse, bcq, bck, bused;
   const anyattn_tensor tq = to_tensor(q, "q", bq);
   const anyattn_tensor tk = to_tensor(k, "k", bk);
   const anyattn_tensor tv = to_tensor(v, "v", bv);
   const anyattn_tensor tout = to_tensor(out, "out", bout, /*writable=*/true);
   const anyattn_tensor tcq = to_tensor(cu_seqlens_q, "cu_seqlens_q", bcq);
   const anyattn_tensor tck = to_tensor(cu_seqlens_k, "cu_seqlens_k", bck);
-  anyattn_tensor tlse{}, tused{}, talibi{}, tsinks{};
+  anyattn_tensor tlse{}, tused{};
   const anyattn_tensor* plse = optional_tensor(lse, "lse", blse, tlse, /*writable=*/true);
   const anyattn_tensor* pused = optional_tensor(seqused_k, "seqused_k", bused, tused);
-  const anyattn_fwd_params params = make_params(
-      softmax_scale, softcap, causal, window_left, window_right,
-      optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
-      optional_tensor(sinks, "sinks", bsinks, tsinks), num_splits, isa, dropout_p, dropout_seed,
-      dropout_offset);
+  const ScoreParams params(options);
   anyattn_status status;
   {
     nb::gil_scoped_release release;
     status = anyattn_fwd_varlen(&tq, &tk, &tv, &tout, plse, &tcq, &tck, pused, max_seqlen_q,
-                                max_seqlen_k, &params);
+                                max_seqlen_k, params.get());
   }
   if (status != ANYATTN_OK) raise_status(status);
 }
@@ -251,16 +237,14 @@ void fwd_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handl
                  nb::handle lse, nb::handle k_new, nb::handle v_new, nb::handle cache_seqlens,
                  int64_t cache_seqlen, nb::handle cache_batch_idx, nb::handle cache_leftpad,
                  nb::handle block_table, nb::handle rotary_cos, nb::handle rotary_sin,
-                 bool rotary_interleaved, float softmax_scale, float softcap, bool causal,
-                 int32_t window_left, int32_t window_right, nb::handle alibi_slopes,
-                 nb::handle sinks, int32_t num_splits, int32_t isa) {
-  BufferView bq, bkc, bvc, bout, blse, bkn, bvn, bcos, bsin, balibi, bsinks;
+                 bool rotary_interleaved, nb::handle options) {
+  BufferView bq, bkc, bvc, bout, blse, bkn, bvn, bcos, bsin;
   const anyattn_tensor tq = to_tensor(q, "q", bq);
   const bool appends = !k_new.is_none();
   const anyattn_tensor tkc = to_tensor(k_cache, "k_cache", bkc, appends);
   const anyattn_tensor tvc = to_tensor(v_cache, "v_cache", bvc, appends);
   const anyattn_tensor tout = to_tensor(out, "out", bout, /*writable=*/true);
-  anyattn_tensor tlse{}, tkn{}, tvn{}, tcos{}, tsin{}, talibi{}, tsinks{};
+  anyattn_tensor tlse{}, tkn{}, tvn{}, tcos{}, tsin{};
   const anyattn_tensor* plse = optional_tensor(lse, "lse", blse, tlse, /*writable=*/true);
   anyattn_kvcache_params cache;
   anyattn_kvcache_params_init(&cache);
@@ -271,14 +255,11 @@ void fwd_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handl
   cache.rotary_cos = optional_tensor(rotary_cos, "rotary_cos", bcos, tcos);
   cache.rotary_sin = optional_tensor(rotary_sin, "rotary_sin", bsin, tsin);
   cache.rotary_interleaved = rotary_interleaved ? 1 : 0;
-  const anyattn_fwd_params params =
-      make_params(softmax_scale, softcap, causal, window_left, window_right,
-                  optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
-                  optional_tensor(sinks, "sinks", bsinks, tsinks), num_splits, isa);
+  const ScoreParams params(options);
   anyattn_status status;
   {
     nb::gil_scoped_release release;
-    status = anyattn_fwd_kvcache(&tq, &tkc, &tvc, &tout, plse, &cache, &params);
+    status = anyattn_fwd_kvcache(&tq, &tkc, &tvc, &tout, plse, &cache, params.get());
   }
   if (status != ANYATTN_OK) raise_status(status);
 }
@@ -288,31 +269,25 @@ void fwd_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handl
 void fwd_kvcache_varlen(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle out,
                         nb::handle lse, nb::handle cu_seqlens_q, int64_t max_seqlen_q,
                         nb::handle cache_seqlens, int64_t cache_seqlen, nb::handle cache_batch_idx,
-                        nb::handle cache_leftpad, nb::handle block_table, float softmax_scale,
-                        float softcap, bool causal, int32_t window_left, int32_t window_right,
-                        nb::handle alibi_slopes, nb::handle sinks, int32_t num_splits,
-                        int32_t isa) {
-  BufferView bq, bkc, bvc, bout, blse, bcq, balibi, bsinks;
+                        nb::handle cache_leftpad, nb::handle block_table, nb::handle options) {
+  BufferView bq, bkc, bvc, bout, blse, bcq;
   const anyattn_tensor tq = to_tensor(q, "q", bq);
   const anyattn_tensor tkc = to_tensor(k_cache, "k_cache", bkc);
   const anyattn_tensor tvc = to_tensor(v_cache, "v_cache", bvc);
   const anyattn_tensor tout = to_tensor(out, "out", bout, /*writable=*/true);
   const anyattn_tensor tcq = to_tensor(cu_seqlens_q, "cu_seqlens_q", bcq);
-  anyattn_tensor tlse{}, talibi{}, tsinks{};
+  anyattn_tensor tlse{};
   const anyattn_tensor* plse = optional_tensor(lse, "lse", blse, tlse, /*writable=*/true);
   anyattn_kvcache_params cache;
   anyattn_kvcache_params_init(&cache);
   CacheLayoutArgs layout;
   layout.fill(cache_seqlens, cache_seqlen, cache_batch_idx, cache_leftpad, block_table, &cache);
-  const anyattn_fwd_params params =
-      make_params(softmax_scale, softcap, causal, window_left, window_right,
-                  optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
-                  optional_tensor(sinks, "sinks", bsinks, tsinks), num_splits, isa);
+  const ScoreParams params(options);
   anyattn_status status;
   {
     nb::gil_scoped_release release;
     status = anyattn_fwd_kvcache_varlen(&tq, &tkc, &tvc, &tout, plse, &tcq, max_seqlen_q, &cache,
-                                        &params);
+                                        params.get());
   }
   if (status != ANYATTN_OK) raise_status(status);
 }
@@ -341,11 +316,8 @@ void merge_attention_states(nb::handle out_a, nb::handle lse_a, nb::handle out_b
 // is given; else None) are written. The score options, dropout seed and offset must be the
 // forward's.
 void bwd(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
-         nb::handle dq, nb::handle dk, nb::handle dv, nb::handle dsinks, float softmax_scale,
-         float softcap, bool causal, int32_t window_left, int32_t window_right,
-         nb::handle alibi_slopes, nb::handle sinks, float dropout_p, uint64_t dropout_seed,
-         uint64_t dropout_offset, int32_t isa) {
-  BufferView bdo, bq, bk, bv, bout, blse, bdq, bdk, bdv, bds, balibi, bsinks;
+         nb::handle dq, nb::handle dk, nb::handle dv, nb::handle dsinks, nb::handle options) {
+  BufferView bdo, bq, bk, bv, bout, blse, bdq, bdk, bdv, bds;
   const anyattn_tensor tdo = to_tensor(dout, "dout", bdo);
   const anyattn_tensor tq = to_tensor(q, "q", bq);
   const anyattn_tensor tk = to_tensor(k, "k", bk);
@@ -355,17 +327,13 @@ void bwd(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle o
   const anyattn_tensor tdq = to_tensor(dq, "dq", bdq, /*writable=*/true);
   const anyattn_tensor tdk = to_tensor(dk, "dk", bdk, /*writable=*/true);
   const anyattn_tensor tdv = to_tensor(dv, "dv", bdv, /*writable=*/true);
-  anyattn_tensor tds{}, talibi{}, tsinks{};
+  anyattn_tensor tds{};
   const anyattn_tensor* pds = optional_tensor(dsinks, "dsinks", bds, tds, /*writable=*/true);
-  const anyattn_fwd_params params = make_params(
-      softmax_scale, softcap, causal, window_left, window_right,
-      optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
-      optional_tensor(sinks, "sinks", bsinks, tsinks), /*num_splits=*/0, isa, dropout_p,
-      dropout_seed, dropout_offset);
+  const ScoreParams params(options);
   anyattn_status status;
   {
     nb::gil_scoped_release release;
-    status = anyattn_bwd(&tdo, &tq, &tk, &tv, &tout, &tlse, &tdq, &tdk, &tdv, pds, &params);
+    status = anyattn_bwd(&tdo, &tq, &tk, &tv, &tout, &tlse, &tdq, &tdk, &tdv, pds, params.get());
   }
   if (status != ANYATTN_OK) raise_status(status);
 }
@@ -376,11 +344,8 @@ void bwd(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle o
 void bwd_varlen(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
                 nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, nb::handle dsinks,
                 nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
-                int64_t max_seqlen_q, int64_t max_seqlen_k, float softmax_scale, float softcap,
-                bool causal, int32_t window_left, int32_t window_right, nb::handle alibi_slopes,
-                nb::handle sinks, float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset,
-                int32_t isa) {
-  BufferView bdo, bq, bk, bv, bout, blse, bdq, bdk, bdv, bds, bcq, bck, bused, balibi, bsinks;
+                int64_t max_seqlen_q, int64_t max_seqlen_k, nb::handle options) {
+  BufferView bdo, bq, bk, bv, bout, blse, bdq, bdk, bdv, bds, bcq, bck, bused;
   const anyattn_tensor tdo = to_tensor(dout, "dout", bdo);
   const anyattn_tensor tq = to_tensor(q, "q", bq);
   const anyattn_tensor tk = to_tensor(k, "k", bk);
@@ -392,19 +357,15 @@ void bwd_varlen(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::h
   const anyattn_tensor tdv = to_tensor(dv, "dv", bdv, /*writable=*/true);
   const anyattn_tensor tcq = to_tensor(cu_seqlens_q, "cu_seqlens_q", bcq);
   const anyattn_tensor tck = to_tensor(cu_seqlens_k, "cu_seqlens_k", bck);
-  anyattn_tensor tds{}, tused{}, talibi{}, tsinks{};
+  anyattn_tensor tds{}, tused{};
   const anyattn_tensor* pds = optional_tensor(dsinks, "dsinks", bds, tds, /*writable=*/true);
   const anyattn_tensor* pused = optional_tensor(seqused_k, "seqused_k", bused, tused);
-  const anyattn_fwd_params params = make_params(
-      softmax_scale, softcap, causal, window_left, window_right,
-      optional_tensor(alibi_slopes, "alibi_slopes", balibi, talibi),
-      optional_tensor(sinks, "sinks", bsinks, tsinks), /*num_splits=*/0, isa, dropout_p,
-      dropout_seed, dropout_offset);
+  const ScoreParams params(options);
   anyattn_status status;
   {
     nb::gil_scoped_release release;
     status = anyattn_bwd_varlen(&tdo, &tq, &tk, &tv, &tout, &tlse, &tdq, &tdk, &tdv, pds, &tcq,
-                                &tck, pused, max_seqlen_q, max_seqlen_k, &params);
+                                &tck, pused, max_seqlen_q, max_seqlen_k, params.get());
   }
   if (status != ANYATTN_OK) raise_status(status);
 }
@@ -444,37 +405,25 @@ NB_MODULE(_core, m) {
   m.def("isa_code", [](const std::string& name) { return static_cast<int>(isa_from_name(name)); },
         nb::arg("name"), "The anyattn_isa value of an ISA name.");
   m.def("fwd", &fwd, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
-        nb::arg("softmax_scale"), nb::arg("softcap"), nb::arg("causal"), nb::arg("window_left"),
-        nb::arg("window_right"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
-        nb::arg("num_splits") = 0, nb::arg("isa") = 0, nb::arg("dropout_p") = 0.0f,
-        nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
+        nb::arg("options"),
         "Dense forward attention over tensor specs or buffer-protocol arrays. Releases the GIL.");
   m.def("fwd_varlen", &fwd_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"),
         nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
-        nb::arg("softmax_scale"), nb::arg("softcap"), nb::arg("causal"), nb::arg("window_left"),
-        nb::arg("window_right"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
-        nb::arg("num_splits") = 0, nb::arg("isa") = 0, nb::arg("dropout_p") = 0.0f,
-        nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
+        nb::arg("options"),
         "Variable-length forward attention (anyattn_fwd_varlen). Releases the GIL.");
   m.def("fwd_kvcache", &fwd_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
         nb::arg("out"), nb::arg("lse").none(), nb::arg("k_new").none(), nb::arg("v_new").none(),
         nb::arg("cache_seqlens").none(), nb::arg("cache_seqlen"),
         nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
         nb::arg("block_table").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
-        nb::arg("rotary_interleaved"), nb::arg("softmax_scale"), nb::arg("softcap"),
-        nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
-        nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("num_splits") = 0,
-        nb::arg("isa") = 0,
+        nb::arg("rotary_interleaved"), nb::arg("options"),
         "KV-cache forward attention with in-place append (anyattn_fwd_kvcache). Releases the GIL.");
   m.def("fwd_kvcache_varlen", &fwd_kvcache_varlen, nb::arg("q"), nb::arg("k_cache"),
         nb::arg("v_cache"), nb::arg("out"), nb::arg("lse").none(), nb::arg("cu_seqlens_q"),
         nb::arg("max_seqlen_q"), nb::arg("cache_seqlens").none(), nb::arg("cache_seqlen"),
         nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
-        nb::arg("block_table").none(), nb::arg("softmax_scale"), nb::arg("softcap"),
-        nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
-        nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("num_splits") = 0,
-        nb::arg("isa") = 0,
+        nb::arg("block_table").none(), nb::arg("options"),
         "Packed varlen queries against a KV cache (anyattn_fwd_kvcache_varlen). Releases the "
         "GIL.");
   m.def("merge_attention_states", &merge_attention_states, nb::arg("out_a"), nb::arg("lse_a"),
@@ -482,19 +431,13 @@ NB_MODULE(_core, m) {
         "Merges two partial attentions (anyattn_merge_attention_states). Releases the GIL.");
   m.def("bwd", &bwd, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dsinks").none(),
-        nb::arg("softmax_scale"), nb::arg("softcap"), nb::arg("causal"), nb::arg("window_left"),
-        nb::arg("window_right"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
-        nb::arg("dropout_p") = 0.0f, nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
-        nb::arg("isa") = 0,
+        nb::arg("options"),
         "Dense backward attention (anyattn_bwd): writes dq, dk, dv (and dsinks). Releases the GIL.");
   m.def("bwd_varlen", &bwd_varlen, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("dsinks").none(), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"),
         nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
-        nb::arg("softmax_scale"), nb::arg("softcap"), nb::arg("causal"), nb::arg("window_left"),
-        nb::arg("window_right"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
-        nb::arg("dropout_p") = 0.0f, nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
-        nb::arg("isa") = 0,
+        nb::arg("options"),
         "Variable-length backward (anyattn_bwd_varlen): writes dq, dk, dv (and dsinks). Releases "
         "the GIL.");
 }
