@@ -28,7 +28,7 @@ def numpy_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray,
                   options: KernelOptions) -> Tuple[np.ndarray, np.ndarray]:
     """Dense forward on numpy arrays. Returns (out (B, Sq, Hq, Dv) in q's dtype, lse (B, Hq, Sq) f32).
 
-    ``options``' per-head arrays are float32 numpy arrays (or None). Shapes are assumed checked.
+    ``options``' per-head arrays may be of any float dtype. Shapes are assumed checked.
     """
     code = numpy_dtype_code(q.dtype)
     if code is None:
@@ -39,18 +39,7 @@ def numpy_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray,
     b, sq, hq, _ = q.shape
     out = np.empty((b, sq, hq, v.shape[-1]), dtype=q.dtype)
     lse = np.empty((b, hq, sq), dtype=np.float32)
-    held = []
-
-    def spec(x, c):
-        if x is None:
-            return None
-        s, kept = numpy_spec(x, c)
-        held.append(kept)
-        return s
-
-    _core.fwd(spec(q, code), spec(k, code), spec(v, code), spec(out, code),
-              spec(lse, _core.DTYPE_F32), binding_options(options, lambda x: spec(
-                  None if x is None else np.asarray(x, np.float32), _core.DTYPE_F32)))
+    _dense_forward(q, k, v, out, lse, code, options, numpy_spec, lambda x: np.asarray(x, np.float32))
     return out, lse
 
 
@@ -68,19 +57,26 @@ def torch_forward(q: Any, k: Any, v: Any, options: KernelOptions) -> Tuple[Any, 
     b, sq, hq, _ = q.shape
     out = torch.empty((b, sq, hq, v.shape[-1]), dtype=q.dtype)
     lse = torch.empty((b, hq, sq), dtype=torch.float32)
+    _dense_forward(q, k, v, out, lse, code, options, torch_spec, lambda x: x.to(torch.float32))
+    return out, lse
+
+
+def _dense_forward(q, k, v, out, lse, code: int, options: KernelOptions, spec_of, as_f32) -> None:
+    """_core.fwd on arrays or tensors described by ``spec_of`` (numpy_spec or torch_spec), with
+    the per-head tensors converted by ``as_f32``; every described buffer stays alive until the
+    call returns."""
     held = []
 
     def spec(x, c):
         if x is None:
             return None
-        s, kept = torch_spec(x, c)
+        s, kept = spec_of(x, c)
         held.append(kept)
         return s
 
-    _core.fwd(spec(q, code), spec(k, code), spec(v, code), spec(out, code),
-              spec(lse, _core.DTYPE_F32), binding_options(options, lambda x: spec(
-                  None if x is None else x.to(torch.float32), _core.DTYPE_F32)))
-    return out, lse
+    f32 = _core.DTYPE_F32
+    _core.fwd(spec(q, code), spec(k, code), spec(v, code), spec(out, code), spec(lse, f32),
+              binding_options(options, lambda x: spec(None if x is None else as_f32(x), f32)))
 
 
 def torch_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,

@@ -34,27 +34,17 @@ import sys
 import types
 from typing import Any, Dict, Optional
 
+from . import flash_attn_interface as _fa2
+
 # The flash-attn release whose Python API anyattn reproduces; libraries compare against it.
 FLASH_ATTN_VERSION = "2.8.3"
 
-# Public names of flash_attn/__init__.py.
-_PACKAGE_EXPORTS = (
-    "flash_attn_func",
-    "flash_attn_kvpacked_func",
-    "flash_attn_qkvpacked_func",
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_kvpacked_func",
-    "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_with_kvcache",
-)
+# Functions of a real flash_attn.flash_attn_interface that get a CPU route: all of
+# anyattn.flash_attn_interface's (flash-attn 2.8's public and private attention functions).
+_ROUTED_FUNCTIONS = tuple(_fa2.__all__)
 
-# Functions of a real flash_attn.flash_attn_interface that get a CPU route.
-_ROUTED_FUNCTIONS = _PACKAGE_EXPORTS + (
-    "_flash_attn_forward",
-    "_flash_attn_backward",
-    "_flash_attn_varlen_forward",
-    "_flash_attn_varlen_backward",
-)
+# Public names of flash_attn/__init__.py: the public ones among them.
+_PACKAGE_EXPORTS = tuple(name for name in _ROUTED_FUNCTIONS if not name.startswith("_"))
 
 # Alias name -> anyattn module; None marks a package that anyattn builds here (see _package).
 _ALIASES: Dict[str, Optional[str]] = {
@@ -176,8 +166,6 @@ def _cpu_routed(original: Any, ours: Any) -> Any:
 
 def _route_real_package_cpu_calls() -> None:
     """Wrap the real flash_attn's attention functions so CPU tensors run anyattn."""
-    from . import flash_attn_interface as ours  # noqa: PLC0415
-
     package = sys.modules["flash_attn"]
     interface = sys.modules["flash_attn.flash_attn_interface"]
     for module in (interface, package):
@@ -185,7 +173,7 @@ def _route_real_package_cpu_calls() -> None:
             original = getattr(module, name, None)
             if original is None or getattr(original, SHIM_MARKER, False):
                 continue
-            setattr(module, name, _cpu_routed(original, getattr(ours, name)))
+            setattr(module, name, _cpu_routed(original, getattr(_fa2, name)))
 
 
 def original_function(function: Any) -> Any:
