@@ -29,7 +29,10 @@ import functools
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import inspect
+import pathlib
+import re
 import sys
 import types
 from typing import Any, Dict, Optional
@@ -101,14 +104,36 @@ class _AliasLoader(importlib.abc.Loader):
         """Nothing to run: the module is complete when created."""
 
 
+class _StandInDistribution(importlib.metadata.Distribution):
+    """Package metadata of the stand-in, so that ``importlib.metadata.version("flash_attn")``
+    answers as it does with flash-attn installed (libraries check versions both ways)."""
+
+    def read_text(self, filename):
+        if filename != "METADATA":
+            return None
+        return (f"Metadata-Version: 2.1\nName: flash_attn\nVersion: {FLASH_ATTN_VERSION}\n"
+                "Summary: anyattn's stand-in for flash-attn (anyattn.install_as_flash_attn)\n")
+
+    def locate_file(self, path):
+        return pathlib.Path(__file__).parent / path
+
+
 class _AliasFinder(importlib.abc.MetaPathFinder):
-    """Finds the alias names; placed after the regular finders unless the real package is broken."""
+    """Finds the alias names; placed after the regular finders unless the real package is broken.
+    While it serves ``flash_attn`` itself, it also answers for that package's metadata."""
+
+    serves_package = False
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in _ALIASES:
             return None
         return importlib.machinery.ModuleSpec(fullname, _AliasLoader(fullname),
                                               is_package=_ALIASES[fullname] is None)
+
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        name = context.name
+        wanted = name is None or re.sub(r"[-_.]+", "_", name).lower() == "flash_attn"
+        return iter([_StandInDistribution()] if self.serves_package and wanted else [])
 
 
 _FINDER = _AliasFinder()
@@ -191,7 +216,9 @@ def install_as_flash_attn() -> str:
     """
     if _real_flash_attn_importable():
         _route_real_package_cpu_calls()
+        _FINDER.serves_package = False
         sys.meta_path.append(_FINDER)  # after PathFinder: only names the real package lacks
         return "flash_attn"
+    _FINDER.serves_package = True
     sys.meta_path.insert(0, _FINDER)  # before PathFinder: a broken real package is bypassed
     return "anyattn"

@@ -82,6 +82,9 @@ def test_without_flash_attn_every_name_is_anyattn(tmp_path):
         from flash_attn.bert_padding import pad_input, unpad_input, index_first_axis
         from flash_attn.layers.rotary import apply_rotary_emb
         assert tuple(int(x) for x in flash_attn.__version__.split(".")[:2]) >= (2, 8)
+        import importlib.metadata
+        assert importlib.metadata.version("flash_attn") == flash_attn.__version__
+        assert importlib.metadata.version("flash-attn") == flash_attn.__version__
         # anyattn's own CUDA route must not take its stand-in for the real package.
         from anyattn import _dispatch
         assert _dispatch.flash_attn_version() is None
@@ -110,6 +113,12 @@ def test_importable_flash_attn_keeps_other_devices_and_cpu_reaches_anyattn(tmp_p
         import flash_attn
         import flash_attn.flash_attn_interface as fai
         assert flash_attn.__version__ == "2.7.4.post1"  # the real package's modules stay
+        import importlib.metadata
+        try:  # the stand-in package has no metadata of its own; anyattn claims none for it
+            importlib.metadata.version("flash_attn")
+            raise AssertionError("anyattn answered for a real package's metadata")
+        except importlib.metadata.PackageNotFoundError:
+            pass
         q = torch.randn(1, 5, 2, 8)
         got = flash_attn.flash_attn_func(q, q, q, causal=True)
         torch.testing.assert_close(got, anyattn.flash_attn_func(q, q, q, causal=True),
