@@ -31,15 +31,8 @@ from typing import Any, Optional, Tuple
 import torch
 
 from ._options import AttnOptions, make_options
-from .fa3_interface import (
-    as_int,
-    check_hints,
-    combine_partials,
-    dense_attention,
-    index_vector,
-    reject_unsupported,
-    varlen_attention,
-)
+from ._fa_arguments import as_int, check_hints, reject_unsupported
+from ._fa_plan import combine_partials, dense_attention, index_vector, varlen_attention
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
 
