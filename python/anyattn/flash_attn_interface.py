@@ -130,19 +130,21 @@ def _torch_attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs):
 def _cpu_attention(q, k, v, options, alibi_slopes, sinks, want_s_dmask):
     """The dense forward on checked CPU tensors: (out, lse, S_dmask, rng_state).
 
-    S_dmask is flash-attn's: an empty (0,) tensor without dropout (or when not wanted), else the
-    dropout pattern padded to (B, Hq, round128(Sq), round128(Sk)). rng_state is the dropout
+    S_dmask is flash-attn's when ``want_s_dmask`` (None otherwise): an empty (0,) tensor without
+    dropout, else the dropout pattern padded to (B, Hq, round128(Sq), round128(Sk)). rng_state is the dropout
     (seed, offset) int64 tensor (2,), or None without dropout.
     """
     q_run = kernel_query(q, options)
     rng_state = _dropout.maybe_rng_state(options.dropout_p)
     kopts = kernel_options(options, alibi_slopes, sinks, rng_state)
     out, lse = _torch_ops.fwd(q_run, k, v, kopts)
-    s_dmask = q.new_empty((0,))
-    if want_s_dmask and rng_state is not None:
-        pattern = _dropout.dropout_pattern(q_run, k, kopts.score_args(), options.dropout_p,
-                                           rng_state)
-        s_dmask = _dropout.pad_to_blocks(pattern)
+    s_dmask = None
+    if want_s_dmask:
+        s_dmask = q.new_empty((0,))
+        if rng_state is not None:
+            pattern = _dropout.dropout_pattern(q_run, k, kopts.score_args(), options.dropout_p,
+                                               rng_state)
+            s_dmask = _dropout.pad_to_blocks(pattern)
     return out, lse, s_dmask, rng_state
 
 
@@ -331,6 +333,8 @@ def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_l
     with torch_module().no_grad():
         out, lse, s_dmask, rng_state = _cpu_attention(q, k, v, options, alibi_slopes, None,
                                                       bool(return_softmax))
+    if s_dmask is None:
+        s_dmask = q.new_empty((0,))
     return out, lse, s_dmask, _no_rng_state() if rng_state is None else rng_state
 
 
