@@ -67,7 +67,8 @@ std::vector<double> to_contiguous_f64(const anyattn_tensor& t) {
 
 ScoreOptions resolve_options(const anyattn_fwd_params* params, int64_t head_dim) {
   ScoreOptions options;
-  options.softmax_scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  // Head dim 0: every score is 0 whatever the scale, and the library's default is then 1.
+  options.softmax_scale = head_dim > 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : 1.0;
   if (params == nullptr) return options;
   if (params->softmax_scale != 0.0f) options.softmax_scale = params->softmax_scale;
   options.softcap = params->softcap;
