@@ -2,7 +2,7 @@
 flash_attn): torch's ``scaled_dot_product_attention`` with a mask equivalent to the contract, or a
 plain f32 computation where SDPA cannot express the call.
 
-Equivalences used (DESIGN.md section 2):
+Equivalences used (the contract is docs/semantics.md):
 - Mask: bottom-right aligned. Key j is visible to query i iff
   ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``, with causal meaning right = 0. Passed to SDPA
   as a boolean mask (SDPA's own ``is_causal`` is top-left aligned, so it is never used).

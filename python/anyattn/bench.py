@@ -2,9 +2,11 @@
 
 Rows: the core benchmark's shapes (B=1, Hq=16, Hk in {16, 4}, D in {64, 128}, causal and not,
 float32 and bfloat16), S in {512, 1024, 2048} by default or up to 8192 with ``--full``. Columns:
-median time and GFLOP/s (forward = 4*B*Hq*D*visible pairs, DESIGN.md section 5) of anyattn, torch
-SDPA with its default CPU kernel (flash) and with the math backend, and anyattn's speed-up over
-each. Writes JSON (``--json``) and, when matplotlib is installed, a PNG (``--png``).
+median time and GFLOP/s (forward = 4*B*Hq*D*visible (query, key) pairs) of anyattn, torch SDPA
+with its default CPU kernel (flash) and with the math backend, and anyattn's speed-up over each.
+Writes JSON (``--json``) and, when matplotlib is installed, a PNG (``--png``, see _bench_plot)
+with the f32 FMA peak marked: ``--peak`` (e.g. the one anyattn_bench prints), else the rate of
+an f32 torch.mm measured alongside.
 
 ``--overhead`` instead measures per-call cost at a one-token decode shape (q (1, 1, 8, 64), k/v
 (1, 16, 8, 64)): the C extension alone, the numpy API, the kernel body on torch tensors, the torch
@@ -21,6 +23,7 @@ import timeit
 from typing import Callable, Dict, List
 
 import anyattn
+from anyattn._bench_plot import save_plot
 
 
 def _median_seconds(fn: Callable[[], object], min_time: float = 0.3, max_runs: int = 20) -> float:
@@ -87,33 +90,15 @@ def run_table(full: bool) -> List[Dict[str, object]]:
     return rows
 
 
-def plot(rows: List[Dict[str, object]], path: str) -> bool:
-    """GFLOP/s against S, one line per implementation, one panel per dtype/mask. False without matplotlib."""
-    try:
-        import matplotlib  # noqa: PLC0415
+def gemm_rate_gflops() -> float:
+    """f32 rate of a 1024-cube torch.mm on anyattn's threads (best of 5): a stand-in for the FMA
+    ceiling when ``--peak`` is not given (a GEMM reaches most of it)."""
+    import torch  # noqa: PLC0415
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        return False
-    panels = sorted({(r["dtype"], r["causal"]) for r in rows})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (dtype, causal) in zip(axes[0], panels):
-        for hk in (16, 4):
-            for d in (64, 128):
-                sel = [r for r in rows if (r["dtype"], r["causal"], r["hk"], r["d"]) == (dtype, causal, hk, d)]
-                xs = [r["s"] for r in sel]
-                for impl, style in (("anyattn", "-"), ("sdpa", "--"), ("math", ":")):
-                    ax.plot(xs, [r[f"{impl}_gflops"] for r in sel], style, marker="o",
-                            label=f"{impl} Hk={hk} D={d}")
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{dtype} {'causal' if causal else 'full'}")
-        ax.set_xlabel("sequence length")
-        ax.set_ylabel("GFLOP/s")
-    axes[0][0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return True
+    a = torch.randn(1024, 1024)
+    b = torch.randn(1024, 1024)
+    best = min(_median_seconds(lambda: torch.mm(a, b), max_runs=5) for _ in range(5))
+    return 2 * 1024**3 / best / 1e9
 
 
 def run_overhead() -> Dict[str, float]:
@@ -169,13 +154,21 @@ def main() -> None:
     parser.add_argument("--overhead", action="store_true", help="per-call overhead at a decode shape, beside torch SDPA")
     parser.add_argument("--json", default="anyattn_python_bench.json", help="JSON output path")
     parser.add_argument("--png", default="anyattn_python_bench.png", help="PNG plot path")
+    parser.add_argument("--peak", type=float, default=None,
+                        help="f32 FMA peak in GFLOP/s to mark on the plot (default: measure an f32 "
+                             "torch.mm alongside and mark its rate)")
     args = parser.parse_args()
     if args.overhead:
         result = {"overhead_us": run_overhead()}
     else:
         rows = run_table(args.full)
-        result = {"threads": anyattn.get_num_threads(), "isa": anyattn.isa(), "rows": rows}
-        if plot(rows, args.png):
+        if args.peak is not None:
+            peak, peak_label = args.peak, "f32 FMA peak"
+        else:
+            peak, peak_label = gemm_rate_gflops(), "f32 torch.mm rate"
+        result = {"threads": anyattn.get_num_threads(), "isa": anyattn.isa(), "rows": rows,
+                  "peak_gflops": peak, "peak_label": peak_label}
+        if save_plot(rows, args.png, peak, peak_label):
             print(f"plot: {args.png}")
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)

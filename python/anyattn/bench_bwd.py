@@ -5,7 +5,7 @@
 Shapes: B = 1, H = 16, S in {512, 1024, 2048}, D in {64, 128}, causal and not, float32 and
 bfloat16, layout (B, S, H, D) for anyattn and (B, H, S, D) for SDPA (each in its native layout).
 Each row times one training step of attention: the forward, then the backward of <out, dout>.
-FLOPs follow DESIGN.md: forward = 4 B H D (visible query-key pairs), backward = 2.5 x forward;
+FLOPs: forward = 4 B H D (visible query-key pairs), backward = 2.5 x forward;
 GFLOP/s counts useful work (only visible pairs for causal), for both implementations. Reports the
 median of several runs after a warm-up, the ratio anyattn / SDPA (> 1: anyattn is faster), and
 writes JSON. Both use torch's and anyattn's current thread counts (printed).

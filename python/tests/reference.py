@@ -1,4 +1,4 @@
-"""Test oracle: the attention contract (DESIGN.md section 2) in plain numpy.
+"""Test oracle: the attention contract (docs/semantics.md) in plain numpy.
 
 ``attention_ref(..., dtype=None)`` computes in float64: the reference. With ``dtype`` set to
 "float32", "float16" or "bfloat16" it is the naive same-dtype computation that flash-attn's test

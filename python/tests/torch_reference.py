@@ -1,4 +1,4 @@
-"""Differentiable test oracle: the attention contract (DESIGN.md section 2) in plain torch ops.
+"""Differentiable test oracle: the attention contract (docs/semantics.md) in plain torch ops.
 
 ``attention_torch`` on float64 inputs is the reference whose torch-autograd gradients the backward
 is checked against. ``naive_gradients`` is the other side of flash-attn's 2x rule: the plain
