@@ -207,10 +207,11 @@ def flash_attn_func(
         alibi_slopes: (nheads,) or (batch, nheads) float32; adds -slope * |i + seqlen_k - seqlen_q - j|.
         deterministic: accepted for compatibility; anyattn's forward and backward are always
             deterministic (bitwise, for any thread count).
-        return_attn_probs: if True, return (out, softmax_lse, S_dmask). S_dmask is None without
-            dropout (like flash-attn); with dropout on CPU it is (batch, nheads, seqlen_q,
-            seqlen_k) in q's dtype: the probability where kept, its negation where dropped (see
-            docs/python.md for how it differs from flash-attn's).
+        return_attn_probs: if True, return (out, softmax_lse, S_dmask). S_dmask is an empty (0,)
+            tensor without dropout (like flash-attn); with dropout on CPU it is (batch, nheads,
+            round128(seqlen_q), round128(seqlen_k)) in q's dtype: the probability where kept, its
+            negation where dropped, zero padding (see docs/python.md for how it differs from
+            flash-attn's).
         sinks: optional (nheads,) sink logits (score units, not scaled) joining the softmax denominator.
     Returns:
         out: (batch, seqlen_q, nheads, headdim_v) in q's dtype and framework; with
