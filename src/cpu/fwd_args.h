@@ -99,9 +99,6 @@ struct FwdArgs {
   const int32_t* q_position = nullptr;
 
   int64_t group_size() const { return heads_q / heads_k; }
-  bool has_mask() const {
-    return window_left < kUnboundedWindow || window_right < kUnboundedWindow;
-  }
 };
 
 // One sequence of a call: its lengths and the element offsets of its first row in each tensor.
