@@ -1,5 +1,5 @@
 // The vector exp2 and tanh of every instruction-set path this CPU runs
-// (src/cpu/simd/vec_math-inl.h, reached through the kernel registry's exp2_array / tanh_array)
+// (src/cpu/simd/vec_math-inl.h, compiled per path for the tests by vec_math_paths.cc)
 // against libm in double precision: the error bounds their comments promise, exact zeros instead of
 // subnormal results, and the special values (infinities, NaN) the online softmax and the softcap
 // rely on.
@@ -14,16 +14,34 @@
 #include <vector>
 
 #include "cpu/kernel_registry.h"
+#include "vec_math_paths.h"
 
 namespace anyattn::cpu {
 namespace {
 
-std::vector<const FwdKernel*> runnable_kernels() {
-  std::vector<const FwdKernel*> kernels;
+using vec_math_test::ElementwiseFn;
+using vec_math_test::VecMathPath;
+
+// One path the library would run on this CPU: its kernel's name and its vector math.
+struct RunnablePath {
+  const char* name;
+  const VecMathPath* math;
+};
+
+// Every path of the kernel registry that this CPU runs. A path without an entry in
+// vec_math_paths.cc fails the test that asks, so that a new ISA cannot go untested.
+std::vector<RunnablePath> runnable_paths() {
+  std::vector<RunnablePath> paths;
   for (const FwdKernel* kernel = fwd_kernels_begin(); kernel != fwd_kernels_end(); ++kernel) {
-    if (kernel->cpu_supports()) kernels.push_back(kernel);
+    if (!kernel->cpu_supports()) continue;
+    const VecMathPath* math = vec_math_test::find_vec_math_path(kernel->isa);
+    if (math == nullptr) {
+      ADD_FAILURE() << kernel->name << ": no vector math in tests/vec_math_paths.cc";
+      continue;
+    }
+    paths.push_back({kernel->name, math});
   }
-  return kernels;
+  return paths;
 }
 
 // |got - want| in units of the f32 spacing at want (want a normal f32 magnitude).
@@ -53,15 +71,15 @@ std::vector<float> map_each(ElementwiseFn fn, const std::vector<float>& x) {
 TEST(VecMath, Exp2IsWithinTwoUlpsDownToTheSubnormalRange) {
   std::vector<float> x = sample(-125.4999f, 0.f, 1 << 18);
   x.push_back(std::nextafter(-125.5f, 0.f));
-  for (const FwdKernel* kernel : runnable_kernels()) {
-    const std::vector<float> y = map_each(kernel->exp2_array, x);
+  for (const RunnablePath& path : runnable_paths()) {
+    const std::vector<float> y = map_each(path.math->exp2_array, x);
     double worst = 0;
     float worst_x = 0;
     for (size_t i = 0; i < x.size(); ++i) {
       const double error = ulps(y[i], std::exp2(static_cast<double>(x[i])));
       if (error > worst) worst = error, worst_x = x[i];
     }
-    EXPECT_LT(worst, 2.0) << kernel->name << ": exp2(" << worst_x << ")";
+    EXPECT_LT(worst, 2.0) << path.name << ": exp2(" << worst_x << ")";
   }
 }
 
@@ -71,14 +89,14 @@ TEST(VecMath, Exp2GivesZeroOrANormalNumberNeverASubnormal) {
   std::vector<float> x = sample(-160.f, -120.f, 1 << 16);
   x.push_back(-std::numeric_limits<float>::infinity());
   x.push_back(-std::numeric_limits<float>::max());
-  for (const FwdKernel* kernel : runnable_kernels()) {
-    const std::vector<float> y = map_each(kernel->exp2_array, x);
+  for (const RunnablePath& path : runnable_paths()) {
+    const std::vector<float> y = map_each(path.math->exp2_array, x);
     for (size_t i = 0; i < x.size(); ++i) {
       ASSERT_TRUE(y[i] == 0.f || y[i] >= FLT_MIN)
-          << kernel->name << ": exp2(" << x[i] << ") = " << y[i];
+          << path.name << ": exp2(" << x[i] << ") = " << y[i];
       if (x[i] <= -125.5f) {
-        ASSERT_EQ(y[i], 0.f) << kernel->name << ": exp2(" << x[i] << ")";
-        ASSERT_FALSE(std::signbit(y[i])) << kernel->name << ": exp2(" << x[i] << ")";
+        ASSERT_EQ(y[i], 0.f) << path.name << ": exp2(" << x[i] << ")";
+        ASSERT_FALSE(std::signbit(y[i])) << path.name << ": exp2(" << x[i] << ")";
       }
     }
   }
@@ -87,16 +105,16 @@ TEST(VecMath, Exp2GivesZeroOrANormalNumberNeverASubnormal) {
 TEST(VecMath, Exp2SpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> x = {0.f, -0.f, 1.f, 127.f, 128.f, 1000.f, inf, std::nanf("")};
-  for (const FwdKernel* kernel : runnable_kernels()) {
-    const std::vector<float> y = map_each(kernel->exp2_array, x);
-    EXPECT_EQ(y[0], 1.f) << kernel->name;
-    EXPECT_EQ(y[1], 1.f) << kernel->name;
-    EXPECT_LT(ulps(y[2], 2.0), 2.0) << kernel->name;
-    EXPECT_LT(ulps(y[3], std::ldexp(1.0, 127)), 2.0) << kernel->name;
-    EXPECT_EQ(y[4], inf) << kernel->name;
-    EXPECT_EQ(y[5], inf) << kernel->name;
-    EXPECT_EQ(y[6], inf) << kernel->name;
-    EXPECT_TRUE(std::isnan(y[7])) << kernel->name;
+  for (const RunnablePath& path : runnable_paths()) {
+    const std::vector<float> y = map_each(path.math->exp2_array, x);
+    EXPECT_EQ(y[0], 1.f) << path.name;
+    EXPECT_EQ(y[1], 1.f) << path.name;
+    EXPECT_LT(ulps(y[2], 2.0), 2.0) << path.name;
+    EXPECT_LT(ulps(y[3], std::ldexp(1.0, 127)), 2.0) << path.name;
+    EXPECT_EQ(y[4], inf) << path.name;
+    EXPECT_EQ(y[5], inf) << path.name;
+    EXPECT_EQ(y[6], inf) << path.name;
+    EXPECT_TRUE(std::isnan(y[7])) << path.name;
   }
 }
 
@@ -105,20 +123,20 @@ TEST(VecMath, TanhIsWithinThreeUlpsAndOdd) {
   std::vector<float> x = sample(-12.f, 12.f, 1 << 18);
   const std::vector<float> tiny = sample(-1e-3f, 1e-3f, 1 << 12);
   x.insert(x.end(), tiny.begin(), tiny.end());
-  for (const FwdKernel* kernel : runnable_kernels()) {
-    const std::vector<float> y = map_each(kernel->tanh_array, x);
+  for (const RunnablePath& path : runnable_paths()) {
+    const std::vector<float> y = map_each(path.math->tanh_array, x);
     std::vector<float> negated(x.size());
     for (size_t i = 0; i < x.size(); ++i) negated[i] = -x[i];
-    const std::vector<float> y_negated = map_each(kernel->tanh_array, negated);
+    const std::vector<float> y_negated = map_each(path.math->tanh_array, negated);
     double worst = 0;
     float worst_x = 0;
     for (size_t i = 0; i < x.size(); ++i) {
       if (x[i] == 0.f) continue;
       const double error = ulps(y[i], std::tanh(static_cast<double>(x[i])));
       if (error > worst) worst = error, worst_x = x[i];
-      ASSERT_EQ(y_negated[i], -y[i]) << kernel->name << ": tanh(" << x[i] << ")";
+      ASSERT_EQ(y_negated[i], -y[i]) << path.name << ": tanh(" << x[i] << ")";
     }
-    EXPECT_LT(worst, 3.0) << kernel->name << ": tanh(" << worst_x << ")";
+    EXPECT_LT(worst, 3.0) << path.name << ": tanh(" << worst_x << ")";
   }
 }
 
@@ -135,8 +153,8 @@ TEST(VecMath, Sech2IsWithinItsConditionAlsoWhereTanhSaturates) {
   x.insert(x.end(), tiny.begin(), tiny.end());
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> special = {inf, -inf, std::nanf("")};
-  for (const FwdKernel* kernel : runnable_kernels()) {
-    const std::vector<float> y = map_each(kernel->sech2_array, x);
+  for (const RunnablePath& path : runnable_paths()) {
+    const std::vector<float> y = map_each(path.math->sech2_array, x);
     double worst = 0;  // error / bound
     float worst_x = 0;
     for (size_t i = 0; i < x.size(); ++i) {
@@ -145,26 +163,26 @@ TEST(VecMath, Sech2IsWithinItsConditionAlsoWhereTanhSaturates) {
       const double error = ulps(y[i], 1.0 / (c * c)) / bound;
       if (error > worst) worst = error, worst_x = x[i];
     }
-    EXPECT_LT(worst, 1.0) << kernel->name << ": sech2(" << worst_x << ") off by " << worst
+    EXPECT_LT(worst, 1.0) << path.name << ": sech2(" << worst_x << ") off by " << worst
                           << " x its bound";
-    const std::vector<float> s = map_each(kernel->sech2_array, special);
-    EXPECT_EQ(s[0], 0.f) << kernel->name;
-    EXPECT_EQ(s[1], 0.f) << kernel->name;
-    EXPECT_TRUE(std::isnan(s[2])) << kernel->name;
+    const std::vector<float> s = map_each(path.math->sech2_array, special);
+    EXPECT_EQ(s[0], 0.f) << path.name;
+    EXPECT_EQ(s[1], 0.f) << path.name;
+    EXPECT_TRUE(std::isnan(s[2])) << path.name;
   }
 }
 
 TEST(VecMath, TanhSpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> x = {0.f, 30.f, -30.f, inf, -inf, std::nanf("")};
-  for (const FwdKernel* kernel : runnable_kernels()) {
-    const std::vector<float> y = map_each(kernel->tanh_array, x);
-    EXPECT_EQ(y[0], 0.f) << kernel->name;
-    EXPECT_EQ(y[1], 1.f) << kernel->name;
-    EXPECT_EQ(y[2], -1.f) << kernel->name;
-    EXPECT_EQ(y[3], 1.f) << kernel->name;
-    EXPECT_EQ(y[4], -1.f) << kernel->name;
-    EXPECT_TRUE(std::isnan(y[5])) << kernel->name;
+  for (const RunnablePath& path : runnable_paths()) {
+    const std::vector<float> y = map_each(path.math->tanh_array, x);
+    EXPECT_EQ(y[0], 0.f) << path.name;
+    EXPECT_EQ(y[1], 1.f) << path.name;
+    EXPECT_EQ(y[2], -1.f) << path.name;
+    EXPECT_EQ(y[3], 1.f) << path.name;
+    EXPECT_EQ(y[4], -1.f) << path.name;
+    EXPECT_TRUE(std::isnan(y[5])) << path.name;
   }
 }
 

@@ -830,34 +830,3 @@ void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& t
   attend_blocks<VectorProducts>(args, layout, task, scratch);
 }
 #endif
-
-// y[i] = f(x[i]) for i < n, one vector at a time; a partial last vector is padded with 0.
-inline void map_vectors(Vec (*f)(Vec), const float* x, int64_t n, float* y) {
-  alignas(64) float lanes[kLanes];
-  for (int64_t i = 0; i < n; i += kLanes) {
-    const int64_t count = std::min<int64_t>(kLanes, n - i);
-    for (int64_t k = 0; k < kLanes; ++k) lanes[k] = k < count ? x[i + k] : 0.f;
-    f(Vec::load(lanes)).store(lanes);
-    for (int64_t k = 0; k < count; ++k) y[i + k] = lanes[k];
-  }
-}
-
-// This path's vector exp2, tanh and the backward's 1 - tanh^2 (simd/vec_math-inl.h) over arrays,
-// for the tests of their accuracy (the kernel registry's exp2_array, tanh_array, sech2_array).
-void exp2_array(const float* x, int64_t n, float* y) {
-  map_vectors(exp2, x, n, y);
-}
-
-void tanh_array(const float* x, int64_t n, float* y) {
-  map_vectors(tanh, x, n, y);
-}
-
-inline Vec sech2_of(Vec x) {
-  Vec t, sech2;
-  tanh_and_sech2(x, &t, &sech2);
-  return sech2;
-}
-
-void sech2_array(const float* x, int64_t n, float* y) {
-  map_vectors(sech2_of, x, n, y);
-}

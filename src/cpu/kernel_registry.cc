@@ -14,9 +14,6 @@ namespace anyattn::cpu {
               const Scratch& scratch);                                                        \
   void attend_direct(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task, \
                      const Scratch& scratch);                                                 \
-  void exp2_array(const float* x, int64_t n, float* y);                                       \
-  void tanh_array(const float* x, int64_t n, float* y);                                       \
-  void sech2_array(const float* x, int64_t n, float* y);                                      \
   bool cpu_supports() {                                                                       \
     const runtime::CpuFeatures& features = runtime::cpu_features();                           \
     (void)features;                                                                           \
@@ -37,10 +34,7 @@ namespace {
             &ns::cpu_supports,                                      \
             &ns::pack_block,                                        \
             &ns::attend,                                            \
-            &ns::attend_direct,                                     \
-            &ns::exp2_array,                                        \
-            &ns::tanh_array,                                        \
-            &ns::sech2_array},
+            &ns::attend_direct},
 const FwdKernel kKernels[] = {
 #include "cpu/kernels.inc"
 };

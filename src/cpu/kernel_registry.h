@@ -23,9 +23,6 @@ using PackBlockFn = void (*)(const FwdArgs& args, const PackedLayout& layout, co
 using AttendFn = void (*)(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                           const Scratch& scratch);
 
-// y[i] = f(x[i]) for i < n, with one path's vector function f (tests of the vector math).
-using ElementwiseFn = void (*)(const float* x, int64_t n, float* y);
-
 struct FwdKernel {
   anyattn_isa isa;
   const char* name;  // e.g. "fwd_f32acc_avx512_6x64": ISA, then the score tile rows x keys
@@ -34,11 +31,8 @@ struct FwdKernel {
   int tile_keys;     // keys per micro-kernel tile
   bool (*cpu_supports)();
   PackBlockFn pack_block;
-  AttendFn attend;            // packed K/V, or streaming tasks that pack their own blocks
-  AttendFn attend_direct;     // streaming tasks of at most kDirectMaxRows rows per kv head
-  ElementwiseFn exp2_array;   // the path's vector exp2 over an array, for the tests
-  ElementwiseFn tanh_array;   // the path's vector tanh over an array, for the tests
-  ElementwiseFn sech2_array;  // the backward's 1 - tanh^2 (tanh_and_sech2), for the tests
+  AttendFn attend;         // packed K/V, or streaming tasks that pack their own blocks
+  AttendFn attend_direct;  // streaming tasks of at most kDirectMaxRows rows per kv head
 };
 
 // Every kernel compiled into this build, whether or not the CPU can run it.
