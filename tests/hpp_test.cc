@@ -1,5 +1,5 @@
 // Tests of the C++ layer include/anyattn/anyattn.hpp: error mapping, tensor views, option mapping,
-// optional lse and the storage types. The kernels themselves are tested in tests/.
+// optional lse and the storage types. The kernels themselves are tested by the other suites here.
 #include <gtest/gtest.h>
 #include <anyattn/anyattn.hpp>
 
