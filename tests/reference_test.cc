@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "anyattn/anyattn.hpp"
 #include "reference/half_convert.h"
 #include "reference/reference.h"
 
@@ -82,6 +83,24 @@ TEST(HalfConvert, NarrowingIsRoundToNearestEven) {
     if (std::isnan(f)) continue;
     check(f, f32_to_f16, f16_to_f32);
     check(f, f32_to_bf16, bf16_to_f32);
+  }
+}
+
+// The installed header's Float16 / BFloat16 keep their own copy of the conversions (it must
+// compile without src/): they must agree with the library's bit for bit, on every 16-bit pattern
+// and on a spread of f32 patterns covering every exponent, NaNs and infinities included.
+TEST(HalfConvert, PublicHeaderAgreesWithTheLibrary) {
+  for (uint32_t bits = 0; bits <= 0xffff; ++bits) {
+    const uint16_t h = static_cast<uint16_t>(bits);
+    ASSERT_EQ(float_bits(Float16{h}.to_float()), float_bits(f16_to_f32(h))) << std::hex << bits;
+    ASSERT_EQ(float_bits(BFloat16{h}.to_float()), float_bits(bf16_to_f32(h))) << std::hex << bits;
+  }
+  uint32_t bits = 54321;
+  for (int n = 0; n < 2000000; ++n) {
+    bits = bits * 1664525u + 1013904223u;  // Full-period LCG over all 2^32 patterns.
+    const float f = bits_float(bits);
+    ASSERT_EQ(Float16::from_float(f).bits, f32_to_f16(f)) << std::hex << bits;
+    ASSERT_EQ(BFloat16::from_float(f).bits, f32_to_bf16(f)) << std::hex << bits;
   }
 }
 
