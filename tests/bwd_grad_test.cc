@@ -1,5 +1,5 @@
-// anyattn_bwd against the f64 reference by the 2x rule (DESIGN §6), feature by feature: shapes
-// (Sq != Sk both ways, D != Dv, block edges), causal, window, softcap, ALiBi, sinks, GQA/MQA,
+// anyattn_bwd against the f64 reference by the 2x rule (tests/README.md), feature by feature:
+// shapes (Sq != Sk both ways, D != Dv, block edges), causal, window, softcap, ALiBi, sinks, GQA/MQA,
 // dtypes, layouts, every ISA path, and the empty and fully masked edge cases.
 #include <gtest/gtest.h>
 

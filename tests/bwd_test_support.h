@@ -1,6 +1,6 @@
 // Shared machinery of the backward tests: a backward problem built on the forward tests' Problem
 // (q, k, v, out, lse, params in any layout), with dout and the gradient buffers; the same-dtype
-// naive backward; and the acceptance check of DESIGN §6 for dq, dk, dv and dsinks.
+// naive backward; and the acceptance check (tests/README.md) for dq, dk, dv and dsinks.
 #ifndef ANYATTN_TESTS_BWD_TEST_SUPPORT_H_
 #define ANYATTN_TESTS_BWD_TEST_SUPPORT_H_
 

@@ -1,6 +1,7 @@
 // Helpers shared by the varlen, KV-cache and merge tests: a deterministic generator, small
 // tensor builders, and the naive same-dtype computation of one gathered sequence (the "naive"
-// side of DESIGN §6's acceptance rule, matching Problem::naive_same_dtype for dense calls).
+// side of the acceptance rule in tests/README.md, matching Problem::naive_same_dtype for dense
+// calls).
 #ifndef ANYATTN_TESTS_CACHE_TEST_SUPPORT_H_
 #define ANYATTN_TESTS_CACHE_TEST_SUPPORT_H_
 

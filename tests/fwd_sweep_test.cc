@@ -1,4 +1,4 @@
-// The forward sweep of DESIGN §6, against the f64 reference by the 2x rule.
+// The forward sweep against the f64 reference by the 2x rule (tests/README.md, "Acceptance rule").
 //
 // The full cartesian product of the axes is far too large, so the sweep is a set of structured
 // groups. Each group walks the full grid of one or two axes and assigns every other axis by a

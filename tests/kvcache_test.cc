@@ -1,4 +1,5 @@
-// anyattn_fwd_kvcache against the f64 reference (reference_cache.h) by the 2x rule of DESIGN §6:
+// anyattn_fwd_kvcache against the f64 reference (reference_cache.h) by the 2x rule
+// (tests/README.md):
 // contiguous and paged caches, cache_batch_idx, cache_seqlens as a tensor or a scalar,
 // cache_leftpad, in-place append with and without rotary, every score option, num_splits, LSE.
 // Every call also checks the cache: the appended rows hold exactly the (rotated) new keys and

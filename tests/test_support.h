@@ -1,6 +1,6 @@
 // Shared machinery of the forward tests: a case description, a problem that owns its buffers and
 // lays them out in memory (contiguous, packed, transposed, padded, broadcast), the same-dtype naive
-// computation and the acceptance check of DESIGN §6 against the f64 reference.
+// computation and the acceptance check (tests/README.md) against the f64 reference.
 #ifndef ANYATTN_TESTS_TEST_SUPPORT_H_
 #define ANYATTN_TESTS_TEST_SUPPORT_H_
 
@@ -98,7 +98,7 @@ class Problem {
   Case case_;
 };
 
-// The acceptance rule of DESIGN §6 for one output:
+// The acceptance rule (tests/README.md) for one output:
 //   max|got - ref| <= 2 * max|naive - ref| + eps.
 // Entries where ref is not finite (-inf lse of an empty row) must be matched exactly. On failure
 // the message names the worst index (as coordinates of `shape`) and got / ref / naive there.

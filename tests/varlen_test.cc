@@ -1,5 +1,5 @@
 // anyattn_fwd_varlen against the f64 reference (reference_cache.h: every sequence attended on its
-// own, as a dense problem) by the 2x rule of DESIGN §6, plus its error paths.
+// own, as a dense problem) by the 2x rule (tests/README.md), plus its error paths.
 #include <gtest/gtest.h>
 
 #include <algorithm>
