@@ -1,6 +1,6 @@
 // anyattn_bwd against the f64 reference by the 2x rule (tests/README.md), feature by feature:
-// shapes (Sq != Sk both ways, D != Dv, block edges), causal, window, softcap, ALiBi, sinks, GQA/MQA,
-// dtypes, layouts, every ISA path, and the empty and fully masked edge cases.
+// shapes (Sq != Sk both ways, D != Dv, block edges), causal, window, softcap, ALiBi, sinks,
+// GQA/MQA, dtypes, layouts, every ISA path, and the empty and fully masked edge cases.
 #include <gtest/gtest.h>
 
 #include <algorithm>

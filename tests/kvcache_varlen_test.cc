@@ -1,8 +1,9 @@
 // anyattn_fwd_kvcache_varlen (packed queries against a KV cache: flash-attn's paged varlen) against
 // the f64 reference by the 2x rule (tests/README.md): each sequence gathered from the cache and
-// attended on its own, for contiguous and paged caches, cache_batch_idx, cache_leftpad, every score option,
-// num_splits and each ISA path. Then: bit-for-bit equality with anyattn_fwd_kvcache when every
-// sequence has the same query count, and the error paths, each leaving out and lse untouched.
+// attended on its own, for contiguous and paged caches, cache_batch_idx, cache_leftpad, every
+// score option, num_splits and each ISA path. Then: bit-for-bit equality with anyattn_fwd_kvcache
+// when every sequence has the same query count, and the error paths, each leaving out and lse
+// untouched.
 #include <gtest/gtest.h>
 
 #include <algorithm>
