@@ -4,10 +4,19 @@
     anyattn_hf.register()
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="anyattn")
 
-``register()`` adds ``anyattention_forward`` to transformers' ``AttentionInterface`` and, for the
-mask, reuses transformers' own flash-attention mask builder (which hands the attention function
-either None or the 2-D padding mask, never a dense 4-D mask). Padded batches are then run one
-sequence at a time over the unpadded tokens, as flash-attention-2 does with its varlen kernel.
+``register()`` adds ``anyattention_forward`` to transformers' ``AttentionInterface`` and
+``anyattn_mask`` (transformers_masks.py) to its ``AttentionMaskInterface``. The attention function
+takes the calls transformers makes to flash-attention and answers them the same way:
+
+* a 2-D padding mask: the batch is unpadded once and run as one varlen call, then padded back;
+* ``cu_seq_lens_q/k`` with ``max_length_q/k`` (padding-free collators, vision towers): one varlen
+  call over the flattened tokens;
+* packed ``position_ids`` (one row whose positions restart, as ``DataCollatorWithFlattening``
+  produces), detected by transformers' own rule: one varlen call;
+* otherwise one dense call.
+
+A 4-D mask (a pattern varlen cannot express, or a model that builds its own) is computed exactly by
+``masked_attention``, which materialises the score matrix and warns once per process.
 """
 
 from __future__ import annotations
@@ -17,8 +26,17 @@ from typing import Optional, Tuple
 import torch
 
 from ..flash_attn_interface import flash_attn_func
+from .transformers_masks import anyattn_mask, masked_attention
+from .transformers_varlen import (
+    cu_seqlens_from_position_ids,
+    is_packed_sequence,
+    packed_attention,
+    padded_attention,
+)
 
 NAME = "anyattn"
+
+_VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
 def _window(sliding_window: Optional[int]) -> Tuple[int, int]:
@@ -29,24 +47,8 @@ def _window(sliding_window: Optional[int]) -> Tuple[int, int]:
     return (int(sliding_window) - 1, int(sliding_window) - 1)
 
 
-def _padded_attention(q, k, v, mask, **kwargs):
-    """Attention over a right- or left-padded batch given the 2-D key mask (B, Sk), True = real token.
-
-    Queries are the last Sq positions of the keys (flash-attention's convention); when Sq == Sk the
-    same mask marks the real queries. Padded query rows are 0 in the output.
-    """
-    b, sq = q.shape[0], q.shape[1]
-    out = q.new_zeros((b, sq, q.shape[2], v.shape[-1]))
-    q_mask = mask[:, -sq:]
-    for i in range(b):
-        keys = mask[i].nonzero().squeeze(1)
-        queries = q_mask[i].nonzero().squeeze(1)
-        if queries.numel() == 0:
-            continue
-        qi = q[i, queries].unsqueeze(0)
-        ki, vi = k[i, keys].unsqueeze(0), v[i, keys].unsqueeze(0)
-        out[i, queries] = flash_attn_func(qi, ki, vi, **kwargs)[0]
-    return out
+def _longest(cu_seqlens: torch.Tensor) -> int:
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
 
 
 def anyattention_forward(
@@ -65,16 +67,21 @@ def anyattention_forward(
 ) -> Tuple[torch.Tensor, None]:
     """transformers attention function: query (B, Hq, Sq, D), key/value (B, Hk, Sk, D[v]).
 
-    Returns (attn_output (B, Sq, Hq, Dv), None). ``attention_mask`` is None or the 2-D padding mask
-    produced by the registered mask function; a 4-D mask (a model-specific custom mask) raises
-    ValueError, since dropping it would change the result. ``s_aux`` (gpt-oss sinks) is honoured.
+    Returns (attn_output (B, Sq, Hq, Dv), None). ``attention_mask`` is None, the 2-D padding mask
+    (True / 1 = real token) or a 4-D boolean / additive mask. Honours ``scaling``, ``dropout``,
+    ``sliding_window``, ``softcap``, ``is_causal`` (default: ``module.is_causal``) and ``s_aux``
+    (gpt-oss sinks); reads ``position_ids`` and ``cu_seq_lens_q/k``, ``max_length_q/k`` from
+    kwargs (the maxima are derived from the boundaries when absent). Paged calls
+    (``block_table``) raise ValueError.
     """
+    if kwargs.get("block_table") is not None:
+        raise ValueError("block_table: paged (continuous-batching) calls are not supported by "
+                         "attn_implementation='anyattn'; use generate() or the model's forward")
     if attention_mask is not None and attention_mask.dim() != 2:
-        raise ValueError(
-            f"attention_mask: anyattn takes the 2-D padding mask built by its registered mask "
-            f"function, got shape {tuple(attention_mask.shape)}; use attn_implementation='sdpa' "
-            "for models that build custom 4-D masks"
-        )
+        out = masked_attention(query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                               softcap=softcap, s_aux=s_aux)
+        return out, None
+
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     options = dict(
@@ -85,9 +92,29 @@ def anyattention_forward(
         softcap=float(softcap) if softcap is not None else 0.0,
         sinks=s_aux,
     )
-    if attention_mask is None:
-        return flash_attn_func(q, k, v, **options), None
-    return _padded_attention(q, k, v, attention_mask.to(torch.bool), **options), None
+    if attention_mask is not None:
+        return padded_attention(q, k, v, attention_mask, **options), None
+
+    cu_q, cu_k, max_q, max_k = (kwargs.get(name) for name in _VARLEN_KWARGS)
+    if cu_q is not None and cu_k is not None:
+        # transformers' flash path needs all four; a missing maximum (vision towers leave it None
+        # when the implementation name is not a flash one) is read off the boundaries instead.
+        max_q = max_q if max_q is not None else _longest(cu_q)
+        max_k = max_k if max_k is not None else _longest(cu_k)
+        return packed_attention(q, k, v, cu_q, cu_k, max_q, max_k, **options), None
+
+    position_ids = kwargs.get("position_ids")
+    if is_packed_sequence(position_ids, q.shape[0]):
+        if q.shape[1] != k.shape[1]:
+            raise ValueError(
+                f"position_ids: packed sequences (positions restarting within one row) need as many "
+                f"keys as queries, got {q.shape[1]} queries and {k.shape[1]} keys (a cache with "
+                "packed sequences is not supported)"
+            )
+        cu_seqlens, max_seqlen = cu_seqlens_from_position_ids(position_ids)
+        return packed_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **options), None
+
+    return flash_attn_func(q, k, v, **options), None
 
 
 def register(name: str = NAME) -> None:
@@ -95,10 +122,10 @@ def register(name: str = NAME) -> None:
 
     After this, ``from_pretrained(..., attn_implementation=name)`` and
     ``from_config(config, attn_implementation=name)`` use anyattn. Requires transformers >= 4.56
-    (AttentionInterface and AttentionMaskInterface).
+    (AttentionInterface and AttentionMaskInterface); tested with the version scripts/setup.sh pins.
     """
     from transformers import AttentionInterface  # noqa: PLC0415 - optional dependency
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask  # noqa: PLC0415
+    from transformers.masking_utils import AttentionMaskInterface  # noqa: PLC0415
 
     AttentionInterface.register(name, anyattention_forward)
-    AttentionMaskInterface.register(name, flash_attention_mask)
+    AttentionMaskInterface.register(name, anyattn_mask)
