@@ -30,10 +30,9 @@ namespace anyattn::cpu::avx512 {
 #include "cpu/simd/vec_avx512.h"
 #include "cpu/simd/vec_math-inl.h"
 
-// Register tiles: 6 rows x 4 vectors (24 accumulators) for both products. Taller, narrower tiles,
-// which halve the K or V panel bytes read per FMA, were slower on the development VM (f32 S1024
-// Hq4 D128, 1 thread, 40 interleaved rounds, median time ratio to 6x4): scores 12x2 1.014, P V
-// 12x2 1.053, both 1.072.
+// Register tiles: 6 rows x 4 vectors (24 accumulators) for both products. Taller, narrower tiles
+// (12 x 2), which halve the K or V panel bytes read per FMA, were slower (measured:
+// bench/MEASUREMENTS.md, "Design constants").
 constexpr int kScoreRows = 6;
 constexpr int kScoreVecs = 4;
 constexpr int kPvRows = 6;

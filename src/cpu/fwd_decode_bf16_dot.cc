@@ -3,10 +3,10 @@
 // Design. One pass: kDirectChunkKeys (16) keys of one kv head against up to 12 query rows, in
 // tiles of up to 4 rows. Per group of 4 keys, R x 4 accumulators; each 64-byte load of a K row
 // holds 32 bf16 values, which one VDPBF16PS multiplies by 32 q values and adds in pairs into 16
-// f32 lanes: no widening, and half the instructions of the f32 FMAs per K element (on Zen 4
-// VDPBF16PS zmm issues at the FMA's rate). The row tail past the last 32 elements is loaded with
-// a zeroing mask, so no byte past head_dim is read; q is zero there. The 16 accumulators of 16
-// keys are reduced by lane_sums into one vector of 16 scores per row, stored to S (in L1). K
+// f32 lanes: no widening, and half the instructions of the f32 FMAs per K element (half the time
+// where VDPBF16PS zmm issues at the FMA's rate). The row tail past the last 32 elements is loaded
+// with a zeroing mask, so no byte past head_dim is read; q is zero there. The 16 accumulators of
+// 16 keys are reduced by lane_sums into one vector of 16 scores per row, stored to S (in L1). K
 // rows come from L1 or L2: the first row tile issues the pass's prefetches, for each 64 bytes of
 // K it loads that line's two hints (PassPrefetcher::line), as the f32 path does.
 #include "cpu/fwd_decode_bf16_dot.h"

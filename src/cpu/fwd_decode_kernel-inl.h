@@ -34,16 +34,12 @@
 // prefetchers barely follow these reads, so the loop prefetches each row itself
 // (PassPrefetcher): into L2 a whole chunk or more ahead, in ascending memory order where the
 // layout allows it, and into L1 a few keys ahead in the order the passes read them, each line's
-// two hints next to the load of a line of the current row (spread over the arithmetic rather than
-// in a burst per key: 6-13% faster from memory, bench/MEASUREMENTS.md, "Prefetch hints spread
-// over the loads"; the far ones in ascending order: 5-6% faster again, "Far prefetch hints in
-// ascending memory order"). Reading in passes over the task's kv heads instead of a whole block
-// per kv head made bf16 B8 Hq32/Hk8 D128 Sk32768 on 2 threads about 30% faster on a Zen 4 VM
-// (17.4-19.5 -> 21.6-28.0 GB/s; bench/MEASUREMENTS.md, "Memory order"), about what the same bytes
-// gained laid out with one kv head (contiguous rows). Before that, on the unit-per-head loop:
-// prefetching into L1 only was 8-10% slower; a prefetcht1 sweep of the next block in memory order
-// while the products still ran head by head gained at most a few percent; prefetching only part
-// of each row, or in bursts, was slower.
+// two hints next to the load of a line of the current row: spread over the arithmetic rather than
+// in a burst per key, the far ones in ascending memory order. Reading in passes over the task's
+// kv heads, rather than a whole block per kv head, reads each key row within a short time, as if
+// the cache held one kv head in contiguous rows (docs/design.md, section 6; measured:
+// bench/MEASUREMENTS.md, "Prefetch hints spread over the loads", "Memory order" and "Far prefetch
+// hints in ascending memory order").
 
 constexpr int kDirectTileRows = 4;
 // Passes of kDirectChunkKeys keys (fwd_layout.h) reduce whole vectors of scores.
@@ -150,8 +146,8 @@ __attribute__((always_inline)) inline void fma_key_vectors(const float* q, int64
 // keys. With `prefetch`, each 64 bytes loaded from the rows of keys pass_key .. pass_key + G - 1
 // come with that line's hints (PassPrefetcher::line, each line numbered by score_line_number).
 // Always inlined: as a call GCC 12 kept the accumulators in a stack array (zeroed, stored and
-// copied on every call), and inlining it made the loop 19% faster (single thread, data in L2, bf16
-// D = 128, 4 rows: 0.089 against 0.110 ms per call, minima of 3000).
+// copied on every call), which slowed the loop markedly (measured: bench/MEASUREMENTS.md, "Design
+// constants").
 template <DType kDtype, int R, int G, bool kFarInMemoryOrder>
 __attribute__((always_inline)) inline void direct_key_group(
     const float* q, int64_t ldq, const void* const* k_rows, int64_t head_dim, Vec* partial,
@@ -239,7 +235,7 @@ inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k
 // further). With `prefetch`, each key's loads come with the hints of the row lines that start in
 // these columns (PassPrefetcher::bytes_of). Always inlined: once the far-order variants doubled
 // the instantiations GCC stopped inlining it, and the call stored the tile's accumulators to the
-// stack on every key (bf16 from L3 1.54 times slower).
+// stack on every key.
 template <DType kDtype, int R, int NV, bool kPaired, bool kTail, bool kFarInMemoryOrder>
 __attribute__((always_inline)) inline void direct_pv_tile(const float* p, const void* const* v_rows,
                                                           int64_t keys, int64_t col,
@@ -407,8 +403,7 @@ inline bool load_bf16_head_queries(const FwdArgs& args, const PackedLayout& layo
     return static_cast<const uint16_t*>(args.q) + offset;
   };
   // OR-ed over each row with no early exit, so that the compiler vectorises it: a scalar loop with
-  // a return per element took about 3% of a B1 Sk4096 decode call (4096 q elements per 256-key
-  // task).
+  // a return per element is a visible share of a short decode call.
   for (int64_t r = r0; r < r0 + count; ++r) {
     const uint16_t* source = source_row(r);
     uint16_t flagged = 0;

@@ -57,17 +57,15 @@ class BlockStream {
 // The loops take the order as a template argument, chosen per pass, so that line is two loads and
 // two prefetches with no branch. It runs inside the product loops with their accumulators live
 // and must stay inline there (as an out-of-line call GCC 12 spilled and reloaded every accumulator
-// around each key). Choosing the far target per hint at run time instead cost 16-24% from L3
-// (bench/MEASUREMENTS.md, "Far prefetch hints in ascending memory order").
+// around each key). Choosing the far target per hint at run time instead costs a branch per hint
+// in the innermost loop, which was clearly slower.
 //
-// Why line by line: until 2026-12-02 each key's 2 x (row bytes / 64) hints went out in one burst
-// before the key was computed, and a Zen 4 VM read K/V 6-13% slower that way (MEASUREMENTS.md,
-// "Prefetch hints spread over the loads"); a burst fills the core's miss queue, and the far hints
-// that find it full are dropped (our reading, without counters to confirm it). Why ascending
-// memory order: on a Zen 5 VM decode read 5-7% faster from memory that way than with the same
-// lines asked for in pass order (B8 bf16 and f32, MHA; B1 Sk4096 bf16 alike), while asking for
-// the share a 64-byte column at a time across its slices was 7-9% slower than pass order: the
-// order of the requests matters, not only how early they go out.
+// Why line by line: hints sent in one burst per key, before the key is computed, fill the core's
+// miss queue, and the far hints that find it full are dropped. Why ascending memory order: the
+// order of the requests matters, not only how early they go out; asking for the same lines in pass
+// order, or a 64-byte column at a time across the share's slices, read memory more slowly
+// (docs/design.md, section 6; measured: bench/MEASUREMENTS.md, "Prefetch hints spread over the
+// loads" and "Far prefetch hints in ascending memory order").
 class PassPrefetcher {
  public:
   // The number within its pass of line `line` of key first + g, loaded by a score key group of

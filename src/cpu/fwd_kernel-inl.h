@@ -48,10 +48,9 @@ constexpr float kNegInfinity = -std::numeric_limits<float>::infinity();
 // block: each iteration of a score tile's head-dim loop issues one prefetcht1, so the 4 * (D + Dv)
 // lines of a panel go out one per 38 or so instructions instead of in a burst, and the next block
 // is in L2 when its first row tile starts. Without it that first tile waits on L3 for K (and the
-// first P V tile for V) in every block: a pair's packed K/V (2 MiB at S = 2048, D = 128) does not
-// stay in the 2 MiB L2 of the development VM. f32 B1 S2048 Hq16, 2 threads, anyattn_ab_probe
-// median time ratios with / without: D128 0.925-0.943, D64 0.955-0.962, D64 Hk4 0.936, D128
-// causal 0.949-0.991, bf16 D128 0.950. Prefetching two blocks ahead measured the same.
+// first P V tile for V) in every block: a pair's packed K/V (2 MiB at S = 2048, D = 128) is
+// usually larger than L2. One block ahead is enough; two ahead gain nothing (measured:
+// bench/MEASUREMENTS.md, "Design constants").
 struct PanelPrefetch {
   const char* line;  // prefetched on the first iteration, then advanced by `step`
   int64_t step;      // 64, or 0 to prefetch one cached line over and over (nothing left to fetch)
@@ -148,10 +147,8 @@ inline void compute_scores(const float* q, int64_t ldq, int64_t rows, const floa
 
 // o[r][0..NV*lanes) += sum_{j < keys} p[r][j] * v[j][0..NV*lanes) for R rows.
 // p: R rows, stride kKeyBlock. v: keys rows, stride ldv. o: R rows, stride ldo.
-// Always inlined: since the block loop became attend_blocks<Products>, GCC 12 stopped inlining the
-// main 6 x 4 tile into it, and the f32 forward lost 2-5% (anyattn_ab_probe, f32 S2048 Hq16/Hk4
-// D128, 1 thread, ANYATTN_ISA=avx512: time ratios 1.016-1.053 against the build before the change,
-// 0.996 with the tile inlined again).
+// Always inlined: called from the templated block loop attend_blocks<Products>, GCC 12 does not
+// inline the main 6 x 4 tile by itself, and the call costs the f32 forward a few percent.
 template <int R, int NV>
 __attribute__((always_inline)) inline void pv_tile(const float* p, const float* v, int64_t ldv,
                                                    int64_t keys, float* o, int64_t ldo) {
@@ -448,9 +445,8 @@ inline void convert_row(const void* src, DType dtype, int64_t n, float* dst) {
 // earlier, into L2 (kPrefetchKeysL2): the hardware prefetchers stop at every 4 KiB page, and with
 // all heads of a key row contiguous a page holds only one or two rows, so without this the core
 // waits on memory at almost every row. The L2 step keeps the L1 fill buffers from waiting a whole
-// trip to memory (as in the direct decode loop): bf16 B8 Sq4 Hq32/Hk8 D128 Sk32768, 2 threads,
-// medians of 5, three rounds: L1 only 122.9-125.6 ms; L2 24 keys ahead 112.4-113.4, 32 keys
-// 111.1-114.1, 64 keys 111.4-115.3.
+// trip to memory (as in the direct decode loop; docs/design.md, section 6); 24 to 64 keys ahead
+// perform alike (measured: bench/MEASUREMENTS.md, "Design constants").
 constexpr int64_t kPrefetchKeys = 8;
 constexpr int64_t kPrefetchKeysL2 = 32;
 

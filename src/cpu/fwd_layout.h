@@ -25,9 +25,8 @@ constexpr int64_t kKeyBlock = 64;
 // and of 36 rows were no faster (bench/MEASUREMENTS.md, "Where the forward time goes").
 constexpr int64_t kMaxQBlockRows = 64;
 // Most query rows per kv head for which streaming tasks read K and V directly instead of packing
-// them (fwd_decode_kernel-inl.h). Measured on the development VM (bf16, Hq32/Hk8, D128, B8
-// Sk4096, 2 threads): 12 rows (Sq = 3) ran in 15.4 ms direct against 19.1 ms packed, 16 rows
-// (Sq = 4) in 21.4 against 21.3, medians of three.
+// them (fwd_decode_kernel-inl.h): up to here packing a block costs more than the products it
+// serves (docs/design.md, section 6; measured: bench/MEASUREMENTS.md, "Design constants").
 constexpr int64_t kDirectMaxRows = 12;
 // Keys of one pass of the direct loop's products: a chunk of a key block's keys for one kv head.
 // The loop runs the passes chunk by chunk and, within a chunk, kv head by kv head, so that it
@@ -38,22 +37,11 @@ static_assert(kKeyBlock % kDirectChunkKeys == 0, "chunks must tile a key block")
 // PassPrefetcher), K and V apart: into L1 kDirectPrefetchL1Bytes of one kv head's rows ahead in
 // the order its passes read them (8 bf16 rows of D = 128), and into L2 kDirectPrefetchL2Bytes
 // of the task's whole key rows ahead, rounded up to whole 16-key chunks (one chunk for bf16 Hk8
-// D = 128, 32 KiB). On a Zen 4 VM (bf16 B8 Hq32/Hk8 D128 Sk32768 and f32 Sk16384, 2 threads,
-// three alternated rounds of anyattn_decode_probe) (L1, L2) of (2, 8) KiB, (2, 64), (1, 8),
-// (4, 8) and (2, 96) all ran within the host's noise of each other (bf16 16.5-25.5 GB/s, f32
-// 20.0-25.5). Measured earlier on a Xeon VM for the loop that ran a whole block per kv head
-// (D = 128, B8 Hq32/Hk8 Sk32768, 2 threads, medians of 3 to 5 runs, three rounds), as keys
-// ahead (L1, L2): bf16 (256-byte rows) (16, none) 43.2-44.4 ms, (8, 32) 38.8-40.9, (8, 24)
-// 38.9-43.1, (8, 40) 39.6-42.1, (6, 32) 39.3-40.9, (12, 32) 40.3-41.6; f32 (512-byte rows)
-// (16, none) 77.2-77.9 ms, (4, 16) 70.1-73.6, (8, 16) 71.4-73.1, (8, 32) 74.0-76.1; later, bf16
-// (none, 32) 47.5-51.6 ms against 42.1-50.8 for (8, 32) in the same three rounds, and (8, none)
-// 54.2-84.6. With the L1 prefetch alone the core's few line-fill buffers stay busy for a whole
-// trip to memory, stalling the arithmetic that waits behind the prefetches (our reading; the VMs
-// have no performance counters to confirm it); with prefetcht0 alone at the L2 distance, Zen 4
-// ran at 11-13 GB/s against 17-20. The price is paid when K and V are already cached, where the
-// second prefetch of each line is pure overhead (on the Xeon VM, bf16 B1 Sk256 on one thread
-// 0.041 -> 0.049 ms, B1 Sk4096 and B4 Sk4096 on two 6-9% slower). A decode step of a real model
-// reads each layer's cache once per token, from memory.
+// D = 128, 32 KiB). Two distances because with the L1 hint alone the core's few line-fill
+// buffers stay busy for a whole trip to memory and stall the arithmetic behind them; the second
+// hint of each line is overhead only when K and V are already cached, and a decode step reads
+// each layer's cache from memory (docs/design.md, section 6). The distances sit on a flat
+// optimum: nearby pairs ran within noise (measured: bench/MEASUREMENTS.md, "Design constants").
 constexpr int64_t kDirectPrefetchL1Bytes = 2048;
 constexpr int64_t kDirectPrefetchL2Bytes = 8192;
 // Alignment of every packed block and scratch buffer, in bytes.

@@ -42,9 +42,9 @@ constexpr int kSpinIterations = 2000;
 //   it ran to completed_ once, when it finds none left.
 // - The caller returns as soon as every task has *completed* (completed_ == task count). It never
 //   waits for a worker that has not claimed a task: on a loaded machine a worker that is not
-//   scheduled in time simply misses the job, and the caller runs the tasks itself. (Waiting for
-//   every worker to check in, as this pool once did, made a small decode call on the development
-//   VM take 91 us instead of 19-31 us whenever the other core was busy.)
+//   scheduled in time simply misses the job, and the caller runs the tasks itself. Waiting for
+//   every worker to check in would make a small call wait on a descheduled thread whenever
+//   another process holds a core (measured: bench/MEASUREMENTS.md, "The thread pool").
 // - A worker touches the ticket only while counted in inside_, and reads the descriptor only
 //   after it has seen the ticket open (reopening publishes the descriptor). The next run()
 //   closes the ticket, waits for inside_ to drop to 0, rewrites the descriptor and reopens the
