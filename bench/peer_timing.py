@@ -68,7 +68,7 @@ def visible_pairs(seqlen_q, seqlen_k, causal):
 
 
 def flops(shape):
-    """Forward FLOPs by DESIGN.md section 5: 4 * B * Hq * D * visible pairs."""
+    """Forward FLOPs (docs/design.md, section 1): 4 * B * Hq * D * visible pairs."""
     return 4.0 * shape["batch"] * shape["heads_q"] * shape["head_dim"] * visible_pairs(
         shape["seqlen_q"], shape["seqlen_k"], shape["causal"])
 

@@ -1,6 +1,6 @@
 // The benchmark's cases: the forward table of issues 2 and 3, the backward table of issue 6, the
 // decode table of issue 3, their row keys (what --filter matches) and their FLOP and byte counts
-// (DESIGN.md §5).
+// (docs/design.md, section 1).
 #ifndef ANYATTN_BENCH_SHAPES_H_
 #define ANYATTN_BENCH_SHAPES_H_
 
@@ -28,7 +28,7 @@ struct FwdShape {
 // causal mask, query i sees keys j <= i + Sk - Sq (Sq(Sq+1)/2 when Sq == Sk).
 int64_t VisiblePairs(int64_t seqlen_q, int64_t seqlen_k, bool causal);
 
-// Forward FLOPs by DESIGN.md §5: 4 * B * Hq * D * visible pairs.
+// Forward FLOPs (docs/design.md, section 1): 4 * B * Hq * D * visible pairs.
 double FwdFlops(const FwdShape& shape);
 
 // Row key, e.g. "fwd/f32/causal/B1/Hq16/Hk4/D128/S2048" (S is Sq = Sk; "Sq.../Sk..." otherwise).
@@ -41,8 +41,8 @@ std::string FwdLabel(const FwdShape& shape);
 // both dtypes. `quick` keeps a subset that runs in about a minute.
 std::vector<FwdShape> ForwardTableShapes(bool quick);
 
-// Backward FLOPs by DESIGN.md §5: 2.5 * FwdFlops(shape), the useful FLOPs of the backward's five
-// products (S, dP, dV, dK, dQ).
+// Backward FLOPs (docs/design.md, section 1): 2.5 * FwdFlops(shape), the useful FLOPs of the
+// backward's five products (S, dP, dV, dK, dQ).
 double BwdFlops(const FwdShape& shape);
 
 // Row key of the backward call on `shape`, e.g. "bwd/f32/causal/B1/Hq16/Hk16/D128/S2048".

@@ -19,7 +19,7 @@ mask), where the two coincide.
 Backward rows time anyattn_bwd alone against torch.autograd.grad of SDPA's output alone (with
 retain_graph, so every call reuses one recorded forward): each gets out (and anyattn its LSE) from
 one untimed forward call, as anyattn_bench's backward table does. GF/s there = 2.5 x the forward's
-FLOPs (DESIGN.md section 5); max|diff| compares dq, dk and dv.
+FLOPs (docs/design.md, section 1); max|diff| compares dq, dk and dv.
 
 If torch is not importable the script says so and exits 0.
 """

@@ -1,4 +1,4 @@
-// The f64 reference implementation of anyattn's forward contract (docs/semantics.md, DESIGN §2).
+// The f64 reference implementation of anyattn's forward contract (docs/semantics.md).
 //
 // It is the oracle of the tests and a teaching copy of the semantics: plain loops in double
 // precision, one query row at a time, with no tiling, no online softmax and no shortcuts. It is

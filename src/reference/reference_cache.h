@@ -1,6 +1,6 @@
 // The f64 reference for the variable-length, KV-cache and merge entry points
-// (anyattn_fwd_varlen, anyattn_fwd_kvcache, anyattn_merge_attention_states; DESIGN §2 "Variable
-// length", "KV cache", "Merging partial results"; docs/varlen_kvcache.md).
+// (anyattn_fwd_varlen, anyattn_fwd_kvcache, anyattn_merge_attention_states; their contract is
+// docs/varlen_kvcache.md).
 //
 // Like reference.h it is plain loops in double precision, meant to be read. Each entry point
 // gathers the rows of every sequence into contiguous double arrays (GatheredSequence) and hands
