@@ -1,6 +1,5 @@
 // Threads released together on disjoint slices of one buffer, timed from the release to the
-// last thread's end: the streaming reads of anyattn_bench (read_bandwidth.cc) and
-// anyattn_stream_probe (stream_probe.cc).
+// last thread's end: the streaming reads of anyattn_bench (read_bandwidth.cc).
 #ifndef ANYATTN_BENCH_RELEASED_THREADS_H_
 #define ANYATTN_BENCH_RELEASED_THREADS_H_
 
