@@ -81,10 +81,18 @@ class _Spy:
 
 
 def _pack(sequences):
-    """input_ids and position_ids of sequences packed into one row (DataCollatorWithFlattening)."""
+    """input_ids and position_ids of sequences packed into one row."""
     input_ids = torch.cat(sequences).unsqueeze(0)
     position_ids = torch.cat([torch.arange(len(s)) for s in sequences]).unsqueeze(0)
     return input_ids, position_ids
+
+
+def _flatten(sequences, return_flash_attn_kwargs, return_position_ids=True):
+    """transformers' own padding-free collator over the sequences: input_ids, labels (-100 on each
+    sequence's first token), optionally position_ids and cu_seq_lens_q/k, max_length_q/k."""
+    collator = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=return_flash_attn_kwargs,
+                                                       return_position_ids=return_position_ids)
+    return collator([{"input_ids": s.tolist()} for s in sequences], return_tensors="pt")
 
 
 @pytest.mark.parametrize("kind", CAUSAL_LMS)
@@ -123,20 +131,22 @@ def test_packed_sequences_match_each_sequence_alone(kind, boundaries, monkeypatc
     ours, eager = _models(kind)
     lengths = [5, 9, 7]
     sequences = [_ids(n, seed=10 + i) for i, n in enumerate(lengths)]
-    input_ids, position_ids = _pack(sequences)
-    kwargs = dict(input_ids=input_ids, position_ids=position_ids)
-    if boundaries == "cu_seq_lens":
-        cu = torch.tensor([0, 5, 14, 21], dtype=torch.int32)
-        kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=9, max_length_k=9)
+    # With cu_seq_lens the collator leaves out position_ids: the model then numbers the packed row
+    # 0..20 and only the boundaries keep the sequences apart.
+    with_boundaries = boundaries == "cu_seq_lens"
+    batch = _flatten(sequences, return_flash_attn_kwargs=with_boundaries, return_position_ids=not with_boundaries)
+    batch.pop("labels")
+    positions = batch["position_ids"][0] if "position_ids" in batch else torch.arange(sum(lengths))
     spy = _Spy(monkeypatch)
     with torch.no_grad():
-        packed = ours(**kwargs).logits[0]
+        packed = ours(**batch).logits[0]
     assert spy.cu_seqlens == [[0, 5, 14, 21]] * ours.config.num_hidden_layers
     start = 0
     with torch.no_grad():
         for seq in sequences:
-            alone = ours(input_ids=seq.unsqueeze(0)).logits[0]
-            reference = eager(input_ids=seq.unsqueeze(0)).logits[0]
+            alone_inputs = dict(input_ids=seq.unsqueeze(0), position_ids=positions[start:start + len(seq)].unsqueeze(0))
+            alone = ours(**alone_inputs).logits[0]
+            reference = eager(**alone_inputs).logits[0]
             piece = packed[start:start + len(seq)]
             torch.testing.assert_close(piece, alone, **TOL)
             torch.testing.assert_close(piece, reference, **TOL)
@@ -191,20 +201,19 @@ def _loss_and_grads(model, **inputs):
 
 
 @pytest.mark.parametrize("kind", CAUSAL_LMS)
-def test_padding_free_training_step_equals_the_per_sequence_run(kind):
+@pytest.mark.parametrize("boundaries", ["position_ids", "cu_seq_lens"])
+def test_padding_free_training_step_equals_the_per_sequence_run(kind, boundaries):
     ours, eager = _models(kind)
     lengths = [6, 9, 4]
     sequences = [_ids(n, seed=30 + i) for i, n in enumerate(lengths)]
-    input_ids, position_ids = _pack(sequences)
-    # DataCollatorWithFlattening's labels: each sequence's first token is not predicted, so no
-    # sequence is trained to predict across a boundary.
-    labels = torch.cat([torch.cat([torch.tensor([-100]), s[1:]]) for s in sequences]).unsqueeze(0)
+    batch = _flatten(sequences, return_flash_attn_kwargs=boundaries == "cu_seq_lens")
     ours.train()
     eager.train()
     try:
-        loss, grads = _loss_and_grads(ours, input_ids=input_ids, position_ids=position_ids, labels=labels)
-        # The packed loss is the mean over all predicted tokens: weight each sequence's own mean loss
-        # by its number of predicted tokens (length - 1).
+        loss, grads = _loss_and_grads(ours, **batch)
+        # The collator's labels leave each sequence's first token unpredicted, so the packed loss
+        # is the mean over every sequence's (length - 1) predicted tokens: the per-sequence mean
+        # losses weighted by their token counts.
         predicted = sum(n - 1 for n in lengths)
         eager.zero_grad()
         want_loss = 0.0
