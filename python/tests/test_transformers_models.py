@@ -1,4 +1,4 @@
-"""attn_implementation="anyattn" in real transformers models, checked against attn_implementation="eager".
+"""attn_implementation="anyattn" in real transformers models, checked against "eager".
 
 Tiny models are built from configs with random weights (no downloads): Llama, Gemma 2 (logit
 softcapping, sliding window), gpt-oss (sinks, sliding window) and the Qwen2.5-VL vision tower
@@ -26,18 +26,21 @@ GRAD_TOL = dict(rtol=1e-4, atol=1e-5)  # float32 gradients
 
 
 def _config(kind):
+    # initializer_range: weights large enough for peaked attention, so that softcap, windows and
+    # sinks change the result.
     common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
-                  initializer_range=0.2)  # large enough weights for peaked attention: softcap, windows and sinks matter
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  max_position_embeddings=128, initializer_range=0.2)
+    alternating = ["sliding_attention", "full_attention"]
     if kind == "llama":
         return transformers.LlamaConfig(**common)
     if kind == "gemma2":
         return transformers.Gemma2Config(attn_logit_softcapping=3.0, final_logit_softcapping=None,
                                          sliding_window=4, query_pre_attn_scalar=12,
-                                         layer_types=["sliding_attention", "full_attention"], **common)
+                                         layer_types=alternating, **common)
     if kind == "gpt_oss":
-        return transformers.GptOssConfig(num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
-                                         layer_types=["sliding_attention", "full_attention"], **common)
+        return transformers.GptOssConfig(num_local_experts=4, num_experts_per_tok=2,
+                                         sliding_window=4, layer_types=alternating, **common)
     raise ValueError(kind)
 
 
@@ -50,8 +53,9 @@ def _models(kind):
     if kind not in _MODELS:
         anyattn_hf.register()
         torch.manual_seed(0)
-        eager = transformers.AutoModelForCausalLM.from_config(_config(kind), attn_implementation="eager")
-        ours = transformers.AutoModelForCausalLM.from_config(_config(kind), attn_implementation="anyattn")
+        build = transformers.AutoModelForCausalLM.from_config
+        eager = build(_config(kind), attn_implementation="eager")
+        ours = build(_config(kind), attn_implementation="anyattn")
         ours.load_state_dict(eager.state_dict())
         if kind == "gpt_oss":  # sinks must matter: make them large enough to change the softmax
             for a, b in zip(ours.model.layers, eager.model.layers):
@@ -90,8 +94,8 @@ def _pack(sequences):
 def _flatten(sequences, return_flash_attn_kwargs, return_position_ids=True):
     """transformers' own padding-free collator over the sequences: input_ids, labels (-100 on each
     sequence's first token), optionally position_ids and cu_seq_lens_q/k, max_length_q/k."""
-    collator = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=return_flash_attn_kwargs,
-                                                       return_position_ids=return_position_ids)
+    collator = transformers.DataCollatorWithFlattening(
+        return_flash_attn_kwargs=return_flash_attn_kwargs, return_position_ids=return_position_ids)
     return collator([{"input_ids": s.tolist()} for s in sequences], return_tensors="pt")
 
 
@@ -134,7 +138,8 @@ def test_packed_sequences_match_each_sequence_alone(kind, boundaries, monkeypatc
     # With cu_seq_lens the collator leaves out position_ids: the model then numbers the packed row
     # 0..20 and only the boundaries keep the sequences apart.
     with_boundaries = boundaries == "cu_seq_lens"
-    batch = _flatten(sequences, return_flash_attn_kwargs=with_boundaries, return_position_ids=not with_boundaries)
+    batch = _flatten(sequences, return_flash_attn_kwargs=with_boundaries,
+                     return_position_ids=not with_boundaries)
     batch.pop("labels")
     positions = batch["position_ids"][0] if "position_ids" in batch else torch.arange(sum(lengths))
     spy = _Spy(monkeypatch)
@@ -144,7 +149,8 @@ def test_packed_sequences_match_each_sequence_alone(kind, boundaries, monkeypatc
     start = 0
     with torch.no_grad():
         for seq in sequences:
-            alone_inputs = dict(input_ids=seq.unsqueeze(0), position_ids=positions[start:start + len(seq)].unsqueeze(0))
+            alone_inputs = dict(input_ids=seq.unsqueeze(0),
+                                position_ids=positions[start:start + len(seq)].unsqueeze(0))
             alone = ours(**alone_inputs).logits[0]
             reference = eager(**alone_inputs).logits[0]
             piece = packed[start:start + len(seq)]
@@ -185,10 +191,24 @@ def test_greedy_generate_is_token_identical_to_eager(kind):
         assert torch.equal(ours.generate(ids, **kw), eager.generate(ids, **kw))
 
 
-def test_greedy_generate_with_a_static_cache_is_token_identical_to_eager():
-    ours, eager = _models("llama")
-    ids = _ids(2, 7, seed=4)
-    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+@pytest.mark.parametrize("kind", CAUSAL_LMS)
+@pytest.mark.parametrize("padded", [False, True])
+def test_greedy_generate_with_a_static_cache_is_token_identical_to_eager(kind, padded, monkeypatch):
+    # The prompt is shorter than the sliding window (4) and generation runs past it, so the static
+    # cache is seen both with unwritten slots and full. The varlen path serves all of it, as it
+    # does for flash-attention: the exact dense-mask path is never needed.
+    ours, eager = _models(kind)
+
+    def no_dense_path(*args, **kwargs):
+        raise AssertionError("a static cache took the dense-mask path")
+
+    monkeypatch.setattr(anyattn_hf, "masked_attention", no_dense_path)
+    ids = _ids(2, 3, seed=4)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :1] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+              cache_implementation="static")
     with torch.no_grad():
         assert torch.equal(ours.generate(ids, **kw), eager.generate(ids, **kw))
 
@@ -197,7 +217,8 @@ def _loss_and_grads(model, **inputs):
     model.zero_grad()
     loss = model(**inputs).loss
     loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
 
 
 @pytest.mark.parametrize("kind", CAUSAL_LMS)
@@ -218,7 +239,8 @@ def test_padding_free_training_step_equals_the_per_sequence_run(kind, boundaries
         eager.zero_grad()
         want_loss = 0.0
         for seq in sequences:
-            one = eager(input_ids=seq.unsqueeze(0), labels=seq.unsqueeze(0)).loss * ((len(seq) - 1) / predicted)
+            one = eager(input_ids=seq.unsqueeze(0), labels=seq.unsqueeze(0)).loss
+            one = one * ((len(seq) - 1) / predicted)
             one.backward()
             want_loss = want_loss + one.detach()
         want_grads = {n: p.grad for n, p in eager.named_parameters() if p.grad is not None}
@@ -230,7 +252,8 @@ def test_padding_free_training_step_equals_the_per_sequence_run(kind, boundaries
     torch.testing.assert_close(loss, want_loss, **TOL)
     assert grads.keys() == want_grads.keys()
     for name in grads:
-        torch.testing.assert_close(grads[name], want_grads[name], **GRAD_TOL, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(grads[name], want_grads[name], **GRAD_TOL,
+                                   msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_custom_4d_mask_is_exact_and_warns_once(monkeypatch):
@@ -293,7 +316,8 @@ def test_mask_function_answers_like_flash_only_where_varlen_is_exact(pattern):
 
     def mask_for(implementation):
         config._attn_implementation = implementation
-        return build(config=config, inputs_embeds=embeds, attention_mask=mask_2d, cache=None, **extra)
+        return build(config=config, inputs_embeds=embeds, attention_mask=mask_2d, cache=None,
+                     **extra)
 
     got = mask_for("anyattn")
     if pattern in ("plain", "sliding"):
@@ -311,14 +335,16 @@ def test_mask_function_answers_like_flash_only_where_varlen_is_exact(pattern):
 def _vision_towers():
     anyattn_hf.register()
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+        Qwen2_5_VisionTransformerPretrainedModel,
+    )
 
     def build(implementation):
         torch.manual_seed(0)
         config = Qwen2_5_VLVisionConfig(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
                                         patch_size=2, temporal_patch_size=1, spatial_merge_size=2,
-                                        window_size=4, out_hidden_size=32, fullatt_block_indexes=[1],
-                                        in_channels=3)
+                                        window_size=4, out_hidden_size=32, in_channels=3,
+                                        fullatt_block_indexes=[1])
         config._attn_implementation = implementation
         return Qwen2_5_VisionTransformerPretrainedModel(config).eval()
 
@@ -351,8 +377,11 @@ def test_vision_tower_cu_seqlens_branch_is_one_varlen_call_per_block(monkeypatch
 
     ours, eager = _vision_towers()
     ours.load_state_dict(eager.state_dict())
+    def anyattn_counts_as_flash(config=None, **_):
+        return getattr(config, "_attn_implementation", None) == "anyattn"
+
     monkeypatch.setattr(modeling_qwen2_5_vl, "is_flash_attention_requested",
-                        lambda config=None, **_: getattr(config, "_attn_implementation", None) == "anyattn")
+                        anyattn_counts_as_flash)
     spy = _Spy(monkeypatch)
     pixels, grid_thw = _two_images()
     with torch.no_grad():
@@ -370,4 +399,5 @@ def test_paged_calls_are_rejected_with_the_parameter_named():
     q = torch.zeros(1, 4, 3, 16)
     kv = torch.zeros(1, 2, 3, 16)
     with pytest.raises(ValueError, match="block_table"):
-        anyattn_hf.anyattention_forward(attention, q, kv, kv, None, block_table=torch.zeros(1, 1, dtype=torch.int32))
+        anyattn_hf.anyattention_forward(attention, q, kv, kv, None,
+                                        block_table=torch.zeros(1, 1, dtype=torch.int32))

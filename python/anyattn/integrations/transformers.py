@@ -107,12 +107,13 @@ def anyattention_forward(
     if is_packed_sequence(position_ids, q.shape[0]):
         if q.shape[1] != k.shape[1]:
             raise ValueError(
-                f"position_ids: packed sequences (positions restarting within one row) need as many "
-                f"keys as queries, got {q.shape[1]} queries and {k.shape[1]} keys (a cache with "
-                "packed sequences is not supported)"
+                "position_ids: packed sequences (positions restarting within one row) need as "
+                f"many keys as queries, got {q.shape[1]} queries and {k.shape[1]} keys "
+                "(a cache with packed sequences is not supported)"
             )
         cu_seqlens, max_seqlen = cu_seqlens_from_position_ids(position_ids)
-        return packed_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **options), None
+        out = packed_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **options)
+        return out, None
 
     return flash_attn_func(q, k, v, **options), None
 

@@ -112,7 +112,8 @@ def anyattn_mask(
             # A static cache longer than what was written: as flash-attention does, a 2-D mask
             # as long as the written positions tells the attention function which keys are real.
             if attention_mask is None:
-                return torch.ones((batch_size, seen), dtype=torch.bool, device=kwargs.get("device", "cpu"))
+                device = kwargs.get("device", "cpu")
+                return torch.ones((batch_size, seen), dtype=torch.bool, device=device)
             if attention_mask.shape[-1] < kv_length:
                 return attention_mask.to(torch.bool)
     return sdpa_mask(
@@ -166,7 +167,8 @@ def masked_attention(
     mask leaves without keys are 0. Returns (B, Sq, Hq, Dv).
     """
     if mask.dim() != 4:
-        raise ValueError(f"attention_mask: expected a 4-D mask (batch, heads, Sq, Sk), got shape {tuple(mask.shape)}")
+        raise ValueError("attention_mask: expected a 4-D mask (batch, heads, Sq, Sk), "
+                         f"got shape {tuple(mask.shape)}")
     _warn_dense_mask_once(mask)
     heads_q, heads_k = query.shape[1], key.shape[1]
     if heads_q % heads_k != 0:
@@ -186,7 +188,8 @@ def masked_attention(
     else:
         scores = scores + mask
     if s_aux is not None:
-        sinks = s_aux.reshape(1, -1, 1, 1).to(scores.dtype).expand(scores.shape[0], -1, scores.shape[2], 1)
+        sinks = s_aux.reshape(1, -1, 1, 1).to(scores.dtype)
+        sinks = sinks.expand(scores.shape[0], -1, scores.shape[2], 1)
         combined = torch.cat([scores, sinks], dim=-1)
         combined = combined - combined.max(dim=-1, keepdim=True).values
         probs = torch.softmax(combined, dim=-1, dtype=torch.float32)[..., :-1]

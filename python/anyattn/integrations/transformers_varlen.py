@@ -20,7 +20,8 @@ def is_packed_sequence(position_ids: Optional[torch.Tensor], batch_size: int) ->
     The same rule as transformers' flash-attention path: one row of more than one position whose
     ids are not a single run ``start, start + 1, ...`` (``start`` the smallest id; packed
     sequences all restart from it, which is 0 for most models). Batches of more than one row are
-    never treated as packed here; the registered mask function hands those an exact 4-D mask.
+    never treated as packed here: when transformers finds packing in them (it looks only when no
+    cache is passed) the registered mask function hands the attention an exact 4-D mask instead.
     """
     if position_ids is None or batch_size != 1 or position_ids.dim() != 2:
         return False
@@ -83,5 +84,6 @@ def padded_attention(q, k, v, key_mask: torch.Tensor, **options) -> torch.Tensor
     v_unpadded = unpad_input(v, key_mask)[0]
     query_mask = key_mask[:, -sq:]
     q_unpadded, indices_q, cu_q, max_q, _ = unpad_input(q, query_mask)
-    out = flash_attn_varlen_func(q_unpadded, k_unpadded, v_unpadded, cu_q, cu_k, max_q, max_k, **options)
+    out = flash_attn_varlen_func(q_unpadded, k_unpadded, v_unpadded, cu_q, cu_k, max_q, max_k,
+                                 **options)
     return pad_input(out, indices_q, batch, sq)
