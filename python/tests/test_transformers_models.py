@@ -290,6 +290,36 @@ def test_custom_boolean_4d_mask_matches_eager_with_sinks_and_window(monkeypatch)
     torch.testing.assert_close(got, want, **TOL)
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_bidirectional_encoder_with_local_windows_matches_eager(padded, monkeypatch):
+    # ModernBERT: bidirectional attention, alternating global and local (sliding-window) layers.
+    anyattn_hf.register()
+
+    def build(implementation):
+        torch.manual_seed(0)
+        config = transformers.ModernBertConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+            num_attention_heads=2, local_attention=4, global_attn_every_n_layers=3,
+            max_position_embeddings=128, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, cls_token_id=1, sep_token_id=2)
+        return transformers.AutoModelForMaskedLM.from_config(
+            config, attn_implementation=implementation).eval()
+
+    ours, eager = build("anyattn"), build("eager")
+    ours.load_state_dict(eager.state_dict())
+    ids = _ids(2, 12, seed=8)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, -3:] = 0
+    spy = _Spy(monkeypatch)
+    with torch.no_grad():
+        got = ours(input_ids=ids, attention_mask=mask).logits
+        want = eager(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], **TOL)
+    assert len(spy.cu_seqlens) == (3 if padded else 0)  # one varlen call per layer when padded
+
+
 def _prefix_bidirectional(batch_idx, head_idx, q_idx, kv_idx):
     return (q_idx < 3) & (kv_idx < 3)  # e.g. image tokens that see each other
 
