@@ -320,6 +320,39 @@ def test_bidirectional_encoder_with_local_windows_matches_eager(padded, monkeypa
     assert len(spy.cu_seqlens) == (3 if padded else 0)  # one varlen call per layer when padded
 
 
+def test_encoder_decoder_cross_attention_over_a_padded_source_matches_eager(monkeypatch):
+    # BART: the decoder's cross-attention gets the source's 2-D padding mask with fewer queries
+    # than keys; every query row is real there, and no call needs the dense-mask path.
+    anyattn_hf.register()
+
+    def build(implementation):
+        torch.manual_seed(0)
+        config = transformers.BartConfig(
+            vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+            decoder_ffn_dim=64, max_position_embeddings=64, init_std=0.2, pad_token_id=0,
+            bos_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)
+        return transformers.AutoModelForSeq2SeqLM.from_config(
+            config, attn_implementation=implementation).eval()
+
+    def no_dense_path(*args, **kwargs):
+        raise AssertionError("BART took the dense-mask path")
+
+    monkeypatch.setattr(anyattn_hf, "masked_attention", no_dense_path)
+    ours, eager = build("anyattn"), build("eager")
+    ours.load_state_dict(eager.state_dict())
+    source = _ids(2, 11, seed=9)
+    mask = torch.ones_like(source)
+    mask[1, -4:] = 0
+    target = _ids(2, 5, seed=10)
+    with torch.no_grad():
+        got = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+        want = eager(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+        torch.testing.assert_close(got, want, **TOL)
+        kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, num_beams=1)
+        assert torch.equal(ours.generate(source, **kw), eager.generate(source, **kw))
+
+
 def _prefix_bidirectional(batch_idx, head_idx, q_idx, kv_idx):
     return (q_idx < 3) & (kv_idx < 3)  # e.g. image tokens that see each other
 

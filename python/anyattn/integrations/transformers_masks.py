@@ -66,8 +66,8 @@ def _pattern_pieces(mask_function) -> Iterator[Optional[str]]:
         yield from _pattern_pieces(piece)
 
 
-def _varlen_expresses(mask_function, batch_size: int) -> bool:
-    for piece in _pattern_pieces(mask_function):
+def _varlen_expresses(pieces, batch_size: int) -> bool:
+    for piece in pieces:
         if piece == _PACKED_PIECE:
             # The attention function rebuilds the packing from position_ids only for one row.
             if batch_size != 1:
@@ -102,9 +102,13 @@ def anyattn_mask(
 
     if mask_function is None:
         mask_function = causal_mask_function
+    pieces = set(_pattern_pieces(mask_function))
     seen = int(q_offset) + q_length  # positions written to the cache, this step's included
-    unwritten_slots = kv_offset + kv_length != seen
-    if _varlen_expresses(mask_function, batch_size):
+    # Causal self-attention over a cache sees exactly the written positions, unless the cache is
+    # a static one with slots not written yet. (Bidirectional patterns, e.g. cross-attention,
+    # have keys of their own length.)
+    unwritten_slots = "causal_mask_function" in pieces and kv_offset + kv_length != seen
+    if _varlen_expresses(pieces, batch_size):
         if not unwritten_slots:
             return flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
                                         mask_function, attention_mask)

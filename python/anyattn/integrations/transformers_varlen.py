@@ -67,9 +67,11 @@ def padded_attention(q, k, v, key_mask: torch.Tensor, **options) -> torch.Tensor
     """Attention over a left- or right-padded batch, as one varlen call on the real tokens.
 
     ``key_mask`` (B, L) marks real key positions (True / 1). When the keys are longer than the
-    mask (a static cache's unwritten slots) only the first L keys are used. Queries are the last
-    Sq positions of the mask (flash-attention's convention; when Sq equals the key length the
-    same mask marks them). Output (B, Sq, Hq, Dv), zero on padded query rows.
+    mask (a static cache's unwritten slots) only the first L keys are used. Causal: queries are
+    the last Sq positions of the mask (flash-attention's convention; when Sq equals the key length
+    the same mask marks them) and padded query rows are zero. Not causal with Sq != L (cross-
+    attention): the mask says nothing about the queries, and every query row is computed.
+    Output (B, Sq, Hq, Dv).
     """
     batch, sq = q.shape[0], q.shape[1]
     key_mask = key_mask.to(torch.bool)
@@ -82,7 +84,10 @@ def padded_attention(q, k, v, key_mask: torch.Tensor, **options) -> torch.Tensor
         )
     k_unpadded, _, cu_k, max_k, _ = unpad_input(k, key_mask)
     v_unpadded = unpad_input(v, key_mask)[0]
-    query_mask = key_mask[:, -sq:]
+    if options.get("causal") or sq == key_mask.shape[-1]:
+        query_mask = key_mask[:, -sq:]
+    else:
+        query_mask = torch.ones((batch, sq), dtype=torch.bool, device=key_mask.device)
     q_unpadded, indices_q, cu_q, max_q, _ = unpad_input(q, query_mask)
     out = flash_attn_varlen_func(q_unpadded, k_unpadded, v_unpadded, cu_q, cu_k, max_q, max_k,
                                  **options)
