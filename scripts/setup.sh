@@ -59,6 +59,37 @@ install_ring_flash_attn_deps() {
   echo "$wanted" >"$stamp"
 }
 
+# sglang, whose real plugin loader, argument parser and VisionAttention layer
+# python/tests/test_sglang_plugin.py drives (anyattn's sglang plugin: docs/python.md). sglang's
+# full dependency set is a CUDA serving stack, so build/sglang-deps gets sglang alone (--no-deps)
+# and exactly the packages that importing sglang.srt.plugins, sglang.srt.server_args and
+# sglang.srt.layers.attention.vision needs on CPU beside .venv's torch, transformers, numpy,
+# pydantic and pillow; sglang's own pins where it has them (apache-tvm-ffi, sentencepiece,
+# compressed-tensors, openai). The test appends the directory to sys.path, so .venv's packages
+# win wherever both have one. The stamp names the Python of the compiled wheels, as above.
+SGLANG_DEPS_DIR=build/sglang-deps
+SGLANG_DEPS=(sglang==0.5.23 apache-tvm-ffi==0.1.11 sentencepiece==0.2.1 compressed-tensors==0.18.0
+             openai==2.8.0 httpx==0.29.0 distro==1.9.0 sniffio==1.3.1 orjson==3.13.0
+             psutil==7.2.2 pybase64==1.5.1 requests==2.34.2 urllib3==2.8.0
+             certifi==2026.10.19.post1 starlette==1.10.0 msgspec==0.23.0 pyzmq==27.3.0
+             ipython==9.18.1 traitlets==5.16.1 aiohttp==3.14.5 multidict==7.2.1 attrs==26.1.0
+             yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1 aiosignal==1.4.0
+             frozenlist==1.8.0 einops==0.8.2 torchvision==0.29.2 dill==0.4.1 loguru==0.7.3
+             gguf==0.19.0 partial-json-parser==0.2.1.1.post7)
+
+install_sglang_test_deps() {
+  local stamp="$SGLANG_DEPS_DIR/.installed"
+  local wanted
+  wanted="$(.venv/bin/python -c 'import sys; print("python%d.%d" % sys.version_info[:2])') ${SGLANG_DEPS[*]}"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
+    return
+  fi
+  echo "setup: installing sglang 0.5.23 and its import dependencies into $SGLANG_DEPS_DIR"
+  rm -rf "$SGLANG_DEPS_DIR"
+  .venv/bin/python -m pip install -q --no-deps --target "$SGLANG_DEPS_DIR" "${SGLANG_DEPS[@]}"
+  echo "$wanted" >"$stamp"
+}
+
 install_python_environment() {
   if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv"
@@ -75,6 +106,7 @@ install_python_environment() {
   .venv/bin/python -m pip install -q --no-build-isolation ggml-python==0.0.45 ||
     echo "setup: ggml-python did not install; bench/ggml_fa.py will have no peer to run" >&2
   install_ring_flash_attn_deps
+  install_sglang_test_deps
   echo "setup: building and installing the anyattn Python package into .venv"
   # One retry: scikit-build-core gives up on CMake ("Accessing CMake timed out", then "Could not
   # find CMake") when `cmake -E capabilities` takes over its 5 s timeout, which happened once on

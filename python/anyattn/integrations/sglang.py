@@ -7,9 +7,10 @@ expect (total_tokens, heads, head_dim_v) back. ``VisionAnyAttention`` honours ``
 runs on any device through ``anyattn.flash_attn_varlen_func`` (one call for the whole packed
 batch on CPU; flash_attn or SDPA elsewhere).
 
-Registering it with sglang, e.g.
-``QKV_BACKEND_IMPL["anyattn"] = VisionAnyAttention``, is left to the caller: this module does
-not import sglang.
+sglang finds it through anyattn's plugin (``sglang_plugin.py``, entry point group
+``sglang.srt.plugins``), which registers it as ``QKV_BACKEND_IMPL["anyattn"]``, makes
+``--mm-attention-backend anyattn`` valid and puts it in place of fa3/fa4 where those cannot run.
+This module does not import sglang.
 """
 
 from __future__ import annotations
