@@ -223,6 +223,7 @@ fn flash_attn_sinks_variants() {
                 softcap: (cap > 0.0).then_some(cap),
                 alibi: with_alibi.then(|| s.clone()),
                 sinks: Some(sink_values.clone()),
+                ..Default::default()
             };
             check_case(
                 &format!("flash_attn_sinks alibi={with_alibi} ({wl:?}, {wr:?}) cap={cap}"),
@@ -325,4 +326,33 @@ fn apply_op3_with_the_public_struct() {
     let via_struct = t[0].apply_op3(&t[1], &t[2], op).unwrap();
     let via_fn = fa::flash_attn_windowed(&t[0], &t[1], &t[2], 0.25, Some(3), Some(0)).unwrap();
     assert_eq!(common::max_abs_diff(&via_struct, &via_fn).unwrap(), 0.0);
+}
+
+/// `softmax_scale == 0` is candle-flash-attn's plain scale of 0: every score is 0 (then the
+/// softcap and ALiBi), so each query averages the values it sees.
+#[test]
+fn zero_softmax_scale_makes_every_score_zero() {
+    for dtype in DTYPES {
+        let t = qkv(90, [2, 9, 4, 32], [2, 13, 2, 32], 32, dtype);
+        let spec = Spec {
+            scale: 0.0,
+            window_left: Some(4),
+            window_right: Some(0),
+            ..Default::default()
+        };
+        check_case("flash_attn_windowed scale 0", &t, &spec, |q, k, v| {
+            fa::flash_attn_windowed(q, k, v, 0.0, Some(4), Some(0))
+        });
+        let alibi = slopes(4);
+        let spec = Spec {
+            scale: 0.0,
+            softcap: Some(2.0),
+            alibi: Some(alibi.clone()),
+            ..Default::default()
+        };
+        let alibi = Tensor::new(alibi.as_slice(), &candle_core::Device::Cpu).unwrap();
+        check_case("softcap + alibi, scale 0", &t, &spec, |q, k, v| {
+            fa::flash_attn_alibi_windowed_softcap(q, k, v, Some(&alibi), 0.0, None, None, 2.0)
+        });
+    }
 }

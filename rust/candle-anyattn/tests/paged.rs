@@ -1,6 +1,6 @@
 //! `flash_attn_varlen_paged_windowed`: packed queries against shuffled paged caches equal the plain
-//! candle attention of each sequence over its keys (flash-attn's 2x rule), and bad paging
-//! arguments give errors that name them.
+//! candle attention of each sequence over its keys (flash-attn's 2x rule), with and without
+//! `mm_prefix_ranges`, and bad paging arguments give errors that name them.
 
 mod common;
 
@@ -116,6 +116,75 @@ fn paged_varlen_meets_the_2x_rule_per_sequence() {
     }
 }
 
+/// `mm_prefix_ranges` (per sequence key ranges a query inside sees whatever the mask) against
+/// the plain attention with the same visibility rule, for causal and sliding-window masks,
+/// ranges that overlap the query rows or lie before them, empty ranges and a sequence without.
+#[test]
+fn mm_prefix_ranges_extend_the_mask() {
+    // Positions: sequence 0 has 13 keys and 1 query (position 12), sequence 1 has 4 keys and no
+    // query, sequence 2 has 23 keys and 7 queries (positions 16..23), sequence 3 has 12 keys
+    // and 12 queries (positions 0..12).
+    let ranges: Vec<Vec<(i64, i64)>> = vec![
+        vec![(10, 13), (0, 0)],
+        vec![(0, 4), (0, 0)],
+        vec![(2, 9), (15, 21)],
+        vec![(3, 8), (8, 11)],
+    ];
+    let flat: Vec<i32> = ranges
+        .iter()
+        .flat_map(|r| r.iter().flat_map(|&(s, e)| [s as i32, e as i32]))
+        .collect();
+    let ranges_t = Tensor::from_vec(flat, (4, 2, 2), &Device::Cpu).unwrap();
+    for dtype in [DType::F32, DType::BF16] {
+        let c = case(dtype);
+        for (wl, wr, softcap) in [
+            (None, Some(0), None),
+            (Some(2), Some(0), None),
+            (Some(3), Some(1), Some(4.0)),
+            (None, None, None),
+        ] {
+            let got = fa::flash_attn_varlen_paged_windowed(
+                &c.q,
+                &c.k_cache,
+                &c.v_cache,
+                &offsets(&CU_Q),
+                &offsets(&CU_K),
+                &c.table,
+                Some(&ranges_t),
+                12,
+                23,
+                0.2,
+                wl,
+                wr,
+                PAGE,
+                softcap,
+            )
+            .unwrap();
+            let spec = Spec {
+                scale: 0.2,
+                window_left: wl,
+                window_right: wr,
+                softcap,
+                // The ranges only apply where a mask is active, as in candle-flash-attn.
+                prefix_ranges: if wl.is_some() || wr.is_some() {
+                    ranges.clone()
+                } else {
+                    Vec::new()
+                },
+                ..Default::default()
+            };
+            let ref64 = naive_varlen(&c.q, &c.k, &c.v, &CU_Q, &CU_K, &spec, DType::F64).unwrap();
+            let same = naive_varlen(&c.q, &c.k, &c.v, &CU_Q, &CU_K, &spec, dtype).unwrap();
+            check(
+                &format!("mm_prefix_ranges window ({wl:?}, {wr:?}) softcap {softcap:?}"),
+                &got,
+                &ref64,
+                &same,
+            );
+        }
+    }
+}
+
 #[test]
 fn paging_errors_name_the_argument() {
     let c = case(DType::F32);
@@ -139,9 +208,18 @@ fn paging_errors_name_the_argument() {
         .unwrap_err()
         .to_string()
     };
-    let ranges = Tensor::zeros((4, 1, 2), DType::U32, &Device::Cpu).unwrap();
+    let ranges = Tensor::zeros((3, 1, 2), DType::I32, &Device::Cpu).unwrap();
     let msg = call(&c.table, Some(&ranges), PAGE, &CU_K);
-    assert!(msg.contains("mm_prefix_ranges"), "{msg}");
+    assert!(
+        msg.contains("mm_prefix_ranges must have shape (4, max_ranges, 2)"),
+        "{msg}"
+    );
+    let ranges = Tensor::zeros((4, 1, 2), DType::F32, &Device::Cpu).unwrap();
+    let msg = call(&c.table, Some(&ranges), PAGE, &CU_K);
+    assert!(
+        msg.contains("mm_prefix_ranges must be u32, i32 or i64"),
+        "{msg}"
+    );
     let msg = call(&c.table, None, PAGE + 1, &CU_K);
     assert!(msg.contains("page_block_size is 6"), "{msg}");
     let msg = call(&c.table, None, PAGE, &[0, 13, 12, 40, 52]);

@@ -308,3 +308,29 @@ fn varlen_packed_qkv_is_used_in_place() {
         check("varlen packed qkv", &got, &ref64, &same);
     }
 }
+
+/// `softmax_scale == 0` as in candle-flash-attn: every score 0, each query averages its values.
+#[test]
+fn varlen_zero_softmax_scale() {
+    for dtype in DTYPES {
+        let c = case(140, dtype, DType::U32);
+        let spec = Spec {
+            scale: 0.0,
+            window_right: Some(0),
+            ..Default::default()
+        };
+        check_varlen("flash_attn_varlen scale 0", &c, &spec, |c| {
+            fa::flash_attn_varlen(
+                &c.q,
+                &c.k,
+                &c.v,
+                &c.seqlens_q,
+                &c.seqlens_k,
+                MAX_Q,
+                MAX_K,
+                0.0,
+                true,
+            )
+        });
+    }
+}

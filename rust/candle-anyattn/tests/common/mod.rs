@@ -15,6 +15,10 @@ pub struct Spec {
     pub alibi: Option<Vec<f32>>,
     /// (Hq) sink logits.
     pub sinks: Option<Vec<f32>>,
+    /// candle-flash-attn's `mm_prefix_ranges`, per batch entry (dense) or sequence (varlen):
+    /// half-open key position ranges `[start, end)`; a query whose position (its diagonal
+    /// `i + Sk - Sq`) lies in a range also sees every key of that range.
+    pub prefix_ranges: Vec<Vec<(i64, i64)>>,
 }
 
 /// Plain attention computed in `dtype` on `(B, S, H, D)` tensors; returns `(B, Sq, Hq, Dv)` in
@@ -53,8 +57,13 @@ pub fn naive(q: &Tensor, k: &Tensor, v: &Tensor, spec: &Spec, dtype: DType) -> R
                     let j64 = j as i64;
                     let left = spec.window_left.is_none_or(|w| j64 >= diag - w as i64);
                     let right = spec.window_right.is_none_or(|w| j64 <= diag + w as i64);
+                    let prefix = spec.prefix_ranges.get(bi).is_some_and(|ranges| {
+                        ranges
+                            .iter()
+                            .any(|&(s, e)| s <= diag && diag < e && s <= j64 && j64 < e)
+                    });
                     let idx = ((bi * hq + h) * sq + i) * sk + j;
-                    if left && right {
+                    if (left && right) || prefix {
                         bias[idx] = slope.map_or(0.0, |sl| -sl * (diag - j64).abs() as f32);
                         row_visible[(bi * hq + h) * sq + i] = 1;
                     } else {
@@ -111,6 +120,7 @@ pub fn naive_varlen(
             continue;
         }
         let mut s = spec.clone();
+        s.prefix_ranges = spec.prefix_ranges.get(bi).into_iter().cloned().collect();
         if let Some(a) = &spec.alibi {
             if a.len() != hq {
                 s.alibi = Some(a[bi * hq..(bi + 1) * hq].to_vec());
