@@ -408,8 +408,8 @@ def _vision_towers():
                                         patch_size=2, temporal_patch_size=1, spatial_merge_size=2,
                                         window_size=4, out_hidden_size=32, in_channels=3,
                                         fullatt_block_indexes=[1])
-        config._attn_implementation = implementation
-        return Qwen2_5_VisionTransformerPretrainedModel(config).eval()
+        return Qwen2_5_VisionTransformerPretrainedModel._from_config(
+            config, attn_implementation=implementation).eval()
 
     return build("anyattn"), build("eager")
 
@@ -421,13 +421,24 @@ def _two_images():
     return pixels, grid_thw
 
 
-def test_vision_tower_over_two_images_matches_eager():
+def test_vision_tower_over_two_images_matches_eager(monkeypatch):
+    # Under the name "anyattn" transformers 5.24 loops over the images (and windows) itself: each
+    # piece is one dense anyattn call.
     ours, eager = _vision_towers()
     ours.load_state_dict(eager.state_dict())
     pixels, grid_thw = _two_images()
+    dense_calls = []
+    real = anyattn_hf.flash_attn_func
+
+    def counting(q, *args, **kwargs):
+        dense_calls.append(q.shape[1])
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(anyattn_hf, "flash_attn_func", counting)
     with torch.no_grad():
         got = ours(pixels, grid_thw=grid_thw)
         want = eager(pixels, grid_thw=grid_thw)
+    assert dense_calls[-2:] == [24, 32]  # the full-attention block: one call per image
     torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, **TOL)
     torch.testing.assert_close(got.pooler_output, want.pooler_output, **TOL)
 
