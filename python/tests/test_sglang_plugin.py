@@ -6,6 +6,8 @@
   record, published as sglang publishes it, makes ``VisionAttention`` pick the backend.
 - ``fa3`` and ``fa4``, which sglang refuses without CUDA ("VisionFlash4Attention is only available
   for cuda"), construct and run through anyattn with one warning per backend and process.
+- every cu_seqlens form sglang's layer passes on (tensor, SingletonCache, VisionAttentionMetadata,
+  the cuda-graph list, None), built from sglang's own types.
 - sglang's ``VisionAttention`` layer (qkv projection, backend, output projection) on packed
   multi-image input (cu_seqlens with three images of different lengths): anyattn against sglang's
   ``sdpa`` backend, and against an exact float64 computation of the same layer made here, by
@@ -290,6 +292,34 @@ def test_vision_attention_matches_sdpa_on_packed_images(sglang, dtype):
     if dtype == "float32":
         # Images must not see each other: sdpa gets that from its block-diagonal mask.
         torch.testing.assert_close(got, sdpa, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["singleton_cache", "forward_metadata", "graph_list",
+                                  "empty_singleton_cache", "none"])
+def test_vision_attention_takes_every_cu_seqlens_form_sglang_passes(sglang, form):
+    # The forms are built with sglang's own types; each must give the result of the plain tensor
+    # it stands for (an empty cache or None: one sequence over the whole row, as bsz=1 implies).
+    vision = _vision()
+    x, cu_seqlens = _packed_input()
+    whole_row = torch.tensor([0, x.shape[1]], dtype=torch.int32)
+    cache = vision.SingletonCache()
+    if form == "singleton_cache":
+        cache.set_data(cu_seqlens)
+    metadata = vision.prepare_vision_attention_metadata(cu_seqlens, x.device)
+    arguments, expected_bounds = {
+        "singleton_cache": (dict(cu_seqlens=cache), cu_seqlens),
+        "forward_metadata": (dict(cu_seqlens=None, forward_metadata=metadata), cu_seqlens),
+        "graph_list": (dict(cu_seqlens=[cu_seqlens, max(IMAGE_LENGTHS)]), cu_seqlens),
+        "empty_singleton_cache": (dict(cu_seqlens=cache), whole_row),
+        "none": (dict(cu_seqlens=None), whole_row),
+    }[form]
+    layer = _layer("anyattn")
+    with torch.no_grad():
+        got = layer(x, **arguments)
+        expected = layer(x, cu_seqlens=expected_bounds)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    if form == "empty_singleton_cache":
+        assert cache.get_data().tolist() == whole_row.tolist()
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (5, 5), (0, 9)])
