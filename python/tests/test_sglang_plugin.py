@@ -2,8 +2,9 @@
 
 - ``sglang.srt.plugins.load_plugins()`` finds anyattn's entry point (group ``sglang.srt.plugins``)
   and registers ``QKV_BACKEND_IMPL["anyattn"]``; sglang's own argument parser
-  (``ServerArgs.add_cli_args``) then accepts ``--mm-attention-backend anyattn``, and the parsed
-  record, published as sglang publishes it, makes ``VisionAttention`` pick the backend.
+  (``ServerArgs.add_cli_args``) then accepts ``--mm-attention-backend anyattn``; the parsed
+  record's published ``mm`` namespace holds it, and with that value in the process's published
+  configuration (sglang's scoped override) ``VisionAttention`` picks the backend.
 - ``fa3`` and ``fa4``, which sglang refuses without CUDA ("VisionFlash4Attention is only available
   for cuda"), construct and run through anyattn with one warning per backend and process.
 - every cu_seqlens form sglang's layer passes on (tensor, SingletonCache, VisionAttentionMetadata,
@@ -59,7 +60,7 @@ IMAGE_LENGTHS = (37, 13, 50)  # three images packed along one row
 
 
 def _declared_entry_points() -> dict:
-    import tomllib
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11, as sglang 0.5.23's wheels
 
     with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
