@@ -31,8 +31,9 @@
 #[cfg(feature = "cuda")]
 compile_error!(
     "candle-flash-attn (anyattn) has no CUDA kernels: as a [patch] of crates.io's \
-     candle-flash-attn it cannot also depend on that crate's CUDA kernels (cargo resolves one \
-     semver-compatible candle-flash-attn per source, and the patch counts as crates.io). Build \
+     candle-flash-attn it cannot also depend on that crate's CUDA kernels (the patch counts as \
+     crates.io's candle-flash-attn and cargo keeps one semver-compatible version per source, so \
+     such a dependency resolves to this crate itself or makes cargo drop the patch). Build \
      without the `cuda` feature of this crate; to run CUDA tensors, remove the [patch] (and use \
      candle-anyattn with its `cuda` feature in code you edit). See docs/rust.md."
 );
