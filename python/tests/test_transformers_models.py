@@ -256,6 +256,35 @@ def test_padding_free_training_step_equals_the_per_sequence_run(kind, boundaries
                                    msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_attention_dropout_reaches_the_varlen_kernel_in_training(padded):
+    # Dropout is random, so eager cannot be the reference: check that training applies it (the
+    # output moves away from eval mode's) and that it follows torch's seed.
+    anyattn_hf.register()
+    config = _config("llama")
+    config.attention_dropout = 0.5
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="anyattn")
+    if padded:
+        ids = _ids(2, 9, seed=11)
+        inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
+        inputs["attention_mask"][1, :3] = 0
+    else:
+        inputs = _flatten([_ids(5, seed=12), _ids(8, seed=13)], return_flash_attn_kwargs=False)
+        inputs.pop("labels")
+    with torch.no_grad():
+        model.eval()
+        plain = model(**inputs).logits
+        model.train()
+        torch.manual_seed(3)
+        dropped = model(**inputs).logits
+        torch.manual_seed(3)
+        again = model(**inputs).logits
+        model.eval()
+    assert not torch.allclose(dropped, plain, **TOL)
+    torch.testing.assert_close(again, dropped, rtol=0, atol=0)
+
+
 def test_custom_4d_mask_is_exact_and_warns_once(monkeypatch):
     ours, eager = _models("llama")
     monkeypatch.setattr(transformers_masks, "_warned_dense_mask", False)
