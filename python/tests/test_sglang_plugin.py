@@ -154,13 +154,14 @@ def _vision():
     return vision
 
 
-def _layer(qkv_backend, *, use_qkv_parallel=True, use_sink=False, window_size=(-1, -1), seed=0):
+def _layer(qkv_backend, *, use_qkv_parallel=True, use_sink=False, window_size=(-1, -1), seed=0,
+           softmax_scale=None):
     """A VisionAttention layer with deterministic weights (the same for the same seed)."""
     torch.manual_seed(seed)
     layer = _vision().VisionAttention(
         embed_dim=EMBED_DIM, num_heads=NUM_HEADS, projection_size=EMBED_DIM,
         use_qkv_parallel=use_qkv_parallel, qkv_backend=qkv_backend, flatten_batch=True,
-        use_sink=use_sink, window_size=window_size)
+        use_sink=use_sink, window_size=window_size, softmax_scale=softmax_scale)
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, param in layer.named_parameters():
@@ -200,7 +201,7 @@ def _attention(q, k, v, *, scale, window, sinks):
     return torch.einsum("hqk,khd->qhd", probs, v)
 
 
-def _layer_reference(layer, x, cu_seqlens, *, dtype, window, sinks):
+def _layer_reference(layer, x, cu_seqlens, *, dtype, window, sinks, scale=HEAD_DIM ** -0.5):
     """sglang VisionAttention's computation with use_qkv_parallel, in ``dtype``: qkv projection,
     attention within each image, output projection."""
     weights = {name: p.detach().to(dtype) for name, p in layer.named_parameters()}
@@ -209,7 +210,7 @@ def _layer_reference(layer, x, cu_seqlens, *, dtype, window, sinks):
     q, k, v = (t.reshape(t.shape[0], NUM_HEADS, HEAD_DIM) for t in qkv.split(EMBED_DIM, dim=-1))
     bounds = cu_seqlens.tolist()
     out = torch.cat([
-        _attention(q[a:b], k[a:b], v[a:b], scale=HEAD_DIM ** -0.5, window=window, sinks=sinks)
+        _attention(q[a:b], k[a:b], v[a:b], scale=scale, window=window, sinks=sinks)
         for a, b in zip(bounds[:-1], bounds[1:])])
     out = torch.nn.functional.linear(out.reshape(out.shape[0], -1), weights["proj.weight"],
                                      weights["proj.bias"])
@@ -276,17 +277,18 @@ def test_fa3_and_fa4_fall_back_to_anyattn_with_one_warning(sglang, caplog, monke
                                    reference(x, cu_seqlens=cu_seqlens), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_vision_attention_matches_sdpa_on_packed_images(sglang, dtype):
+@pytest.mark.parametrize("dtype, softmax_scale", [("float32", None), ("bfloat16", None),
+                                                  ("float32", 0.4)])
+def test_vision_attention_matches_sdpa_on_packed_images(sglang, dtype, softmax_scale):
     x, cu_seqlens = _packed_input()
     x = x.to(getattr(torch, dtype))
-    anyattn_layer = _layer("anyattn").to(x.dtype)
-    sdpa_layer = _layer("sdpa").to(x.dtype)
+    anyattn_layer = _layer("anyattn", softmax_scale=softmax_scale).to(x.dtype)
+    sdpa_layer = _layer("sdpa", softmax_scale=softmax_scale).to(x.dtype)
     with torch.no_grad():
         got = anyattn_layer(x, cu_seqlens=cu_seqlens)
         sdpa = sdpa_layer(x, cu_seqlens=cu_seqlens)
     ref64 = _layer_reference(anyattn_layer, x, cu_seqlens, dtype=torch.float64, window=(-1, -1),
-                             sinks=None)
+                             sinks=None, scale=softmax_scale or HEAD_DIM ** -0.5)
     as_numpy = lambda t: t.double().numpy()  # noqa: E731
     check_2x("out", as_numpy(got), as_numpy(ref64), as_numpy(sdpa),
              out_eps(dtype, as_numpy(ref64)))
