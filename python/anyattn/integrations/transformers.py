@@ -17,6 +17,11 @@ takes the calls transformers makes to flash-attention and answers them the same 
 
 A 4-D mask (a pattern varlen cannot express, or a model that builds its own) is computed exactly by
 ``masked_attention``, which materialises the score matrix and warns once per process.
+
+The detection mirrors transformers' ``_flash_attention_forward`` rather than calling it: that
+function resolves its kernels through ``lazy_import_flash_attention``, one process-wide slot that
+only loads flash-attention packages or hub kernels, and it forwards sinks only under the names
+``s_aux`` / ``learnable_sink`` (anyattn's is ``sinks``), so gpt-oss would lose them.
 """
 
 from __future__ import annotations
