@@ -6,7 +6,8 @@
 #
 #   scripts/setup.sh            system packages only
 #   scripts/setup.sh --python   system packages, then .venv with numpy, pytest, torch (CPU use
-#                               of the PyPI wheel), transformers, ggml-python (optional), and
+#                               of the PyPI wheel), transformers, matplotlib (the benchmark
+#                               plot), ggml-python (optional), and
 #                               anyattn built from this tree
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -100,7 +101,7 @@ install_python_environment() {
   .venv/bin/python -m pip install -q --upgrade pip
   # transformers is pinned: the integration tests drive its model code, whose attention call
   # shapes (packing kwargs, mask builders) change between releases.
-  .venv/bin/python -m pip install -q numpy pytest scikit-build-core nanobind torch transformers==5.24.0
+  .venv/bin/python -m pip install -q numpy pytest scikit-build-core nanobind torch transformers==5.24.0 matplotlib==3.11.2
   # ggml-python builds ggml (the CPU flash attention llama.cpp runs) for this CPU: the peer of
   # bench/ggml_fa.py. Optional: without it that comparison and its smoke test say so and skip.
   .venv/bin/python -m pip install -q --no-build-isolation ggml-python==0.0.45 ||
