@@ -181,23 +181,14 @@ ValidatedBwdVarlen validate_bwd_varlen(const anyattn_tensor* dout, const anyattn
                                        const anyattn_tensor* seqused_k, int64_t max_seqlen_q,
                                        int64_t max_seqlen_k, const anyattn_fwd_params* params_in) {
   constexpr const char* kVarlenFn = "anyattn_bwd_varlen";
-  constexpr const char* kFwdFn = "anyattn_fwd_varlen";
   if (lse == nullptr) {
     fail_invalid(kVarlenFn,
                  ": lse is NULL; the backward needs the forward's f32 (Hq, total_q) LSE");
   }
   ValidatedBwdVarlen result;
   // The forward's checks of q, k, v, out, lse, the lengths and params, under this function's name.
-  try {
-    result.forward = validate_fwd_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                         max_seqlen_q, max_seqlen_k, params_in);
-  } catch (const ApiError& error) {
-    std::string message = error.what();
-    for (size_t at = message.find(kFwdFn); at != std::string::npos; at = message.find(kFwdFn, at)) {
-      message.replace(at, std::char_traits<char>::length(kFwdFn), kVarlenFn);
-    }
-    throw ApiError(error.status(), message);
-  }
+  result.forward = validate_fwd_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                       max_seqlen_q, max_seqlen_k, params_in, kVarlenFn);
   const anyattn_fwd_params params = read_fwd_params(kVarlenFn, params_in);
   const std::initializer_list<int32_t> float_types = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16,
                                                       ANYATTN_DTYPE_BF16};

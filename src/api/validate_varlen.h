@@ -22,13 +22,16 @@ std::vector<int32_t> read_cu_seqlens(const char* function, const char* name,
                                      const char* max_name);
 
 // Checks every tensor, every cu_seqlens / seqused_k value and every option; throws ApiError
-// naming the parameter otherwise. The result owns copies of the length arrays.
+// naming the parameter otherwise, with messages that start with `function` (the entry point the
+// caller called: the backward validates its forward inputs here under its own name). The result
+// owns copies of the length arrays.
 ValidatedFwd validate_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor* k,
                                  const anyattn_tensor* v, const anyattn_tensor* out,
                                  const anyattn_tensor* lse, const anyattn_tensor* cu_seqlens_q,
                                  const anyattn_tensor* cu_seqlens_k,
                                  const anyattn_tensor* seqused_k, int64_t max_seqlen_q,
-                                 int64_t max_seqlen_k, const anyattn_fwd_params* params);
+                                 int64_t max_seqlen_k, const anyattn_fwd_params* params,
+                                 const char* function = "anyattn_fwd_varlen");
 
 }  // namespace anyattn::api
 
