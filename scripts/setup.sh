@@ -40,24 +40,31 @@ install_system_packages() {
 # gets a transformers 4.x of its own in build/ring-deps, with the huggingface-hub, tokenizers and
 # requests versions that 4.x accepts; everything else (torch, numpy, ...) comes from .venv. The
 # directory goes first on sys.path in those tests' and that benchmark's worker processes only.
-# --no-deps with every package pinned keeps torch out and the set exact; the stamp file skips the
-# download when the same pins are already installed.
+# --no-deps with every package pinned keeps torch out and the set exact.
 RING_DEPS_DIR=build/ring-deps
 RING_DEPS=(ring-flash-attn==0.1.8 transformers==4.57.6 huggingface-hub==0.36.2 tokenizers==0.22.2
            requests==2.34.2 urllib3==2.8.0 charset-normalizer==3.5.3 certifi==2026.10.19.post1)
 
-install_ring_flash_attn_deps() {
-  # tokenizers and charset-normalizer are compiled wheels: the stamp names the Python they are for.
-  local stamp="$RING_DEPS_DIR/.installed"
+# Installs pinned packages with --no-deps into a --target directory (its first argument) unless its
+# stamp file says the same pins are there already. Compiled wheels (tokenizers, charset-normalizer,
+# pyzmq, ...) are per Python version, so the stamp names the Python too.
+install_pinned_into() {
+  local dir="$1"
+  shift
+  local stamp="$dir/.installed"
   local wanted
-  wanted="$(.venv/bin/python -c 'import sys; print("python%d.%d" % sys.version_info[:2])') ${RING_DEPS[*]}"
+  wanted="$(.venv/bin/python -c 'import sys; print("python%d.%d" % sys.version_info[:2])') $*"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
     return
   fi
-  echo "setup: installing ${RING_DEPS[*]} into $RING_DEPS_DIR"
-  rm -rf "$RING_DEPS_DIR"
-  .venv/bin/python -m pip install -q --no-deps --target "$RING_DEPS_DIR" "${RING_DEPS[@]}"
+  echo "setup: installing $* into $dir"
+  rm -rf "$dir"
+  .venv/bin/python -m pip install -q --no-deps --target "$dir" "$@"
   echo "$wanted" >"$stamp"
+}
+
+install_ring_flash_attn_deps() {
+  install_pinned_into "$RING_DEPS_DIR" "${RING_DEPS[@]}"
 }
 
 # sglang, whose real plugin loader, argument parser and VisionAttention layer
@@ -67,7 +74,7 @@ install_ring_flash_attn_deps() {
 # sglang.srt.layers.attention.vision needs on CPU beside .venv's torch, transformers, numpy,
 # pydantic and pillow; sglang's own pins where it has them (apache-tvm-ffi, sentencepiece,
 # compressed-tensors, openai). The test appends the directory to sys.path, so .venv's packages
-# win wherever both have one. The stamp names the Python of the compiled wheels, as above.
+# win wherever both have one.
 SGLANG_DEPS_DIR=build/sglang-deps
 SGLANG_DEPS=(sglang==0.5.23 apache-tvm-ffi==0.1.11 sentencepiece==0.2.1 compressed-tensors==0.18.0
              openai==2.8.0 httpx==0.29.0 distro==1.9.0 sniffio==1.3.1 orjson==3.13.0
@@ -79,16 +86,7 @@ SGLANG_DEPS=(sglang==0.5.23 apache-tvm-ffi==0.1.11 sentencepiece==0.2.1 compress
              gguf==0.19.0 partial-json-parser==0.2.1.1.post7)
 
 install_sglang_test_deps() {
-  local stamp="$SGLANG_DEPS_DIR/.installed"
-  local wanted
-  wanted="$(.venv/bin/python -c 'import sys; print("python%d.%d" % sys.version_info[:2])') ${SGLANG_DEPS[*]}"
-  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
-    return
-  fi
-  echo "setup: installing sglang 0.5.23 and its import dependencies into $SGLANG_DEPS_DIR"
-  rm -rf "$SGLANG_DEPS_DIR"
-  .venv/bin/python -m pip install -q --no-deps --target "$SGLANG_DEPS_DIR" "${SGLANG_DEPS[@]}"
-  echo "$wanted" >"$stamp"
+  install_pinned_into "$SGLANG_DEPS_DIR" "${SGLANG_DEPS[@]}"
 }
 
 install_python_environment() {
@@ -99,9 +97,11 @@ install_python_environment() {
   # Build requirements are installed up front so the package builds without isolation, reusing
   # its CMake build directory (build/python-*) and ccache between runs.
   .venv/bin/python -m pip install -q --upgrade pip
-  # transformers is pinned: the integration tests drive its model code, whose attention call
-  # shapes (packing kwargs, mask builders) change between releases.
-  .venv/bin/python -m pip install -q numpy pytest scikit-build-core nanobind torch transformers==5.24.0 matplotlib==3.11.2
+  # torch and transformers are pinned: the integration tests drive transformers' model code, whose
+  # attention calls (packing kwargs, mask builders) change between releases, and sglang's pinned
+  # torchvision (build/sglang-deps, below) must load against this torch.
+  .venv/bin/python -m pip install -q numpy pytest scikit-build-core nanobind torch==2.15.0 \
+    transformers==5.24.0 matplotlib==3.11.2
   # ggml-python builds ggml (the CPU flash attention llama.cpp runs) for this CPU: the peer of
   # bench/ggml_fa.py. Optional: without it that comparison and its smoke test say so and skip.
   .venv/bin/python -m pip install -q --no-build-isolation ggml-python==0.0.45 ||
