@@ -98,23 +98,7 @@ anyattn_isa anyattn_isa_default(void) {
   }
 }
 
-const char* anyattn_isa_name(anyattn_isa isa) {
-  switch (isa) {
-    case ANYATTN_ISA_AUTO:
-      return "auto";
-    case ANYATTN_ISA_PORTABLE:
-      return "portable";
-    case ANYATTN_ISA_AVX2:
-      return "avx2";
-    case ANYATTN_ISA_AVX512:
-      return "avx512";
-    case ANYATTN_ISA_AVX512_AMX:
-      return "avx512_amx";
-    case ANYATTN_ISA_MAX_ENUM:
-      break;
-  }
-  return "unknown";
-}
+const char* anyattn_isa_name(anyattn_isa isa) { return anyattn::cpu::isa_name(isa); }
 
 int anyattn_fwd_kernel_count(void) {
   return static_cast<int>(anyattn::cpu::fwd_kernels_end() - anyattn::cpu::fwd_kernels_begin());

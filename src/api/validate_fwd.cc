@@ -65,10 +65,8 @@ anyattn_fwd_params read_fwd_params(const char* function, const anyattn_fwd_param
 }
 
 anyattn_isa resolve_isa(const char* function, int32_t requested) {
-  if (requested < ANYATTN_ISA_AUTO || requested > ANYATTN_ISA_AVX512_AMX) {
-    fail_invalid(function, ": params->isa is ", requested,
-                 "; supported: ANYATTN_ISA_AUTO (0), PORTABLE (1), AVX2 (2), AVX512 (3), "
-                 "AVX512_AMX (4)");
+  if (!cpu::is_isa_value(requested)) {
+    fail_invalid(function, ": params->isa is ", requested, "; supported: ", cpu::isa_value_list());
   }
   anyattn_isa isa = static_cast<anyattn_isa>(requested);
   if (isa == ANYATTN_ISA_AUTO) {
@@ -79,7 +77,7 @@ anyattn_isa resolve_isa(const char* function, int32_t requested) {
     isa = cpu::isa_from_name(forced);
     if (isa == ANYATTN_ISA_AUTO) {
       fail_invalid(function, ": environment variable ANYATTN_ISA is \"", forced,
-                   "\"; supported: auto, portable, avx2, avx512, avx512_amx");
+                   "\"; supported: ", cpu::isa_name_list());
     }
   }
   if (cpu::find_fwd_kernel(isa) == nullptr) {

@@ -1,5 +1,5 @@
 // The backward kernels for the avx512 path: bwd_kernel-inl.h compiled against vec_avx512.h.
-// Registered in bwd_kernels.inc.
+// Registered by its row in isa_table.inc.
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // The backward kernels for the avx512_amx path: bwd_kernel-inl.h compiled against vec_avx512.h,
-// with the five products of bf16 calls on AMX tiles (bwd_tiles_amx-inl.h). Registered in
-// bwd_kernels.inc.
+// with the five products of bf16 calls on AMX tiles (bwd_tiles_amx-inl.h). Registered by
+// its row in isa_table.inc.
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>

@@ -7,6 +7,7 @@
 
 #include "cpu/bwd_layout.h"
 #include "cpu/half.h"
+#include "cpu/isa_table.h"
 #include "cpu/unit_head_dims.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/num_threads.h"
@@ -14,16 +15,17 @@
 
 namespace anyattn::cpu {
 
-#define ANYATTN_BWD_KERNEL(ns, isa, name, bf16_tiles)                                      \
-  namespace ns {                                                                           \
-  void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta);            \
-  void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,         \
-                const float* delta, float* scratch);                                       \
-  void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, int64_t h, \
-                 const float* partials, int64_t chunk_stride, int64_t chunks);             \
-  }
-#include "cpu/bwd_kernels.inc"
-#undef ANYATTN_BWD_KERNEL
+// The backward kernels of every path this build compiles, declared from the ISA table.
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name, bwd_tiles)       \
+  ANYATTN_IF_ARCH_##arch(namespace bwd_##id {                                                  \
+    void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta);              \
+    void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,           \
+                  const float* delta, float* scratch);                                         \
+    void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, int64_t h,   \
+                   const float* partials, int64_t chunk_stride, int64_t chunks);               \
+  })
+#include "cpu/isa_table.inc"
+#undef ANYATTN_ISA
 
 namespace {
 
@@ -36,12 +38,15 @@ struct BwdKernel {
   bool bf16_tiles;  // the products of bf16 calls on AMX tiles (BwdLayout::bf16_tiles)
 };
 
-#define ANYATTN_BWD_KERNEL(ns, isa, name, bf16_tiles) \
-  BwdKernel{isa, name, &ns::row_dots, &ns::bwd_task, &ns::reduce_dq, bf16_tiles},
+// Whether the CPU can run a path is the forward registry's answer for the same isa: both are
+// compiled for the same target features.
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name, bwd_tiles) \
+  ANYATTN_IF_ARCH_##arch(BwdKernel{isa, bwd_name, &bwd_##id::row_dots, &bwd_##id::bwd_task,  \
+                                   &bwd_##id::reduce_dq, bwd_tiles}, )
 const BwdKernel kBwdKernels[] = {
-#include "cpu/bwd_kernels.inc"
+#include "cpu/isa_table.inc"
 };
-#undef ANYATTN_BWD_KERNEL
+#undef ANYATTN_ISA
 
 const BwdKernel* find_bwd_kernel(anyattn_isa isa) {
   for (const BwdKernel& kernel : kBwdKernels) {

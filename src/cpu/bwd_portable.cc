@@ -1,5 +1,5 @@
 // The backward kernels for the portable path: bwd_kernel-inl.h compiled against vec_portable.h.
-// Registered in bwd_kernels.inc.
+// Registered by its row in isa_table.inc.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The forward kernels for the avx512_amx path: fwd_kernel-inl.h compiled against vec_avx512.h with
-// the bf16 tile products of fwd_tiles_amx-inl.h. Registered in kernels.inc.
+// the bf16 tile products of fwd_tiles_amx-inl.h. Registered by its row in isa_table.inc.
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>

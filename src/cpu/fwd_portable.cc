@@ -1,5 +1,5 @@
 // The forward kernels for the portable path: fwd_kernel-inl.h compiled against vec_portable.h.
-// Registered in kernels.inc.
+// Registered by its row in isa_table.inc.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -2,43 +2,51 @@
 
 #include <cstring>
 
+#include "cpu/isa_table.h"
 #include "runtime/cpu_features.h"
 
 namespace anyattn::cpu {
 
-#define ANYATTN_FWD_KERNEL(ns, isa, name, lanes, rows, keys, check)                           \
-  namespace ns {                                                                              \
-  void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,        \
-                  int64_t head_k, int64_t block, float* dst, uint8_t* block_flags);           \
-  void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,        \
-              const Scratch& scratch);                                                        \
-  void attend_direct(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task, \
-                     const Scratch& scratch);                                                 \
-  bool cpu_supports() {                                                                       \
-    const runtime::CpuFeatures& features = runtime::cpu_features();                           \
-    (void)features;                                                                           \
-    return check;                                                                             \
-  }                                                                                           \
-  }
-#include "cpu/kernels.inc"
-#undef ANYATTN_FWD_KERNEL
+// The forward kernels of every path this build compiles, declared from the ISA table, with the
+// path's run-time check.
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name, bwd_tiles) \
+  ANYATTN_IF_ARCH_##arch(namespace id {                                                  \
+    void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, \
+                    int64_t head_k, int64_t block, float* dst, uint8_t* block_flags);    \
+    void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task, \
+                const Scratch& scratch);                                                 \
+    void attend_direct(const FwdArgs& args, const PackedLayout& layout,                  \
+                       const AttendTask& task, const Scratch& scratch);                  \
+    bool cpu_supports() {                                                                \
+      const runtime::CpuFeatures& features = runtime::cpu_features();                    \
+      (void)features;                                                                    \
+      return check;                                                                      \
+    }                                                                                    \
+  })
+#include "cpu/isa_table.inc"
+#undef ANYATTN_ISA
 
 namespace {
 
-#define ANYATTN_FWD_KERNEL(ns, isa, name, lanes, rows, keys, check) \
-  FwdKernel{isa,                                                    \
-            name,                                                   \
-            lanes,                                                  \
-            rows,                                                   \
-            keys,                                                   \
-            &ns::cpu_supports,                                      \
-            &ns::pack_block,                                        \
-            &ns::attend,                                            \
-            &ns::attend_direct},
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name, bwd_tiles)      \
+  ANYATTN_IF_ARCH_##arch(FwdKernel{isa, fwd_name, lanes, rows, keys, &id::cpu_supports,         \
+                                   &id::pack_block, &id::attend, &id::attend_direct}, )
 const FwdKernel kKernels[] = {
-#include "cpu/kernels.inc"
+#include "cpu/isa_table.inc"
 };
-#undef ANYATTN_FWD_KERNEL
+#undef ANYATTN_ISA
+
+// Every path's name, compiled in or not, in enum order.
+struct IsaName {
+  anyattn_isa isa;
+  const char* enumerator;  // "ANYATTN_ISA_AVX2"
+  const char* name;        // "avx2"
+};
+#define ANYATTN_ISA(id, isa, ...) IsaName{isa, #isa, #id},
+constexpr IsaName kIsaNames[] = {
+#include "cpu/isa_table.inc"
+};
+#undef ANYATTN_ISA
 
 }  // namespace
 
@@ -60,12 +68,46 @@ anyattn_isa best_supported_isa() {
   return best;
 }
 
+const char* isa_name(anyattn_isa isa) {
+  if (isa == ANYATTN_ISA_AUTO) return "auto";
+  for (const IsaName& entry : kIsaNames) {
+    if (entry.isa == isa) return entry.name;
+  }
+  return "unknown";
+}
+
 anyattn_isa isa_from_name(const char* name) {
-  for (anyattn_isa isa :
-       {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
-    if (std::strcmp(name, anyattn_isa_name(isa)) == 0) return isa;
+  for (const IsaName& entry : kIsaNames) {
+    if (std::strcmp(name, entry.name) == 0) return entry.isa;
   }
   return ANYATTN_ISA_AUTO;
+}
+
+bool is_isa_value(int32_t value) {
+  if (value == ANYATTN_ISA_AUTO) return true;
+  for (const IsaName& entry : kIsaNames) {
+    if (entry.isa == value) return true;
+  }
+  return false;
+}
+
+std::string isa_value_list() {
+  std::string list = "ANYATTN_ISA_AUTO (0)";
+  for (const IsaName& entry : kIsaNames) {
+    list += ", ";
+    list += entry.enumerator;
+    list += " (" + std::to_string(static_cast<int>(entry.isa)) + ")";
+  }
+  return list;
+}
+
+std::string isa_name_list() {
+  std::string list = "auto";
+  for (const IsaName& entry : kIsaNames) {
+    list += ", ";
+    list += entry.name;
+  }
+  return list;
 }
 
 std::string supported_isa_list() {

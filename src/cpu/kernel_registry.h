@@ -1,5 +1,6 @@
-// The registry of CPU forward kernels: one entry per instruction-set path, listed in
-// kernels.inc. The dispatcher (plan/), the tests and the benchmark all enumerate this one list.
+// The registry of CPU forward kernels: one entry per instruction-set path compiled into this build,
+// from isa_table.inc, and the names of every path. The dispatcher (plan/), the tests and the
+// benchmark all enumerate this one list.
 #ifndef ANYATTN_CPU_KERNEL_REGISTRY_H_
 #define ANYATTN_CPU_KERNEL_REGISTRY_H_
 
@@ -43,8 +44,17 @@ const FwdKernel* fwd_kernels_end();
 const FwdKernel* find_fwd_kernel(anyattn_isa isa);
 // The fastest runnable path (ANYATTN_ISA_PORTABLE at worst).
 anyattn_isa best_supported_isa();
+// ANYATTN_ISA_PORTABLE -> "portable" etc. (ANYATTN_ISA_AUTO -> "auto"); "unknown" for a value that
+// names no path. Static storage.
+const char* isa_name(anyattn_isa isa);
 // "portable" -> ANYATTN_ISA_PORTABLE etc.; ANYATTN_ISA_AUTO for an unknown name.
 anyattn_isa isa_from_name(const char* name);
+// True if `value` is ANYATTN_ISA_AUTO or a path's anyattn_isa value (compiled in or not).
+bool is_isa_value(int32_t value);
+// "ANYATTN_ISA_AUTO (0), ANYATTN_ISA_PORTABLE (1), ...": every value, for error messages.
+std::string isa_value_list();
+// "auto, portable, avx2, ...": every name ANYATTN_ISA accepts, for error messages.
+std::string isa_name_list();
 // Comma-separated names of the runnable paths, e.g. "portable, avx2, avx512".
 std::string supported_isa_list();
 
