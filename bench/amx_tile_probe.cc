@@ -5,7 +5,7 @@
 // Times TDPBF16PS (one 16 x 16 x 32 bf16 product into a 16 x 16 f32 tile) two ways, best of five
 // runs each: on tiles held in registers (four independent accumulators, no memory traffic: the
 // unit's rate), and in the S = Q K^T passes of the avx512_amx forward and backward (score_tiles of
-// src/cpu/amx_tiles-inl.h, compiled here: 2 x 2 tile blocking, four tile loads per four products,
+// src/cpu/amx/amx_tiles-inl.h, compiled here: 2 x 2 tile blocking, four tile loads per four products,
 // the accumulators zeroed before and stored after each pass) for 1, 2, 4 and 8 chunks of 32 dims
 // per pass, that is D = 32 .. 256.
 //
@@ -34,7 +34,7 @@
 ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
 namespace anyattn_probe {
 
-#include "cpu/amx_tiles-inl.h"
+#include "cpu/amx/amx_tiles-inl.h"
 
 // Operands: K tiles (1 KiB each; key group 1 at 8 KiB), q rows (64 bytes per chunk, 512-byte rows
 // as for D = 256), S rows of 64 floats. bf16 0x3f3f is about 0.75: no subnormals, no overflow.

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "bwd_test_support.h"
-#include "cpu/bwd_philox.h"
-#include "cpu/philox.h"
+#include "cpu/backward/bwd_philox.h"
+#include "cpu/shared/philox.h"
 #include "cpu/simd/isa_target.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -26,7 +26,7 @@
 ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
 namespace anyattn::testing::avx512_draw {
 using cpu::PhiloxKey;
-#include "cpu/bwd_philox_avx512-inl.h"
+#include "cpu/backward/bwd_philox_avx512-inl.h"
 }  // namespace anyattn::testing::avx512_draw
 ANYATTN_TARGET_END()
 #endif

@@ -6,7 +6,7 @@
 #include <limits>
 #include <sstream>
 
-#include "cpu/philox.h"
+#include "cpu/shared/philox.h"
 #include "reference/half_convert.h"
 
 namespace anyattn {

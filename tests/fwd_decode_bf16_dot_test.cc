@@ -1,4 +1,4 @@
-// The direct decode loop's bf16 scores on VDPBF16PS (src/cpu/fwd_decode_bf16_dot.cc): with them
+// The direct decode loop's bf16 scores on VDPBF16PS (src/cpu/decode/fwd_decode_bf16_dot.cc): with them
 // on and off, bf16 decode calls on the avx512 path match the f64 reference by the 2x rule and each
 // other by the cross-ISA rule; and the inputs VDPBF16PS would get wrong (subnormal q, |q| >= 2^64,
 // softmax_scale above 2^16, each against subnormal or huge keys) take the f32 FMA scores; the
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/fwd_decode_bf16_dot.h"
+#include "cpu/decode/fwd_decode_bf16_dot.h"
 #include "test_support.h"
 
 namespace anyattn {

@@ -1,4 +1,4 @@
-// Where the direct decode loop's prefetch hints go (src/cpu/fwd_decode_rows.h, PassPrefetcher):
+// Where the direct decode loop's prefetch hints go (src/cpu/decode/fwd_decode_rows.h, PassPrefetcher):
 // the far hints of a chunk's passes, numbered as the score and P V loops number their loads,
 // sweep the chunk ahead once, line by line in ascending memory order, where each pass's share of
 // it is one contiguous run (dense rows with the task's kv heads side by side, pages that hold the
@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cpu/fwd_decode_rows.h"
+#include "cpu/decode/fwd_decode_rows.h"
 
 namespace anyattn::cpu {
 namespace {

@@ -1,4 +1,4 @@
-// The direct decode path (src/cpu/fwd_decode_kernel-inl.h): calls with at most 12 query rows per
+// The direct decode path (src/cpu/decode/fwd_decode_kernel-inl.h): calls with at most 12 query rows per
 // kv head (GQA group x Sq) read K and V in place instead of packing them. Every ISA path, row
 // counts 1..12 (which the kernel runs as tiles of 4, 3, 2 and 1 rows), head dims that are and are
 // not whole vectors, all dtypes, masks, score options and layouts, against the f64 reference by

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "cpu/half.h"
+#include "cpu/shared/half.h"
 #include "cpu/simd/isa_target.h"
 
 namespace anyattn::cpu::vec_math_test::portable {

@@ -5,7 +5,7 @@
 #define ANYATTN_API_ARGS_LAYOUT_H_
 
 #include "anyattn/anyattn.h"
-#include "cpu/fwd_args.h"
+#include "cpu/forward/fwd_args.h"
 
 namespace anyattn::api {
 

@@ -11,11 +11,11 @@
 #include "api/validate_kvcache.h"
 #include "api/validate_merge.h"
 #include "api/validate_varlen.h"
-#include "cpu/bwd_driver.h"
-#include "cpu/fwd_driver.h"
+#include "cpu/backward/bwd_driver.h"
+#include "cpu/forward/fwd_driver.h"
 #include "cpu/kernel_registry.h"
-#include "cpu/kvcache_append.h"
-#include "cpu/merge_states.h"
+#include "cpu/ops/kvcache_append.h"
+#include "cpu/ops/merge_states.h"
 #include "runtime/num_threads.h"
 
 using anyattn::api::guarded_call;

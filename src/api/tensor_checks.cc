@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "api/errors.h"
-#include "cpu/half.h"
+#include "cpu/shared/half.h"
 
 namespace anyattn::api {
 

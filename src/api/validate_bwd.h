@@ -1,5 +1,5 @@
 // Argument validation for anyattn_bwd: turns the caller's descriptors and params into a
-// cpu::BwdArgs that satisfies every invariant documented in cpu/bwd_args.h and cpu/fwd_args.h, or
+// cpu::BwdArgs that satisfies every invariant documented in cpu/backward/bwd_args.h and cpu/forward/fwd_args.h, or
 // throws ApiError naming the parameter, the value given and what is supported. Reads no tensor
 // data.
 #ifndef ANYATTN_API_VALIDATE_BWD_H_
@@ -7,7 +7,7 @@
 
 #include "anyattn/anyattn.h"
 #include "api/validate_fwd.h"
-#include "cpu/bwd_args.h"
+#include "cpu/backward/bwd_args.h"
 
 namespace anyattn::api {
 

@@ -8,7 +8,7 @@
 #include "api/args_layout.h"
 #include "api/errors.h"
 #include "api/tensor_checks.h"
-#include "cpu/finalize.h"
+#include "cpu/forward/finalize.h"
 #include "cpu/kernel_registry.h"
 
 namespace anyattn::api {

@@ -7,7 +7,7 @@
 
 #include "anyattn/anyattn.h"
 #include "api/validate_fwd.h"
-#include "cpu/kvcache_append.h"
+#include "cpu/ops/kvcache_append.h"
 
 namespace anyattn::api {
 

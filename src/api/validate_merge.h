@@ -3,7 +3,7 @@
 #define ANYATTN_API_VALIDATE_MERGE_H_
 
 #include "anyattn/anyattn.h"
-#include "cpu/merge_states.h"
+#include "cpu/ops/merge_states.h"
 
 namespace anyattn::api {
 

@@ -1,5 +1,5 @@
 // Scalar conversions between f32 and the 16-bit float formats f16 (IEEE binary16) and bf16
-// (bfloat16): the one implementation that the kernels (cpu/half.h) and the f64 reference
+// (bfloat16): the one implementation that the kernels (cpu/shared/half.h) and the f64 reference
 // (reference/half_convert.h) share. Integer operations only, so that the result never depends on
 // the compiler, the CPU or the floating-point environment (flush-to-zero included).
 //

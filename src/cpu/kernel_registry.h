@@ -8,8 +8,8 @@
 #include <string>
 
 #include "anyattn/anyattn.h"
-#include "cpu/fwd_args.h"
-#include "cpu/fwd_layout.h"
+#include "cpu/forward/fwd_args.h"
+#include "cpu/forward/fwd_layout.h"
 
 namespace anyattn::cpu {
 

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <string>
 
-#include "cpu/fwd_args.h"
-#include "cpu/fwd_layout.h"
+#include "cpu/forward/fwd_args.h"
+#include "cpu/forward/fwd_layout.h"
 #include "cpu/kernel_registry.h"
 
 namespace anyattn::plan {

@@ -1,0 +1,242 @@
+#include "cpu/backward/bwd_driver.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "cpu/backward/bwd_layout.h"
+#include "cpu/shared/half.h"
+#include "cpu/isa_table.h"
+#include "cpu/shared/unit_head_dims.h"
+#include "runtime/aligned_buffer.h"
+#include "runtime/num_threads.h"
+#include "runtime/thread_pool.h"
+
+namespace anyattn::cpu {
+
+// The backward kernels of every path this build compiles, declared from the ISA table.
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name, bwd_tiles)       \
+  ANYATTN_IF_ARCH_##arch(namespace bwd_##id {                                                  \
+    void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta);              \
+    void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,           \
+                  const float* delta, float* scratch);                                         \
+    void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, int64_t h,   \
+                   const float* partials, int64_t chunk_stride, int64_t chunks);               \
+  })
+#include "cpu/isa_table.inc"
+#undef ANYATTN_ISA
+
+namespace {
+
+struct BwdKernel {
+  anyattn_isa isa;
+  const char* name;
+  decltype(&bwd_portable::row_dots) row_dots;
+  decltype(&bwd_portable::bwd_task) bwd_task;
+  decltype(&bwd_portable::reduce_dq) reduce_dq;
+  bool bf16_tiles;  // the products of bf16 calls on AMX tiles (BwdLayout::bf16_tiles)
+};
+
+// Whether the CPU can run a path is the forward registry's answer for the same isa: both are
+// compiled for the same target features.
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name, bwd_tiles) \
+  ANYATTN_IF_ARCH_##arch(BwdKernel{isa, bwd_name, &bwd_##id::row_dots, &bwd_##id::bwd_task,  \
+                                   &bwd_##id::reduce_dq, bwd_tiles}, )
+const BwdKernel kBwdKernels[] = {
+#include "cpu/isa_table.inc"
+};
+#undef ANYATTN_ISA
+
+const BwdKernel* find_bwd_kernel(anyattn_isa isa) {
+  for (const BwdKernel& kernel : kBwdKernels) {
+    if (kernel.isa == isa) return &kernel;
+  }
+  return nullptr;
+}
+
+// Chunking (bwd_layout.h). Enough tasks for this many threads to share the work evenly...
+constexpr int64_t kWantedTasks = 16;
+// ...but never more chunks than this, and no more dq partials (num_chunks x total query rows x
+// d_pad floats) than kPartialBudgetBytes: the partials trade memory for parallelism only where a
+// call has few (sequence, kv head) pairs. None of these depends on the thread count.
+constexpr int64_t kMaxChunks = 16;
+constexpr int64_t kPartialBudgetBytes = int64_t{128} << 20;
+
+int64_t ceil_div64(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Number of 64-row blocks overlapping [first, last] (0 when empty).
+int64_t blocks_between(int64_t first, int64_t last) {
+  return first > last ? 0 : last / kBwdBlock - first / kBwdBlock + 1;
+}
+
+// The cost of a task in tile products: per query head, the visible key blocks of its chunk
+// summed over the query blocks, plus one per query block for packing.
+int64_t task_cost(const FwdArgs& f, const BwdTask& task) {
+  const SeqInfo& seq = task.seq.seq;
+  const int64_t offset = seq.seqlen_k - seq.seqlen_q;
+  int64_t cost = 0;
+  for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kBwdBlock) {
+    const int64_t rows = std::min(kBwdBlock, seq.seqlen_q - i0);
+    const int64_t lo = std::max(task.key_begin, i0 + offset - f.window_left);
+    const int64_t hi = std::min(task.key_end - 1, i0 + rows - 1 + offset + f.window_right);
+    cost += 1 + (lo > hi ? 0 : blocks_between(lo - task.key_begin, hi - task.key_begin));
+  }
+  return cost * f.group_size() + ceil_div64(task.key_end - task.key_begin, kBwdBlock);
+}
+
+// Writes exact zeros to dk and dv of every sequence's keys that no query attends: those beyond
+// seqused_k (unused_only, varlen), or all of them (a call without query heads). A gradient
+// without columns (D or Dv = 0) is not addressed.
+void zero_key_gradients(const BwdArgs& args, const runtime::PoolLease& lease, bool unused_only) {
+  const FwdArgs& f = args.fwd;
+  lease.run_each(f.batch * f.heads_k, [&](int64_t t, int) {
+    const int64_t b = t / f.heads_k;
+    const int64_t head_k = t % f.heads_k;
+    const SeqInfo seq = sequence_info(f, b);
+    const int64_t available =
+        f.cu_seqlens_k != nullptr ? f.cu_seqlens_k[b + 1] - f.cu_seqlens_k[b] : seq.seqlen_k;
+    for (int64_t j = unused_only ? seq.seqlen_k : 0; j < available; ++j) {
+      if (f.head_dim > 0) {
+        void* dk = element_address(args.dk, f.dtype,
+                                   key_row_offset(f, seq, j, head_k, args.dk_batch_stride,
+                                                  args.dk_row_stride, args.dk_head_stride));
+        for (int64_t c = 0; c < f.head_dim; ++c) store_element(dk, f.dtype, c, 0.f);
+      }
+      if (f.head_dim_v > 0) {
+        void* dv = element_address(args.dv, f.dtype,
+                                   key_row_offset(f, seq, j, head_k, args.dv_batch_stride,
+                                                  args.dv_row_stride, args.dv_head_stride));
+        for (int64_t c = 0; c < f.head_dim_v; ++c) store_element(dv, f.dtype, c, 0.f);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+const char* bwd_kernel_name(anyattn_isa isa) {
+  const BwdKernel* kernel = find_bwd_kernel(isa);
+  return kernel == nullptr ? nullptr : kernel->name;
+}
+
+void run_bwd(const BwdArgs& args, anyattn_isa isa) {
+  const FwdArgs& f = args.fwd;
+  if (f.batch == 0) {
+    for (int64_t h = 0; args.dsinks != nullptr && h < f.heads_q; ++h) {
+      args.dsinks[h * args.dsinks_stride] = 0.f;  // an empty sum
+    }
+    return;
+  }
+  if (f.heads_q == 0) {  // no query attends to any key: dk = dv = 0 (dq and dsinks are empty)
+    zero_key_gradients(args, runtime::acquire_pool(runtime::get_num_threads()), false);
+    return;
+  }
+  if (f.head_dim == 0 || f.head_dim_v == 0) {
+    UnitHeadDimsScratch scratch;
+    run_bwd(with_unit_head_dims(args, &scratch), isa);
+    return;
+  }
+  const BwdKernel* kernel = find_bwd_kernel(isa);
+
+  // Sequences, their workspace rows, and the chunking.
+  std::vector<BwdSeq> seqs(static_cast<size_t>(f.batch));
+  int64_t total_rows = 0, max_blocks = 0, pairs = 0;
+  for (int64_t b = 0; b < f.batch; ++b) {
+    seqs[b] = bwd_sequence(args, b, total_rows);
+    total_rows += seqs[b].seq.seqlen_q * f.heads_q;
+    const int64_t blocks = ceil_div64(seqs[b].seq.seqlen_k, kBwdBlock);
+    max_blocks = std::max(max_blocks, blocks);
+    if (blocks > 0) pairs += f.heads_k;
+  }
+  BwdLayout layout;
+  layout.d_pad = (f.head_dim + 15) / 16 * 16;
+  layout.dv_pad = (f.head_dim_v + 15) / 16 * 16;
+  layout.bf16_tiles = kernel->bf16_tiles && f.dtype == DType::kBF16;
+  int64_t chunks = std::min({ceil_div64(kWantedTasks, std::max<int64_t>(pairs, 1)), kMaxChunks,
+                             std::max<int64_t>(max_blocks, 1)});
+  const int64_t partial_row_bytes = std::max<int64_t>(total_rows * layout.d_pad * 4, 1);
+  if (chunks > 1)
+    chunks = std::max<int64_t>(1, std::min(chunks, kPartialBudgetBytes / partial_row_bytes));
+  layout.num_chunks = chunks;
+  layout.chunk_keys = ceil_div64(max_blocks, chunks) * kBwdBlock;
+  const bool partials = chunks > 1;
+
+  // Tasks, most expensive first (causal chunks differ in cost by up to the number of blocks).
+  const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());
+  const int64_t scratch_floats = layout.scratch_floats();
+  const int64_t delta_floats = (total_rows + 15) / 16 * 16;
+  const int64_t chunk_stride = total_rows * layout.d_pad;
+  const int64_t partial_floats = partials ? chunks * chunk_stride : 0;
+  runtime::AlignedBuffer<float> workspace(delta_floats + partial_floats +
+                                          lease.num_threads() * scratch_floats);
+  float* delta = workspace.get();
+  float* partial_base = partials ? workspace.get() + delta_floats : nullptr;
+  float* scratch = workspace.get() + delta_floats + partial_floats;
+
+  std::vector<BwdTask> tasks;
+  std::vector<int64_t> costs;
+  for (int64_t b = 0; b < f.batch; ++b) {
+    const int64_t blocks = ceil_div64(seqs[b].seq.seqlen_k, kBwdBlock);
+    const int64_t seq_chunks = layout.chunks_for(blocks);
+    for (int64_t head_k = 0; head_k < f.heads_k; ++head_k) {
+      for (int64_t c = 0; c < seq_chunks; ++c) {
+        BwdTask task;
+        task.seq = seqs[b];
+        task.head_k = head_k;
+        task.key_begin = BwdLayout::chunk_first_block(blocks, seq_chunks, c) * kBwdBlock;
+        task.key_end =
+            std::min(seqs[b].seq.seqlen_k,
+                     BwdLayout::chunk_first_block(blocks, seq_chunks, c + 1) * kBwdBlock);
+        task.dq_partial = seq_chunks > 1 ? partial_base + c * chunk_stride : nullptr;
+        tasks.push_back(task);
+        costs.push_back(task_cost(f, task));
+      }
+    }
+  }
+  std::vector<int64_t> order(tasks.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+
+  // Every allocation is done; from here on outputs are written.
+  lease.run_each(f.batch * f.heads_q, [&](int64_t t, int) {
+    const BwdSeq& s = seqs[t / f.heads_q];
+    const int64_t h = t % f.heads_q;
+    kernel->row_dots(args, s, h, delta + s.row_first + h * s.seq.seqlen_q);
+  });
+  if (args.dsinks != nullptr) {
+    // dsink_h = -sum_b sum_i exp(sink_h - lse_bhi) delta_bhi, summed in a fixed order in f64.
+    lease.run_each(f.heads_q, [&](int64_t h, int) {
+      const double sink = f.sinks[h * f.sinks_stride];
+      double sum = 0.0;
+      for (const BwdSeq& s : seqs) {
+        for (int64_t i = 0; i < s.seq.seqlen_q; ++i) {
+          const double lse = f.lse[s.seq.lse_offset + h * f.lse_head_stride + i * f.lse_row_stride];
+          sum += std::exp(sink - lse) * delta[s.row_first + h * s.seq.seqlen_q + i];
+        }
+      }
+      args.dsinks[h * args.dsinks_stride] = static_cast<float>(-sum);
+    });
+  }
+  lease.run_each(static_cast<int64_t>(tasks.size()), [&](int64_t t, int worker) {
+    kernel->bwd_task(args, layout, tasks[order[static_cast<size_t>(t)]], delta,
+                     scratch + worker * scratch_floats);
+  });
+  // dq of sequences with several chunks (or none: no keys, so dq = 0).
+  lease.run_each(f.batch * f.heads_q, [&](int64_t t, int) {
+    const BwdSeq& s = seqs[t / f.heads_q];
+    const int64_t seq_chunks = layout.chunks_for(ceil_div64(s.seq.seqlen_k, kBwdBlock));
+    if (seq_chunks != 1) {
+      kernel->reduce_dq(args, layout, s, t % f.heads_q, partial_base, chunk_stride, seq_chunks);
+    }
+  });
+  if (f.cu_seqlens_k != nullptr && f.seqlens_k != nullptr) {
+    // Varlen keys beyond seqused_k take no part in attention: their gradients are exact zeros.
+    zero_key_gradients(args, lease, true);
+  }
+}
+
+}  // namespace anyattn::cpu

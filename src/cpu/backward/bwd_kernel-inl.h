@@ -1,0 +1,558 @@
+// The backward block loops, written once against the Vec interface and compiled once per ISA.
+//
+// Included by bwd_<isa>.cc inside namespace anyattn::cpu::bwd_<isa> (inside that ISA's target
+// region), after Vec (simd/vec_<isa>.h), exp2/tanh (simd/vec_math-inl.h) and the register tile
+//   kGemmRows x kGemmVecs   rows x column vectors of the C += A B micro-kernel
+// and dropout_row_factors(key, b, h, i, j0, threshold, keep_scale, z): that ISA's
+// dropout_keep_factors64 (bwd_philox.h), the dropout factors of 64 keys of one row. With
+// ANYATTN_BWD_BF16_TILES (bwd_avx512_amx.cc, after amx_tiles-inl.h), the five products of bf16
+// calls run on AMX tiles (bwd_tiles_amx-inl.h); elsewhere bwd_tiles_none-inl.h stands in.
+//
+// Math (docs/backward.md): with x = <q_i, k_j> * scale, t = tanh(x / softcap), s = softcap * t (or
+// s = x), s += ALiBi, P = exp(s - lse_i), Z the dropout factors (0 or 1/(1-p); 1 without dropout)
+// and delta_i = rowsum(dout_i * out_i):
+//   dV_j += sum_i P_ij Z_ij dout_i        dP_ij = Z_ij <dout_i, v_j>
+//   dS_ij = P_ij (dP_ij - delta_i)        dX_ij = dS_ij (1 - t_ij^2)   (dS_ij without softcap)
+//   dQ_i  = scale sum_j dX_ij k_j          dK_j = scale sum_i dX_ij q_i
+//
+// One fused pass. A task is (sequence, kv head, key chunk of 64-key blocks) (bwd_layout.h):
+//
+//   1. Pack the chunk once, converting to f32: K transposed into 64-key panels kt[d][64], K rows
+//      k[j][d], V transposed into panels vt[d][64]. Every query block of every query head of the
+//      GQA group reuses them; each K/V row is read from the caller's memory exactly once per task.
+//   2. For each query head h of the group and each 64-row query block that sees the chunk: pack
+//      its Q and dout rows (f32, row-major) once, then for each 64-key block it sees:
+//        S  [rows][64] = Q    kt      depth D    A = Q (broadcast), B = kt panel
+//        dP [rows][64] = dout vt      depth Dv   A = dout, B = vt panel
+//        elementwise: S <- P Z, dP <- dX, in place (L1: three 16 KiB tiles)
+//        dV [64][dv]  += (P Z)^T dout  depth rows   A = P read column-wise, B = dout rows
+//        dK [64][d]   += dX^T Q        depth rows   A = dX read column-wise, B = Q rows
+//        dQ [rows][d] += dX K          depth 64     A = dX, B = K rows
+//      These are the five products of the backward and nothing is recomputed. The micro-kernel
+//      broadcasts A, so A's transpose costs nothing: only its address arithmetic changes. For
+//      bf16 calls on avx512_amx all five run on AMX tiles, from bf16 copies of the same operands
+//      (P Z and dX transposed where needed and split into hi + lo; bwd_tiles_amx-inl.h).
+//   3. dQ of a query block is complete after its key blocks: with one chunk per sequence it is
+//      scaled and written to dq; with several, written unscaled to this chunk's f32 partial and
+//      summed over the chunks, in chunk order, by reduce_dq. dK and dV (f32 accumulators for the
+//      whole chunk) are written once when the task ends.
+//
+// Every micro-kernel call is C[M][N] (+)= A[M][K] B[K][N] with a kGemmRows x kGemmVecs register
+// tile (6 x 64 floats on AVX-512): per k it loads kGemmVecs vectors of B's row k and broadcasts
+// one A value per row, kGemmRows * kGemmVecs FMAs for kGemmRows + kGemmVecs loads; B panels
+// (64 x 128 floats = 32 KiB at D = 128) stay in L1 while all row tiles pass over them.
+//
+// Memory traffic per task: the chunk's K and V once; per (query head, query block) the Q and dout
+// rows once, and the chunk's packed panels and dK/dV accumulators once from L2 (L3 for long
+// chunks: about 2.5 KiB per key at D = Dv = 128, against 5 * 64 * 64 * 2 * 128 flops per tile).
+// Each output row (of dK, dV, dQ or a dQ partial) is produced by exactly one task, summing its
+// terms in a fixed order (heads, then query blocks, then rows; or key blocks, then keys), and the
+// partials are summed in chunk order, so results do not depend on the thread count.
+
+constexpr int kLanes = Vec::kLanes;
+constexpr int64_t kTile = kBwdBlock;
+static_assert(kTile % kLanes == 0, "tiles must be whole vectors");
+static_assert(16 % kLanes == 0, "padded head dims (multiples of 16) must be whole vectors");
+constexpr float kLog2eF = 1.4426950408889634f;
+constexpr float kInfinityF = std::numeric_limits<float>::infinity();
+
+// ---------------------------------------------------------------------------------------------
+// C[M][N] (+)= A[M][K] B[K][N]
+// ---------------------------------------------------------------------------------------------
+
+// A[r][k] lives at a[r * lda + k], or at a[k * lda + r] when kTransA (A stored transposed).
+template <bool kTransA>
+inline int64_t a_index(int64_t r, int64_t k, int64_t lda) {
+  return kTransA ? k * lda + r : r * lda + k;
+}
+
+template <bool kTransA, int R, int NV>
+inline void gemm_tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth,
+                      float* c, int64_t ldc, bool accumulate) {
+  Vec acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < NV; ++n) {
+      acc[r][n] = accumulate ? Vec::load(c + r * ldc + n * kLanes) : Vec::zero();
+    }
+  }
+  for (int64_t k = 0; k < depth; ++k) {
+    Vec row[NV];
+    for (int n = 0; n < NV; ++n) row[n] = Vec::load(b + k * ldb + n * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const Vec a_rk = Vec::broadcast(a[a_index<kTransA>(r, k, lda)]);
+      for (int n = 0; n < NV; ++n) acc[r][n] = fma(a_rk, row[n], acc[r][n]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < NV; ++n) acc[r][n].store(c + r * ldc + n * kLanes);
+  }
+}
+
+// All column vectors of R rows: whole kGemmVecs tiles, then one narrower tile for the rest.
+template <bool kTransA, int R, int NV = kGemmVecs>
+inline void gemm_columns(int64_t vectors, const float* a, int64_t lda, const float* b, int64_t ldb,
+                         int64_t depth, float* c, int64_t ldc, bool accumulate) {
+  if constexpr (NV == kGemmVecs) {
+    for (; vectors >= NV; vectors -= NV, b += NV * kLanes, c += NV * kLanes) {
+      gemm_tile<kTransA, R, NV>(a, lda, b, ldb, depth, c, ldc, accumulate);
+    }
+  }
+  if constexpr (NV >= 1) {
+    if (vectors == NV) {
+      gemm_tile<kTransA, R, NV>(a, lda, b, ldb, depth, c, ldc, accumulate);
+    } else if (vectors > 0) {
+      gemm_columns<kTransA, R, NV - 1>(vectors, a, lda, b, ldb, depth, c, ldc, accumulate);
+    }
+  }
+}
+
+template <bool kTransA, int R>
+inline void gemm_row_remainder(int64_t rows, int64_t vectors, const float* a, int64_t lda,
+                               const float* b, int64_t ldb, int64_t depth, float* c, int64_t ldc,
+                               bool accumulate) {
+  if constexpr (R >= 1) {
+    if (rows == R) {
+      gemm_columns<kTransA, R>(vectors, a, lda, b, ldb, depth, c, ldc, accumulate);
+    } else {
+      gemm_row_remainder<kTransA, R - 1>(rows, vectors, a, lda, b, ldb, depth, c, ldc, accumulate);
+    }
+  }
+}
+
+// C[rows][cols] = (accumulate ? C : 0) + A[rows][depth] B[depth][cols]; cols a multiple of kLanes.
+template <bool kTransA>
+inline void gemm(int64_t rows, int64_t cols, int64_t depth, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  const int64_t vectors = cols / kLanes;
+  int64_t r = 0;
+  for (; r + kGemmRows <= rows; r += kGemmRows) {
+    gemm_columns<kTransA, kGemmRows>(vectors, a + a_index<kTransA>(r, 0, lda), lda, b, ldb, depth,
+                                     c + r * ldc, ldc, accumulate);
+  }
+  gemm_row_remainder<kTransA, kGemmRows - 1>(rows - r, vectors, a + a_index<kTransA>(r, 0, lda),
+                                             lda, b, ldb, depth, c + r * ldc, ldc, accumulate);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading, transposing, storing
+// ---------------------------------------------------------------------------------------------
+
+// dst[0..n) = the n `dtype` values at src as f32; dst[n..n_pad) = 0.
+inline void load_row(const void* src, DType dtype, int64_t n, int64_t n_pad, float* dst) {
+  int64_t c = 0;
+  if (dtype == DType::kF32) {
+    const float* from = static_cast<const float*>(src);
+    for (; c + kLanes <= n; c += kLanes) Vec::load(from + c).store(dst + c);
+  } else if (dtype == DType::kBF16) {
+    const uint16_t* from = static_cast<const uint16_t*>(src);
+    for (; c + kLanes <= n; c += kLanes) Vec::load_bf16(from + c).store(dst + c);
+  } else {
+    const uint16_t* from = static_cast<const uint16_t*>(src);
+    for (; c + kLanes <= n; c += kLanes) Vec::load_f16(from + c).store(dst + c);
+  }
+  for (; c < n; ++c) dst[c] = load_element(src, dtype, c);
+  for (; c < n_pad; ++c) dst[c] = 0.f;
+}
+
+// Asks for the n `dtype` values at each of `rows` strided row addresses (row r at element offset
+// first + r * row_stride) to be brought into cache: rows are often a page apart, where hardware
+// prefetchers do not follow, and the conversion loop would stall on every row.
+inline void prefetch_rows(const void* base, DType dtype, int64_t first, int64_t row_stride,
+                          int64_t rows, int64_t n) {
+  const int64_t bytes = n * element_size(dtype);
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* row =
+        static_cast<const char*>(element_address(base, dtype, first + r * row_stride));
+    prefetch_bytes(row, bytes);
+  }
+}
+
+inline void zero_floats(float* dst, int64_t n) {
+  for (int64_t c = 0; c < n; c += kLanes) Vec::zero().store(dst + c);
+}
+
+// dst[c][r] = src[r][c] for a [kTile][cols] tile (cols a multiple of kLanes); dst stride kTile.
+inline void transpose_to_columns(const float* src, int64_t cols, float* dst) {
+  for (int64_t r = 0; r < kTile; r += kLanes) {
+    for (int64_t c = 0; c < cols; c += kLanes) {
+      transpose_tile(src + r * cols + c, cols, dst + c * kTile + r, kTile);
+    }
+  }
+}
+
+#if defined(ANYATTN_BWD_BF16_TILES)
+#include "cpu/amx/bwd_tiles_amx-inl.h"
+#else
+#include "cpu/backward/bwd_tiles_none-inl.h"
+#endif
+
+// Writes n values of src times `scale` as `dtype` to dst (rounded to nearest even). One loop per
+// dtype, so that the compiler vectorises the half-precision roundings too.
+inline void store_row(const float* src, int64_t n, float scale, DType dtype, void* dst) {
+  if (dtype == DType::kF32) {
+    float* to = static_cast<float*>(dst);
+    const Vec factor = Vec::broadcast(scale);
+    int64_t c = 0;
+    for (; c + kLanes <= n; c += kLanes) (Vec::load(src + c) * factor).store(to + c);
+    for (; c < n; ++c) to[c] = src[c] * scale;
+  } else if (dtype == DType::kBF16) {
+    uint16_t* to = static_cast<uint16_t*>(dst);
+    for (int64_t c = 0; c < n; ++c) to[c] = f32_to_bf16(src[c] * scale);
+  } else {
+    uint16_t* to = static_cast<uint16_t*>(dst);
+    for (int64_t c = 0; c < n; ++c) to[c] = f32_to_f16(src[c] * scale);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The elementwise step: probabilities and score gradients of one tile row
+// ---------------------------------------------------------------------------------------------
+
+struct TileMath {
+  float scale = 0.f;           // softmax_scale, without softcap
+  float scale_over_cap = 0.f;  // softmax_scale / softcap, with softcap
+  float cap = 0.f;             // softcap
+  bool softcap = false;
+  bool alibi = false;
+  bool dropout = false;
+};
+
+inline TileMath tile_math(const BwdArgs& args) {
+  const FwdArgs& f = args.fwd;
+  TileMath m;
+  m.softcap = f.softcap > 0.f;
+  m.scale = f.softmax_scale;
+  m.scale_over_cap = m.softcap ? f.softmax_scale / f.softcap : 0.f;
+  m.cap = f.softcap;
+  m.alibi = f.alibi_slopes != nullptr;
+  m.dropout = args.dropout_p > 0.f;
+  return m;
+}
+
+// One row of a tile, kTile columns (keys): s_row holds raw scores <q, k>, dp_row holds
+// <dout, v>. On return s_row holds P Z and dp_row holds dX (the gradient of the pre-softcap
+// score, unscaled). Columns outside [lo, hi) get 0 in both when `mask`. neg_lse is minus the
+// row's LSE (-inf for a row that saw no key, so that its P is exactly 0), delta its
+// rowsum(dout * out); the ALiBi distance of column c is |alibi_base + c|; z_row holds the dropout
+// factors. s - lse is formed in natural-log units with one fused multiply-add where possible
+// (no ALiBi), and only then scaled by log2(e) for exp2: P's relative error stays a few ulps even
+// when the scores and the LSE are large and nearly cancel.
+inline void tile_row_gradients(const TileMath& m, float neg_slope, float* s_row, float* dp_row,
+                               const float* z_row, float neg_lse_row, float delta_row,
+                               float alibi_base, bool mask, float lo, float hi) {
+  const Vec iota = Vec::iota();
+  const Vec zero = Vec::zero();
+  const Vec log2e = Vec::broadcast(kLog2eF);
+  const Vec neg_lse = Vec::broadcast(neg_lse_row);
+  const Vec delta = Vec::broadcast(delta_row);
+  for (int64_t c = 0; c < kTile; c += kLanes) {
+    const Vec position = iota + Vec::broadcast(static_cast<float>(c));
+    const Vec x = Vec::load(s_row + c);
+    Vec t = zero, sech2 = zero, factor, score;
+    if (m.softcap) {
+      tanh_and_sech2(x * Vec::broadcast(m.scale_over_cap), &t, &sech2);
+      score = t;
+      factor = Vec::broadcast(m.cap);
+    } else {
+      score = x;
+      factor = Vec::broadcast(m.scale);
+    }
+    Vec centered;  // s - lse
+    if (m.alibi) {
+      const Vec s = fma(Vec::broadcast(neg_slope), abs(Vec::broadcast(alibi_base) + position),
+                        score * factor);
+      centered = s + neg_lse;
+    } else {
+      centered = fma(score, factor, neg_lse);
+    }
+    const Vec p = exp2(centered * log2e);
+    Vec dp = Vec::load(dp_row + c);
+    Vec kept = p;
+    if (m.dropout) {
+      const Vec z = Vec::load(z_row + c);
+      kept = p * z;
+      dp = dp * z;
+    }
+    Vec ds = p * (dp - delta);
+    if (m.softcap) ds = ds * sech2;  // 1 - t^2, without its cancellation near t = +-1
+    if (mask) {
+      kept = select_in_range(kept, position, lo, hi, zero);
+      ds = select_in_range(ds, position, lo, hi, zero);
+    }
+    kept.store(s_row + c);
+    ds.store(dp_row + c);
+  }
+}
+
+inline float neg_slope_of(const FwdArgs& f, int64_t b, int64_t h) {
+  if (f.alibi_slopes == nullptr) return 0.f;
+  return -f.alibi_slopes[b * f.alibi_batch_stride + h * f.alibi_head_stride];
+}
+
+// -lse of row i; -inf for a row that saw no key (lse = -inf), so that its P is exactly 0.
+inline float neg_lse_of(const FwdArgs& f, const SeqInfo& seq, int64_t h, int64_t i) {
+  const float lse = f.lse[seq.lse_offset + h * f.lse_head_stride + i * f.lse_row_stride];
+  return lse == -kInfinityF ? -kInfinityF : -lse;
+}
+
+// [lo, hi) clipped to [0, kTile), as floats for select_in_range.
+struct ColumnRange {
+  float lo;
+  float hi;
+};
+inline ColumnRange clip_columns(int64_t lo, int64_t hi) {
+  lo = std::max<int64_t>(lo, 0);
+  hi = std::min<int64_t>(hi, kTile);
+  return {static_cast<float>(lo), static_cast<float>(std::max(lo, hi))};
+}
+
+// ---------------------------------------------------------------------------------------------
+// delta_i = rowsum(dout_i * out_i)
+// ---------------------------------------------------------------------------------------------
+
+// delta[i] for the seqlen_q rows of query head h of sequence `s`.
+void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta) {
+  const FwdArgs& f = args.fwd;
+  const int64_t dv = f.head_dim_v;
+  const int64_t dv_pad = (dv + 15) / 16 * 16;
+  alignas(64) float out_row[256];
+  alignas(64) float dout_row[256];
+  for (int64_t i = 0; i < s.seq.seqlen_q; ++i) {
+    load_row(element_address(f.out, f.dtype,
+                             s.seq.out_offset + i * f.out_row_stride + h * f.out_head_stride),
+             f.dtype, dv, dv_pad, out_row);
+    load_row(element_address(args.dout, f.dtype,
+                             s.dout_offset + i * args.dout_row_stride + h * args.dout_head_stride),
+             f.dtype, dv, dv_pad, dout_row);
+    Vec sum = Vec::zero();
+    for (int64_t c = 0; c < dv_pad; c += kLanes) {
+      sum = fma(Vec::load(out_row + c), Vec::load(dout_row + c), sum);
+    }
+    delta[i] = reduce_add(sum);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fused pass: dK, dV of one key chunk and its dQ contributions
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// Converts `count` (<= 64) key rows starting at key j0 of tensor `base` (k or v strides) into
+// rows[64][n_pad] (zero rows beyond count), then transposes them into panel[n_pad][64].
+void pack_key_block(const FwdArgs& f, const SeqInfo& seq, int64_t head_k, const void* base,
+                    int64_t batch_stride, int64_t row_stride, int64_t head_stride, int64_t n,
+                    int64_t n_pad, int64_t j0, int64_t count, float* rows, float* panel) {
+  for (int64_t j = 0; j < kTile; ++j) {
+    if (j < count) {
+      load_row(element_address(
+                   base, f.dtype,
+                   key_row_offset(f, seq, j0 + j, head_k, batch_stride, row_stride, head_stride)),
+               f.dtype, n, n_pad, rows + j * n_pad);
+    } else {
+      zero_floats(rows + j * n_pad, n_pad);
+    }
+  }
+  transpose_to_columns(rows, n_pad, panel);
+}
+
+}  // namespace
+
+void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
+              const float* delta_all, float* scratch_base) {
+  const FwdArgs& f = args.fwd;
+  const SeqInfo& seq = task.seq.seq;
+  const BwdScratch s = BwdScratch::carve(scratch_base, layout);
+  const int64_t d_pad = layout.d_pad, dv_pad = layout.dv_pad;
+  const int64_t offset = seq.seqlen_k - seq.seqlen_q;
+  const int64_t group = f.group_size();
+  const int64_t chunk_keys = task.key_end - task.key_begin;
+  const int64_t chunk_blocks = (chunk_keys + kTile - 1) / kTile;
+  const TileMath m = tile_math(args);
+  const PhiloxKey dropout_rng = dropout_key(args.dropout_seed, args.dropout_offset);
+  const uint32_t threshold = dropout_threshold(args.dropout_p);
+  const float keep_scale = m.dropout ? 1.f / (1.f - args.dropout_p) : 1.f;
+
+  const bool tiles = tiles_on(layout);
+  const int64_t d_words = layout.d_words(), dv_words = layout.dv_words();
+  tiles_begin(layout);
+  for (int64_t kb = 0; kb < chunk_blocks; ++kb) {
+    const int64_t j0 = task.key_begin + kb * kTile;
+    const int64_t keys = std::min(kTile, task.key_end - j0);
+    pack_key_block(f, seq, task.head_k, f.k, f.k_batch_stride, f.k_row_stride, f.k_head_stride,
+                   f.head_dim, d_pad, j0, keys, s.k + kb * kTile * d_pad,
+                   s.kt + kb * d_pad * kTile);
+    pack_key_block(f, seq, task.head_k, f.v, f.v_batch_stride, f.v_row_stride, f.v_head_stride,
+                   f.head_dim_v, dv_pad, j0, keys, s.rows, s.vt + kb * dv_pad * kTile);
+    if (tiles) {
+      const bool k_subnormal = pack_key_words(s.k + kb * kTile * d_pad, d_pad, d_words, s.staging,
+                                              s.k_words + kb * d_words * kTile);
+      const bool v_subnormal =
+          pack_key_words(s.rows, dv_pad, dv_words, s.staging, s.v_words + kb * dv_words * kTile);
+      s.key_flags[kb] = static_cast<uint8_t>((k_subnormal ? kKeySubnormal : 0) |
+                                             (v_subnormal ? kValueSubnormal : 0));
+      pack_row_pairs(s.k + kb * kTile * d_pad, kTile, d_pad, kTile / 2,
+                     s.k_pairs + kb * kTile / 2 * d_pad);
+    }
+  }
+  zero_floats(s.dk, chunk_blocks * kTile * d_pad);
+  zero_floats(s.dv, chunk_blocks * kTile * dv_pad);
+
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t h = task.head_k * group + g;
+    const float slope = neg_slope_of(f, seq.batch, h);
+    const float* delta_head = delta_all + task.seq.row_first + h * seq.seqlen_q;
+    for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kTile) {
+      const int64_t rows = std::min(kTile, seq.seqlen_q - i0);
+      const int64_t row_chunks = (rows + 31) / 32;  // of the tiles' products over query rows
+      // Keys of the chunk that at least one row of the block sees.
+      const int64_t j_lo = std::max(task.key_begin, i0 + offset - f.window_left);
+      const int64_t j_hi = std::min(task.key_end - 1, i0 + rows - 1 + offset + f.window_right);
+      zero_floats(s.dq, (rows + 15) / 16 * 16 * d_pad);
+      if (j_lo <= j_hi) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          load_row(element_address(f.q, f.dtype,
+                                   seq.q_offset + i * f.q_row_stride + h * f.q_head_stride),
+                   f.dtype, f.head_dim, d_pad, s.q + r * d_pad);
+          load_row(element_address(
+                       args.dout, f.dtype,
+                       task.seq.dout_offset + i * args.dout_row_stride + h * args.dout_head_stride),
+                   f.dtype, f.head_dim_v, dv_pad, s.dout + r * dv_pad);
+          s.neg_lse[r] = neg_lse_of(f, seq, h, i);
+          s.delta[r] = delta_head[i];
+        }
+        bool q_subnormal = true, dout_subnormal = true;
+        if (tiles) {
+          q_subnormal = pack_query_words(s.q, rows, d_pad, d_words, s.q_words);
+          dout_subnormal = pack_query_words(s.dout, rows, dv_pad, dv_words, s.dout_words);
+          pack_row_pairs(s.q, rows, d_pad, row_chunks * 16, s.q_pairs);
+          pack_row_pairs(s.dout, rows, dv_pad, row_chunks * 16, s.dout_pairs);
+        }
+        if (i0 + kTile < seq.seqlen_q) {
+          const int64_t next_rows = std::min(kTile, seq.seqlen_q - i0 - kTile);
+          prefetch_rows(f.q, f.dtype,
+                        seq.q_offset + (i0 + kTile) * f.q_row_stride + h * f.q_head_stride,
+                        f.q_row_stride, next_rows, f.head_dim);
+          prefetch_rows(args.dout, f.dtype,
+                        task.seq.dout_offset + (i0 + kTile) * args.dout_row_stride +
+                            h * args.dout_head_stride,
+                        args.dout_row_stride, next_rows, f.head_dim_v);
+        }
+        const int64_t kb_first = (j_lo - task.key_begin) / kTile;
+        const int64_t kb_last = (j_hi - task.key_begin) / kTile;
+        for (int64_t kb = kb_first; kb <= kb_last; ++kb) {
+          const int64_t j0 = task.key_begin + kb * kTile;
+          const int64_t keys = std::min(kTile, task.key_end - j0);
+          const float* k_rows = s.k + kb * kTile * d_pad;
+          float* dk = s.dk + kb * kTile * d_pad;
+          float* dv = s.dv + kb * kTile * dv_pad;
+          if (tiles && !q_subnormal && (s.key_flags[kb] & kKeySubnormal) == 0) {
+            tile_products(f.head_dim, s.q_words, rows, s.k_words + kb * d_words * kTile, s.s);
+          } else {
+            gemm<false>(rows, kTile, f.head_dim, s.q, d_pad, s.kt + kb * d_pad * kTile, kTile, s.s,
+                        kTile, false);
+          }
+          if (tiles && !dout_subnormal && (s.key_flags[kb] & kValueSubnormal) == 0) {
+            tile_products(f.head_dim_v, s.dout_words, rows, s.v_words + kb * dv_words * kTile,
+                          s.dp);
+          } else {
+            gemm<false>(rows, kTile, f.head_dim_v, s.dout, dv_pad, s.vt + kb * dv_pad * kTile,
+                        kTile, s.dp, kTile, false);
+          }
+          if (m.dropout) {
+            for (int64_t r = 0; r < rows; ++r) {
+              dropout_row_factors(dropout_rng, seq.batch, h, i0 + r, j0, threshold, keep_scale,
+                                  s.z + r * kTile);
+            }
+          }
+          // Query i sees key j iff i + offset - window_left <= j <= i + offset + window_right
+          // and j < Sk; a block inside every row's window needs no mask.
+          const bool mask = keys < kTile || j0 < i0 + rows - 1 + offset - f.window_left ||
+                            j0 + keys - 1 > i0 + offset + f.window_right;
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r;
+            const ColumnRange range =
+                clip_columns(i + offset - f.window_left - j0,
+                             std::min(i + offset + f.window_right + 1, seq.seqlen_k) - j0);
+            tile_row_gradients(m, slope, s.s + r * kTile, s.dp + r * kTile, s.z + r * kTile,
+                               s.neg_lse[r], s.delta[r], static_cast<float>(j0 - i - offset), mask,
+                               range.lo, range.hi);
+          }
+          const int64_t key_groups = (keys + 15) / 16;
+          if (tiles && !dout_subnormal) {
+            split_transposed(s.s, rows, s.staging);
+            split_products(s.staging, key_groups, s.dout_pairs, dv_pad, row_chunks, dv);
+          } else {
+            gemm<true>(keys, dv_pad, rows, s.s, kTile, s.dout, dv_pad, dv, dv_pad, true);
+          }
+          if (tiles && !q_subnormal) {
+            split_transposed(s.dp, rows, s.staging);
+            split_products(s.staging, key_groups, s.q_pairs, d_pad, row_chunks, dk);
+          } else {
+            gemm<true>(keys, d_pad, rows, s.dp, kTile, s.q, d_pad, dk, d_pad, true);
+          }
+          if (tiles && (s.key_flags[kb] & kKeySubnormal) == 0) {
+            split_rows(s.dp, rows, s.dp);
+            split_products(s.dp, (rows + 15) / 16, s.k_pairs + kb * kTile / 2 * d_pad, d_pad,
+                           (keys + 31) / 32, s.dq);
+          } else {
+            gemm<false>(rows, d_pad, keys, s.dp, kTile, k_rows, d_pad, s.dq, d_pad, true);
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        if (task.dq_partial == nullptr) {
+          store_row(s.dq + r * d_pad, f.head_dim, f.softmax_scale, f.dtype,
+                    element_address(
+                        args.dq, f.dtype,
+                        task.seq.dq_offset + i * args.dq_row_stride + h * args.dq_head_stride));
+        } else {
+          float* partial = task.dq_partial + (task.seq.row_first + h * seq.seqlen_q + i) * d_pad;
+          for (int64_t c = 0; c < d_pad; c += kLanes)
+            Vec::load(s.dq + r * d_pad + c).store(partial + c);
+        }
+      }
+    }
+  }
+
+  tiles_end(layout);
+  for (int64_t j = 0; j < chunk_keys; ++j) {
+    const int64_t key = task.key_begin + j;
+    store_row(s.dk + j * d_pad, f.head_dim, f.softmax_scale, f.dtype,
+              element_address(args.dk, f.dtype,
+                              key_row_offset(f, seq, key, task.head_k, args.dk_batch_stride,
+                                             args.dk_row_stride, args.dk_head_stride)));
+    store_row(s.dv + j * dv_pad, f.head_dim_v, 1.f, f.dtype,
+              element_address(args.dv, f.dtype,
+                              key_row_offset(f, seq, key, task.head_k, args.dv_batch_stride,
+                                             args.dv_row_stride, args.dv_head_stride)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dQ from the chunks' partials
+// ---------------------------------------------------------------------------------------------
+
+// dq of query head h of sequence `s` = softmax_scale * sum over c < chunks of the partial rows
+// partials + c * chunk_stride (floats), summed in chunk order. chunks == 0 writes zeros.
+void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, int64_t h,
+               const float* partials, int64_t chunk_stride, int64_t chunks) {
+  const FwdArgs& f = args.fwd;
+  const int64_t d_pad = layout.d_pad;
+  alignas(64) float sum[256];
+  for (int64_t i = 0; i < s.seq.seqlen_q; ++i) {
+    const int64_t row = (s.row_first + h * s.seq.seqlen_q + i) * d_pad;
+    for (int64_t c = 0; c < d_pad; c += kLanes) {
+      Vec acc = Vec::zero();
+      for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+        acc = acc + Vec::load(partials + chunk * chunk_stride + row + c);
+      }
+      acc.store(sum + c);
+    }
+    store_row(sum, f.head_dim, f.softmax_scale, f.dtype,
+              element_address(args.dq, f.dtype,
+                              s.dq_offset + i * args.dq_row_stride + h * args.dq_head_stride));
+  }
+}

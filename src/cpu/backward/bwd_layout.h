@@ -1,0 +1,178 @@
+// Tiles, tasks and per-thread scratch of the backward kernels, shared by the driver and every
+// ISA's bwd_kernel-inl.h.
+//
+// The backward works on 64 x 64 tiles of one sequence's attention matrix (64 query rows x 64
+// keys). Head dims are zero-padded to whole 16-float vectors (d_pad, dv_pad), so every
+// micro-kernel column count is a whole number of vectors on every ISA and padded columns
+// contribute exact zeros.
+//
+// A task is (sequence, kv head, key chunk): a chunk is a run of consecutive 64-key blocks. The
+// number of chunks per sequence depends only on the shape (BwdLayout::num_chunks), never on the
+// thread count; with one chunk a task writes dq directly, with several each chunk writes an f32
+// dq partial and a final pass sums the partials in chunk order.
+#ifndef ANYATTN_CPU_BACKWARD_BWD_LAYOUT_H_
+#define ANYATTN_CPU_BACKWARD_BWD_LAYOUT_H_
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu/backward/bwd_args.h"
+
+namespace anyattn::cpu {
+
+// Query rows and keys per tile.
+constexpr int64_t kBwdBlock = 64;
+
+// One sequence of a backward call: the forward's SeqInfo plus where its rows live in dout and dq
+// and in the call's row-indexed workspace (delta, dq partials).
+struct BwdSeq {
+  SeqInfo seq;
+  int64_t dout_offset = 0;  // element offset of dout position 0, head 0
+  int64_t dq_offset = 0;    // element offset of dq position 0, head 0
+  // Workspace row of (head h, position i) is row_first + h * seq.seqlen_q + i.
+  int64_t row_first = 0;
+};
+
+inline BwdSeq bwd_sequence(const BwdArgs& args, int64_t b, int64_t row_first) {
+  BwdSeq s;
+  s.seq = sequence_info(args.fwd, b);
+  const int64_t q_start = args.fwd.cu_seqlens_q != nullptr ? args.fwd.cu_seqlens_q[b] : 0;
+  s.dout_offset = b * args.dout_batch_stride + q_start * args.dout_row_stride;
+  s.dq_offset = b * args.dq_batch_stride + q_start * args.dq_row_stride;
+  s.row_first = row_first;
+  return s;
+}
+
+// One task of the fused pass: keys [key_begin, key_end) of one sequence and kv head, for every
+// query head of the GQA group. key_begin is a multiple of 64.
+struct BwdTask {
+  BwdSeq seq;
+  int64_t head_k = 0;
+  int64_t key_begin = 0;
+  int64_t key_end = 0;
+  // f32 dq partial rows of this chunk (indexed by workspace row, d_pad floats each), or null when
+  // the sequence has one chunk and the task writes dq itself.
+  float* dq_partial = nullptr;
+};
+
+struct BwdLayout {
+  int64_t d_pad = 0;       // D rounded up to 16
+  int64_t dv_pad = 0;      // Dv rounded up to 16
+  int64_t num_chunks = 1;  // key chunks per sequence (fewer when a sequence has fewer blocks)
+  int64_t chunk_keys = 0;  // keys of the largest chunk, a multiple of 64
+  // The products on AMX tiles (bf16 calls on the avx512_amx path): the scratch then also holds
+  // bf16 copies of K, V, Q and dout in the tiles' formats (BwdScratch).
+  bool bf16_tiles = false;
+
+  // 32-bit words (bf16 pairs) per row of D or Dv rounded up to the tiles' 32-element chunks.
+  int64_t d_words() const { return (d_pad + 31) / 32 * 16; }
+  int64_t dv_words() const { return (dv_pad + 31) / 32 * 16; }
+  int64_t tile_floats() const {
+    return chunk_keys * (d_words() + dv_words()) + chunk_keys / 2 * d_pad +
+           kBwdBlock * (d_words() + dv_words()) + kBwdBlock / 2 * (d_pad + dv_pad) +
+           kBwdBlock * 128 + (chunk_keys / kBwdBlock + 15) / 16 * 16;
+  }
+
+  // Key blocks [first, end) of chunk c of a sequence with `blocks` key blocks: an even split.
+  static int64_t chunk_first_block(int64_t blocks, int64_t chunks, int64_t c) {
+    return blocks * c / chunks;
+  }
+  int64_t chunks_for(int64_t blocks) const { return std::min(num_chunks, blocks); }
+
+  // Floats of one thread's scratch (BwdScratch::carve).
+  int64_t scratch_floats() const {
+    return chunk_keys * (3 * d_pad + 2 * dv_pad) + kBwdBlock * (2 * d_pad + 2 * dv_pad) +
+           3 * kBwdBlock * kBwdBlock + 2 * kBwdBlock + (bf16_tiles ? tile_floats() : 0);
+  }
+};
+
+// One thread's buffers, all 64-byte aligned when the base is (every size is a multiple of 16
+// floats). Key side, for the task's chunk, packed once per task:
+//   kt  [chunk blocks][d_pad][64]   K transposed in 64-key panels (B operand of S = Q K^T)
+//   k   [chunk_keys][d_pad]         K rows (B operand of dQ += dS K)
+//   vt  [chunk blocks][dv_pad][64]  V transposed in 64-key panels (B operand of dP = dO V^T)
+//   dk  [chunk_keys][d_pad], dv [chunk_keys][dv_pad]   f32 accumulators
+// Query side, per 64-row query block:
+//   q [64][d_pad], dout [64][dv_pad], dq [64][d_pad], rows [64][dv_pad] (V rows while packing)
+// Tiles: s, dp, z [64][64] (scores then P Z; dP then dS; dropout factors); per row neg_lse (minus
+// the LSE) and delta.
+// With bf16_tiles, in 32-bit words of two bf16 (w = d_words(), wv = dv_words()):
+//   k_words [chunk blocks][w][64], v_words [chunk blocks][wv][64]   K and V as the right operand
+//            of S and dP (row w: dims 2w and 2w + 1 of each of 64 keys)
+//   k_pairs [chunk blocks][32][d_pad]   K as the right operand of dQ (word (t, n): dim n of keys
+//            2t and 2t + 1)
+//   q_words [64][w], dout_words [64][wv]   Q and dout rows as the left operand of S and dP
+//   q_pairs [32][d_pad], dout_pairs [32][dv_pad]   Q and dout as the right operands of dK and dV
+//            (word (t, n): dim n of rows 2t and 2t + 1)
+//   staging [64][128]   key rows in words before they are transposed (while packing), then
+//            the split, transposed P Z or dX of a tile ([64][64])
+//   key_flags [chunk blocks] bytes   kKeySubnormal / kValueSubnormal per key block
+struct BwdScratch {
+  float* kt = nullptr;
+  float* k = nullptr;
+  float* vt = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  float* q = nullptr;
+  float* dout = nullptr;
+  float* dq = nullptr;
+  float* rows = nullptr;
+  float* s = nullptr;
+  float* dp = nullptr;
+  float* z = nullptr;
+  float* neg_lse = nullptr;
+  float* delta = nullptr;
+  uint32_t* k_words = nullptr;
+  uint32_t* v_words = nullptr;
+  uint32_t* q_words = nullptr;
+  uint32_t* dout_words = nullptr;
+  uint32_t* k_pairs = nullptr;
+  uint32_t* q_pairs = nullptr;
+  uint32_t* dout_pairs = nullptr;
+  float* staging = nullptr;
+  uint8_t* key_flags = nullptr;
+
+  static BwdScratch carve(float* base, const BwdLayout& layout) {
+    const int64_t ck = layout.chunk_keys;
+    BwdScratch s;
+    s.kt = base;
+    s.k = s.kt + ck * layout.d_pad;
+    s.vt = s.k + ck * layout.d_pad;
+    s.dk = s.vt + ck * layout.dv_pad;
+    s.dv = s.dk + ck * layout.d_pad;
+    s.q = s.dv + ck * layout.dv_pad;
+    s.dout = s.q + kBwdBlock * layout.d_pad;
+    s.dq = s.dout + kBwdBlock * layout.dv_pad;
+    s.rows = s.dq + kBwdBlock * layout.d_pad;
+    s.s = s.rows + kBwdBlock * layout.dv_pad;
+    s.dp = s.s + kBwdBlock * kBwdBlock;
+    s.z = s.dp + kBwdBlock * kBwdBlock;
+    s.neg_lse = s.z + kBwdBlock * kBwdBlock;
+    s.delta = s.neg_lse + kBwdBlock;
+    if (layout.bf16_tiles) {
+      float* next = s.delta + kBwdBlock;
+      s.k_words = reinterpret_cast<uint32_t*>(next);
+      next += ck * layout.d_words();
+      s.v_words = reinterpret_cast<uint32_t*>(next);
+      next += ck * layout.dv_words();
+      s.q_words = reinterpret_cast<uint32_t*>(next);
+      next += kBwdBlock * layout.d_words();
+      s.dout_words = reinterpret_cast<uint32_t*>(next);
+      next += kBwdBlock * layout.dv_words();
+      s.k_pairs = reinterpret_cast<uint32_t*>(next);
+      next += ck / 2 * layout.d_pad;
+      s.q_pairs = reinterpret_cast<uint32_t*>(next);
+      next += kBwdBlock / 2 * layout.d_pad;
+      s.dout_pairs = reinterpret_cast<uint32_t*>(next);
+      next += kBwdBlock / 2 * layout.dv_pad;
+      s.staging = next;
+      next += kBwdBlock * 128;
+      s.key_flags = reinterpret_cast<uint8_t*>(next);
+    }
+    return s;
+  }
+};
+
+}  // namespace anyattn::cpu
+
+#endif  // ANYATTN_CPU_BACKWARD_BWD_LAYOUT_H_

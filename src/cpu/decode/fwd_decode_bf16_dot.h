@@ -1,0 +1,55 @@
+// bf16 decode scores on VDPBF16PS (AVX512_BF16): the direct decode loop's score pass
+// (fwd_decode_kernel-inl.h) for bf16 K/V on CPUs that have the instruction (Cooper Lake, Sapphire
+// Rapids, Zen 4 and later), compiled in its own translation unit for that target.
+//
+// Exactness. The products of two bf16 values are exact in f32; VDPBF16PS adds each pair of them
+// to the f32 accumulator with round-to-nearest, as the f32 FMA path rounds its sums. It treats
+// subnormal inputs and results as zero, so the caller uses it only for kv heads whose queries
+// hold no subnormal, with |q| < 2^64 and softmax_scale <= 2^16: what it then flushes (a subnormal
+// key element, or a product below 2^-126) moves a score by less than 256 * 2^64 * 2^-126 * 2^16 =
+// 2^-38 in softmax units, far below the f32 rounding of any score that reaches the softmax.
+#ifndef ANYATTN_CPU_DECODE_FWD_DECODE_BF16_DOT_H_
+#define ANYATTN_CPU_DECODE_FWD_DECODE_BF16_DOT_H_
+
+#include <cstdint>
+
+#include "cpu/decode/fwd_decode_rows.h"
+
+namespace anyattn::cpu {
+
+// True when this CPU runs VDPBF16PS (the avx512 path plus AVX512_BF16) and the tests have not
+// turned the bf16 dot-product scores off.
+bool bf16_dot_scores_available();
+
+// For tests: runs the direct loop's bf16 scores on the f32 FMA path even where VDPBF16PS exists
+// (false), or on VDPBF16PS where it exists (true, the default). Set it between calls: a call
+// running while it changes may score some kv heads each way.
+void set_bf16_dot_scores_enabled(bool enabled);
+
+// True when a bf16 query element (its bits) keeps its kv head off VDPBF16PS: subnormal, or finite
+// with |q| >= 2^64 (exponent field 191 to 254). On the magnitude bits m (sign cleared) both are
+// unsigned range tests, 1 <= m <= 0x7F and 0x5F80 <= m < 0x7F80, with no branch, so that a loop
+// over a row vectorises.
+constexpr bool bf16_query_unfit_for_dot(uint16_t bits) {
+  constexpr uint16_t kLargeFirst = (127 + 64) << 7;
+  constexpr uint16_t kInfBits = 0x7F80;
+  const uint16_t magnitude = bits & 0x7FFFu;
+  const bool subnormal = static_cast<uint16_t>(magnitude - 1u) < 0x7Fu;
+  const bool large = static_cast<uint16_t>(magnitude - kLargeFirst) < kInfBits - kLargeFirst;
+  return subnormal | large;
+}
+
+namespace avx512_bf16 {
+
+// s[r * 64 + j] = q_r . k_j (raw, unscaled) for `rows` <= 12 query rows and the kDirectChunkKeys
+// keys of one pass; keys j >= `keys` score 0. q: bf16 rows of ldq elements (a multiple of 32),
+// zero from head_dim to ldq; k_rows[j] for j < keys: bf16 rows of head_dim elements, read no
+// further. The first tile of rows issues the pass's prefetches (PassPrefetcher::line) next to its
+// loads of the same lines (none when prefetch is null).
+void chunk_scores(const uint16_t* q, int64_t ldq, int64_t rows, const void* const* k_rows,
+                  int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch, float* s);
+
+}  // namespace avx512_bf16
+}  // namespace anyattn::cpu
+
+#endif  // ANYATTN_CPU_DECODE_FWD_DECODE_BF16_DOT_H_

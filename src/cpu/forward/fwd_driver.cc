@@ -1,0 +1,386 @@
+#include "cpu/forward/fwd_driver.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "cpu/forward/finalize.h"
+#include "cpu/forward/fwd_layout.h"
+#include "cpu/kernel_registry.h"
+#include "cpu/shared/unit_head_dims.h"
+#include "plan/fwd_plan.h"
+#include "runtime/aligned_buffer.h"
+#include "runtime/num_threads.h"
+#include "runtime/thread_pool.h"
+
+namespace anyattn::cpu {
+namespace {
+
+using runtime::AlignedBuffer;
+
+// One (sequence, kv head) pair: the unit of K/V packing.
+struct Pair {
+  SeqInfo seq;
+  int64_t head_k = 0;
+  int64_t blocks = 0;         // key blocks of the sequence
+  int64_t packed_first = 0;   // index of its first packed block within its group
+  int64_t partial_first = 0;  // index of its first partial row within its group (split plans)
+};
+
+// Pairs packed together, then attended, then merged, before the next group is packed.
+struct Group {
+  int64_t first_pair = 0;
+  int64_t pairs = 0;
+  int64_t packed_blocks = 0;
+  int64_t partial_rows = 0;
+  std::vector<AttendTask> tasks;  // most expensive first
+};
+
+// Splits the pairs into groups: each packs at most kPackBudgetBytes (but at least one pair) and
+// stops growing once it holds enough attend tasks to keep every thread busy and about
+// kPackGroupTargetBytes of packed K/V, which is then still in the caches when it is used.
+// Streaming plans pack nothing: one group.
+std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
+                               std::vector<Pair>& pairs) {
+  const int64_t group_size = args.group_size();
+  const int64_t block_bytes = plan.layout.block_floats * 4;
+  std::vector<Group> groups;
+  Group current;
+  int64_t current_tasks = 0;
+  for (int64_t p = 0; p < static_cast<int64_t>(pairs.size()); ++p) {
+    Pair& pair = pairs[p];
+    const int64_t packed = plan.streaming ? 0 : pair.blocks;
+    const bool over_budget =
+        (current.packed_blocks + packed) * block_bytes > plan::kPackBudgetBytes;
+    const bool big_enough = current_tasks >= plan.wanted_tasks &&
+                            current.packed_blocks * block_bytes >= plan::kPackGroupTargetBytes;
+    if (current.pairs > 0 && !plan.streaming && (over_budget || big_enough)) {
+      groups.push_back(std::move(current));
+      current = Group{};
+      current.first_pair = p;
+      current_tasks = 0;
+    }
+    pair.packed_first = current.packed_blocks;
+    pair.partial_first = current.partial_rows;
+    current.packed_blocks += packed;
+    current.partial_rows += group_size * pair.seq.seqlen_q;
+    current.pairs += 1;
+    const int64_t q_blocks = ceil_div(pair.seq.seqlen_q, plan.q_block_rows);
+    current_tasks += (plan.streaming ? 1 : group_size * q_blocks) * plan.num_splits;
+  }
+  if (current.pairs > 0) groups.push_back(std::move(current));
+  return groups;
+}
+
+// Everything one group needs, carved from the call's one allocation (sized for the largest group of
+// the largest part).
+struct Workspace {
+  float* packed = nullptr;         // packed_blocks * block_floats
+  uint8_t* block_flags = nullptr;  // packed_blocks
+  float* scratch = nullptr;        // threads * scratch_floats
+  float* partial_o = nullptr;      // partial_rows * splits * dv_pad (split plans only)
+  float* partial_ml = nullptr;     // 2 * partial_rows * splits (split plans only)
+  int64_t partial_rows = 0;        // capacity, rows
+};
+
+// Workspace kept between calls, used only by the caller that holds the pool: re-faulting tens of
+// MiB of fresh pages on every call costs as much as packing them. Bounded by kArenaLimitFloats;
+// larger requests allocate per call.
+constexpr int64_t kArenaLimitFloats = int64_t{96} << 18;  // 96 MiB
+struct Arena {
+  AlignedBuffer<float> buffer;
+  int64_t floats = 0;
+};
+Arena& shared_arena() {
+  static Arena arena;
+  return arena;
+}
+
+// The sizes of the parts of a Workspace for `plan` and its groups, in floats.
+struct WorkspaceSizes {
+  int64_t packed_blocks = 0;
+  int64_t partial_rows = 0;  // split plans only
+  int64_t packed = 0, flags = 0, scratch = 0, partial_o = 0, partial_ml = 0;
+  int64_t total() const { return packed + flags + scratch + partial_o + partial_ml; }
+};
+
+WorkspaceSizes workspace_sizes(const plan::FwdPlan& plan, const std::vector<Group>& groups) {
+  WorkspaceSizes sizes;
+  for (const Group& group : groups) {
+    sizes.packed_blocks = std::max(sizes.packed_blocks, group.packed_blocks);
+    sizes.partial_rows = std::max(sizes.partial_rows, group.partial_rows);
+  }
+  if (plan.num_splits == 1) sizes.partial_rows = 0;
+  sizes.packed = sizes.packed_blocks * plan.layout.block_floats;
+  sizes.flags = round_up(sizes.packed_blocks, 64) / 4;
+  sizes.scratch = plan.threads * plan.scratch_floats;
+  sizes.partial_o = round_up(sizes.partial_rows * plan.num_splits * plan.layout.dv_pad, 16);
+  sizes.partial_ml = round_up(2 * sizes.partial_rows * plan.num_splits, 16);
+  return sizes;
+}
+
+// At least `floats` of memory: the cached arena when this caller may use it and it is within
+// kArenaLimitFloats, else `owned`, allocated here.
+float* reserve_workspace(int64_t floats, bool may_use_arena, AlignedBuffer<float>* owned) {
+  if (may_use_arena && floats <= kArenaLimitFloats) {
+    Arena& arena = shared_arena();
+    if (arena.floats < floats) {
+      arena.buffer.allocate(0);
+      arena.floats = 0;
+      arena.buffer.allocate(floats);
+      arena.floats = floats;
+    }
+    return arena.buffer.get();
+  }
+  owned->allocate(floats);
+  return owned->get();
+}
+
+// The Workspace of sizes `sizes` (workspace_sizes of `plan`), carved from `base`, which holds at
+// least sizes.total() floats.
+Workspace carve_workspace(const plan::FwdPlan& plan, const WorkspaceSizes& sizes, float* base) {
+  const bool split = plan.num_splits > 1;
+  Workspace ws;
+  ws.partial_rows = sizes.partial_rows;
+  ws.packed = base;
+  ws.block_flags = reinterpret_cast<uint8_t*>(base + sizes.packed);
+  ws.scratch = base + sizes.packed + sizes.flags;
+  ws.partial_o = split ? ws.scratch + sizes.scratch : nullptr;
+  ws.partial_ml = split ? ws.partial_o + sizes.partial_o : nullptr;
+  return ws;
+}
+
+// The attend tasks of one group, pair by pair: pairs in decreasing total cost, and each pair's
+// tasks most expensive first. Expensive work first keeps the threads' finishing times close
+// (causal q blocks differ in cost up to Sk/64 times, varlen sequences far more), and keeping a
+// pair's tasks together keeps its packed K/V (up to a few MiB) in the caches while they run: a
+// plain most-expensive-first order over the whole group interleaves every pair's causal q blocks,
+// and each task then streams its panel from L3.
+std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& plan,
+                                    const Workspace& ws, const std::vector<Pair>& pairs,
+                                    const Group& group) {
+  const PackedLayout& layout = plan.layout;
+  const int64_t group_size = args.group_size();
+  const int64_t splits = plan.num_splits;
+  std::vector<AttendTask> tasks;
+  std::vector<int64_t> costs;
+  std::vector<int64_t> pair_of_task;
+  std::vector<int64_t> pair_costs(group.pairs, 0);
+  // Streaming: one task (per split) holds every query row of stream_heads_k consecutive kv heads
+  // of one sequence; packed: one task per query head and q block.
+  int64_t p = group.first_pair;
+  while (p < group.first_pair + group.pairs) {
+    const Pair& pair = pairs[p];
+    int64_t heads_k = 1;
+    while (plan.streaming && heads_k < plan.stream_heads_k &&
+           p + heads_k < group.first_pair + group.pairs &&
+           pairs[p + heads_k].seq.batch == pair.seq.batch) {
+      ++heads_k;
+    }
+    const int64_t q_blocks = ceil_div(pair.seq.seqlen_q, plan.q_block_rows);
+    const int64_t blocks_per_split = plan.blocks_per_split(pair.blocks);
+    const int64_t heads_per_task = plan.streaming ? heads_k * group_size : 1;
+    for (int64_t g = 0; g < heads_k * group_size; g += heads_per_task) {
+      for (int64_t qb = 0; qb < q_blocks; ++qb) {
+        AttendTask task;
+        task.seq = pair.seq;
+        task.head_q_begin = pair.head_k * group_size + g;
+        task.heads = heads_per_task;
+        task.heads_k = plan.streaming ? heads_k : 1;
+        task.q_begin = qb * plan.q_block_rows;
+        task.q_end = std::min(task.q_begin + plan.q_block_rows, pair.seq.seqlen_q);
+        if (!plan.streaming) {
+          task.packed = ws.packed + pair.packed_first * layout.block_floats;
+          task.block_flags = ws.block_flags + pair.packed_first;
+        }
+        const BlockRange visible = visible_key_blocks(args, pair.seq, task.q_begin, task.q_end);
+        for (int64_t s = 0; s < splits; ++s) {
+          task.block_begin = std::min(s * blocks_per_split, pair.blocks);
+          task.block_end = std::min(task.block_begin + blocks_per_split, pair.blocks);
+          if (splits > 1) {
+            // Partial rows are ordered (pair, head in group, position); a task's rows are
+            // consecutive in that order (a streaming task covers every position).
+            const int64_t row = pair.partial_first + g * pair.seq.seqlen_q + task.q_begin;
+            const int64_t slot = row * splits + s;
+            task.partial.o = ws.partial_o + slot * layout.dv_pad;
+            task.partial.m = ws.partial_ml + slot;
+            task.partial.l = ws.partial_ml + ws.partial_rows * splits + slot;
+            task.partial.o_row_stride = splits * layout.dv_pad;
+            task.partial.ml_row_stride = splits;
+          }
+          const int64_t blocks = std::max<int64_t>(
+              0, std::min(task.block_end, visible.end) - std::max(task.block_begin, visible.begin));
+          tasks.push_back(task);
+          costs.push_back((task.q_end - task.q_begin) * task.heads * (blocks + 1));
+          pair_of_task.push_back(p - group.first_pair);
+          pair_costs[p - group.first_pair] += costs.back();
+        }
+      }
+    }
+    p += plan.streaming ? heads_k : 1;
+  }
+  std::vector<int64_t> order(tasks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    const int64_t pair_a = pair_of_task[a];
+    const int64_t pair_b = pair_of_task[b];
+    if (pair_a != pair_b) {
+      if (pair_costs[pair_a] != pair_costs[pair_b]) return pair_costs[pair_a] > pair_costs[pair_b];
+      return pair_a < pair_b;
+    }
+    return costs[a] > costs[b];
+  });
+  std::vector<AttendTask> sorted;
+  sorted.reserve(tasks.size());
+  for (int64_t index : order) sorted.push_back(tasks[index]);
+  return sorted;
+}
+
+// Merges the split partials of one group into out and lse, in split order.
+void merge_splits(const FwdArgs& args, const plan::FwdPlan& plan, const Workspace& ws,
+                  const runtime::PoolLease& lease, const std::vector<Pair>& pairs,
+                  const Group& group) {
+  const int64_t group_size = args.group_size();
+  const int64_t splits = plan.num_splits;
+  const int64_t dv_pad = plan.layout.dv_pad;
+  const bool has_sink = args.sinks != nullptr;
+  lease.run_each(group.pairs * group_size, [&](int64_t t, int) {
+    const Pair& pair = pairs[group.first_pair + t / group_size];
+    const int64_t g = t % group_size;
+    const int64_t head_q = pair.head_k * group_size + g;
+    const float sink = has_sink ? args.sinks[head_q * args.sinks_stride] : 0.f;
+    for (int64_t i = 0; i < pair.seq.seqlen_q; ++i) {
+      const int64_t slot = (pair.partial_first + g * pair.seq.seqlen_q + i) * splits;
+      RowPartials parts;
+      parts.count = splits;
+      parts.o = ws.partial_o + slot * dv_pad;
+      parts.m = ws.partial_ml + slot;
+      parts.l = ws.partial_ml + ws.partial_rows * splits + slot;
+      parts.o_stride = dv_pad;
+      parts.ml_stride = 1;
+      void* out_row = element_address(
+          args.out, args.dtype,
+          pair.seq.out_offset + i * args.out_row_stride + head_q * args.out_head_stride);
+      float* lse = args.lse == nullptr
+                       ? nullptr
+                       : args.lse + pair.seq.lse_offset + head_q * args.lse_head_stride +
+                             i * args.lse_row_stride;
+      combine_and_store_row(parts, has_sink, sink, args.head_dim_v, args.dtype, out_row, lse);
+    }
+  });
+}
+
+// The sequences of one plan: their (sequence, kv head) pairs, packing groups and tasks.
+struct PlannedPart {
+  plan::FwdPlan plan;
+  std::vector<Pair> pairs;
+  std::vector<Group> groups;
+  WorkspaceSizes sizes;
+  Workspace ws;
+};
+
+// The plan, pairs, packing groups and workspace sizes of `seqs` (non-empty, all of one FwdPath);
+// the workspace and tasks are filled in by the caller once every part is planned.
+PlannedPart plan_part(const FwdArgs& args, const FwdKernel& kernel, int threads,
+                      const std::vector<SeqInfo>& seqs) {
+  plan::PlanShape shape;
+  shape.sequences = static_cast<int64_t>(seqs.size());
+  for (const SeqInfo& seq : seqs) {
+    shape.max_seqlen_q = std::max(shape.max_seqlen_q, seq.seqlen_q);
+    shape.max_seqlen_k = std::max(shape.max_seqlen_k, seq.seqlen_k);
+  }
+  PlannedPart part;
+  part.plan = plan::make_fwd_plan(args, shape, kernel, threads);
+  part.pairs.reserve(seqs.size() * static_cast<size_t>(args.heads_k));
+  for (const SeqInfo& seq : seqs) {
+    for (int64_t head_k = 0; head_k < args.heads_k; ++head_k) {
+      Pair pair;
+      pair.seq = seq;
+      pair.head_k = head_k;
+      pair.blocks = key_blocks(seq);
+      part.pairs.push_back(pair);
+    }
+  }
+  part.groups = make_groups(args, part.plan, part.pairs);
+  part.sizes = workspace_sizes(part.plan, part.groups);
+  return part;
+}
+
+// Packs, attends and merges one part, group by group, on the leased pool; writes only the rows of
+// out and lse of the part's sequences.
+void run_part(const FwdArgs& args, const FwdKernel& kernel, const runtime::PoolLease& lease,
+              const PlannedPart& part) {
+  const plan::FwdPlan& plan = part.plan;
+  const PackedLayout& layout = plan.layout;
+  const std::vector<Pair>& pairs = part.pairs;
+  const Workspace& ws = part.ws;
+  for (const Group& group : part.groups) {
+    if (!plan.streaming) {
+      lease.run_each(group.packed_blocks, [&](int64_t t, int) {
+        // The pair that owns packed block t: the last one whose first block is <= t.
+        const auto first = pairs.begin() + group.first_pair;
+        const auto owner = std::upper_bound(first + 1, first + group.pairs, t,
+                                            [](int64_t block, const Pair& candidate) {
+                                              return block < candidate.packed_first;
+                                            }) -
+                           1;
+        const Pair& pair = *owner;
+        kernel.pack_block(args, layout, pair.seq, pair.head_k, t - pair.packed_first,
+                          ws.packed + t * layout.block_floats, ws.block_flags + t);
+      });
+    }
+    lease.run_each(static_cast<int64_t>(group.tasks.size()), [&](int64_t t, int worker) {
+      const Scratch scratch =
+          Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout, plan.panel_heads_k());
+      const AttendFn attend = plan.direct ? kernel.attend_direct : kernel.attend;
+      attend(args, layout, group.tasks[t], scratch);
+    });
+    if (plan.num_splits > 1) merge_splits(args, plan, ws, lease, pairs, group);
+  }
+}
+
+}  // namespace
+
+void run_fwd(const FwdArgs& args, anyattn_isa isa) {
+  if (args.batch == 0 || args.seqlen_q == 0 || args.heads_q == 0) return;  // out and lse empty
+  if (args.head_dim == 0 || args.head_dim_v == 0) {
+    if (args.head_dim_v == 0 && args.lse == nullptr) return;  // out has no columns, no lse
+    std::vector<float> out_scratch;
+    run_fwd(with_unit_head_dims(args, &out_scratch), isa);
+    return;
+  }
+  const FwdKernel* kernel = find_fwd_kernel(isa);
+  const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());
+
+  // Sequences by path (a varlen call's decode steps, short and long prefill chunks), each part
+  // planned on its own: one plan for the longest would pack every decode step's K/V. Parts run one
+  // after the other; they write disjoint rows of out and lse.
+  std::vector<SeqInfo> seqs_by_path[3];
+  for (int64_t b = 0; b < args.batch; ++b) {
+    const SeqInfo seq = sequence_info(args, b);
+    if (seq.seqlen_q == 0) continue;
+    seqs_by_path[static_cast<int>(plan::fwd_path(args, seq.seqlen_q))].push_back(seq);
+  }
+  std::vector<PlannedPart> parts;
+  for (const std::vector<SeqInfo>& seqs : seqs_by_path) {
+    if (!seqs.empty()) parts.push_back(plan_part(args, *kernel, lease.num_threads(), seqs));
+  }
+  // Every allocation happens before the first output is written: one workspace, large enough for
+  // any part, serves each in turn.
+  int64_t workspace_floats = 0;
+  for (const PlannedPart& part : parts) {
+    workspace_floats = std::max(workspace_floats, part.sizes.total());
+  }
+  AlignedBuffer<float> owned;
+  float* base = reserve_workspace(workspace_floats, lease.owns_pool(), &owned);
+  for (PlannedPart& part : parts) {
+    if (plan::verbose_enabled()) std::fprintf(stderr, "%s\n", part.plan.describe(args).c_str());
+    part.ws = carve_workspace(part.plan, part.sizes, base);
+    for (Group& group : part.groups) {
+      group.tasks = build_tasks(args, part.plan, part.ws, part.pairs, group);
+    }
+  }
+  for (const PlannedPart& part : parts) run_part(args, *kernel, lease, part);
+}
+
+}  // namespace anyattn::cpu

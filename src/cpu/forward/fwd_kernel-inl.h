@@ -1,0 +1,828 @@
+// The fused forward block loop, written once against the Vec interface and compiled once per ISA.
+//
+// Included by fwd_<isa>.cc inside namespace anyattn::cpu::<isa>, inside that ISA's target region,
+// after Vec (simd/vec_<isa>.h), exp2/tanh (simd/vec_math-inl.h) and the tile shape:
+//   kScoreRows x kScoreVecs  query rows x key vectors of the S = Q K^T register tile
+//   kPvRows x kPvVecs        query rows x output-column vectors of the O += P V register tile
+//
+// Design (one AttendTask = up to 64 query rows of one head against a range of 64-key blocks):
+//
+//   Q rows are converted to f32 and pre-scaled once per task by softmax_scale, so scores come out
+//   in natural units (log2(e) is applied inside the exponent, (s - max) * log2(e), never to q or
+//   to a score: folding it in earlier overflows or underflows f32 for extreme scales and softcaps).
+//   K and V were packed by pack_block once per (batch, kv head) and are shared by every task of
+//   that kv head, including all query heads of a GQA group.
+//
+//   Per key block (64 keys):
+//     1. S[rows][64] = Q K^T with a kScoreRows x (kScoreVecs * lanes) register tile: per head-dim
+//        index d the tile loads kScoreVecs key vectors from the transposed panel kt[d][*] and
+//        broadcasts one q value per row, i.e. kScoreRows * kScoreVecs FMAs for
+//        kScoreRows + kScoreVecs loads. The 64-key panel (D * 256 bytes) stays in L1/L2 while all
+//        row tiles of the task pass over it; S (16 KiB for 64 rows) stays in L1. Each d step also
+//        prefetches one line of the next block's panel into L2 (PanelPrefetch).
+//     2. Softcap (vector tanh), ALiBi and the mask, in place on S. The mask is applied only to
+//        blocks that cross a row's window boundary or the end of the keys; blocks outside every
+//        row's window were never visited (the block range is clipped first).
+//     3. Online softmax per row: new max, P = 2^(S - max) in place, running sum; the output
+//        accumulators are rescaled only when the row max moves, and the max moves only when a
+//        block's scores rise more than 2^8 above it (kStaleMaxHeadroom).
+//     4. O[rows][dv_pad] += P V with a kPvRows x (kPvVecs * lanes) register tile over the packed
+//        V rows. O (64 rows x dv_pad floats) stays in L1/L2 for the whole task. On boundary blocks
+//        each row tile stops after the last key its rows may see: on a causal diagonal block that
+//        skips about half of the products.
+//   Memory traffic per task: Q rows once, each visited K/V block once from L2/L3, out/lse once.
+//   Nothing of size Sq x Sk exists anywhere.
+
+constexpr int kLanes = Vec::kLanes;
+constexpr int64_t kScoreKeys = kScoreVecs * kLanes;
+constexpr int64_t kPvCols = kPvVecs * kLanes;
+static_assert(kKeyBlock % kScoreKeys == 0, "score tiles must divide the key block");
+static_assert(16 % kLanes == 0, "dv_pad (a multiple of 16) must be a whole number of vectors");
+constexpr float kNegInfinity = -std::numeric_limits<float>::infinity();
+
+// ---------------------------------------------------------------------------------------------
+// S = Q K^T micro-kernel
+// ---------------------------------------------------------------------------------------------
+
+// Prefetch of the next key block's packed panel into L2, spread over the score loops of the current
+// block: each iteration of a score tile's head-dim loop issues one prefetcht1, so the 4 * (D + Dv)
+// lines of a panel go out one per 38 or so instructions instead of in a burst, and the next block
+// is in L2 when its first row tile starts. Without it that first tile waits on L3 for K (and the
+// first P V tile for V) in every block: a pair's packed K/V (2 MiB at S = 2048, D = 128) is
+// usually larger than L2. One block ahead is enough; two ahead gain nothing (measured:
+// bench/MEASUREMENTS.md, "Design constants").
+struct PanelPrefetch {
+  const char* line;  // prefetched on the first iteration, then advanced by `step`
+  int64_t step;      // 64, or 0 to prefetch one cached line over and over (nothing left to fetch)
+};
+
+// Hands out windows of the next panel, one per score tile, in order; the last window is moved
+// back to end at the panel's end (re-prefetching a few lines) so that no prefetch leaves the panel.
+class NextPanelPrefetch {
+ public:
+  // `next` (or null when this is the task's last block): the next panel, `bytes` long;
+  // `current`: any line of the current panel, prefetched when nothing else is left.
+  NextPanelPrefetch(const void* next, int64_t bytes, const void* current)
+      : next_(static_cast<const char*>(next)),
+        bytes_(next == nullptr ? 0 : bytes),
+        idle_{static_cast<const char*>(current), 0} {}
+
+  // The window for a tile whose loop runs `iterations` times.
+  PanelPrefetch window(int64_t iterations) {
+    const int64_t window_bytes = iterations * 64;
+    if (offset_ >= bytes_ || window_bytes > bytes_) return idle_;
+    const int64_t start = std::min(offset_, bytes_ - window_bytes);
+    offset_ += window_bytes;
+    return {next_ + start, 64};
+  }
+
+ private:
+  const char* next_;
+  int64_t bytes_;
+  int64_t offset_ = 0;
+  PanelPrefetch idle_;
+};
+
+// s[r][0..kScoreKeys) = sum_d q[r][d] * kt[d][0..kScoreKeys) for R rows, prefetching one line of
+// `ahead` per d. q: R rows, stride ldq. kt: head_dim rows of kKeyBlock floats. s: R rows, stride
+// kKeyBlock.
+template <int R>
+inline void score_tile(const float* q, int64_t ldq, const float* kt, int64_t head_dim, float* s,
+                       PanelPrefetch ahead) {
+  Vec acc[R][kScoreVecs];
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < kScoreVecs; ++n) acc[r][n] = Vec::zero();
+  }
+  for (int64_t d = 0; d < head_dim; ++d) {
+    prefetch_line_l2(ahead.line);
+    ahead.line += ahead.step;
+    Vec keys[kScoreVecs];
+    for (int n = 0; n < kScoreVecs; ++n) keys[n] = Vec::load(kt + d * kKeyBlock + n * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const Vec q_rd = Vec::broadcast(q[r * ldq + d]);
+      for (int n = 0; n < kScoreVecs; ++n) acc[r][n] = fma(q_rd, keys[n], acc[r][n]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < kScoreVecs; ++n) acc[r][n].store(s + r * kKeyBlock + n * kLanes);
+  }
+}
+
+template <int R>
+inline void score_rows(const float* q, int64_t ldq, const float* kt, int64_t head_dim, float* s,
+                       NextPanelPrefetch* ahead) {
+  for (int64_t c = 0; c < kKeyBlock; c += kScoreKeys)
+    score_tile<R>(q, ldq, kt + c, head_dim, s + c, ahead->window(head_dim));
+}
+
+// Rows that do not fill a whole tile: dispatch the remaining count R = rows to a fixed-size tile.
+template <int R>
+inline void score_remainder(int64_t rows, const float* q, int64_t ldq, const float* kt,
+                            int64_t head_dim, float* s, NextPanelPrefetch* ahead) {
+  if constexpr (R >= 1) {
+    if (rows == R) {
+      score_rows<R>(q, ldq, kt, head_dim, s, ahead);
+    } else {
+      score_remainder<R - 1>(rows, q, ldq, kt, head_dim, s, ahead);
+    }
+  }
+}
+
+// S for `rows` query rows (q stride ldq) against one packed key block, prefetching the next
+// block's panel (`next`, `next_bytes`; null for none) into L2 on the way.
+inline void compute_scores(const float* q, int64_t ldq, int64_t rows, const float* kt,
+                           int64_t head_dim, float* s, const float* next, int64_t next_bytes) {
+  NextPanelPrefetch ahead(next, next_bytes, kt);
+  int64_t r = 0;
+  for (; r + kScoreRows <= rows; r += kScoreRows) {
+    score_rows<kScoreRows>(q + r * ldq, ldq, kt, head_dim, s + r * kKeyBlock, &ahead);
+  }
+  score_remainder<kScoreRows - 1>(rows - r, q + r * ldq, ldq, kt, head_dim, s + r * kKeyBlock,
+                                  &ahead);
+}
+
+// ---------------------------------------------------------------------------------------------
+// O += P V micro-kernel
+// ---------------------------------------------------------------------------------------------
+
+// o[r][0..NV*lanes) += sum_{j < keys} p[r][j] * v[j][0..NV*lanes) for R rows.
+// p: R rows, stride kKeyBlock. v: keys rows, stride ldv. o: R rows, stride ldo.
+// Always inlined: called from the templated block loop attend_blocks<Products>, GCC 12 does not
+// inline the main 6 x 4 tile by itself, and the call costs the f32 forward a few percent.
+template <int R, int NV>
+__attribute__((always_inline)) inline void pv_tile(const float* p, const float* v, int64_t ldv,
+                                                   int64_t keys, float* o, int64_t ldo) {
+  Vec acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < NV; ++n) acc[r][n] = Vec::load(o + r * ldo + n * kLanes);
+  }
+  for (int64_t j = 0; j < keys; ++j) {
+    Vec values[NV];
+    for (int n = 0; n < NV; ++n) values[n] = Vec::load(v + j * ldv + n * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const Vec p_rj = Vec::broadcast(p[r * kKeyBlock + j]);
+      for (int n = 0; n < NV; ++n) acc[r][n] = fma(p_rj, values[n], acc[r][n]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < NV; ++n) acc[r][n].store(o + r * ldo + n * kLanes);
+  }
+}
+
+// Column vectors that do not fill a whole tile: dispatch the remaining count to a fixed size.
+template <int R, int NV>
+inline void pv_column_remainder(int64_t vectors, const float* p, const float* v, int64_t ldv,
+                                int64_t keys, float* o, int64_t ldo) {
+  if constexpr (NV >= 1) {
+    if (vectors == NV) {
+      pv_tile<R, NV>(p, v, ldv, keys, o, ldo);
+    } else {
+      pv_column_remainder<R, NV - 1>(vectors, p, v, ldv, keys, o, ldo);
+    }
+  }
+}
+
+template <int R>
+inline void pv_rows(const float* p, const float* v, int64_t keys, float* o, int64_t dv_pad) {
+  int64_t c = 0;
+  for (; c + kPvCols <= dv_pad; c += kPvCols)
+    pv_tile<R, kPvVecs>(p, v + c, dv_pad, keys, o + c, dv_pad);
+  pv_column_remainder<R, kPvVecs - 1>((dv_pad - c) / kLanes, p, v + c, dv_pad, keys, o + c, dv_pad);
+}
+
+template <int R>
+inline void pv_remainder(int64_t rows, const float* p, const float* v, int64_t keys, float* o,
+                         int64_t dv_pad) {
+  if constexpr (R >= 1) {
+    if (rows == R) {
+      pv_rows<R>(p, v, keys, o, dv_pad);
+    } else {
+      pv_remainder<R - 1>(rows, p, v, keys, o, dv_pad);
+    }
+  }
+}
+
+// Keys a tile of rows [r0, r0 + count) must accumulate: all `keys`, or with row_keys (row r's
+// probabilities are 0 from key row_keys[r] on) the largest row_keys of the tile.
+inline int64_t tile_keys(const int64_t* row_keys, int64_t r0, int64_t count, int64_t keys) {
+  if (row_keys == nullptr) return keys;
+  int64_t most = 0;
+  for (int64_t r = r0; r < r0 + count; ++r) most = std::max(most, row_keys[r]);
+  return std::min(most, keys);
+}
+
+// O[rows][dv_pad] += P[rows][0..keys) V[0..keys)[dv_pad]. row_keys (or null): per row, where its
+// probabilities become zero for good (the mask's right edge in a boundary block); each row tile
+// stops at the largest of its rows, which on a causal diagonal block halves the work.
+inline void accumulate_pv(const float* p, int64_t rows, const float* v, int64_t keys, float* o,
+                          int64_t dv_pad, const int64_t* row_keys) {
+  int64_t r = 0;
+  for (; r + kPvRows <= rows; r += kPvRows) {
+    pv_rows<kPvRows>(p + r * kKeyBlock, v, tile_keys(row_keys, r, kPvRows, keys), o + r * dv_pad,
+                     dv_pad);
+  }
+  pv_remainder<kPvRows - 1>(rows - r, p + r * kKeyBlock, v, tile_keys(row_keys, r, rows - r, keys),
+                            o + r * dv_pad, dv_pad);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Score transforms, mask, online softmax
+// ---------------------------------------------------------------------------------------------
+
+// Keys [lo, hi) of the block starting at key j0 that query row i may see, clipped to [0, 64).
+struct VisibleRange {
+  int64_t lo;
+  int64_t hi;
+};
+inline VisibleRange visible_in_block(const FwdArgs& args, const SeqInfo& seq, int64_t i,
+                                     int64_t j0) {
+  const int64_t diagonal = i + seq.seqlen_k - seq.seqlen_q - j0;
+  int64_t lo = diagonal - args.window_left;
+  int64_t hi = diagonal + args.window_right + 1;
+  hi = std::min(hi, seq.seqlen_k - j0);
+  lo = std::max<int64_t>(lo, 0);
+  hi = std::min<int64_t>(hi, kKeyBlock);
+  return {lo, std::max(lo, hi)};
+}
+
+// The query rows of a task: row r is position q_begin + r % positions of query head
+// head_begin + r / positions.
+struct TaskRows {
+  int64_t q_begin;
+  int64_t positions;
+  int64_t head_begin;
+  int64_t count;
+  int64_t position(int64_t r) const { return q_begin + r % positions; }
+  int64_t head(int64_t r) const { return head_begin + r / positions; }
+};
+
+struct ScoreTransform {
+  // The factor the block products leave to the softmax: 1 where q is pre-scaled (the vector
+  // products), softmax_scale where S is the raw q . k (the tile products, whose bf16 q is kept
+  // unscaled). Applied in registers as the scores are first read.
+  float score_scale = 1.f;
+  bool softcap = false;
+  float softcap_value = 0.f;
+  float inverse_softcap = 0.f;
+  bool alibi = false;
+  const float* neg_slope = nullptr;  // per query head of the rows: -slope
+};
+
+// Applies transform.score_scale, softcap, ALiBi and (when `apply_mask`) the window/end-of-keys mask
+// to the scores of the task's rows for the key block starting at j0.
+inline void transform_scores(const FwdArgs& args, const SeqInfo& seq,
+                             const ScoreTransform& transform, bool apply_mask, const TaskRows& rows,
+                             int64_t j0, float* s) {
+  const Vec iota = Vec::iota();
+  const Vec negative_infinity = Vec::broadcast(kNegInfinity);
+  const Vec cap = Vec::broadcast(transform.softcap_value);
+  const Vec inverse_cap = Vec::broadcast(transform.inverse_softcap);
+  const Vec score_scale = Vec::broadcast(transform.score_scale);
+  for (int64_t r = 0; r < rows.count; ++r) {
+    float* s_row = s + r * kKeyBlock;
+    const int64_t i = rows.position(r);
+    const VisibleRange range =
+        apply_mask ? visible_in_block(args, seq, i, j0) : VisibleRange{0, kKeyBlock};
+    const float lo = static_cast<float>(range.lo);
+    const float hi = static_cast<float>(range.hi);
+    const Vec slope =
+        Vec::broadcast(transform.alibi ? transform.neg_slope[r / rows.positions] : 0.f);
+    // Distance origin for ALiBi: key j is at |diagonal - (j - j0)| from the diagonal.
+    const Vec diagonal = Vec::broadcast(static_cast<float>(i + seq.seqlen_k - seq.seqlen_q - j0));
+    for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
+      Vec x = Vec::load(s_row + c) * score_scale;
+      const Vec position = iota + Vec::broadcast(static_cast<float>(c));
+      if (transform.softcap) x = cap * tanh(x * inverse_cap);
+      if (transform.alibi) x = fma(slope, abs(diagonal - position), x);
+      if (apply_mask) x = select_in_range(x, position, lo, hi, negative_infinity);
+      x.store(s_row + c);
+    }
+  }
+}
+
+// How far (in log2 units) a block's scores may rise above a row's running max before the max is
+// moved. Below it the block's probabilities are taken relative to the old max: they stay under
+// 2^8, far inside the f32 range, and the block costs no horizontal max and no rescaling of o. The
+// row's partial (o, m, l) stays consistent, l = sum_j 2^((s_j - m) log2 e) for whatever m it
+// holds, so out and lse are the same up to rounding.
+constexpr float kStaleMaxHeadroom = 8.f;
+
+// One online-softmax step for one row and one key block: s_row (64 scores, natural units once
+// multiplied by score_scale, used only with kScaled; masked = -inf) becomes probabilities relative
+// to the row's max *m, which moves to the block's max only when a score exceeds it by more than
+// kStaleMaxHeadroom (log2 units) or when the row has no max yet; o_row and the row's lane sums
+// l_lanes (kLanes partial denominators) are rescaled when it moves. NaN scores make the row NaN,
+// and so does a +inf score (an infinite input, or a product beyond the f32 range), as in exact
+// arithmetic (inf - inf).
+template <bool kScaled>
+inline void online_softmax_row(float* s_row, float score_scale, float* m, float* l_lanes,
+                               float* o_row, int64_t dv_pad) {
+  constexpr int kVectors = static_cast<int>(kKeyBlock / kLanes);
+  const float old_max = *m;
+  const Vec log2e = Vec::broadcast(kLog2e);
+  const Vec scale = Vec::broadcast(score_scale);
+  // The scores in natural units: the multiply rounds exactly as a separate scaling pass would.
+  auto score = [&](int64_t c) {
+    return kScaled ? Vec::load(s_row + c) * scale : Vec::load(s_row + c);
+  };
+  if (std::isfinite(old_max)) {
+    const Vec shift = Vec::broadcast(old_max);
+    Vec exponents[kVectors];
+    Vec highest = Vec::broadcast(kNegInfinity);
+    for (int c = 0; c < kVectors; ++c) {
+      exponents[c] = (score(c * kLanes) - shift) * log2e;
+      highest = max_keep_b_nan(exponents[c], highest);
+    }
+    if (!any_above(highest, kStaleMaxHeadroom)) {
+      // Every exponent is <= 8 or NaN (`highest` skips NaN lanes but never becomes NaN itself);
+      // a NaN makes the row NaN through l.
+      Vec sum = Vec::zero();
+      for (int c = 0; c < kVectors; ++c) {
+        const Vec p = exp2_not_above_128(exponents[c]);
+        p.store(s_row + c * kLanes);
+        sum = sum + p;
+      }
+      (Vec::load(l_lanes) + sum).store(l_lanes);
+      return;
+    }
+  }
+  Vec block_max_vec = score(0);
+  for (int64_t c = kLanes; c < kKeyBlock; c += kLanes) {
+    block_max_vec = max_keep_b_nan(score(c), block_max_vec);
+  }
+  float block_max = reduce_max(block_max_vec);
+  if (block_max == kNegInfinity) {
+    // Every lane is -inf or NaN; the vector max may have dropped a NaN, so look.
+    for (int64_t j = 0; j < kKeyBlock; ++j) {
+      if (std::isnan(s_row[j])) block_max = s_row[j];
+    }
+  }
+  const float new_max = std::isnan(block_max) || block_max > old_max ? block_max : old_max;
+  if (new_max == kNegInfinity) {
+    for (int64_t c = 0; c < kKeyBlock; c += kLanes) Vec::zero().store(s_row + c);
+    return;
+  }
+  const Vec shift = Vec::broadcast(new_max);
+  Vec sum = Vec::zero();
+  for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
+    // Clamped exp2: a NaN lane can hide a larger score from the vector max above, so s - max may
+    // be positive here (the row is NaN then, through that NaN's probability).
+    const Vec p = exp2((score(c) - shift) * log2e);
+    p.store(s_row + c);
+    sum = sum + p;
+  }
+  Vec lanes = Vec::load(l_lanes);
+  if (!(new_max == old_max)) {
+    const float alpha = std::exp(old_max - new_max);
+    const Vec scale = Vec::broadcast(alpha);
+    lanes = lanes * scale;
+    for (int64_t c = 0; c < dv_pad; c += kLanes) (Vec::load(o_row + c) * scale).store(o_row + c);
+  }
+  (lanes + sum).store(l_lanes);
+  *m = new_max;
+}
+
+// The denominator of a row whose lane sums are at l_lanes.
+inline float row_denominator(const float* l_lanes) {
+  return reduce_add(Vec::load(l_lanes));
+}
+
+// Dropout on one block of probabilities, after the softmax update (the denominator keeps every
+// probability): P_ij becomes P_ij / (1 - p) where kept and 0 where dropped. The keep mask comes
+// from cpu/shared/philox.h, a pure function of (seed, offset, b, h, i, j) shared with the backward.
+inline void apply_dropout(const FwdArgs& args, const SeqInfo& seq, const TaskRows& rows, int64_t j0,
+                          float* s) {
+  for (int64_t r = 0; r < rows.count; ++r) {
+    float* p_row = s + r * kKeyBlock;
+    for (int64_t c = 0; c < kKeyBlock; c += 16) {
+      const uint32_t keep = dropout_keep_bits16(args.dropout_key, seq.batch, rows.head(r),
+                                                rows.position(r), j0 + c, args.dropout_threshold);
+      for (int t = 0; t < 16; ++t) {
+        p_row[c + t] = (keep >> t) & 1u ? p_row[c + t] * args.dropout_scale : 0.f;
+      }
+    }
+  }
+}
+
+// O += P V restricted, per row, to the keys the row may see. Used for boundary blocks whose V
+// holds NaN or infinity, where 0 * inf from a masked key would otherwise leak NaN into the row.
+inline void accumulate_pv_visible_only(const FwdArgs& args, const SeqInfo& seq,
+                                       const TaskRows& rows, int64_t j0, const float* p,
+                                       const float* v, float* o, int64_t dv_pad) {
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const VisibleRange range = visible_in_block(args, seq, rows.position(r), j0);
+    for (int64_t j = range.lo; j < range.hi; ++j) {
+      const Vec p_rj = Vec::broadcast(p[r * kKeyBlock + j]);
+      for (int64_t c = 0; c < dv_pad; c += kLanes) {
+        fma(p_rj, Vec::load(v + j * dv_pad + c), Vec::load(o + r * dv_pad + c))
+            .store(o + r * dv_pad + c);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing
+// ---------------------------------------------------------------------------------------------
+
+// dst[0..n) = the n elements of `dtype` at src, as f32.
+inline void convert_row(const void* src, DType dtype, int64_t n, float* dst) {
+  int64_t i = 0;
+  if (dtype == DType::kF32) {
+    const float* from = static_cast<const float*>(src);
+    for (; i + kLanes <= n; i += kLanes) Vec::load(from + i).store(dst + i);
+  } else if (dtype == DType::kBF16) {
+    const uint16_t* from = static_cast<const uint16_t*>(src);
+    for (; i + kLanes <= n; i += kLanes) Vec::load_bf16(from + i).store(dst + i);
+  } else {
+    const uint16_t* from = static_cast<const uint16_t*>(src);
+    for (; i + kLanes <= n; i += kLanes) Vec::load_f16(from + i).store(dst + i);
+  }
+  for (; i < n; ++i) dst[i] = load_element(src, dtype, i);
+}
+
+// Keys ahead of the row being converted whose rows are prefetched into L1 (kPrefetchKeys) and,
+// earlier, into L2 (kPrefetchKeysL2): the hardware prefetchers stop at every 4 KiB page, and with
+// all heads of a key row contiguous a page holds only one or two rows, so without this the core
+// waits on memory at almost every row. The L2 step keeps the L1 fill buffers from waiting a whole
+// trip to memory (as in the direct decode loop; docs/design.md, section 6); 24 to 64 keys ahead
+// perform alike (measured: bench/MEASUREMENTS.md, "Design constants").
+constexpr int64_t kPrefetchKeys = 8;
+constexpr int64_t kPrefetchKeysL2 = 32;
+
+// Prefetches the row of key `key` (absolute, within `seq`) of kv head `head` of `tensor` (k or v,
+// with its strides, `bytes` per row) kPrefetchKeys keys ahead into L1 and kPrefetchKeysL2 keys
+// ahead into L2, wherever those keys exist.
+inline void prefetch_rows_ahead(const FwdArgs& args, const SeqInfo& seq, const void* tensor,
+                                int64_t batch_stride, int64_t row_stride, int64_t head_stride,
+                                int64_t key, int64_t head, int64_t bytes) {
+  if (key + kPrefetchKeys < seq.seqlen_k) {
+    const int64_t ahead =
+        key_row_offset(args, seq, key + kPrefetchKeys, head, batch_stride, row_stride, head_stride);
+    prefetch_bytes(element_address(tensor, args.dtype, ahead), bytes);
+  }
+  if (key + kPrefetchKeysL2 < seq.seqlen_k) {
+    const int64_t ahead = key_row_offset(args, seq, key + kPrefetchKeysL2, head, batch_stride,
+                                         row_stride, head_stride);
+    prefetch_bytes_l2(element_address(tensor, args.dtype, ahead), bytes);
+  }
+}
+
+// Packs key block `block` of kv heads [head_k, head_k + heads_k) of sequence `seq` into
+// `heads_k` consecutive panels of PackedLayout::block_floats floats, and sets block_flags[h] to
+// kBlockVNonfinite if head h's packed V holds a NaN or infinity, else 0.
+//
+// Memory order: each key row is read for all heads before the next row (rows of one head are
+// Hk * D elements apart, rows of all heads are contiguous), so a multi-head call sweeps memory
+// sequentially. K rows are converted into `staging` (heads_k * lanes rows of round_up(D, 16)
+// floats) one chunk of `lanes` keys at a time and transposed tile by tile into kt[d][j].
+void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
+                      int64_t head_k, int64_t heads_k, int64_t block, float* panels, float* staging,
+                      uint8_t* block_flags) {
+  const int64_t j0 = block * kKeyBlock;
+  const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
+  const int64_t head_dim = args.head_dim;
+  const int64_t head_dim_v = args.head_dim_v;
+  const int64_t dv_pad = layout.dv_pad;
+  const int64_t d_pad = round_up(head_dim, kLanes);
+  const int64_t stage_stride = round_up(head_dim, 16);
+
+  alignas(64) float transposed[kLanes * kLanes];
+  for (int64_t chunk = 0; chunk < kKeyBlock; chunk += kLanes) {
+    for (int64_t jj = 0; jj < kLanes; ++jj) {
+      const int64_t j = chunk + jj;
+      for (int64_t h = 0; h < heads_k; ++h) {
+        float* staged = staging + (h * kLanes + jj) * stage_stride;
+        prefetch_rows_ahead(args, seq, args.k, args.k_batch_stride, args.k_row_stride,
+                            args.k_head_stride, j0 + j, head_k + h,
+                            head_dim * element_size(args.dtype));
+        if (j < keys) {
+          const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.k_batch_stride,
+                                                args.k_row_stride, args.k_head_stride);
+          convert_row(element_address(args.k, args.dtype, offset), args.dtype, head_dim, staged);
+          for (int64_t d = head_dim; d < d_pad; ++d) staged[d] = 0.f;
+        } else {
+          for (int64_t d = 0; d < d_pad; d += kLanes) Vec::zero().store(staged + d);
+        }
+      }
+    }
+    for (int64_t h = 0; h < heads_k; ++h) {
+      const float* stage = staging + h * kLanes * stage_stride;
+      float* kt = panels + h * layout.block_floats;
+      for (int64_t d0 = 0; d0 < d_pad; d0 += kLanes) {
+        if (d0 + kLanes <= head_dim) {
+          transpose_tile(stage + d0, stage_stride, kt + d0 * kKeyBlock + chunk, kKeyBlock);
+        } else {
+          transpose_tile(stage + d0, stage_stride, transposed, kLanes);
+          for (int64_t d = d0; d < head_dim; ++d) {
+            Vec::load(transposed + (d - d0) * kLanes).store(kt + d * kKeyBlock + chunk);
+          }
+        }
+      }
+    }
+  }
+
+  // Every product x * 0 is 0 for finite x and NaN for NaN or +-inf.
+  Vec finite_check[kMaxQBlockRows];
+  for (int64_t h = 0; h < heads_k; ++h) finite_check[h] = Vec::zero();
+  for (int64_t j = 0; j < kKeyBlock; ++j) {
+    for (int64_t h = 0; h < heads_k; ++h) {
+      float* v_row = panels + h * layout.block_floats + layout.kt_floats + j * dv_pad;
+      if (j >= keys) {
+        for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::zero().store(v_row + c);
+        continue;
+      }
+      prefetch_rows_ahead(args, seq, args.v, args.v_batch_stride, args.v_row_stride,
+                          args.v_head_stride, j0 + j, head_k + h,
+                          head_dim_v * element_size(args.dtype));
+      const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.v_batch_stride,
+                                            args.v_row_stride, args.v_head_stride);
+      convert_row(element_address(args.v, args.dtype, offset), args.dtype, head_dim_v, v_row);
+      for (int64_t c = head_dim_v; c < dv_pad; ++c) v_row[c] = 0.f;
+      for (int64_t c = 0; c < dv_pad; c += kLanes) {
+        finite_check[h] = finite_check[h] + Vec::load(v_row + c) * Vec::zero();
+      }
+    }
+  }
+  for (int64_t h = 0; h < heads_k; ++h) {
+    block_flags[h] = std::isnan(reduce_add(finite_check[h])) ? kBlockVNonfinite : 0;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The task
+// ---------------------------------------------------------------------------------------------
+
+// Turns the scores of the rows of one kv head for the key block at j0 into probabilities, in
+// place: softcap, ALiBi and (on boundary blocks) the mask, the online softmax (which rescales the
+// rows of o whose max moved) and dropout. neg_slopes: the negated ALiBi slope of each query head
+// of head_rows; m, l, o: the rows' running max, denominator and output.
+inline void scores_to_probabilities(const FwdArgs& args, const SeqInfo& seq,
+                                    ScoreTransform transform, const float* neg_slopes,
+                                    bool crosses_boundary, const TaskRows& head_rows, int64_t j0,
+                                    float* s, float* m, float* l, float* o, int64_t dv_pad) {
+  if (transform.softcap || transform.alibi || crosses_boundary) {
+    transform.neg_slope = neg_slopes;
+    transform_scores(args, seq, transform, crosses_boundary, head_rows, j0, s);
+    transform.score_scale = 1.f;
+  }
+  for (int64_t r = 0; r < head_rows.count; ++r) {
+    float* s_row = s + r * kKeyBlock;
+    float* l_row = l + r * kRowSumSlots;
+    if (transform.score_scale == 1.f) {
+      online_softmax_row<false>(s_row, 1.f, m + r, l_row, o + r * dv_pad, dv_pad);
+    } else {
+      online_softmax_row<true>(s_row, transform.score_scale, m + r, l_row, o + r * dv_pad, dv_pad);
+    }
+  }
+  if (args.dropout_threshold != 0) apply_dropout(args, seq, head_rows, j0, s);
+}
+
+// The rows of a task.
+inline TaskRows task_rows(const AttendTask& task) {
+  const int64_t positions = task.q_end - task.q_begin;
+  return TaskRows{task.q_begin, positions, task.head_q_begin, positions * task.heads};
+}
+
+// The task's softcap and ALiBi settings; neg_slopes (room for kMaxQBlockRows heads) receives the
+// negated slope of each of the task's query heads.
+inline ScoreTransform task_transform(const FwdArgs& args, const AttendTask& task,
+                                     float* neg_slopes) {
+  ScoreTransform transform;
+  transform.softcap = args.softcap > 0.f;
+  transform.softcap_value = args.softcap;
+  transform.inverse_softcap = transform.softcap ? 1.f / args.softcap : 0.f;
+  transform.alibi = args.alibi_slopes != nullptr;
+  transform.neg_slope = neg_slopes;
+  for (int64_t h = 0; transform.alibi && h < task.heads; ++h) {
+    const float slope = args.alibi_slopes[task.seq.batch * args.alibi_batch_stride +
+                                          (task.head_q_begin + h) * args.alibi_head_stride];
+    neg_slopes[h] = -slope;
+  }
+  return transform;
+}
+
+// Loads the task's query rows into scratch.q (converted, rotated for a KV cache with rotary,
+// pre-scaled, zero from D to q_stride).
+inline void load_scaled_queries(const FwdArgs& args, const PackedLayout& layout,
+                                const AttendTask& task, const TaskRows& rows,
+                                const Scratch& scratch) {
+  const SeqInfo& seq = task.seq;
+  const int64_t head_dim = args.head_dim;
+  const float q_scale = args.softmax_scale;
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const int64_t offset =
+        seq.q_offset + rows.position(r) * args.q_row_stride + rows.head(r) * args.q_head_stride;
+    float* q_row = scratch.q + r * layout.q_stride;
+    convert_row(element_address(args.q, args.dtype, offset), args.dtype, head_dim, q_row);
+    if (args.rotary_cos != nullptr) {
+      const int64_t position =
+          args.q_position[seq.batch] + (args.rotary_q_per_row ? rows.position(r) : 0);
+      apply_rotary(args.rotary_cos + position * args.rotary_stride,
+                   args.rotary_sin + position * args.rotary_stride, args.rotary_dim,
+                   args.rotary_interleaved, q_row);
+    }
+    for (int64_t d = head_dim; d < layout.q_stride; ++d) q_row[d] = 0.f;
+    const Vec scale = Vec::broadcast(q_scale);
+    for (int64_t d = 0; d < layout.q_stride; d += kLanes) {
+      (Vec::load(q_row + d) * scale).store(q_row + d);
+    }
+  }
+}
+
+// Resets the running max, denominator and output of the task's rows.
+inline void reset_rows(const PackedLayout& layout, const TaskRows& rows, const Scratch& scratch) {
+  for (int64_t r = 0; r < rows.count; ++r) {
+    scratch.m[r] = kNegInfinity;
+    Vec::zero().store(scratch.l + r * kRowSumSlots);
+    for (int64_t c = 0; c < layout.dv_pad; c += kLanes) {
+      Vec::zero().store(scratch.o + r * layout.dv_pad + c);
+    }
+  }
+}
+
+// Writes the task's rows: its partial (o, m, l) when the key range is split, else the final out
+// and lse rows.
+inline void finish_task(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                        const TaskRows& rows, const Scratch& scratch) {
+  const int64_t dv_pad = layout.dv_pad;
+  if (task.partial.o != nullptr) {
+    for (int64_t r = 0; r < rows.count; ++r) {
+      const float* o_row = scratch.o + r * dv_pad;
+      float* partial_o = task.partial.o + r * task.partial.o_row_stride;
+      for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::load(o_row + c).store(partial_o + c);
+      task.partial.m[r * task.partial.ml_row_stride] = scratch.m[r];
+      task.partial.l[r * task.partial.ml_row_stride] =
+          row_denominator(scratch.l + r * kRowSumSlots);
+    }
+    return;
+  }
+  const SeqInfo& seq = task.seq;
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const int64_t i = rows.position(r);
+    const int64_t head_q = rows.head(r);
+    const bool has_sink = args.sinks != nullptr;
+    const float sink = has_sink ? args.sinks[head_q * args.sinks_stride] : 0.f;
+    const float denominator = row_denominator(scratch.l + r * kRowSumSlots);
+    RowPartials parts;
+    parts.o = scratch.o + r * dv_pad;
+    parts.m = scratch.m + r;
+    parts.l = &denominator;
+    void* out_row =
+        element_address(args.out, args.dtype,
+                        seq.out_offset + i * args.out_row_stride + head_q * args.out_head_stride);
+    float* lse = args.lse == nullptr ? nullptr
+                                     : args.lse + seq.lse_offset + head_q * args.lse_head_stride +
+                                           i * args.lse_row_stride;
+    combine_and_store_row(parts, has_sink, sink, args.head_dim_v, args.dtype, out_row, lse);
+  }
+}
+
+// The key blocks a task visits (those any of its rows may see, clipped to its split), and which
+// of them need the mask.
+struct TaskBlocks {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t last_row_lo = 0;   // first key visible to the task's last row
+  int64_t first_row_hi = 0;  // last key visible to its first row
+  int64_t seqlen_k = 0;
+  // True when the block starting at key j0 holds a key some row of the task may not see.
+  bool crosses_boundary(int64_t j0) const {
+    return j0 < last_row_lo || j0 + kKeyBlock - 1 > first_row_hi || j0 + kKeyBlock > seqlen_k;
+  }
+};
+inline TaskBlocks task_blocks(const FwdArgs& args, const AttendTask& task) {
+  const SeqInfo& seq = task.seq;
+  const int64_t diagonal_offset = seq.seqlen_k - seq.seqlen_q;
+  const BlockRange visible = visible_key_blocks(args, seq, task.q_begin, task.q_end);
+  TaskBlocks blocks;
+  blocks.begin = std::max(task.block_begin, visible.begin);
+  blocks.end = std::min(task.block_end, visible.end);
+  blocks.last_row_lo = task.q_end - 1 + diagonal_offset - args.window_left;
+  blocks.first_row_hi = task.q_begin + diagonal_offset + args.window_right;
+  blocks.seqlen_k = seq.seqlen_k;
+  return blocks;
+}
+
+// The rows' visible key ends in the block at j0 (visible_in_block(...).hi), for accumulate_pv.
+inline void boundary_row_keys(const FwdArgs& args, const SeqInfo& seq, const TaskRows& rows,
+                              int64_t j0, int64_t* row_keys) {
+  for (int64_t r = 0; r < rows.count; ++r) {
+    row_keys[r] = visible_in_block(args, seq, rows.position(r), j0).hi;
+  }
+}
+
+// The two block products and what they need, as the vector micro-kernels above compute them: q
+// pre-scaled in f32, K and V packed as f32 panels (fwd_layout.h). attend_blocks is written against
+// this interface (one object per task); a path with other products (fwd_tiles_amx-inl.h) supplies
+// its own.
+struct VectorProducts {
+  void load_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                    const TaskRows& rows, const Scratch& scratch) {
+    load_scaled_queries(args, layout, task, rows, scratch);
+  }
+  static void pack(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
+                   int64_t head_k, int64_t heads_k, int64_t block, float* panels, float* staging,
+                   uint8_t* block_flags) {
+    pack_block_heads(args, layout, seq, head_k, heads_k, block, panels, staging, block_flags);
+  }
+  // q is pre-scaled: S needs no further factor.
+  static float score_scale(const FwdArgs& /*args*/) { return 1.f; }
+  // S for `rows` rows (q at q) against the packed block kt.
+  void scores(const FwdArgs& args, const PackedLayout& layout, const float* q, int64_t rows,
+              const float* kt, uint8_t /*block_flags*/, float* s, const float* next_panel) {
+    compute_scores(q, layout.q_stride, rows, kt, args.head_dim, s, next_panel,
+                   layout.block_floats * 4);
+  }
+  // O += P V for the rows of one kv head (head_rows) and the block at j0 (`keys` keys). On
+  // boundary blocks each row tile stops after its rows' last visible key; boundary blocks whose
+  // V holds NaN or infinity take the visible keys only (a masked key's P = 0 times infinity would
+  // be NaN); elsewhere every probability multiplied belongs to a visible key.
+  void pv(const FwdArgs& args, const SeqInfo& seq, const TaskRows& head_rows, int64_t j0,
+          int64_t keys, bool crosses_boundary, uint8_t block_flags, float* p, const float* v,
+          float* o, int64_t dv_pad) const {
+    if (crosses_boundary && (block_flags & kBlockVNonfinite) != 0) {
+      accumulate_pv_visible_only(args, seq, head_rows, j0, p, v, o, dv_pad);
+    } else if (crosses_boundary) {
+      int64_t row_keys[kMaxQBlockRows];
+      boundary_row_keys(args, seq, head_rows, j0, row_keys);
+      accumulate_pv(p, head_rows.count, v, keys, o, dv_pad, row_keys);
+    } else {
+      accumulate_pv(p, head_rows.count, v, keys, o, dv_pad, nullptr);
+    }
+  }
+  // Nothing is deferred: every pv call has updated O when it returns.
+  void finish() {}
+};
+
+// One AttendTask with the block products of `Products`.
+template <class Products>
+void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                   const Scratch& scratch) {
+  const TaskRows rows = task_rows(task);
+  const int64_t dv_pad = layout.dv_pad;
+  const int64_t head_k = task.head_q_begin / args.group_size();
+  const SeqInfo& seq = task.seq;
+  float neg_slopes[kMaxQBlockRows];
+  ScoreTransform transform = task_transform(args, task, neg_slopes);
+  transform.score_scale = Products::score_scale(args);
+  Products products;
+  products.load_queries(args, layout, task, rows, scratch);
+  reset_rows(layout, rows, scratch);
+
+  const TaskBlocks blocks = task_blocks(args, task);
+  // Rows of kv head h of the task: [h * rows_per_kv, (h + 1) * rows_per_kv).
+  const int64_t rows_per_kv = rows.count / task.heads_k;
+  const int64_t heads_per_kv = task.heads / task.heads_k;
+  uint8_t stream_flags[kMaxQBlockRows];
+  for (int64_t block = blocks.begin; block < blocks.end; ++block) {
+    const int64_t j0 = block * kKeyBlock;
+    const bool streaming = task.packed == nullptr;
+    if (streaming) {
+      Products::pack(args, layout, seq, head_k, task.heads_k, block, scratch.panel, scratch.staging,
+                     stream_flags);
+    }
+    const bool crosses_boundary = blocks.crosses_boundary(j0);
+    const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
+    for (int64_t h = 0; h < task.heads_k; ++h) {
+      const float* kt = streaming ? scratch.panel + h * layout.block_floats
+                                  : task.packed + block * layout.block_floats;
+      const uint8_t block_flags = streaming ? stream_flags[h] : task.block_flags[block];
+      const float* v_panel = kt + layout.kt_floats;
+      const int64_t r0 = h * rows_per_kv;
+      const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
+                               rows_per_kv};
+      float* s = scratch.s + r0 * kKeyBlock;
+      float* o = scratch.o + r0 * dv_pad;
+      // The packed panels of a (batch, kv head) are consecutive; streamed panels are built here.
+      const float* next_panel =
+          !streaming && block + 1 < blocks.end ? kt + layout.block_floats : nullptr;
+      products.scores(args, layout, scratch.q + r0 * layout.q_stride, rows_per_kv, kt, block_flags,
+                      s, next_panel);
+      scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv, crosses_boundary,
+                              head_rows, j0, s, scratch.m + r0, scratch.l + r0 * kRowSumSlots, o,
+                              dv_pad);
+      products.pv(args, seq, head_rows, j0, keys, crosses_boundary, block_flags, s, v_panel, o,
+                  dv_pad);
+    }
+  }
+
+  products.finish();
+  finish_task(args, layout, task, rows, scratch);
+}
+
+#if defined(ANYATTN_FWD_BF16_TILES)
+// This path packs and attends bf16 calls with tile products, and everything else as above.
+#include "cpu/amx/fwd_tiles_amx-inl.h"
+#else
+void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, int64_t head_k,
+                int64_t block, float* dst, uint8_t* block_flags) {
+  alignas(64) float staging[kLanes * 256];
+  pack_block_heads(args, layout, seq, head_k, 1, block, dst, staging, block_flags);
+}
+
+void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+            const Scratch& scratch) {
+  attend_blocks<VectorProducts>(args, layout, task, scratch);
+}
+#endif

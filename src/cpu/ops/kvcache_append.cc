@@ -1,0 +1,62 @@
+#include "cpu/ops/kvcache_append.h"
+
+#include "cpu/shared/half.h"
+#include "cpu/shared/rotary.h"
+#include "runtime/num_threads.h"
+#include "runtime/thread_pool.h"
+
+namespace anyattn::cpu {
+namespace {
+
+// Copies one row of `count` values of `dtype` from src to dst, rotating the first rotary_dim
+// values (pairs (2t, 2t+1) if interleaved, else (t, t + rotary_dim / 2)) when cos is non-null.
+void copy_row(const void* src, void* dst, DType dtype, int64_t count, const float* cos,
+              const float* sin, int64_t rotary_dim, bool interleaved) {
+  float row[256];
+  for (int64_t c = 0; c < count; ++c) row[c] = load_element(src, dtype, c);
+  if (cos != nullptr) apply_rotary(cos, sin, rotary_dim, interleaved, row);
+  for (int64_t c = 0; c < count; ++c) store_element(dst, dtype, c, row[c]);
+}
+
+}  // namespace
+
+void append_to_cache(const FwdArgs& args, const CacheAppend& append,
+                     const std::vector<int32_t>& cache_seqlens) {
+  if (append.new_tokens == 0 || args.batch == 0) return;
+  const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());
+  const bool rotary = !append.rotary_cos.empty();
+  const int64_t half = args.rotary_dim / 2;
+  lease.run_each(args.batch * append.new_tokens, [&](int64_t task, int) {
+    const int64_t b = task / append.new_tokens;
+    const int64_t t = task % append.new_tokens;
+    // The cache position of this token, as a key index of the sequence (key_row_offset adds the
+    // sequence's first cache position).
+    SeqInfo seq = sequence_info(args, b);
+    const int64_t key = cache_seqlens[b] + t - seq.k_first;
+    const float* cos = rotary ? append.rotary_cos.data() + task * half : nullptr;
+    const float* sin = rotary ? append.rotary_sin.data() + task * half : nullptr;
+    // A cache without columns (D or Dv = 0) may have no memory at all: it is not addressed.
+    for (int64_t head = 0; head < args.heads_k; ++head) {
+      if (args.head_dim > 0) {
+        const int64_t k_src = b * append.k_new_batch_stride + t * append.k_new_row_stride +
+                              head * append.k_new_head_stride;
+        const int64_t k_dst = key_row_offset(args, seq, key, head, args.k_batch_stride,
+                                             args.k_row_stride, args.k_head_stride);
+        copy_row(element_address(append.k_new, args.dtype, k_src),
+                 element_address(const_cast<void*>(args.k), args.dtype, k_dst), args.dtype,
+                 args.head_dim, cos, sin, args.rotary_dim, args.rotary_interleaved);
+      }
+      if (args.head_dim_v > 0) {
+        const int64_t v_src = b * append.v_new_batch_stride + t * append.v_new_row_stride +
+                              head * append.v_new_head_stride;
+        const int64_t v_dst = key_row_offset(args, seq, key, head, args.v_batch_stride,
+                                             args.v_row_stride, args.v_head_stride);
+        copy_row(element_address(append.v_new, args.dtype, v_src),
+                 element_address(const_cast<void*>(args.v), args.dtype, v_dst), args.dtype,
+                 args.head_dim_v, nullptr, nullptr, 0, false);
+      }
+    }
+  });
+}
+
+}  // namespace anyattn::cpu
