@@ -187,7 +187,7 @@ inline void store_value(const FuzzTensor& f, int64_t offset, double value) {
 
 // Fills every logical element with a value in [-2, 2] from the fuzz input (0 once it runs out);
 // with `hostile`, some elements become NaN or a subnormal. Infinities are left to
-// tests/reliability_numerics_test.cc: where every score of a row is -inf (an infinite q or k) the
+// tests/reliability/reliability_numerics_test.cc: where every score of a row is -inf (an infinite q or k) the
 // f64 reference gives NaN (0/0) and the kernels give the fully-masked answer (0, lse -inf), like
 // flash-attn; docs/reliability.md records the divergence. Harnesses poison at most one of q, k, v
 // per input.

@@ -2,7 +2,7 @@
 
 ``attention_ref(..., dtype=None)`` computes in float64: the reference. With ``dtype`` set to
 "float32", "float16" or "bfloat16" it is the naive same-dtype computation that flash-attn's test
-rule compares against, defined exactly as the C++ suite's (tests/test_support.cc,
+rule compares against, defined exactly as the C++ suite's (tests/common/test_support.cc,
 ``naive_same_dtype``): each matmul accumulates sequentially in float32 and rounds its result to
 ``dtype``; scale, softcap and ALiBi are each rounded to ``dtype``; the softmax runs in float32 and
 its probabilities are rounded to ``dtype``. ``check_2x`` applies flash-attn's acceptance rule with
@@ -134,7 +134,7 @@ def _max_abs_finite(x) -> float:
 
 
 def out_eps(dtype: str, ref_out) -> float:
-    """eps of the 2x rule for out, as in the C++ suite (tests/test_support.cc): one ulp of the
+    """eps of the 2x rule for out, as in the C++ suite (tests/common/test_support.cc): one ulp of the
     dtype at the largest |reference output|, the final rounding the kernel does differently."""
     return _MACHINE_EPS[dtype] * _max_abs_finite(ref_out)
 

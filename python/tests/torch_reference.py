@@ -3,7 +3,7 @@
 ``attention_torch`` on float64 inputs is the reference whose torch-autograd gradients the backward
 is checked against. ``naive_gradients`` is the other side of flash-attn's 2x rule: the plain
 unfused forward and backward in the input dtype, defined exactly as the C++ suite's
-(tests/bwd_test_support.cc, ``BwdProblem::naive_same_dtype``): every matmul and row sum
+(tests/backward/bwd_test_support.cc, ``BwdProblem::naive_same_dtype``): every matmul and row sum
 accumulates sequentially in float32 and rounds its result to the dtype, as do the scale, softcap,
 ALiBi, the probabilities and each step of the softmax backward. ``grads_2x`` applies the rule.
 """

@@ -10,7 +10,7 @@
 // with these bit for bit.
 //
 // The installed C++ header include/anyattn/anyattn.hpp keeps its own copy (Float16, BFloat16),
-// because it must compile without anything from src/; tests/reference_test.cc checks that the two
+// because it must compile without anything from src/; tests/common/reference_test.cc checks that the two
 // agree on every 16-bit pattern and on a spread of f32 patterns over every exponent.
 #ifndef ANYATTN_COMMON_HALF_CONVERT_H_
 #define ANYATTN_COMMON_HALF_CONVERT_H_

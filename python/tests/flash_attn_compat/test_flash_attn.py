@@ -188,7 +188,7 @@ def attention_reference(q, k, v, *, q_lens=None, k_lens=None, k_start=None, caus
 
 
 def rule_eps(ref, dtype):
-    """eps of the rule: as in this project's own suites (tests/test_support.cc, reference.py), the
+    """eps of the rule: as in this project's own suites (tests/common/test_support.cc, reference.py), the
     dtype's machine epsilon times the largest |reference|, about one ulp there; at least 1e-5,
     upstream's absolute eps. It matters only where the naive error is exactly 0: with a lone
     visible key the naive sum of a GQA group is correctly rounded while a kernel that recomputes

@@ -1,5 +1,5 @@
 // dropout_keep_factors64 (bwd_philox.h) in AVX-512 integer intrinsics: the same decisions, bit
-// for bit (tests/bwd_dropout_test.cc compares them), several times faster than what compilers
+// for bit (tests/backward/bwd_dropout_test.cc compares them), several times faster than what compilers
 // make of the portable loop (they use the slow 64-bit vpmullq for the 32 x 32 -> 64 products).
 //
 // Included inside an AVX-512 target region (avx512f, avx512dq), inside an ISA-specific namespace,

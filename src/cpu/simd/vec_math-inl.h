@@ -42,7 +42,7 @@ inline Vec exp_minus_two_abs(Vec y) {
 }
 
 // tanh(y). An odd polynomial for |y| < 0.625 (no cancellation near 0), (1 - e) / (1 + e) with
-// e = exp(-2|y|) above. Relative error below 3 ulp (tests/vec_math_test.cc); +-1 for +-inf; NaN
+// e = exp(-2|y|) above. Relative error below 3 ulp (tests/internal/vec_math_test.cc); +-1 for +-inf; NaN
 // for NaN.
 inline Vec tanh(Vec y) {
   const Vec near_zero = tanh_near_zero(y);

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "test_support.h"
+#include "common/test_support.h"
 
 namespace anyattn {
 namespace testing {

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "test_support.h"
+#include "common/test_support.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define ANYATTN_TEST_SANITIZED 1

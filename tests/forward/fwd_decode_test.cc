@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "test_support.h"
+#include "common/test_support.h"
 
 namespace anyattn {
 namespace testing {

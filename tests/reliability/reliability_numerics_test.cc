@@ -15,7 +15,7 @@
 #include <immintrin.h>
 #endif
 
-#include "test_support.h"
+#include "common/test_support.h"
 
 namespace anyattn {
 namespace testing {

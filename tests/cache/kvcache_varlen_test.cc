@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "anyattn/anyattn.h"
-#include "cache_test_support.h"
+#include "cache/cache_test_support.h"
 #include "reference/reference_cache.h"
-#include "test_support.h"
+#include "common/test_support.h"
 
 namespace anyattn {
 namespace testing {

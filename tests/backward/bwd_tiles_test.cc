@@ -8,7 +8,7 @@
 #include <cmath>
 #include <vector>
 
-#include "bwd_test_support.h"
+#include "backward/bwd_test_support.h"
 #include "reference/reference.h"
 
 namespace anyattn {

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <vector>
 
-#include "test_support.h"
+#include "common/test_support.h"
 
 namespace anyattn {
 namespace testing {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "bwd_test_support.h"
+#include "backward/bwd_test_support.h"
 
 namespace anyattn {
 namespace testing {

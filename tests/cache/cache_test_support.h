@@ -19,7 +19,7 @@
 #include "reference/half_convert.h"
 #include "reference/reference.h"
 #include "reference/reference_cache.h"
-#include "test_support.h"
+#include "common/test_support.h"
 
 namespace anyattn {
 namespace testing {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cpu/kernel_registry.h"
-#include "vec_math_paths.h"
+#include "internal/vec_math_paths.h"
 
 namespace anyattn::cpu {
 namespace {
@@ -36,7 +36,7 @@ std::vector<RunnablePath> runnable_paths() {
     if (!kernel->cpu_supports()) continue;
     const VecMathPath* math = vec_math_test::find_vec_math_path(kernel->isa);
     if (math == nullptr) {
-      ADD_FAILURE() << kernel->name << ": no vector math in tests/vec_math_paths.cc";
+      ADD_FAILURE() << kernel->name << ": no vector math in tests/internal/vec_math_paths.cc";
       continue;
     }
     paths.push_back({kernel->name, math});

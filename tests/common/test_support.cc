@@ -1,4 +1,4 @@
-#include "test_support.h"
+#include "common/test_support.h"
 
 #include <algorithm>
 #include <cmath>

@@ -12,7 +12,7 @@
 
 #include "anyattn/anyattn.h"
 #include "reference/reference_bwd.h"
-#include "test_support.h"
+#include "common/test_support.h"
 
 namespace anyattn {
 namespace testing {

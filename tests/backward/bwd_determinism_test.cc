@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "bwd_test_support.h"
+#include "backward/bwd_test_support.h"
 
 namespace anyattn {
 namespace testing {

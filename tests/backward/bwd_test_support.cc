@@ -1,4 +1,4 @@
-#include "bwd_test_support.h"
+#include "backward/bwd_test_support.h"
 
 #include <algorithm>
 #include <cmath>

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "anyattn/anyattn.h"
-#include "test_support.h"
+#include "common/test_support.h"
 
 namespace anyattn::testing {
 namespace {

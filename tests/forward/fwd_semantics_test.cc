@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "test_support.h"
+#include "common/test_support.h"
 
 namespace anyattn {
 namespace testing {

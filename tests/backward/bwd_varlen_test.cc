@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "anyattn/anyattn.hpp"
-#include "bwd_test_support.h"
+#include "backward/bwd_test_support.h"
 
 namespace anyattn {
 namespace testing {

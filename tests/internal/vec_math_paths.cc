@@ -1,6 +1,6 @@
 // Each path's vector math compiled as the library compiles it (the same simd/ headers inside the
 // same target features as src/cpu/fwd_<isa>.cc), in namespaces of the tests' own.
-#include "vec_math_paths.h"
+#include "internal/vec_math_paths.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -16,7 +16,7 @@
 namespace anyattn::cpu::vec_math_test::portable {
 #include "cpu/simd/vec_portable.h"
 #include "cpu/simd/vec_math-inl.h"
-#include "vec_math_arrays-inl.h"
+#include "internal/vec_math_arrays-inl.h"
 }  // namespace anyattn::cpu::vec_math_test::portable
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -31,7 +31,7 @@ ANYATTN_TARGET_BEGIN("avx2,fma,f16c")
 namespace anyattn::cpu::vec_math_test::avx2 {
 #include "cpu/simd/vec_avx2.h"
 #include "cpu/simd/vec_math-inl.h"
-#include "vec_math_arrays-inl.h"
+#include "internal/vec_math_arrays-inl.h"
 }  // namespace anyattn::cpu::vec_math_test::avx2
 ANYATTN_TARGET_END()
 
@@ -39,7 +39,7 @@ ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
 namespace anyattn::cpu::vec_math_test::avx512 {
 #include "cpu/simd/vec_avx512.h"
 #include "cpu/simd/vec_math-inl.h"
-#include "vec_math_arrays-inl.h"
+#include "internal/vec_math_arrays-inl.h"
 }  // namespace anyattn::cpu::vec_math_test::avx512
 ANYATTN_TARGET_END()
 
@@ -47,7 +47,7 @@ ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16,amx
 namespace anyattn::cpu::vec_math_test::avx512_amx {
 #include "cpu/simd/vec_avx512.h"
 #include "cpu/simd/vec_math-inl.h"
-#include "vec_math_arrays-inl.h"
+#include "internal/vec_math_arrays-inl.h"
 }  // namespace anyattn::cpu::vec_math_test::avx512_amx
 ANYATTN_TARGET_END()
 #endif

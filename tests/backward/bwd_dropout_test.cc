@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "bwd_test_support.h"
+#include "backward/bwd_test_support.h"
 #include "cpu/backward/bwd_philox.h"
 #include "cpu/shared/philox.h"
 #include "cpu/simd/isa_target.h"

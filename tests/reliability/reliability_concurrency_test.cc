@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "reference/reference_cache.h"
-#include "test_support.h"
+#include "common/test_support.h"
 
 namespace anyattn {
 namespace testing {

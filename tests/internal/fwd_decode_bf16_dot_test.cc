@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cpu/decode/fwd_decode_bf16_dot.h"
-#include "test_support.h"
+#include "common/test_support.h"
 
 namespace anyattn {
 namespace testing {
