@@ -260,6 +260,36 @@ impl<'a> Common<'a> {
             ..FwdOptions::default()
         }
     }
+
+    /// Calls `f` with anyattn's options (see [`Common::options`]), the ALiBi slopes and sinks
+    /// read as f32 views for the duration of the call.
+    pub(crate) fn with_options<R>(
+        &self,
+        left_limit: usize,
+        right_limit: usize,
+        f: impl FnOnce(&FwdOptions<'_>) -> Result<R>,
+    ) -> Result<R> {
+        with_f32_view("alibi_slopes", self.alibi_slopes, |alibi| {
+            with_f32_view("sinks", self.sinks, |sinks| {
+                f(&self.options(left_limit, right_limit, alibi, sinks))
+            })
+        })
+    }
+
+    /// q (see [`Common::query`]), k and v as anyattn reads them.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn inputs<'s, T: WithDType + Element>(
+        &self,
+        (q, q_l): (&'s CpuStorage, &Layout),
+        (k, k_l): (&'s CpuStorage, &Layout),
+        (v, v_l): (&'s CpuStorage, &Layout),
+    ) -> Result<(Input<'s, T>, Input<'s, T>, Input<'s, T>)> {
+        Ok((
+            self.query(q, q_l)?,
+            Input::new(k, k_l)?,
+            Input::new(v, v_l)?,
+        ))
+    }
 }
 
 /// Runs the dense op (`FlashAttn`, `FlashAttnSinks`) on `(batch, seq_len, num_heads, head_size)`.
@@ -280,28 +310,20 @@ pub(crate) fn dense<T: WithDType + Element>(
     let (b, sq, hq, _) = q_l.shape().dims4()?;
     let sk = k_l.dims()[1];
     let dv = v_l.dims()[3];
-    let (qi, ki, vi) = (
-        c.query::<T>(q, q_l)?,
-        Input::<T>::new(k, k_l)?,
-        Input::<T>::new(v, v_l)?,
-    );
+    let (qi, ki, vi) = c.inputs::<T>((q, q_l), (k, k_l), (v, v_l))?;
     let mut out = vec![T::from_f64(0.0); b * sq * hq * dv];
-    with_f32_view("alibi_slopes", c.alibi_slopes, |alibi| {
-        with_f32_view("sinks", c.sinks, |sinks| {
-            let opts = c.options(sk, sq, alibi, sinks);
-            let mut out_view =
-                ViewMut::contiguous(&mut out, &[b, sq, hq, dv]).map_err(anyattn_err)?;
-            follow_candle_threads();
-            anyattn::fwd(
-                &qi.view()?,
-                &ki.view()?,
-                &vi.view()?,
-                &mut out_view,
-                None,
-                &opts,
-            )
-            .map_err(anyattn_err)
-        })
+    c.with_options(sk, sq, |opts| {
+        let mut out_view = ViewMut::contiguous(&mut out, &[b, sq, hq, dv]).map_err(anyattn_err)?;
+        follow_candle_threads();
+        anyattn::fwd(
+            &qi.view()?,
+            &ki.view()?,
+            &vi.view()?,
+            &mut out_view,
+            None,
+            opts,
+        )
+        .map_err(anyattn_err)
     })?;
     Ok((T::to_cpu_storage_owned(out), Shape::from((b, sq, hq, dv))))
 }
@@ -339,29 +361,22 @@ impl CpuAttention for FlashAttnVarLen {
             softcap: self.softcap,
             sinks: self.sinks.as_ref(),
         };
-        let (qi, ki, vi) = (
-            c.query::<T>(q, q_l)?,
-            Input::<T>::new(k, k_l)?,
-            Input::<T>::new(v, v_l)?,
-        );
+        let (qi, ki, vi) = c.inputs::<T>((q, q_l), (k, k_l), (v, v_l))?;
         let mut out = vec![T::from_f64(0.0); total_q * hq * dv];
-        with_f32_view("alibi_slopes", c.alibi_slopes, |alibi| {
-            with_f32_view("sinks", c.sinks, |sinks| {
-                let opts = c.options(self.max_seqlen_k, self.max_seqlen_q, alibi, sinks);
-                let mut out_view =
-                    ViewMut::contiguous(&mut out, &[total_q, hq, dv]).map_err(anyattn_err)?;
-                follow_candle_threads();
-                anyattn::fwd_varlen(
-                    &qi.view()?,
-                    &ki.view()?,
-                    &vi.view()?,
-                    &mut out_view,
-                    None,
-                    &seqs,
-                    &opts,
-                )
-                .map_err(anyattn_err)
-            })
+        c.with_options(self.max_seqlen_k, self.max_seqlen_q, |opts| {
+            let mut out_view =
+                ViewMut::contiguous(&mut out, &[total_q, hq, dv]).map_err(anyattn_err)?;
+            follow_candle_threads();
+            anyattn::fwd_varlen(
+                &qi.view()?,
+                &ki.view()?,
+                &vi.view()?,
+                &mut out_view,
+                None,
+                &seqs,
+                opts,
+            )
+            .map_err(anyattn_err)
         })?;
         Ok((T::to_cpu_storage_owned(out), Shape::from((total_q, hq, dv))))
     }
@@ -426,14 +441,9 @@ impl CpuAttention for FlashAttnVarLenPaged {
             softcap: self.softcap,
             sinks: None,
         };
-        let (qi, ki, vi) = (
-            c.query::<T>(q, q_l)?,
-            Input::<T>::new(k, k_l)?,
-            Input::<T>::new(v, v_l)?,
-        );
+        let (qi, ki, vi) = c.inputs::<T>((q, q_l), (k, k_l), (v, v_l))?;
         let mut out = vec![T::from_f64(0.0); total_q * hq * dv];
-        with_f32_view("alibi_slopes", c.alibi_slopes, |alibi| {
-            let opts = c.options(self.max_seqlen_k, self.max_seqlen_q, alibi, None);
+        c.with_options(self.max_seqlen_k, self.max_seqlen_q, |opts| {
             let mut out_view =
                 ViewMut::contiguous(&mut out, &[total_q, hq, dv]).map_err(anyattn_err)?;
             follow_candle_threads();
@@ -446,7 +456,7 @@ impl CpuAttention for FlashAttnVarLenPaged {
                 &cu_q,
                 self.max_seqlen_q,
                 &cache,
-                &opts,
+                opts,
             )
             .map_err(anyattn_err)
         })?;
