@@ -16,7 +16,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from . import _dispatch
+from . import _core, _dispatch
 from ._checks import check_dense_shapes, check_per_head, check_same_dtype
 from ._cpu import numpy_forward, reject_numpy_dropout
 from ._kernel_options import kernel_options, kernel_query
@@ -48,6 +48,17 @@ __all__ = [
 
 if torch_module() is not None:
     from . import _dropout, _torch_ops
+
+    _torch = torch_module()
+    # A plain CPU call that needs no autograd record runs entirely in _core.fwd_torch_plain
+    # (python/src/torch_plain_call.cc), which returns None for anything else. torch.compile's
+    # tracer reads is_compiling() as True and so traces the ordinary path, through the op.
+    _core.bind_torch(_torch.Tensor, _torch.float32, _torch.float16, _torch.bfloat16,
+                     _torch.is_grad_enabled)
+    _is_compiling = _torch.compiler.is_compiling
+else:
+    def _is_compiling() -> bool:
+        return True  # without torch there is no plain torch call to take the fast path
 
 _TORCH_DTYPES = "float32, float16 or bfloat16"
 
@@ -222,6 +233,11 @@ def flash_attn_func(
         TypeError / ValueError naming the argument for bad input; NotImplementedError for dropout
         on numpy inputs.
     """
+    if not _is_compiling():
+        out = _core.fwd_torch_plain(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                                    alibi_slopes, return_attn_probs, sinks)
+        if out is not None:
+            return out
     options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     return _attention(q, k, v, options, alibi_slopes, sinks, return_attn_probs)
 
