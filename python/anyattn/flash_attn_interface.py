@@ -21,6 +21,7 @@ from ._checks import check_dense_shapes, check_per_head, check_same_dtype
 from ._cpu import numpy_forward, reject_numpy_dropout
 from ._kernel_options import kernel_options, kernel_query
 from ._options import AttnOptions, make_options
+from ._plain_call import tracing
 from ._tensors import is_torch_tensor, numpy_dtype_code, torch_dtype_code, torch_module
 from .kvcache import flash_attn_with_kvcache
 from .varlen import (
@@ -48,17 +49,6 @@ __all__ = [
 
 if torch_module() is not None:
     from . import _dropout, _torch_ops
-
-    _torch = torch_module()
-    # A plain CPU call that needs no autograd record runs entirely in _core.fwd_torch_plain
-    # (python/src/torch_plain_call.cc), which returns None for anything else. torch.compile's
-    # tracer reads is_compiling() as True and so traces the ordinary path, through the op.
-    _core.bind_torch(_torch.Tensor, _torch.float32, _torch.float16, _torch.bfloat16,
-                     _torch.is_grad_enabled)
-    _is_compiling = _torch.compiler.is_compiling
-else:
-    def _is_compiling() -> bool:
-        return True  # without torch there is no plain torch call to take the fast path
 
 _TORCH_DTYPES = "float32, float16 or bfloat16"
 
@@ -233,7 +223,7 @@ def flash_attn_func(
         TypeError / ValueError naming the argument for bad input; NotImplementedError for dropout
         on numpy inputs.
     """
-    if not _is_compiling():
+    if not tracing():  # a plain CPU torch call runs in one C function (_plain_call.py)
         out = _core.fwd_torch_plain(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                                     alibi_slopes, return_attn_probs, sinks)
         if out is not None:

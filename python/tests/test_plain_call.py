@@ -134,3 +134,123 @@ def test_declined_calls_give_the_ordinary_results():
     np.testing.assert_array_equal(out, _ordinary(q, k, v, causal=True).numpy())
     empty = anyattn.flash_attn_func(*_qkv(b=0))
     assert empty.shape == (0, 3, 4, 32)
+
+
+# flash_attn_with_kvcache
+
+def _cache_call(dtype=torch.float32, b=2, hq=4, hk=2, d=32, capacity=12, new=1, paged=False,
+                seed=1):
+    """(q, k_cache, v_cache, k, v, cache_seqlens, block_table): keys already cached 5 and 9,
+    ``new`` tokens to append (None for none); a paged cache has pages of 4 rows, shuffled."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    q = r(b, 1, hq, d)
+    block_table = None
+    if paged:
+        pages = capacity // 4
+        k_cache, v_cache = r(b * pages, 4, hk, d), r(b * pages, 4, hk, d)
+        block_table = torch.randperm(b * pages, generator=g).to(torch.int32).reshape(b, pages)
+    else:
+        k_cache, v_cache = r(b, capacity, hk, d), r(b, capacity, hk, d)
+    k = v = None
+    if new:
+        k, v = r(b, new, hk, d), r(b, new, hk, d)
+    seqlens = torch.tensor([5, 9][:b], dtype=torch.int32)
+    return q, k_cache, v_cache, k, v, seqlens, block_table
+
+
+def _plain_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                   cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                   softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                   rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                   return_softmax_lse=False, sinks=None):
+    return _core.fwd_kvcache_torch_plain(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+        rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, sinks)
+
+
+def _ordinary_kvcache(q, k_cache, v_cache, **kwargs):
+    """The ordinary path's result and caches, on copies: a q that requires grad makes
+    flash_attn_with_kvcache go through the anyattn::fwd_kvcache op, never the fast path."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    out = anyattn.flash_attn_with_kvcache(q.clone().requires_grad_(), k_cache, v_cache, **kwargs)
+    return out.detach(), k_cache, v_cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("new", [0, 2])
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True, "num_splits": 2},
+                                    {"window_size": (3, 0), "softcap": 4.0, "softmax_scale": 0.2}])
+def test_kvcache_runs_plain_calls_bitwise_like_the_ordinary_path(dtype, paged, new, kwargs):
+    q, k_cache, v_cache, k, v, seqlens, block_table = _cache_call(dtype, new=new, paged=paged)
+    call = dict(k=k, v=v, cache_seqlens=seqlens, block_table=block_table, **kwargs)
+    expected, k_expected, v_expected = _ordinary_kvcache(q, k_cache, v_cache, **call)
+    out = _plain_kvcache(q, k_cache, v_cache, **call)
+    assert out is not None and out.dtype == dtype and out.shape == (2, 1, 4, 32)
+    assert torch.equal(out, expected)
+    assert torch.equal(k_cache, k_expected) and torch.equal(v_cache, v_expected)
+
+
+@pytest.mark.parametrize("cache_seqlens", [None, 7])
+def test_kvcache_takes_an_int_or_no_cache_seqlens(cache_seqlens):
+    q, k_cache, v_cache, *_ = _cache_call(new=0)
+    expected, _, _ = _ordinary_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens)
+    assert torch.equal(_plain_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens), expected)
+
+
+def _declined_kvcache_cases():
+    q, k_cache, v_cache, k, v, seqlens, _ = _cache_call(new=1)
+    base = dict(k=k, v=v, cache_seqlens=seqlens)
+    rotary = torch.randn(16, 8)
+    yield "rotary", dict(base, rotary_cos=rotary, rotary_sin=rotary)
+    yield "cache_batch_idx", dict(base, cache_batch_idx=torch.tensor([1, 0], dtype=torch.int32))
+    yield "cache_leftpad", dict(base, cache_leftpad=torch.tensor([0, 1], dtype=torch.int32))
+    yield "alibi", dict(base, alibi_slopes=torch.rand(4))
+    yield "sinks", dict(base, sinks=torch.randn(4))
+    yield "return_softmax_lse", dict(base, return_softmax_lse=True)
+    yield "int64 cache_seqlens", dict(base, cache_seqlens=seqlens.long())
+    yield "list cache_seqlens", dict(base, cache_seqlens=[5, 9])
+    yield "negative cache_seqlens", dict(base, cache_seqlens=-1)
+    yield "k without v", dict(base, v=None)
+    yield "int64 block_table", dict(base, block_table=torch.zeros(2, 3, dtype=torch.int64))
+    yield "num_splits a float", dict(base, num_splits=1.0)
+    yield "num_splits a bool", dict(base, num_splits=True)
+    yield "new keys require grad", dict(base, k=k.clone().requires_grad_())
+    yield "appends past the capacity", dict(base, cache_seqlens=12)
+    yield "explicit scale 0", dict(base, softmax_scale=0.0)
+
+
+@pytest.mark.parametrize("name,kwargs", list(_declined_kvcache_cases()),
+                         ids=[c[0] for c in _declined_kvcache_cases()])
+def test_kvcache_declines_calls_that_are_not_plain_and_writes_nothing(name, kwargs):
+    q, k_cache, v_cache, *_ = _cache_call(new=1)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    assert _plain_kvcache(q, k_cache, v_cache, **kwargs) is None
+    assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before)
+
+
+def test_flash_attn_with_kvcache_takes_the_fast_path_for_plain_calls(monkeypatch):
+    from anyattn import kvcache
+
+    def no_ordinary_path(*args, **kwargs):
+        raise AssertionError("the ordinary path ran")
+
+    monkeypatch.setattr(kvcache, "make_options", no_ordinary_path)
+    q, k_cache, v_cache, k, v, seqlens, _ = _cache_call(new=1)
+    out = anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+                                          causal=True)
+    assert out.shape == (2, 1, 4, 32)
+    assert torch.equal(k_cache[0, 5], k[0, 0]) and torch.equal(v_cache[1, 9], v[1, 0])
+
+
+def test_kvcache_declined_calls_still_raise_the_ordinary_errors():
+    q, k_cache, v_cache, k, v, seqlens, _ = _cache_call(new=1)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=12)
+    with pytest.raises(ValueError, match="k, v: give both new keys and new values, or neither"):
+        anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, None, cache_seqlens=seqlens)
