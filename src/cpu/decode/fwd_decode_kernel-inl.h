@@ -436,8 +436,9 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const SeqInfo& seq = task.seq;
   const int64_t head_k = task.head_q_begin / args.group_size();
   const int64_t dv_pad = layout.dv_pad;
+  const Mask mask(args, seq);
   float neg_slopes[kMaxQBlockRows];
-  const ScoreTransform transform = task_transform(args, task, neg_slopes);
+  const ScoreTransform transform = task_transform(mask, task, neg_slopes);
   const int64_t heads = task.heads_k;
   const int64_t rows_per_kv = rows.count / heads;
   load_scaled_queries(args, layout, task, rows, scratch);
@@ -460,7 +461,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   }
   reset_rows(layout, rows, scratch);
 
-  const TaskBlocks blocks = task_blocks(args, task);
+  const KeyRange blocks = task_blocks(mask, task);
   const int64_t heads_per_kv = task.heads / heads;
   const int64_t element_bytes = element_size(args.dtype);
   const int64_t k_row_bytes = args.head_dim * element_bytes;
@@ -480,7 +481,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   if (blocks.begin < blocks.end) locate_block(args, seq, head_k, blocks.begin, &block_rows[0]);
   for (int64_t block = blocks.begin; block < blocks.end; ++block) {
     const int64_t j0 = block * kKeyBlock;
-    const bool crosses_boundary = blocks.crosses_boundary(j0);
+    const bool crosses_boundary = block_crosses_boundary(mask, task, j0);
     const BlockRows& this_block = block_rows[current];
     BlockRows& next_block = block_rows[1 - current];
     const bool has_next = block + 1 < blocks.end;
@@ -547,10 +548,11 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
         for (int64_t j = 0; j < kKeyBlock; ++j) v_rows[j] = v_stream.row(j, h);
         for (int64_t r = 0; r < rows_per_kv; ++r) {
           const int64_t row = h * rows_per_kv + r;
-          const VisibleRange range = visible_in_block(args, seq, rows.position(row), j0);
-          direct_pv_rows<kDtype, 1, false>(scratch.s + row * kKeyBlock + range.lo,
-                                           v_rows + range.lo, range.hi - range.lo, args.head_dim_v,
-                                           nullptr, scratch.o + row * dv_pad, dv_pad);
+          const KeyRange range = mask.row_keys_in_block(rows.position(row), j0, kKeyBlock);
+          direct_pv_rows<kDtype, 1, false>(scratch.s + row * kKeyBlock + range.begin,
+                                           v_rows + range.begin, range.end - range.begin,
+                                           args.head_dim_v, nullptr, scratch.o + row * dv_pad,
+                                           dv_pad);
         }
       }
     } else {
