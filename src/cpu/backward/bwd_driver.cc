@@ -67,22 +67,16 @@ int64_t ceil_div64(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// Number of 64-row blocks overlapping [first, last] (0 when empty).
-int64_t blocks_between(int64_t first, int64_t last) {
-  return first > last ? 0 : last / kBwdBlock - first / kBwdBlock + 1;
-}
-
-// The cost of a task in tile products: per query head, the visible key blocks of its chunk
-// summed over the query blocks, plus one per query block for packing.
+// The cost of a task in tile products: per query head, the key blocks of its chunk that each
+// query block sees, plus one per query block for packing.
 int64_t task_cost(const FwdArgs& f, const BwdTask& task) {
   const SeqInfo& seq = task.seq.seq;
-  const int64_t offset = seq.seqlen_k - seq.seqlen_q;
+  const Mask mask(f, seq);
   int64_t cost = 0;
   for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kBwdBlock) {
     const int64_t rows = std::min(kBwdBlock, seq.seqlen_q - i0);
-    const int64_t lo = std::max(task.key_begin, i0 + offset - f.window_left);
-    const int64_t hi = std::min(task.key_end - 1, i0 + rows - 1 + offset + f.window_right);
-    cost += 1 + (lo > hi ? 0 : blocks_between(lo - task.key_begin, hi - task.key_begin));
+    const KeyRange blocks = chunk_blocks_seen(mask, task, i0, rows);
+    cost += 1 + blocks.end - blocks.begin;
   }
   return cost * f.group_size() + ceil_div64(task.key_end - task.key_begin, kBwdBlock);
 }
@@ -210,7 +204,7 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
   if (args.dsinks != nullptr) {
     // dsink_h = -sum_b sum_i exp(sink_h - lse_bhi) delta_bhi, summed in a fixed order in f64.
     lease.run_each(f.heads_q, [&](int64_t h, int) {
-      const double sink = f.sinks[h * f.sinks_stride];
+      const double sink = ScoreModifiers::of(f).sink(h);
       double sum = 0.0;
       for (const BwdSeq& s : seqs) {
         for (int64_t i = 0; i < s.seq.seqlen_q; ++i) {
