@@ -429,6 +429,30 @@ inline void pass_rows(const BlockStream& stream, int64_t c, int64_t h, const voi
   for (int64_t j = 0; j < kDirectChunkKeys; ++j) rows[j] = stream.row(c + j, h);
 }
 
+// Loads the task's query rows into scratch.q for the direct loop: pre-scaled f32 in paired order
+// (split_pairs), or for kv heads that score on VDPBF16PS (dot_head[h] set here, where the CPU has
+// the instruction) raw bf16, whose softmax then applies the scale as it reads the scores.
+template <DType kDtype>
+void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                         const TaskRows& rows, const Scratch& scratch, bool* dot_head) {
+  const int64_t rows_per_kv = rows.count / task.heads_k;
+  load_scaled_queries(args, layout, task, rows, scratch);
+#if defined(ANYATTN_DIRECT_BF16_DOT)
+  if constexpr (kDtype == DType::kBF16) {
+    if (call_takes_dot_scores(args)) {
+      for (int64_t h = 0; h < task.heads_k; ++h) {
+        dot_head[h] = load_bf16_head_queries(args, layout, rows, task.seq, h * rows_per_kv,
+                                             rows_per_kv, scratch);
+      }
+    }
+  }
+#endif
+  for (int64_t r = 0; r < rows.count; ++r) {
+    if (dot_head[r / rows_per_kv]) continue;
+    split_pairs(scratch.q + r * layout.q_stride, paired_columns<kDtype>(args.head_dim));
+  }
+}
+
 template <DType kDtype>
 void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                          const Scratch& scratch) {
@@ -441,24 +465,8 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const ScoreTransform transform = task_transform(mask, task, neg_slopes);
   const int64_t heads = task.heads_k;
   const int64_t rows_per_kv = rows.count / heads;
-  load_scaled_queries(args, layout, task, rows, scratch);
-  // bf16 scores on VDPBF16PS where the CPU has it, kv head by kv head: such a head's q rows are
-  // raw bf16 instead, and its softmax applies the scale as it reads the scores.
   bool dot_head[kMaxQBlockRows] = {};
-#if defined(ANYATTN_DIRECT_BF16_DOT)
-  if constexpr (kDtype == DType::kBF16) {
-    if (call_takes_dot_scores(args)) {
-      for (int64_t h = 0; h < heads; ++h) {
-        dot_head[h] =
-            load_bf16_head_queries(args, layout, rows, seq, h * rows_per_kv, rows_per_kv, scratch);
-      }
-    }
-  }
-#endif
-  for (int64_t r = 0; r < rows.count; ++r) {
-    if (dot_head[r / rows_per_kv]) continue;
-    split_pairs(scratch.q + r * layout.q_stride, paired_columns<kDtype>(args.head_dim));
-  }
+  load_direct_queries<kDtype>(args, layout, task, rows, scratch, dot_head);
   reset_rows(layout, rows, scratch);
 
   const KeyRange blocks = task_blocks(mask, task);
