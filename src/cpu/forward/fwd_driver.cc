@@ -291,7 +291,7 @@ PlannedPart plan_part(const FwdArgs& args, const FwdKernel& kernel, int threads,
     shape.max_seqlen_k = std::max(shape.max_seqlen_k, seq.seqlen_k);
   }
   PlannedPart part;
-  part.plan = plan::make_fwd_plan(args, shape, kernel, threads);
+  part.plan = plan::make_fwd_plan(args, shape, kernel.name, threads);
   part.pairs.reserve(seqs.size() * static_cast<size_t>(args.heads_k));
   for (const SeqInfo& seq : seqs) {
     for (int64_t head_k = 0; head_k < args.heads_k; ++head_k) {
