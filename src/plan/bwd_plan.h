@@ -26,13 +26,13 @@ struct BwdPlan {
   int64_t chunk_stride = 0;    // floats of one chunk's dq partials (total_rows * d_pad)
   int64_t partial_floats = 0;  // dq partials of every chunk; 0 with one chunk per sequence
 
+  // The chunk of each task, in `tasks` order, or -1 for one that writes dq directly.
+  std::vector<int64_t> task_chunks;
+
   // Key chunks of sequence `s` (0 when it has no keys).
   int64_t chunks_of(const cpu::BwdSeq& s) const;
   // Sets the dq partial of every task that writes one; `partials` holds partial_floats floats.
   void bind_partials(float* partials);
-
-  // The chunk of each task, in `tasks` order, or -1 for one that writes dq directly.
-  std::vector<int64_t> task_chunks;
 };
 
 // The plan of a validated backward call with at least one sequence and one query head, and head
