@@ -1,9 +1,6 @@
 // Dropout: Philox-4x32-10 against Random123's published known answers, the keep mask's rate and
 // its pure-function property, and anyattn_bwd with dropout against the f64 reference.
 #include <gtest/gtest.h>
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -13,22 +10,17 @@
 #include "backward/bwd_test_support.h"
 #include "cpu/backward/bwd_philox.h"
 #include "cpu/shared/philox.h"
-#include "cpu/simd/isa_target.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
-// GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics
-// (_mm512_undefined_*) as uninitialised (GCC bug 105593); the warnings are false positives.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-// The AVX-512 kernels' 64-key draw, compiled here exactly as bwd_avx512.cc compiles it.
-ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+// The AVX-512 kernels' 64-key draw, compiled here exactly as the avx512 path compiles it: in the
+// target region of its traits.
+#include "cpu/simd/traits_avx512.h"
+ANYATTN_PATH_TARGET_BEGIN()
 namespace anyattn::testing::avx512_draw {
 using cpu::PhiloxKey;
 #include "cpu/backward/bwd_philox_avx512-inl.h"
 }  // namespace anyattn::testing::avx512_draw
-ANYATTN_TARGET_END()
+ANYATTN_PATH_TARGET_END()
 #endif
 
 namespace anyattn {

@@ -674,10 +674,19 @@ bool reduced_sweep() {
   return env != nullptr && std::strcmp(env, "reduced") == 0;
 }
 
+std::vector<anyattn_isa> all_isas() {
+  std::vector<anyattn_isa> isas;
+  for (int value = ANYATTN_ISA_PORTABLE;; ++value) {
+    const anyattn_isa isa = static_cast<anyattn_isa>(value);
+    if (std::strcmp(anyattn_isa_name(isa), "unknown") == 0) break;
+    isas.push_back(isa);
+  }
+  return isas;
+}
+
 std::vector<anyattn_isa> supported_isas() {
   std::vector<anyattn_isa> isas;
-  for (anyattn_isa isa :
-       {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
+  for (anyattn_isa isa : all_isas()) {
     if (anyattn_isa_supported(isa)) isas.push_back(isa);
   }
   return isas;

@@ -135,6 +135,10 @@ void vary_decode_options(int64_t n, Case* c);
 // "reduced" when ANYATTN_TEST_SWEEP=reduced (sanitizer builds); the full sweep otherwise.
 bool reduced_sweep();
 
+// Every path anyattn_isa names, compiled into this build or not: the values from
+// ANYATTN_ISA_PORTABLE up to the first that anyattn_isa_name calls "unknown".
+std::vector<anyattn_isa> all_isas();
+
 // The ISA paths the host supports (always includes ANYATTN_ISA_PORTABLE).
 std::vector<anyattn_isa> supported_isas();
 

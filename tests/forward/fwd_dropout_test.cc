@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "anyattn/anyattn.h"
+#include "common/test_support.h"
 #include "reference/reference_bwd.h"
 
 namespace {
@@ -57,9 +58,7 @@ anyattn_fwd_params dropout_params(float p, uint64_t seed, uint64_t offset) {
 }
 
 TEST(FwdDropout, MatchesReferenceOnEveryIsaWithMasks) {
-  for (int isa :
-       {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
-    if (!anyattn_isa_supported(static_cast<anyattn_isa>(isa))) continue;
+  for (anyattn_isa isa : anyattn::testing::supported_isas()) {
     for (int causal : {0, 1}) {
       DropoutProblem problem;
       anyattn_fwd_params params = dropout_params(0.3f, 1234, 56);

@@ -111,7 +111,7 @@ TEST(Isa, EveryPathMatchesReferenceAndEachOther) {
 
 TEST(Isa, ForcingAnUnsupportedPathIsRejected) {
   bool tested = false;
-  for (anyattn_isa isa : {ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
+  for (anyattn_isa isa : all_isas()) {
     if (anyattn_isa_supported(isa)) continue;
     Case c;
     c.isa = isa;

@@ -78,9 +78,12 @@ int expect_isa(const char* name) {
     ++failures;
   }
   anyattn_isa forced = ANYATTN_ISA_AUTO;
-  for (anyattn_isa isa :
-       {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
-    if (std::strcmp(anyattn_isa_name(isa), name) == 0) forced = isa;
+  // Every path has a name; past the last, anyattn_isa_name says "unknown".
+  for (int value = ANYATTN_ISA_PORTABLE;; ++value) {
+    const anyattn_isa isa = static_cast<anyattn_isa>(value);
+    const char* path = anyattn_isa_name(isa);
+    if (std::strcmp(path, "unknown") == 0) break;
+    if (std::strcmp(path, name) == 0) forced = isa;
   }
   const std::vector<float> automatic = run_forward(ANYATTN_ISA_AUTO);
   const std::vector<float> named = run_forward(forced);

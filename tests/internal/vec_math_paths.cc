@@ -1,71 +1,28 @@
-// Each path's vector math compiled as the library compiles it (the same simd/ headers inside the
-// same target features as src/cpu/fwd_<isa>.cc), in namespaces of the tests' own.
+// The vector math of every path this build compiles, one entry per row of src/cpu/isa_table.inc:
+// each path's functions are compiled by vec_math_path-inl.h, with that path's target features.
 #include "internal/vec_math_paths.h"
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-
-#include "cpu/shared/half.h"
-#include "cpu/simd/isa_target.h"
-
-namespace anyattn::cpu::vec_math_test::portable {
-#include "cpu/simd/vec_portable.h"
-#include "cpu/simd/vec_math-inl.h"
-#include "internal/vec_math_arrays-inl.h"
-}  // namespace anyattn::cpu::vec_math_test::portable
-
-#if defined(__x86_64__) || defined(_M_X64)
-// GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics as
-// uninitialised (GCC bug 105593), as in src/cpu/fwd_avx512.cc.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
-ANYATTN_TARGET_BEGIN("avx2,fma,f16c")
-namespace anyattn::cpu::vec_math_test::avx2 {
-#include "cpu/simd/vec_avx2.h"
-#include "cpu/simd/vec_math-inl.h"
-#include "internal/vec_math_arrays-inl.h"
-}  // namespace anyattn::cpu::vec_math_test::avx2
-ANYATTN_TARGET_END()
-
-ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
-namespace anyattn::cpu::vec_math_test::avx512 {
-#include "cpu/simd/vec_avx512.h"
-#include "cpu/simd/vec_math-inl.h"
-#include "internal/vec_math_arrays-inl.h"
-}  // namespace anyattn::cpu::vec_math_test::avx512
-ANYATTN_TARGET_END()
-
-ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16,amx-tile,amx-bf16")
-namespace anyattn::cpu::vec_math_test::avx512_amx {
-#include "cpu/simd/vec_avx512.h"
-#include "cpu/simd/vec_math-inl.h"
-#include "internal/vec_math_arrays-inl.h"
-}  // namespace anyattn::cpu::vec_math_test::avx512_amx
-ANYATTN_TARGET_END()
-#endif
+#include "cpu/isa_table.h"
 
 namespace anyattn::cpu::vec_math_test {
+
+#define ANYATTN_ISA(id, isa, arch, ...)                          \
+  ANYATTN_IF_ARCH_##arch(namespace id {                          \
+    void exp2_array(const float* x, int64_t n, float* y);       \
+    void tanh_array(const float* x, int64_t n, float* y);       \
+    void sech2_array(const float* x, int64_t n, float* y);      \
+  })
+#include "cpu/isa_table.inc"
+#undef ANYATTN_ISA
+
 namespace {
 
-#define ANYATTN_VEC_MATH_PATH(ns, isa) \
-  VecMathPath { isa, &ns::exp2_array, &ns::tanh_array, &ns::sech2_array }
+#define ANYATTN_ISA(id, isa, arch, ...) \
+  ANYATTN_IF_ARCH_##arch(VecMathPath{isa, &id::exp2_array, &id::tanh_array, &id::sech2_array}, )
 const VecMathPath kPaths[] = {
-    ANYATTN_VEC_MATH_PATH(portable, ANYATTN_ISA_PORTABLE),
-#if defined(__x86_64__) || defined(_M_X64)
-    ANYATTN_VEC_MATH_PATH(avx2, ANYATTN_ISA_AVX2),
-    ANYATTN_VEC_MATH_PATH(avx512, ANYATTN_ISA_AVX512),
-    ANYATTN_VEC_MATH_PATH(avx512_amx, ANYATTN_ISA_AVX512_AMX),
-#endif
+#include "cpu/isa_table.inc"
 };
-#undef ANYATTN_VEC_MATH_PATH
+#undef ANYATTN_ISA
 
 }  // namespace
 

@@ -1,0 +1,43 @@
+// What the avx512 path is compiled with (isa_table.inc's avx512 row). The settings every
+// traits_<id>.h gives are listed in forward/fwd_isa-inl.h and backward/bwd_isa-inl.h, which read
+// them.
+#ifndef ANYATTN_CPU_SIMD_TRAITS_AVX512_H_
+#define ANYATTN_CPU_SIMD_TRAITS_AVX512_H_
+
+#include <immintrin.h>
+
+#include "cpu/simd/isa_target.h"
+
+// GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics
+// (_mm512_undefined_*) as uninitialised (GCC bug 105593); the warnings are false positives.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#define ANYATTN_PATH_TARGET_BEGIN() \
+  ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+#define ANYATTN_PATH_TARGET_END() ANYATTN_TARGET_END()
+#define ANYATTN_PATH_VEC "cpu/simd/vec_avx512.h"
+
+// Register tiles, in rows x vectors of kLanes floats: 6 x 4 (24 of the 32 zmm registers
+// accumulate) for both forward products and the backward's micro-kernel. Taller, narrower tiles
+// (12 x 2), which halve the K or V panel bytes read per FMA, were slower (bench/MEASUREMENTS.md,
+// "Design constants").
+#define ANYATTN_PATH_SCORE_ROWS 6
+#define ANYATTN_PATH_SCORE_VECS 4
+#define ANYATTN_PATH_PV_ROWS 6
+#define ANYATTN_PATH_PV_VECS 4
+#define ANYATTN_PATH_DIRECT_KEY_GROUP 4
+#define ANYATTN_PATH_GEMM_ROWS 6
+#define ANYATTN_PATH_GEMM_VECS 4
+
+// The direct decode loop's bf16 scores run on VDPBF16PS where the CPU has it
+// (decode/fwd_decode_bf16_dot.h).
+#define ANYATTN_DIRECT_BF16_DOT 1
+
+// The backward's dropout factors in AVX-512 integer code.
+#define ANYATTN_PATH_DROPOUT_HEADER "cpu/backward/bwd_philox_avx512-inl.h"
+#define ANYATTN_PATH_DROPOUT_FACTORS dropout_keep_factors64_avx512
+
+#endif  // ANYATTN_CPU_SIMD_TRAITS_AVX512_H_
