@@ -1,0 +1,44 @@
+// The tensor arguments of the attention entry points, grouped as the C functions take them, so
+// that the validators and the tables (entry_tables.h) share one order.
+#ifndef ANYATTN_API_CALL_TENSORS_H_
+#define ANYATTN_API_CALL_TENSORS_H_
+
+#include <cstdint>
+
+#include "anyattn/anyattn.h"
+
+namespace anyattn::api {
+
+// q, k, v, out and lse (NULL where the entry point allows). In a KV-cache call k and v are the
+// caches.
+struct AttentionTensors {
+  const anyattn_tensor* q;
+  const anyattn_tensor* k;
+  const anyattn_tensor* v;
+  const anyattn_tensor* out;
+  const anyattn_tensor* lse;
+};
+
+// A backward call's gradients: dout read; dq, dk, dv written; dsinks written, or NULL without
+// sinks.
+struct GradientTensors {
+  const anyattn_tensor* dout;
+  const anyattn_tensor* dq;
+  const anyattn_tensor* dk;
+  const anyattn_tensor* dv;
+  const anyattn_tensor* dsinks;
+};
+
+// The sequences of a packed varlen call: cu_seqlens_q/k (B + 1), seqused_k (B) or NULL, and the
+// longest lengths.
+struct VarlenLengths {
+  const anyattn_tensor* cu_seqlens_q;
+  const anyattn_tensor* cu_seqlens_k;
+  const anyattn_tensor* seqused_k;
+  int64_t max_seqlen_q;
+  int64_t max_seqlen_k;
+};
+
+}  // namespace anyattn::api
+
+#endif  // ANYATTN_API_CALL_TENSORS_H_
