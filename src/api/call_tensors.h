@@ -12,31 +12,20 @@ namespace anyattn::api {
 // q, k, v, out and lse (NULL where the entry point allows). In a KV-cache call k and v are the
 // caches.
 struct AttentionTensors {
-  const anyattn_tensor* q;
-  const anyattn_tensor* k;
-  const anyattn_tensor* v;
-  const anyattn_tensor* out;
-  const anyattn_tensor* lse;
+  const anyattn_tensor *q, *k, *v, *out, *lse;
 };
 
 // A backward call's gradients: dout read; dq, dk, dv written; dsinks written, or NULL without
 // sinks.
 struct GradientTensors {
-  const anyattn_tensor* dout;
-  const anyattn_tensor* dq;
-  const anyattn_tensor* dk;
-  const anyattn_tensor* dv;
-  const anyattn_tensor* dsinks;
+  const anyattn_tensor *dout, *dq, *dk, *dv, *dsinks;
 };
 
 // The sequences of a packed varlen call: cu_seqlens_q/k (B + 1), seqused_k (B) or NULL, and the
 // longest lengths.
 struct VarlenLengths {
-  const anyattn_tensor* cu_seqlens_q;
-  const anyattn_tensor* cu_seqlens_k;
-  const anyattn_tensor* seqused_k;
-  int64_t max_seqlen_q;
-  int64_t max_seqlen_k;
+  const anyattn_tensor *cu_seqlens_q, *cu_seqlens_k, *seqused_k;
+  int64_t max_seqlen_q, max_seqlen_k;
 };
 
 }  // namespace anyattn::api

@@ -9,32 +9,33 @@
 
 namespace anyattn::api {
 
+namespace {
+
+// The dtypes of the C ABI, indexed by anyattn_dtype.
+struct DtypeInfo {
+  const char* name;
+  int64_t size;  // bytes per element
+};
+constexpr DtypeInfo kDtypes[] = {{"f32", 4}, {"f16", 2}, {"bf16", 2}, {"i32", 4}};
+static_assert(ANYATTN_DTYPE_F32 == 0 && ANYATTN_DTYPE_F16 == 1 && ANYATTN_DTYPE_BF16 == 2 &&
+                  ANYATTN_DTYPE_I32 == 3,
+              "kDtypes follows anyattn_dtype");
+
+const DtypeInfo* find_dtype(int32_t dtype) {
+  constexpr int32_t count = sizeof(kDtypes) / sizeof(kDtypes[0]);
+  return dtype >= 0 && dtype < count ? &kDtypes[dtype] : nullptr;
+}
+
+}  // namespace
+
 int64_t dtype_size(int32_t dtype) {
-  switch (dtype) {
-    case ANYATTN_DTYPE_F32:
-    case ANYATTN_DTYPE_I32:
-      return 4;
-    case ANYATTN_DTYPE_F16:
-    case ANYATTN_DTYPE_BF16:
-      return 2;
-    default:
-      return 0;
-  }
+  const DtypeInfo* info = find_dtype(dtype);
+  return info != nullptr ? info->size : 0;
 }
 
 const char* dtype_name(int32_t dtype) {
-  switch (dtype) {
-    case ANYATTN_DTYPE_F32:
-      return "f32";
-    case ANYATTN_DTYPE_F16:
-      return "f16";
-    case ANYATTN_DTYPE_BF16:
-      return "bf16";
-    case ANYATTN_DTYPE_I32:
-      return "i32";
-    default:
-      return "unknown";
-  }
+  const DtypeInfo* info = find_dtype(dtype);
+  return info != nullptr ? info->name : "unknown";
 }
 
 namespace {
