@@ -212,6 +212,18 @@ void check_appends_distinct(const CacheCall& call, const ValidatedKvcache& resul
   }
 }
 
+// For every sequence b, the `rows` rows of `table` (positions x `width` floats) from position
+// first[b] on, as rows b * rows + t of the result.
+std::vector<float> gather_rows(const std::vector<float>& table, int64_t width,
+                               const std::vector<int32_t>& first, int64_t rows) {
+  std::vector<float> gathered(first.size() * static_cast<size_t>(rows * width));
+  for (size_t b = 0; b < first.size(); ++b) {
+    std::copy_n(table.begin() + first[b] * width, rows * width,
+                gathered.begin() + static_cast<int64_t>(b) * rows * width);
+  }
+  return gathered;
+}
+
 // Rotary: the new keys at their cache positions, q at cache_seqlens[b] (+ i when the mask is
 // causal or windowed, as flash-attn does). Checks the tables and gathers, as f32, the rows the
 // attention (rows b * needed_rows + t) and the append (rows b * new_tokens + t) read.
@@ -252,21 +264,13 @@ void gather_rotary(CallCheck* check, const CacheCall& call, bool causal,
   const std::vector<float> sin_all =
       read_float_rows(fn, "cache->rotary_sin", cache.rotary_sin, positions);
   ValidatedFwd& attention = result->attention;
-  cpu::CacheAppend& append = result->append;
-  attention.rotary_cos.resize(static_cast<size_t>(call.batch * needed_rows * half));
-  attention.rotary_sin.resize(attention.rotary_cos.size());
+  const std::vector<int32_t>& first = result->cache_seqlens;
+  attention.rotary_cos = gather_rows(cos_all, half, first, needed_rows);
+  attention.rotary_sin = gather_rows(sin_all, half, first, needed_rows);
+  result->append.rotary_cos = gather_rows(cos_all, half, first, call.new_tokens);
+  result->append.rotary_sin = gather_rows(sin_all, half, first, call.new_tokens);
   attention.q_position.resize(static_cast<size_t>(call.batch));
-  append.rotary_cos.resize(static_cast<size_t>(call.batch * call.new_tokens * half));
-  append.rotary_sin.resize(append.rotary_cos.size());
   for (int64_t b = 0; b < call.batch; ++b) {
-    const int64_t src = result->cache_seqlens[b] * half;
-    const int64_t dst = b * needed_rows * half;
-    std::copy_n(cos_all.begin() + src, needed_rows * half, attention.rotary_cos.begin() + dst);
-    std::copy_n(sin_all.begin() + src, needed_rows * half, attention.rotary_sin.begin() + dst);
-    std::copy_n(cos_all.begin() + src, call.new_tokens * half,
-                append.rotary_cos.begin() + b * call.new_tokens * half);
-    std::copy_n(sin_all.begin() + src, call.new_tokens * half,
-                append.rotary_sin.begin() + b * call.new_tokens * half);
     attention.q_position[b] = static_cast<int32_t>(b * needed_rows);
   }
   a.rotary_dim = 2 * half;
