@@ -54,7 +54,8 @@ enum class DTypes : uint8_t {
 enum class Role : uint8_t {
   kInput,   // read only
   kOutput,  // written: addresses each element once, overlaps no other tensor of the call
-  kCache,   // read here and written by an append: addresses each element once
+  kCache,   // read here and written by an append: addresses each element once; its
+            // disjointness from the appended keys is the append's step (require_disjoint)
 };
 
 // One tensor of an entry point, by the name its messages use ("q", "cache->k_new").
@@ -63,10 +64,10 @@ struct TensorSpec {
   Dim dims[ANYATTN_MAX_NDIM];  // Dim::kNone after the last: the rank is the count before it
   DTypes dtypes;
   Role role;
-  bool optional;  // NULL allowed
+  bool optional = false;  // NULL allowed
   // An output may be exactly the view of an input of the same nonzero group (an in-place update,
   // as the merge allows); any other overlap is rejected.
-  uint8_t in_place_group;
+  uint8_t in_place_group = 0;
 
   constexpr int rank() const {
     int r = 0;

@@ -20,17 +20,17 @@ constexpr bool kOptional = true;
 
 // ---- Attention tensors, dense (B, S, H, D) and packed varlen (total, H, D) ----------------------
 
-inline constexpr TensorSpec kDenseQ = {"q", {D::kB, D::kSq, D::kHq, D::kD}, kShared, kIn, kRequired, 0};
-inline constexpr TensorSpec kDenseK = {"k", {D::kB, D::kSk, D::kHk, D::kD}, kShared, kIn, kRequired, 0};
-inline constexpr TensorSpec kDenseV = {"v", {D::kB, D::kSk, D::kHk, D::kDv}, kShared, kIn, kRequired, 0};
-inline constexpr TensorSpec kDenseOut = {"out", {D::kB, D::kSq, D::kHq, D::kDv}, kShared, kOut, kRequired, 0};
-inline constexpr TensorSpec kDenseLse = {"lse", {D::kB, D::kHq, D::kSq}, kF32, kOut, kOptional, 0};
+inline constexpr TensorSpec kDenseQ = {"q", {D::kB, D::kSq, D::kHq, D::kD}, kShared, kIn};
+inline constexpr TensorSpec kDenseK = {"k", {D::kB, D::kSk, D::kHk, D::kD}, kShared, kIn};
+inline constexpr TensorSpec kDenseV = {"v", {D::kB, D::kSk, D::kHk, D::kDv}, kShared, kIn};
+inline constexpr TensorSpec kDenseOut = {"out", {D::kB, D::kSq, D::kHq, D::kDv}, kShared, kOut};
+inline constexpr TensorSpec kDenseLse = {"lse", {D::kB, D::kHq, D::kSq}, kF32, kOut, kOptional};
 
-inline constexpr TensorSpec kPackedQ = {"q", {D::kTotalQ, D::kHq, D::kD}, kShared, kIn, kRequired, 0};
-inline constexpr TensorSpec kPackedK = {"k", {D::kTotalK, D::kHk, D::kD}, kShared, kIn, kRequired, 0};
-inline constexpr TensorSpec kPackedV = {"v", {D::kTotalK, D::kHk, D::kDv}, kShared, kIn, kRequired, 0};
-inline constexpr TensorSpec kPackedOut = {"out", {D::kTotalQ, D::kHq, D::kDv}, kShared, kOut, kRequired, 0};
-inline constexpr TensorSpec kPackedLse = {"lse", {D::kHq, D::kTotalQ}, kF32, kOut, kOptional, 0};
+inline constexpr TensorSpec kPackedQ = {"q", {D::kTotalQ, D::kHq, D::kD}, kShared, kIn};
+inline constexpr TensorSpec kPackedK = {"k", {D::kTotalK, D::kHk, D::kD}, kShared, kIn};
+inline constexpr TensorSpec kPackedV = {"v", {D::kTotalK, D::kHk, D::kDv}, kShared, kIn};
+inline constexpr TensorSpec kPackedOut = {"out", {D::kTotalQ, D::kHq, D::kDv}, kShared, kOut};
+inline constexpr TensorSpec kPackedLse = {"lse", {D::kHq, D::kTotalQ}, kF32, kOut, kOptional};
 
 // The backward reads out and lse, which the forward wrote.
 constexpr TensorSpec read_by_backward(TensorSpec spec) {
@@ -55,25 +55,25 @@ inline constexpr TensorSpec kBwdForwardSpecs[] = {
     kDenseQ, kDenseK, kDenseV, read_by_backward(kDenseOut), read_by_backward(kDenseLse)};
 inline constexpr TensorTable kBwdForward = make_table(kBwdForwardSpecs, kBwdDtypeRule);
 inline constexpr TensorSpec kBwdGradientSpecs[] = {
-    {"dout", {D::kB, D::kSq, D::kHq, D::kDv}, kShared, kIn, kRequired, 0},
-    {"dq", {D::kB, D::kSq, D::kHq, D::kD}, kShared, kOut, kRequired, 0},
-    {"dk", {D::kB, D::kSk, D::kHk, D::kD}, kShared, kOut, kRequired, 0},
-    {"dv", {D::kB, D::kSk, D::kHk, D::kDv}, kShared, kOut, kRequired, 0}};
+    {"dout", {D::kB, D::kSq, D::kHq, D::kDv}, kShared, kIn},
+    {"dq", {D::kB, D::kSq, D::kHq, D::kD}, kShared, kOut},
+    {"dk", {D::kB, D::kSk, D::kHk, D::kD}, kShared, kOut},
+    {"dv", {D::kB, D::kSk, D::kHk, D::kDv}, kShared, kOut}};
 inline constexpr TensorTable kBwdGradients = make_table(kBwdGradientSpecs, kBwdDtypeRule);
 
 inline constexpr TensorSpec kBwdVarlenForwardSpecs[] = {
     kPackedQ, kPackedK, kPackedV, read_by_backward(kPackedOut), read_by_backward(kPackedLse)};
 inline constexpr TensorTable kBwdVarlenForward = make_table(kBwdVarlenForwardSpecs, kBwdDtypeRule);
 inline constexpr TensorSpec kBwdVarlenGradientSpecs[] = {
-    {"dout", {D::kTotalQ, D::kHq, D::kDv}, kShared, kIn, kRequired, 0},
-    {"dq", {D::kTotalQ, D::kHq, D::kD}, kShared, kOut, kRequired, 0},
-    {"dk", {D::kTotalK, D::kHk, D::kD}, kShared, kOut, kRequired, 0},
-    {"dv", {D::kTotalK, D::kHk, D::kDv}, kShared, kOut, kRequired, 0}};
+    {"dout", {D::kTotalQ, D::kHq, D::kDv}, kShared, kIn},
+    {"dq", {D::kTotalQ, D::kHq, D::kD}, kShared, kOut},
+    {"dk", {D::kTotalK, D::kHk, D::kD}, kShared, kOut},
+    {"dv", {D::kTotalK, D::kHk, D::kDv}, kShared, kOut}};
 inline constexpr TensorTable kBwdVarlenGradients =
     make_table(kBwdVarlenGradientSpecs, kBwdDtypeRule);
 
 // The sink gradient, given exactly when params->sinks is.
-inline constexpr TensorSpec kDsinksSpecs[] = {{"dsinks", {D::kHq}, kF32, kOut, kOptional, 0}};
+inline constexpr TensorSpec kDsinksSpecs[] = {{"dsinks", {D::kHq}, kF32, kOut, kOptional}};
 inline constexpr TensorTable kDsinks = make_table(kDsinksSpecs, kBwdDtypeRule);
 
 // ---- anyattn_fwd_kvcache (dense q) and anyattn_fwd_kvcache_varlen (packed q) --------------------
@@ -81,10 +81,14 @@ inline constexpr TensorTable kDsinks = make_table(kDsinksSpecs, kBwdDtypeRule);
 constexpr const char* kCacheDtypeRule =
     "q, the caches, the new keys/values and out share one dtype";
 constexpr Role kCached = Role::kCache;
-inline constexpr TensorSpec kKCache = {"k_cache", {D::kCacheBatches, D::kCacheLen, D::kHk, D::kD}, kShared, kCached, kRequired, 0};
-inline constexpr TensorSpec kVCache = {"v_cache", {D::kCacheBatches, D::kCacheLen, D::kHk, D::kDv}, kShared, kCached, kRequired, 0};
-inline constexpr TensorSpec kKPages = {"k_cache", {D::kPages, D::kPageSize, D::kHk, D::kD}, kShared, kCached, kRequired, 0};
-inline constexpr TensorSpec kVPages = {"v_cache", {D::kPages, D::kPageSize, D::kHk, D::kDv}, kShared, kCached, kRequired, 0};
+inline constexpr TensorSpec kKCache = {
+    "k_cache", {D::kCacheBatches, D::kCacheLen, D::kHk, D::kD}, kShared, kCached};
+inline constexpr TensorSpec kVCache = {
+    "v_cache", {D::kCacheBatches, D::kCacheLen, D::kHk, D::kDv}, kShared, kCached};
+inline constexpr TensorSpec kKPages = {
+    "k_cache", {D::kPages, D::kPageSize, D::kHk, D::kD}, kShared, kCached};
+inline constexpr TensorSpec kVPages = {
+    "v_cache", {D::kPages, D::kPageSize, D::kHk, D::kDv}, kShared, kCached};
 
 inline constexpr TensorSpec kCacheSpecs[] = {kDenseQ, kKCache, kVCache, kDenseOut, kDenseLse};
 inline constexpr TensorTable kCacheContiguous = make_table(kCacheSpecs, kCacheDtypeRule);
@@ -92,21 +96,22 @@ inline constexpr TensorSpec kPagedSpecs[] = {kDenseQ, kKPages, kVPages, kDenseOu
 inline constexpr TensorTable kCachePaged = make_table(kPagedSpecs, kCacheDtypeRule);
 inline constexpr TensorSpec kCacheVarlenSpecs[] = {kPackedQ, kKCache, kVCache, kPackedOut,
                                                    kPackedLse};
-inline constexpr TensorTable kCacheVarlenContiguous = make_table(kCacheVarlenSpecs, kCacheDtypeRule);
+inline constexpr TensorTable kCacheVarlenContiguous =
+    make_table(kCacheVarlenSpecs, kCacheDtypeRule);
 inline constexpr TensorSpec kPagedVarlenSpecs[] = {kPackedQ, kKPages, kVPages, kPackedOut,
                                                    kPackedLse};
 inline constexpr TensorTable kCacheVarlenPaged = make_table(kPagedVarlenSpecs, kCacheDtypeRule);
 
 // The keys and values appended before the attention (dense q only).
 inline constexpr TensorSpec kAppendSpecs[] = {
-    {"cache->k_new", {D::kB, D::kNewTokens, D::kHk, D::kD}, kShared, kIn, kRequired, 0},
-    {"cache->v_new", {D::kB, D::kNewTokens, D::kHk, D::kDv}, kShared, kIn, kRequired, 0}};
+    {"cache->k_new", {D::kB, D::kNewTokens, D::kHk, D::kD}, kShared, kIn},
+    {"cache->v_new", {D::kB, D::kNewTokens, D::kHk, D::kDv}, kShared, kIn}};
 inline constexpr TensorTable kAppend = make_table(kAppendSpecs, kCacheDtypeRule);
 
 // The rotary tables, in any float dtype.
 inline constexpr TensorSpec kRotarySpecs[] = {
-    {"cache->rotary_cos", {D::kRotaryPositions, D::kRotaryHalf}, DTypes::kAnyFloat, kIn, kRequired, 0},
-    {"cache->rotary_sin", {D::kRotaryPositions, D::kRotaryHalf}, DTypes::kAnyFloat, kIn, kRequired, 0}};
+    {"cache->rotary_cos", {D::kRotaryPositions, D::kRotaryHalf}, DTypes::kAnyFloat, kIn},
+    {"cache->rotary_sin", {D::kRotaryPositions, D::kRotaryHalf}, DTypes::kAnyFloat, kIn}};
 inline constexpr TensorTable kRotary = make_table(kRotarySpecs, kCacheDtypeRule);
 
 // ---- anyattn_merge_attention_states: out may be out_a or out_b, lse_out lse_a or lse_b ----------

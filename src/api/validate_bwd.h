@@ -1,7 +1,7 @@
-// Argument validation for anyattn_bwd: turns the caller's descriptors and params into a
-// cpu::BwdArgs that satisfies every invariant documented in cpu/backward/bwd_args.h and cpu/forward/fwd_args.h, or
-// throws ApiError naming the parameter, the value given and what is supported. Reads no tensor
-// data.
+// Argument validation for anyattn_bwd and anyattn_bwd_varlen: turns the caller's descriptors and
+// params into a cpu::BwdArgs that satisfies every invariant documented in cpu/backward/bwd_args.h
+// and cpu/forward/fwd_args.h, or throws ApiError naming the parameter, the value given and what
+// is supported. Reads no tensor data.
 #ifndef ANYATTN_API_VALIDATE_BWD_H_
 #define ANYATTN_API_VALIDATE_BWD_H_
 

@@ -1,6 +1,6 @@
 // Argument validation for anyattn_fwd: turns the caller's descriptors and params into a
-// cpu::FwdArgs that satisfies every invariant documented in cpu/forward/fwd_args.h, or throws ApiError
-// naming the parameter, the value given and what is supported. Reads no tensor data.
+// cpu::FwdArgs that satisfies every invariant documented in cpu/forward/fwd_args.h, or throws
+// ApiError naming the parameter, the value given and what is supported. Reads no tensor data.
 #ifndef ANYATTN_API_VALIDATE_FWD_H_
 #define ANYATTN_API_VALIDATE_FWD_H_
 
