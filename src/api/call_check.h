@@ -96,8 +96,10 @@ class CallCheck {
 
   const char* function() const { return function_; }
 
-  // Checks `tensors` (table.count of them, in the table's order) against `table`, then each
-  // written tensor against every tensor checked so far by this CallCheck. Throws ApiError.
+  // Checks `tensors` (table.count of them, in the table's order) against `table`, in this order:
+  // each descriptor, the shared dtype, the head dims, the shapes, Hq against Hk, the int32 sizes,
+  // then each written tensor against every tensor checked so far by this CallCheck. The rules of
+  // a dim apply where this table binds it. Throws ApiError.
   void check(const TensorTable& table, const anyattn_tensor* const* tensors);
 
   // Adds a side input (ALiBi slopes, sinks) already validated by its own rules: the tensors
