@@ -10,7 +10,8 @@ an f32 torch.mm measured alongside.
 
 ``--overhead`` instead measures per-call cost at a one-token decode shape (q (1, 1, 8, 64), k/v
 (1, 16, 8, 64)): the C extension alone, the numpy API, the kernel body on torch tensors, the torch
-op through the dispatcher and the torch API, each beside torch SDPA in the same process.
+op through the dispatcher, and the torch API (flash_attn_func, and flash_attn_with_kvcache over
+the same keys as a full cache), each beside torch SDPA in the same process.
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ def run_overhead() -> Dict[str, float]:
         "torch.ops.anyattn.fwd (through the dispatcher)": lambda: torch.ops.anyattn.fwd(
             q, k, v, *plain),
         "anyattn.flash_attn_func (torch)": lambda: anyattn.flash_attn_func(q, k, v),
+        "anyattn.flash_attn_with_kvcache (torch)": lambda: anyattn.flash_attn_with_kvcache(
+            q, k, v),
     }
     sdpa = torch.nn.functional.scaled_dot_product_attention
     results = {}

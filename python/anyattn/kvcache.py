@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+from . import _core
 from ._arguments import _check_rank, _f32, _f32_on, _index_tensor, _kind, _on_cpu
 from ._cache import kvcache_forward
 from ._kernel_options import kernel_options, kernel_query
 from ._options import make_options
+from ._plain_call import tracing
 from ._tensors import torch_module
 
 if torch_module() is not None:
@@ -50,6 +52,13 @@ def flash_attn_with_kvcache(
     Returns:
         out (batch, seqlen_q, nheads, headdim_v), or (out, softmax_lse) with return_softmax_lse.
     """
+    if not tracing():  # a plain CPU torch call runs in one C function (_plain_call.py)
+        out = _core.fwd_kvcache_torch_plain(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+            rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, sinks)
+        if out is not None:
+            return out
     options = make_options(0.0, softmax_scale, causal, window_size, softcap, False)
     kind = _kind(q, "q")
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):

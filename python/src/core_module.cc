@@ -19,6 +19,7 @@
 #include <string>
 
 #include "anyattn/anyattn.h"
+#include "torch_plain_call.h"
 
 namespace nb = nanobind;
 
@@ -440,4 +441,5 @@ NB_MODULE(_core, m) {
         nb::arg("options"),
         "Variable-length backward (anyattn_bwd_varlen): writes dq, dk, dv (and dsinks). Releases "
         "the GIL.");
+  register_torch_plain_call(m);
 }

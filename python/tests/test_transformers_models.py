@@ -424,7 +424,7 @@ def test_mask_function_answers_like_flash_only_where_varlen_is_exact(pattern):
         assert torch.equal(got, want)
 
 
-def _vision_towers():
+def _vision_towers(name="anyattn"):
     anyattn_hf.register()
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
@@ -440,7 +440,7 @@ def _vision_towers():
         return Qwen2_5_VisionTransformerPretrainedModel._from_config(
             config, attn_implementation=implementation).eval()
 
-    return build("anyattn"), build("eager")
+    return build(name), build("eager")
 
 
 def _two_images():
@@ -472,28 +472,54 @@ def test_vision_tower_over_two_images_matches_eager(monkeypatch):
     torch.testing.assert_close(got.pooler_output, want.pooler_output, **TOL)
 
 
-def test_vision_tower_cu_seqlens_branch_is_one_varlen_call_per_block(monkeypatch):
-    # transformers 5.24 sends the vision attention its cu_seqlens (instead of looping over the
-    # images itself) only when the implementation name contains "flash"; take that branch here to
-    # check that anyattn answers it with one varlen call per block.
-    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
-
-    ours, eager = _vision_towers()
+def test_vision_tower_under_the_flash_name_is_one_varlen_call_per_block(monkeypatch):
+    # Under "anyattn_flash" transformers takes the vision attention's flash branch and passes its
+    # cu_seqlens; anyattn answers each block with one varlen call.
+    ours, eager = _vision_towers(anyattn_hf.FLASH_NAME)
+    assert ours.config._attn_implementation == "anyattn_flash"
     ours.load_state_dict(eager.state_dict())
-    def anyattn_counts_as_flash(config=None, **_):
-        return getattr(config, "_attn_implementation", None) == "anyattn"
-
-    monkeypatch.setattr(modeling_qwen2_5_vl, "is_flash_attention_requested",
-                        anyattn_counts_as_flash)
     spy = _Spy(monkeypatch)
     pixels, grid_thw = _two_images()
     with torch.no_grad():
         got = ours(pixels, grid_thw=grid_thw)
         want = eager(pixels, grid_thw=grid_thw)
     torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, **TOL)
+    torch.testing.assert_close(got.pooler_output, want.pooler_output, **TOL)
     assert len(spy.cu_seqlens) == 2  # block 0 windowed, block 1 full attention
     assert spy.cu_seqlens[1] == [0, 24, 56]  # the full-attention block: one sequence per image
     assert len(spy.cu_seqlens[0]) > 3  # the windowed block: several windows per image
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_language_models_under_the_flash_name_match_eager(kind):
+    # The flash name changes what transformers hands the attention (flash's masks and kwargs), not
+    # the result: a left-padded batch and greedy generation agree with eager. (gpt-oss lists the
+    # flash kernels it accepts, and transformers replaces any other flash name by one of them.)
+    from transformers import modeling_flash_attention_utils as fa_utils
+
+    ours, eager = _models(kind)
+    torch.manual_seed(0)
+    flash = transformers.AutoModelForCausalLM.from_config(
+        _config(kind), attn_implementation=anyattn_hf.FLASH_NAME).eval()
+    flash.load_state_dict(ours.state_dict())
+    ids = _ids(2, 9, seed=5)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        got = flash(input_ids=ids, attention_mask=mask).logits
+        want = eager(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], **TOL)
+    generated = flash.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    expected = eager.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    assert torch.equal(generated, expected)
+    # transformers' own flash utilities resolve to anyattn's functions under the name.
+    (flash_fn, varlen_fn, *_), _ = fa_utils.lazy_import_flash_attention(anyattn_hf.FLASH_NAME)
+    assert flash_fn is anyattn_hf.flash_attn_func and varlen_fn is anyattn_hf.flash_attn_varlen_func
+
+
+def test_flash_name_must_name_flash():
+    with pytest.raises(ValueError, match=r"flash_name: must contain 'flash'.*'fast'"):
+        anyattn_hf.register(flash_name="fast")
 
 
 def test_paged_calls_are_rejected_with_the_parameter_named():

@@ -37,10 +37,10 @@ FwdPath fwd_path(const cpu::FwdArgs& args, int64_t seqlen_q) {
   return rows <= cpu::kMaxQBlockRows ? FwdPath::kStreaming : FwdPath::kPacked;
 }
 
-FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape,
-                      const cpu::FwdKernel& kernel, int threads) {
+FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape, const char* kernel_name,
+                      int threads) {
   FwdPlan plan;
-  plan.kernel = &kernel;
+  plan.kernel_name = kernel_name;
   plan.threads = threads;
   plan.shape = shape;
   plan.layout = cpu::PackedLayout::for_args(args);
@@ -81,7 +81,7 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape,
 std::string FwdPlan::describe(const cpu::FwdArgs& args) const {
   const char* path = direct ? " direct" : streaming ? " streaming" : " packed";
   return runtime::str_cat(
-      "anyattn: fwd kernel=", kernel->name, path, " threads=", threads, " B=", shape.sequences,
+      "anyattn: fwd kernel=", kernel_name, path, " threads=", threads, " B=", shape.sequences,
       " Sq=", shape.max_seqlen_q, " Sk=", shape.max_seqlen_k, " Hq=", args.heads_q,
       " Hk=", args.heads_k, " D=", args.head_dim, " Dv=", args.head_dim_v,
       args.cu_seqlens_q != nullptr ? " varlen" : "", args.block_table != nullptr ? " paged" : "",

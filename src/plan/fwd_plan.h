@@ -1,6 +1,6 @@
 // The forward dispatcher's decisions for one call, or for the sequences of one path within a varlen
-// call: which kernel, how the work is partitioned, how much memory it takes. Pure function of the
-// arguments, the shape, the kernel and the thread count, except that the key split count depends
+// call: how the work is partitioned, how much memory it takes. Pure function of the arguments,
+// the shape and the thread count, except that the key split count depends
 // on the shape only (never on threads), so results are the same bits for any thread count.
 // ANYATTN_VERBOSE=1 prints the plan to stderr.
 #ifndef ANYATTN_PLAN_FWD_PLAN_H_
@@ -11,7 +11,6 @@
 
 #include "cpu/forward/fwd_args.h"
 #include "cpu/forward/fwd_layout.h"
-#include "cpu/kernel_registry.h"
 
 namespace anyattn::plan {
 
@@ -32,7 +31,7 @@ struct PlanShape {
 };
 
 struct FwdPlan {
-  const cpu::FwdKernel* kernel = nullptr;
+  const char* kernel_name = "";  // the kernel that runs the plan, for describe()
   int threads = 1;
   cpu::PackedLayout layout;
   // Streaming: all query rows of a kv head (group size x Sq) fit one task, so each K/V block is
@@ -68,9 +67,10 @@ constexpr int64_t kTasksPerThread = 8;
 // between packing and attending is paid rarely.
 constexpr int64_t kPackGroupTargetBytes = int64_t{8} << 20;
 
-// The plan for the sequences `shape` describes, all of one FwdPath.
-FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape,
-                      const cpu::FwdKernel& kernel, int threads);
+// The plan for the sequences `shape` describes, all of one FwdPath, run by the kernel named
+// kernel_name (static storage) on `threads` threads.
+FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape, const char* kernel_name,
+                      int threads);
 
 // True when ANYATTN_VERBOSE is set to a non-empty value other than "0".
 bool verbose_enabled();

@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..flash_attn_interface import flash_attn_func
+from ..flash_attn_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from .transformers_masks import anyattn_mask, masked_attention
 from .transformers_varlen import (
     cu_seqlens_from_position_ids,
@@ -40,6 +40,9 @@ from .transformers_varlen import (
 )
 
 NAME = "anyattn"
+# The same functions under a name transformers recognises as a flash-attention implementation
+# (see register).
+FLASH_NAME = "anyattn_flash"
 
 _VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
@@ -123,15 +126,55 @@ def anyattention_forward(
     return flash_attn_func(q, k, v, **options), None
 
 
-def register(name: str = NAME) -> None:
-    """Register anyattn with transformers under ``name`` (attention and mask interfaces).
+def register(name: str = NAME, flash_name: str = FLASH_NAME) -> None:
+    """Register anyattn with transformers under ``name`` and ``flash_name`` (attention and mask
+    interfaces).
 
     After this, ``from_pretrained(..., attn_implementation=name)`` and
-    ``from_config(config, attn_implementation=name)`` use anyattn. Requires transformers >= 4.56
-    (AttentionInterface and AttentionMaskInterface); tested with the version scripts/setup.sh pins.
+    ``from_config(config, attn_implementation=name)`` use anyattn. ``flash_name`` (it must contain
+    "flash") selects the same functions, and transformers then also treats anyattn as one of its
+    flash-attention implementations: models take their flash-only branches (a Qwen2-VL /
+    Qwen2.5-VL vision tower passes its cu_seqlens instead of looping over the images), and
+    transformers' own flash utilities load anyattn's flash-attn functions under that name.
+    Requires transformers >= 4.56 (AttentionInterface and AttentionMaskInterface); tested with
+    the version scripts/setup.sh pins.
     """
     from transformers import AttentionInterface  # noqa: PLC0415 - optional dependency
     from transformers.masking_utils import AttentionMaskInterface  # noqa: PLC0415
 
-    AttentionInterface.register(name, anyattention_forward)
-    AttentionMaskInterface.register(name, anyattn_mask)
+    if "flash" not in flash_name:
+        raise ValueError(f"flash_name: must contain 'flash' (transformers' test for a flash "
+                         f"implementation), got {flash_name!r}")
+    for each in (name, flash_name):
+        AttentionInterface.register(each, anyattention_forward)
+        AttentionMaskInterface.register(each, anyattn_mask)
+    _serve_flash_imports(flash_name)
+
+
+def _serve_flash_imports(flash_name: str) -> None:
+    """Let transformers load anyattn's flash-attn functions for ``flash_name``.
+
+    A model that selects a name containing "flash" makes transformers load that implementation's
+    functions into one process-wide slot (``lazy_import_flash_attention``), and its loader
+    (``_lazy_imports``) knows only flash-attn packages and hub kernels, so it would refuse the
+    name. The loader is wrapped, once per process, to answer anyattn's flash names with
+    flash_attn_func, flash_attn_varlen_func and flash_attn_with_kvcache; every other name goes to
+    transformers' own loader.
+    """
+    from transformers import modeling_flash_attention_utils as fa_utils  # noqa: PLC0415
+
+    loader = fa_utils._lazy_imports
+    names = getattr(loader, "anyattn_flash_names", None)
+    if names is None:
+        names = set()
+        transformers_loader = loader
+
+        def lazy_imports(implementation, *args, **kwargs):
+            if implementation in names:
+                return (flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
+                        fa_utils._pad_input, fa_utils._unpad_input)
+            return transformers_loader(implementation, *args, **kwargs)
+
+        lazy_imports.anyattn_flash_names = names
+        fa_utils._lazy_imports = lazy_imports
+    names.add(flash_name)

@@ -1,6 +1,7 @@
-// The avx512_amx backward's tile products: all five products of bf16 calls on AMX tiles.
-// Included by bwd_kernel-inl.h when ANYATTN_BWD_BF16_TILES is defined (bwd_avx512_amx.cc), after
-// amx_tiles-inl.h; the other paths include bwd_tiles_none-inl.h, which has the same names.
+// The avx512_amx backward's tile products: all five products of bf16 calls on AMX tiles, as the
+// TileProducts policy of bwd_blocks, and that path's bwd_task. Included at the end of
+// bwd_kernel-inl.h when ANYATTN_BWD_BF16_TILES is defined (bwd_avx512_amx.cc, which includes
+// amx_tiles-inl.h first); the other paths define bwd_task on VectorProducts there instead.
 //
 // Design. S = Q K^T and dP = dout V^T read operands that are bf16 inputs converted exactly to f32
 // (Q, K, dout, V), so on the tiles they cost no accuracy: each product of two bf16 is exact in
@@ -37,18 +38,6 @@
 
 constexpr uint8_t kKeySubnormal = 1;
 constexpr uint8_t kValueSubnormal = 2;
-
-inline bool tiles_on(const BwdLayout& layout) {
-  return layout.bf16_tiles;
-}
-
-inline void tiles_begin(const BwdLayout& layout) {
-  if (layout.bf16_tiles) configure_tiles();
-}
-
-inline void tiles_end(const BwdLayout& layout) {
-  if (layout.bf16_tiles) _tile_release();
-}
 
 // dst[w] = bf16(src[2w]) | bf16(src[2w + 1]) << 16 for w < words, where src holds n_pad floats
 // (a multiple of 16) that are bf16 values exactly, and zeros past them. True if any is subnormal.
@@ -147,4 +136,105 @@ inline void split_products(const void* a, int64_t row_groups, const uint32_t* b,
                          c + g * kTileRows * cols + cg * 16, cols * 4);
     }
   }
+}
+
+// The five products on AMX tiles, for bwd_blocks (one object per task; the interface is
+// VectorProducts'). Besides the f32 operands every path packs, the task packs bf16 copies in the
+// tiles' formats (BwdScratch's word and pair buffers) and notes where a subnormal would be
+// flushed: each product whose operands hold one runs on VectorProducts instead.
+class TileProducts {
+ public:
+  TileProducts(const FwdArgs& f, const BwdLayout& layout, const BwdScratch& s)
+      : vector_(f, layout, s),
+        s_(s),
+        head_dim_(f.head_dim),
+        head_dim_v_(f.head_dim_v),
+        d_pad_(layout.d_pad),
+        dv_pad_(layout.dv_pad),
+        d_words_(layout.d_words()),
+        dv_words_(layout.dv_words()) {}
+
+  // K and V of key block kb as the right operands of S and dP (from s.k and s.rows), K as the
+  // right operand of dQ, and the block's subnormal flags.
+  void pack_key_block(int64_t kb) {
+    const bool k_subnormal = pack_key_words(s_.k + kb * kTile * d_pad_, d_pad_, d_words_,
+                                            s_.staging, s_.k_words + kb * d_words_ * kTile);
+    const bool v_subnormal =
+        pack_key_words(s_.rows, dv_pad_, dv_words_, s_.staging, s_.v_words + kb * dv_words_ * kTile);
+    s_.key_flags[kb] = static_cast<uint8_t>((k_subnormal ? kKeySubnormal : 0) |
+                                            (v_subnormal ? kValueSubnormal : 0));
+    pack_row_pairs(s_.k + kb * kTile * d_pad_, kTile, d_pad_, kTile / 2,
+                   s_.k_pairs + kb * kTile / 2 * d_pad_);
+  }
+  // Q and dout of the query block as the left operands of S and dP and the right operands of dK
+  // and dV; notes whether either holds a subnormal.
+  void pack_query_block(int64_t rows) {
+    const int64_t row_chunks = (rows + 31) / 32;
+    q_subnormal_ = pack_query_words(s_.q, rows, d_pad_, d_words_, s_.q_words);
+    dout_subnormal_ = pack_query_words(s_.dout, rows, dv_pad_, dv_words_, s_.dout_words);
+    pack_row_pairs(s_.q, rows, d_pad_, row_chunks * 16, s_.q_pairs);
+    pack_row_pairs(s_.dout, rows, dv_pad_, row_chunks * 16, s_.dout_pairs);
+  }
+  void scores(int64_t kb, int64_t rows) const {
+    if (!q_subnormal_ && (s_.key_flags[kb] & kKeySubnormal) == 0) {
+      tile_products(head_dim_, s_.q_words, rows, s_.k_words + kb * d_words_ * kTile, s_.s);
+    } else {
+      vector_.scores(kb, rows);
+    }
+  }
+  void value_scores(int64_t kb, int64_t rows) const {
+    if (!dout_subnormal_ && (s_.key_flags[kb] & kValueSubnormal) == 0) {
+      tile_products(head_dim_v_, s_.dout_words, rows, s_.v_words + kb * dv_words_ * kTile, s_.dp);
+    } else {
+      vector_.value_scores(kb, rows);
+    }
+  }
+  // P Z split and transposed into staging: the left operand, dout pairs the right.
+  void add_dv(int64_t kb, int64_t rows, int64_t keys) const {
+    if (!dout_subnormal_) {
+      split_transposed(s_.s, rows, s_.staging);
+      split_products(s_.staging, (keys + 15) / 16, s_.dout_pairs, dv_pad_, (rows + 31) / 32,
+                     s_.dv + kb * kTile * dv_pad_);
+    } else {
+      vector_.add_dv(kb, rows, keys);
+    }
+  }
+  // dX split and transposed into staging: the left operand, Q pairs the right.
+  void add_dk(int64_t kb, int64_t rows, int64_t keys) const {
+    if (!q_subnormal_) {
+      split_transposed(s_.dp, rows, s_.staging);
+      split_products(s_.staging, (keys + 15) / 16, s_.q_pairs, d_pad_, (rows + 31) / 32,
+                     s_.dk + kb * kTile * d_pad_);
+    } else {
+      vector_.add_dk(kb, rows, keys);
+    }
+  }
+  // dX split in place (its rows become hi | lo): the left operand, K pairs the right.
+  void add_dq(int64_t kb, int64_t rows, int64_t keys) const {
+    if ((s_.key_flags[kb] & kKeySubnormal) == 0) {
+      split_rows(s_.dp, rows, s_.dp);
+      split_products(s_.dp, (rows + 15) / 16, s_.k_pairs + kb * kTile / 2 * d_pad_, d_pad_,
+                     (keys + 31) / 32, s_.dq);
+    } else {
+      vector_.add_dq(kb, rows, keys);
+    }
+  }
+
+ private:
+  VectorProducts vector_;
+  const BwdScratch& s_;
+  int64_t head_dim_, head_dim_v_, d_pad_, dv_pad_, d_words_, dv_words_;
+  bool q_subnormal_ = true;
+  bool dout_subnormal_ = true;
+};
+
+void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task, const float* delta,
+              float* scratch) {
+  if (!layout.bf16_tiles) {
+    bwd_blocks<VectorProducts>(args, layout, task, delta, scratch);
+    return;
+  }
+  configure_tiles();
+  bwd_blocks<TileProducts>(args, layout, task, delta, scratch);
+  _tile_release();
 }

@@ -267,14 +267,13 @@ inline void accumulate_pv_tiles(float* p, int64_t rows, const float* v, int64_t 
 
 // O += P V in f32 over each row's visible keys only, from the packed tile V (f32 vector products,
 // subnormals included): for blocks whose K or V holds a subnormal.
-inline void accumulate_pv_exact_tiles(const FwdArgs& args, const SeqInfo& seq, const TaskRows& rows,
-                                      int64_t j0, const float* p, const float* v, float* o,
-                                      int64_t dv_pad) {
+inline void accumulate_pv_exact_tiles(const Mask& mask, const TaskRows& rows, int64_t j0,
+                                      const float* p, const float* v, float* o, int64_t dv_pad) {
   const uint32_t* v_words = reinterpret_cast<const uint32_t*>(v);
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t r = 0; r < rows.count; ++r) {
-    const VisibleRange range = visible_in_block(args, seq, rows.position(r), j0);
-    for (int64_t j = range.lo; j < range.hi; ++j) {
+    const KeyRange range = mask.row_keys_in_block(rows.position(r), j0, kKeyBlock);
+    for (int64_t j = range.begin; j < range.end; ++j) {
       const Vec p_rj = Vec::broadcast(p[r * kKeyBlock + j]);
       for (int64_t g = 0; g < dv_pad / 16; ++g) {
         const __m512i pairs = _mm512_loadu_si512(v_words + v_pair_word(g, j / 2));
@@ -314,9 +313,9 @@ inline void compute_scores_exact_tiles(const FwdArgs& args, const float* q, int6
 
 // o[r][c] += p[r][j] * v[j][c] in f32 for the NaN and infinite entries of V in the block at j0
 // (read from the source, where the packed block holds 0) and the rows that see key j.
-inline void add_nonfinite_values(const FwdArgs& args, const SeqInfo& seq, const TaskRows& rows,
-                                 int64_t j0, int64_t keys, const float* p, float* o,
-                                 int64_t dv_pad) {
+inline void add_nonfinite_values(const FwdArgs& args, const SeqInfo& seq, const Mask& mask,
+                                 const TaskRows& rows, int64_t j0, int64_t keys, const float* p,
+                                 float* o, int64_t dv_pad) {
   const int64_t head_k = rows.head_begin / args.group_size();
   for (int64_t j = 0; j < keys; ++j) {
     const int64_t offset = key_row_offset(args, seq, j0 + j, head_k, args.v_batch_stride,
@@ -327,8 +326,8 @@ inline void add_nonfinite_values(const FwdArgs& args, const SeqInfo& seq, const 
       if ((v_row[c] & 0x7f80) != 0x7f80) continue;
       const float value = bf16_to_f32(v_row[c]);
       for (int64_t r = 0; r < rows.count; ++r) {
-        const VisibleRange range = visible_in_block(args, seq, rows.position(r), j0);
-        if (j >= range.lo && j < range.hi) o[r * dv_pad + c] += p[r * kKeyBlock + j] * value;
+        const KeyRange range = mask.row_keys_in_block(rows.position(r), j0, kKeyBlock);
+        if (j >= range.begin && j < range.end) o[r * dv_pad + c] += p[r * kKeyBlock + j] * value;
       }
     }
   }
@@ -396,12 +395,12 @@ class TileProducts {
   // O += P V for the rows of one kv head and the block at j0, now or gathered; P is overwritten.
   // From the first block with a subnormal on, the task's O may hold subnormals, which the tiles
   // would flush: the rest of its blocks take the f32 products.
-  void pv(const FwdArgs& args, const SeqInfo& seq, const TaskRows& head_rows, int64_t j0,
-          int64_t keys, bool crosses_boundary, uint8_t block_flags, float* p, const float* v,
-          float* o, int64_t dv_pad) {
+  void pv(const FwdArgs& args, const SeqInfo& seq, const Mask& mask, const TaskRows& head_rows,
+          int64_t j0, int64_t keys, bool crosses_boundary, uint8_t block_flags, float* p,
+          const float* v, float* o, int64_t dv_pad) {
     rescale_gathered();
     int64_t row_keys[kMaxQBlockRows];
-    if (crosses_boundary) boundary_row_keys(args, seq, head_rows, j0, row_keys);
+    if (crosses_boundary) boundary_row_keys(mask, head_rows, j0, row_keys);
     if (block_flags == 0 && !exact_pv_ && defer_) {
       SplitBlock& block = gathered_[gathered_count_];
       split_rows(p, head_rows.count, gathered_p_[gathered_count_]);
@@ -413,11 +412,11 @@ class TileProducts {
     }
     finish();
     if ((block_flags & kBlockVNonfinite) != 0) {
-      add_nonfinite_values(args, seq, head_rows, j0, keys, p, o, dv_pad);
+      add_nonfinite_values(args, seq, mask, head_rows, j0, keys, p, o, dv_pad);
     }
     if ((block_flags & kBlockSubnormal) != 0) exact_pv_ = true;
     if (exact_pv_) {
-      accumulate_pv_exact_tiles(args, seq, head_rows, j0, p, v, o, dv_pad);
+      accumulate_pv_exact_tiles(mask, head_rows, j0, p, v, o, dv_pad);
     } else {
       accumulate_pv_tiles(p, head_rows.count, v, keys, o, dv_pad,
                           crosses_boundary ? row_keys : nullptr);

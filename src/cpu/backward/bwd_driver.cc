@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 #include "cpu/backward/bwd_layout.h"
 #include "cpu/shared/half.h"
 #include "cpu/isa_table.h"
 #include "cpu/shared/unit_head_dims.h"
+#include "plan/bwd_plan.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/num_threads.h"
 #include "runtime/thread_pool.h"
@@ -53,38 +53,6 @@ const BwdKernel* find_bwd_kernel(anyattn_isa isa) {
     if (kernel.isa == isa) return &kernel;
   }
   return nullptr;
-}
-
-// Chunking (bwd_layout.h). Enough tasks for this many threads to share the work evenly...
-constexpr int64_t kWantedTasks = 16;
-// ...but never more chunks than this, and no more dq partials (num_chunks x total query rows x
-// d_pad floats) than kPartialBudgetBytes: the partials trade memory for parallelism only where a
-// call has few (sequence, kv head) pairs. None of these depends on the thread count.
-constexpr int64_t kMaxChunks = 16;
-constexpr int64_t kPartialBudgetBytes = int64_t{128} << 20;
-
-int64_t ceil_div64(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
-// Number of 64-row blocks overlapping [first, last] (0 when empty).
-int64_t blocks_between(int64_t first, int64_t last) {
-  return first > last ? 0 : last / kBwdBlock - first / kBwdBlock + 1;
-}
-
-// The cost of a task in tile products: per query head, the visible key blocks of its chunk
-// summed over the query blocks, plus one per query block for packing.
-int64_t task_cost(const FwdArgs& f, const BwdTask& task) {
-  const SeqInfo& seq = task.seq.seq;
-  const int64_t offset = seq.seqlen_k - seq.seqlen_q;
-  int64_t cost = 0;
-  for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kBwdBlock) {
-    const int64_t rows = std::min(kBwdBlock, seq.seqlen_q - i0);
-    const int64_t lo = std::max(task.key_begin, i0 + offset - f.window_left);
-    const int64_t hi = std::min(task.key_end - 1, i0 + rows - 1 + offset + f.window_right);
-    cost += 1 + (lo > hi ? 0 : blocks_between(lo - task.key_begin, hi - task.key_begin));
-  }
-  return cost * f.group_size() + ceil_div64(task.key_end - task.key_begin, kBwdBlock);
 }
 
 // Writes exact zeros to dk and dv of every sequence's keys that no query attends: those beyond
@@ -140,66 +108,17 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
     return;
   }
   const BwdKernel* kernel = find_bwd_kernel(isa);
+  plan::BwdPlan plan = plan::make_bwd_plan(args, kernel->bf16_tiles && f.dtype == DType::kBF16);
+  const std::vector<BwdSeq>& seqs = plan.seqs;
 
-  // Sequences, their workspace rows, and the chunking.
-  std::vector<BwdSeq> seqs(static_cast<size_t>(f.batch));
-  int64_t total_rows = 0, max_blocks = 0, pairs = 0;
-  for (int64_t b = 0; b < f.batch; ++b) {
-    seqs[b] = bwd_sequence(args, b, total_rows);
-    total_rows += seqs[b].seq.seqlen_q * f.heads_q;
-    const int64_t blocks = ceil_div64(seqs[b].seq.seqlen_k, kBwdBlock);
-    max_blocks = std::max(max_blocks, blocks);
-    if (blocks > 0) pairs += f.heads_k;
-  }
-  BwdLayout layout;
-  layout.d_pad = (f.head_dim + 15) / 16 * 16;
-  layout.dv_pad = (f.head_dim_v + 15) / 16 * 16;
-  layout.bf16_tiles = kernel->bf16_tiles && f.dtype == DType::kBF16;
-  int64_t chunks = std::min({ceil_div64(kWantedTasks, std::max<int64_t>(pairs, 1)), kMaxChunks,
-                             std::max<int64_t>(max_blocks, 1)});
-  const int64_t partial_row_bytes = std::max<int64_t>(total_rows * layout.d_pad * 4, 1);
-  if (chunks > 1)
-    chunks = std::max<int64_t>(1, std::min(chunks, kPartialBudgetBytes / partial_row_bytes));
-  layout.num_chunks = chunks;
-  layout.chunk_keys = ceil_div64(max_blocks, chunks) * kBwdBlock;
-  const bool partials = chunks > 1;
-
-  // Tasks, most expensive first (causal chunks differ in cost by up to the number of blocks).
   const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());
-  const int64_t scratch_floats = layout.scratch_floats();
-  const int64_t delta_floats = (total_rows + 15) / 16 * 16;
-  const int64_t chunk_stride = total_rows * layout.d_pad;
-  const int64_t partial_floats = partials ? chunks * chunk_stride : 0;
-  runtime::AlignedBuffer<float> workspace(delta_floats + partial_floats +
+  const int64_t scratch_floats = plan.layout.scratch_floats();
+  runtime::AlignedBuffer<float> workspace(plan.delta_floats + plan.partial_floats +
                                           lease.num_threads() * scratch_floats);
   float* delta = workspace.get();
-  float* partial_base = partials ? workspace.get() + delta_floats : nullptr;
-  float* scratch = workspace.get() + delta_floats + partial_floats;
-
-  std::vector<BwdTask> tasks;
-  std::vector<int64_t> costs;
-  for (int64_t b = 0; b < f.batch; ++b) {
-    const int64_t blocks = ceil_div64(seqs[b].seq.seqlen_k, kBwdBlock);
-    const int64_t seq_chunks = layout.chunks_for(blocks);
-    for (int64_t head_k = 0; head_k < f.heads_k; ++head_k) {
-      for (int64_t c = 0; c < seq_chunks; ++c) {
-        BwdTask task;
-        task.seq = seqs[b];
-        task.head_k = head_k;
-        task.key_begin = BwdLayout::chunk_first_block(blocks, seq_chunks, c) * kBwdBlock;
-        task.key_end =
-            std::min(seqs[b].seq.seqlen_k,
-                     BwdLayout::chunk_first_block(blocks, seq_chunks, c + 1) * kBwdBlock);
-        task.dq_partial = seq_chunks > 1 ? partial_base + c * chunk_stride : nullptr;
-        tasks.push_back(task);
-        costs.push_back(task_cost(f, task));
-      }
-    }
-  }
-  std::vector<int64_t> order(tasks.size());
-  std::iota(order.begin(), order.end(), int64_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  float* partial_base = plan.partial_floats > 0 ? workspace.get() + plan.delta_floats : nullptr;
+  float* scratch = workspace.get() + plan.delta_floats + plan.partial_floats;
+  plan.bind_partials(partial_base);
 
   // Every allocation is done; from here on outputs are written.
   lease.run_each(f.batch * f.heads_q, [&](int64_t t, int) {
@@ -210,7 +129,7 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
   if (args.dsinks != nullptr) {
     // dsink_h = -sum_b sum_i exp(sink_h - lse_bhi) delta_bhi, summed in a fixed order in f64.
     lease.run_each(f.heads_q, [&](int64_t h, int) {
-      const double sink = f.sinks[h * f.sinks_stride];
+      const double sink = ScoreModifiers::of(f).sink(h);
       double sum = 0.0;
       for (const BwdSeq& s : seqs) {
         for (int64_t i = 0; i < s.seq.seqlen_q; ++i) {
@@ -221,16 +140,17 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
       args.dsinks[h * args.dsinks_stride] = static_cast<float>(-sum);
     });
   }
-  lease.run_each(static_cast<int64_t>(tasks.size()), [&](int64_t t, int worker) {
-    kernel->bwd_task(args, layout, tasks[order[static_cast<size_t>(t)]], delta,
+  lease.run_each(static_cast<int64_t>(plan.tasks.size()), [&](int64_t t, int worker) {
+    kernel->bwd_task(args, plan.layout, plan.tasks[static_cast<size_t>(t)], delta,
                      scratch + worker * scratch_floats);
   });
   // dq of sequences with several chunks (or none: no keys, so dq = 0).
   lease.run_each(f.batch * f.heads_q, [&](int64_t t, int) {
     const BwdSeq& s = seqs[t / f.heads_q];
-    const int64_t seq_chunks = layout.chunks_for(ceil_div64(s.seq.seqlen_k, kBwdBlock));
+    const int64_t seq_chunks = plan.chunks_of(s);
     if (seq_chunks != 1) {
-      kernel->reduce_dq(args, layout, s, t % f.heads_q, partial_base, chunk_stride, seq_chunks);
+      kernel->reduce_dq(args, plan.layout, s, t % f.heads_q, partial_base, plan.chunk_stride,
+                        seq_chunks);
     }
   });
   if (f.cu_seqlens_k != nullptr && f.seqlens_k != nullptr) {

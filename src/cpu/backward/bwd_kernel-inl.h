@@ -4,9 +4,11 @@
 // region), after Vec (simd/vec_<isa>.h), exp2/tanh (simd/vec_math-inl.h) and the register tile
 //   kGemmRows x kGemmVecs   rows x column vectors of the C += A B micro-kernel
 // and dropout_row_factors(key, b, h, i, j0, threshold, keep_scale, z): that ISA's
-// dropout_keep_factors64 (bwd_philox.h), the dropout factors of 64 keys of one row. With
-// ANYATTN_BWD_BF16_TILES (bwd_avx512_amx.cc, after amx_tiles-inl.h), the five products of bf16
-// calls run on AMX tiles (bwd_tiles_amx-inl.h); elsewhere bwd_tiles_none-inl.h stands in.
+// dropout_keep_factors64 (bwd_philox.h), the dropout factors of 64 keys of one row. The task loop
+// (bwd_blocks) takes its five products from a policy class: VectorProducts below, or with
+// ANYATTN_BWD_BF16_TILES (bwd_avx512_amx.cc, after amx_tiles-inl.h) TileProducts, which runs those
+// of bf16 calls on AMX tiles (bwd_tiles_amx-inl.h). Which keys a row sees, and the score
+// modifiers, come from the sequence's Mask (common/mask.h).
 //
 // Math (docs/backward.md): with x = <q_i, k_j> * scale, t = tanh(x / softcap), s = softcap * t (or
 // s = x), s += ALiBi, P = exp(s - lse_i), Z the dropout factors (0 or 1/(1-p); 1 without dropout)
@@ -180,12 +182,6 @@ inline void transpose_to_columns(const float* src, int64_t cols, float* dst) {
   }
 }
 
-#if defined(ANYATTN_BWD_BF16_TILES)
-#include "cpu/amx/bwd_tiles_amx-inl.h"
-#else
-#include "cpu/backward/bwd_tiles_none-inl.h"
-#endif
-
 // Writes n values of src times `scale` as `dtype` to dst (rounded to nearest even). One loop per
 // dtype, so that the compiler vectorises the half-precision roundings too.
 inline void store_row(const float* src, int64_t n, float scale, DType dtype, void* dst) {
@@ -208,38 +204,18 @@ inline void store_row(const float* src, int64_t n, float scale, DType dtype, voi
 // The elementwise step: probabilities and score gradients of one tile row
 // ---------------------------------------------------------------------------------------------
 
-struct TileMath {
-  float scale = 0.f;           // softmax_scale, without softcap
-  float scale_over_cap = 0.f;  // softmax_scale / softcap, with softcap
-  float cap = 0.f;             // softcap
-  bool softcap = false;
-  bool alibi = false;
-  bool dropout = false;
-};
-
-inline TileMath tile_math(const BwdArgs& args) {
-  const FwdArgs& f = args.fwd;
-  TileMath m;
-  m.softcap = f.softcap > 0.f;
-  m.scale = f.softmax_scale;
-  m.scale_over_cap = m.softcap ? f.softmax_scale / f.softcap : 0.f;
-  m.cap = f.softcap;
-  m.alibi = f.alibi_slopes != nullptr;
-  m.dropout = args.dropout_p > 0.f;
-  return m;
-}
-
 // One row of a tile, kTile columns (keys): s_row holds raw scores <q, k>, dp_row holds
 // <dout, v>. On return s_row holds P Z and dp_row holds dX (the gradient of the pre-softcap
-// score, unscaled). Columns outside [lo, hi) get 0 in both when `mask`. neg_lse is minus the
-// row's LSE (-inf for a row that saw no key, so that its P is exactly 0), delta its
-// rowsum(dout * out); the ALiBi distance of column c is |alibi_base + c|; z_row holds the dropout
-// factors. s - lse is formed in natural-log units with one fused multiply-add where possible
-// (no ALiBi), and only then scaled by log2(e) for exp2: P's relative error stays a few ulps even
-// when the scores and the LSE are large and nearly cancel.
-inline void tile_row_gradients(const TileMath& m, float neg_slope, float* s_row, float* dp_row,
-                               const float* z_row, float neg_lse_row, float delta_row,
-                               float alibi_base, bool mask, float lo, float hi) {
+// score, unscaled). Columns outside [lo, hi) get 0 in both when `mask`. m: the call's score
+// modifiers (common/mask.h); neg_lse is minus the row's LSE (-inf for a row that saw no key, so
+// that its P is exactly 0), delta its rowsum(dout * out); the ALiBi distance of column c is
+// |alibi_base + c|; z_row holds the dropout factors, read only with `dropout`. s - lse is formed
+// in natural-log units with one fused multiply-add where possible (no ALiBi), and only then
+// scaled by log2(e) for exp2: P's relative error stays a few ulps even when the scores and the
+// LSE are large and nearly cancel.
+inline void tile_row_gradients(const ScoreModifiers& m, bool dropout, float neg_slope,
+                               float* s_row, float* dp_row, const float* z_row, float neg_lse_row,
+                               float delta_row, float alibi_base, bool mask, float lo, float hi) {
   const Vec iota = Vec::iota();
   const Vec zero = Vec::zero();
   const Vec log2e = Vec::broadcast(kLog2eF);
@@ -268,7 +244,7 @@ inline void tile_row_gradients(const TileMath& m, float neg_slope, float* s_row,
     const Vec p = exp2(centered * log2e);
     Vec dp = Vec::load(dp_row + c);
     Vec kept = p;
-    if (m.dropout) {
+    if (dropout) {
       const Vec z = Vec::load(z_row + c);
       kept = p * z;
       dp = dp * z;
@@ -284,26 +260,50 @@ inline void tile_row_gradients(const TileMath& m, float neg_slope, float* s_row,
   }
 }
 
-inline float neg_slope_of(const FwdArgs& f, int64_t b, int64_t h) {
-  if (f.alibi_slopes == nullptr) return 0.f;
-  return -f.alibi_slopes[b * f.alibi_batch_stride + h * f.alibi_head_stride];
-}
-
 // -lse of row i; -inf for a row that saw no key (lse = -inf), so that its P is exactly 0.
 inline float neg_lse_of(const FwdArgs& f, const SeqInfo& seq, int64_t h, int64_t i) {
   const float lse = f.lse[seq.lse_offset + h * f.lse_head_stride + i * f.lse_row_stride];
   return lse == -kInfinityF ? -kInfinityF : -lse;
 }
 
-// [lo, hi) clipped to [0, kTile), as floats for select_in_range.
-struct ColumnRange {
-  float lo;
-  float hi;
+// The call's dropout, as the elementwise step applies it (off: every factor is 1).
+struct TileDropout {
+  bool on = false;
+  PhiloxKey key;
+  uint32_t threshold = 0;
+  float keep_scale = 1.f;  // 1 / (1 - p)
 };
-inline ColumnRange clip_columns(int64_t lo, int64_t hi) {
-  lo = std::max<int64_t>(lo, 0);
-  hi = std::min<int64_t>(hi, kTile);
-  return {static_cast<float>(lo), static_cast<float>(std::max(lo, hi))};
+
+inline TileDropout tile_dropout(const BwdArgs& args) {
+  TileDropout dropout;
+  dropout.on = args.dropout_p > 0.f;
+  dropout.key = dropout_key(args.dropout_seed, args.dropout_offset);
+  dropout.threshold = dropout_threshold(args.dropout_p);
+  dropout.keep_scale = dropout.on ? 1.f / (1.f - args.dropout_p) : 1.f;
+  return dropout;
+}
+
+// The elementwise step of the tile of query rows [i0, i0 + rows) of head h of sequence b and the
+// keys from j0: s.s (S) becomes P Z and s.dp (dP) becomes dX, with the dropout factors of the
+// tile in s.z and, on tiles that cross the mask's boundary, zeros outside each row's visible keys.
+inline void tile_gradients(const Mask& mask, const TileDropout& dropout, int64_t b, int64_t h,
+                           int64_t i0, int64_t rows, int64_t j0, const BwdScratch& s) {
+  if (dropout.on) {
+    for (int64_t r = 0; r < rows; ++r) {
+      dropout_row_factors(dropout.key, b, h, i0 + r, j0, dropout.threshold,
+                          dropout.keep_scale, s.z + r * kTile);
+    }
+  }
+  const bool masked = mask.crosses_boundary(i0, i0 + rows, j0, kTile);
+  const float slope = mask.neg_alibi_slope(h);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    const KeyRange range = mask.row_keys_in_block(i, j0, kTile);
+    tile_row_gradients(mask.modifiers(), dropout.on, slope, s.s + r * kTile, s.dp + r * kTile,
+                       s.z + r * kTile, s.neg_lse[r], s.delta[r],
+                       static_cast<float>(j0 - mask.diagonal(i)), masked,
+                       static_cast<float>(range.begin), static_cast<float>(range.end));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -333,16 +333,68 @@ void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The five products
+// ---------------------------------------------------------------------------------------------
+
+// The five products of a tile as the FMA micro-kernel computes them, from the f32 operands in
+// BwdScratch (one object per task). bwd_blocks is written against this interface; a path with
+// other products (bwd_tiles_amx-inl.h) supplies its own. In every call kb is the tile's key block
+// within the task's chunk, `rows` its query rows and `keys` its keys (64 but at the end of the
+// sequence); S and P Z live in s.s, dP and dX in s.dp.
+class VectorProducts {
+ public:
+  VectorProducts(const FwdArgs& f, const BwdLayout& layout, const BwdScratch& s)
+      : s_(s),
+        head_dim_(f.head_dim),
+        head_dim_v_(f.head_dim_v),
+        d_pad_(layout.d_pad),
+        dv_pad_(layout.dv_pad) {}
+
+  // After key block kb's K rows (s.k) and V rows (s.rows) are loaded and its panels packed: the
+  // micro-kernel needs nothing more.
+  void pack_key_block(int64_t /*kb*/) {}
+  // After a query block's Q and dout rows are loaded: nothing more either.
+  void pack_query_block(int64_t /*rows*/) {}
+  // S = Q K^T.
+  void scores(int64_t kb, int64_t rows) const {
+    gemm<false>(rows, kTile, head_dim_, s_.q, d_pad_, s_.kt + kb * d_pad_ * kTile, kTile, s_.s,
+                kTile, false);
+  }
+  // dP = dout V^T.
+  void value_scores(int64_t kb, int64_t rows) const {
+    gemm<false>(rows, kTile, head_dim_v_, s_.dout, dv_pad_, s_.vt + kb * dv_pad_ * kTile, kTile,
+                s_.dp, kTile, false);
+  }
+  // dV += (P Z)^T dout.
+  void add_dv(int64_t kb, int64_t rows, int64_t keys) const {
+    gemm<true>(keys, dv_pad_, rows, s_.s, kTile, s_.dout, dv_pad_, s_.dv + kb * kTile * dv_pad_,
+               dv_pad_, true);
+  }
+  // dK += dX^T Q.
+  void add_dk(int64_t kb, int64_t rows, int64_t keys) const {
+    gemm<true>(keys, d_pad_, rows, s_.dp, kTile, s_.q, d_pad_, s_.dk + kb * kTile * d_pad_, d_pad_,
+               true);
+  }
+  // dQ += dX K. The tile's last product: it may overwrite dX.
+  void add_dq(int64_t kb, int64_t rows, int64_t keys) const {
+    gemm<false>(rows, d_pad_, keys, s_.dp, kTile, s_.k + kb * kTile * d_pad_, d_pad_, s_.dq, d_pad_,
+                true);
+  }
+
+ private:
+  const BwdScratch& s_;
+  int64_t head_dim_, head_dim_v_, d_pad_, dv_pad_;
+};
+
+// ---------------------------------------------------------------------------------------------
 // The fused pass: dK, dV of one key chunk and its dQ contributions
 // ---------------------------------------------------------------------------------------------
 
-namespace {
-
 // Converts `count` (<= 64) key rows starting at key j0 of tensor `base` (k or v strides) into
 // rows[64][n_pad] (zero rows beyond count), then transposes them into panel[n_pad][64].
-void pack_key_block(const FwdArgs& f, const SeqInfo& seq, int64_t head_k, const void* base,
-                    int64_t batch_stride, int64_t row_stride, int64_t head_stride, int64_t n,
-                    int64_t n_pad, int64_t j0, int64_t count, float* rows, float* panel) {
+inline void pack_key_block(const FwdArgs& f, const SeqInfo& seq, int64_t head_k, const void* base,
+                           int64_t batch_stride, int64_t row_stride, int64_t head_stride, int64_t n,
+                           int64_t n_pad, int64_t j0, int64_t count, float* rows, float* panel) {
   for (int64_t j = 0; j < kTile; ++j) {
     if (j < count) {
       load_row(element_address(
@@ -356,26 +408,14 @@ void pack_key_block(const FwdArgs& f, const SeqInfo& seq, int64_t head_k, const 
   transpose_to_columns(rows, n_pad, panel);
 }
 
-}  // namespace
-
-void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
-              const float* delta_all, float* scratch_base) {
-  const FwdArgs& f = args.fwd;
+// Packs the task's key chunk once: per 64-key block the K rows (s.k), the K and V panels (s.kt,
+// s.vt) and what `products` adds; then zeroes the chunk's dK and dV accumulators.
+template <class Products>
+void pack_chunk(const FwdArgs& f, const BwdLayout& layout, const BwdTask& task,
+                const BwdScratch& s, Products& products) {
   const SeqInfo& seq = task.seq.seq;
-  const BwdScratch s = BwdScratch::carve(scratch_base, layout);
   const int64_t d_pad = layout.d_pad, dv_pad = layout.dv_pad;
-  const int64_t offset = seq.seqlen_k - seq.seqlen_q;
-  const int64_t group = f.group_size();
-  const int64_t chunk_keys = task.key_end - task.key_begin;
-  const int64_t chunk_blocks = (chunk_keys + kTile - 1) / kTile;
-  const TileMath m = tile_math(args);
-  const PhiloxKey dropout_rng = dropout_key(args.dropout_seed, args.dropout_offset);
-  const uint32_t threshold = dropout_threshold(args.dropout_p);
-  const float keep_scale = m.dropout ? 1.f / (1.f - args.dropout_p) : 1.f;
-
-  const bool tiles = tiles_on(layout);
-  const int64_t d_words = layout.d_words(), dv_words = layout.dv_words();
-  tiles_begin(layout);
+  const int64_t chunk_blocks = (task.key_end - task.key_begin + kTile - 1) / kTile;
   for (int64_t kb = 0; kb < chunk_blocks; ++kb) {
     const int64_t j0 = task.key_begin + kb * kTile;
     const int64_t keys = std::min(kTile, task.key_end - j0);
@@ -384,151 +424,126 @@ void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
                    s.kt + kb * d_pad * kTile);
     pack_key_block(f, seq, task.head_k, f.v, f.v_batch_stride, f.v_row_stride, f.v_head_stride,
                    f.head_dim_v, dv_pad, j0, keys, s.rows, s.vt + kb * dv_pad * kTile);
-    if (tiles) {
-      const bool k_subnormal = pack_key_words(s.k + kb * kTile * d_pad, d_pad, d_words, s.staging,
-                                              s.k_words + kb * d_words * kTile);
-      const bool v_subnormal =
-          pack_key_words(s.rows, dv_pad, dv_words, s.staging, s.v_words + kb * dv_words * kTile);
-      s.key_flags[kb] = static_cast<uint8_t>((k_subnormal ? kKeySubnormal : 0) |
-                                             (v_subnormal ? kValueSubnormal : 0));
-      pack_row_pairs(s.k + kb * kTile * d_pad, kTile, d_pad, kTile / 2,
-                     s.k_pairs + kb * kTile / 2 * d_pad);
-    }
+    products.pack_key_block(kb);
   }
   zero_floats(s.dk, chunk_blocks * kTile * d_pad);
   zero_floats(s.dv, chunk_blocks * kTile * dv_pad);
+}
 
-  for (int64_t g = 0; g < group; ++g) {
-    const int64_t h = task.head_k * group + g;
-    const float slope = neg_slope_of(f, seq.batch, h);
-    const float* delta_head = delta_all + task.seq.row_first + h * seq.seqlen_q;
-    for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kTile) {
-      const int64_t rows = std::min(kTile, seq.seqlen_q - i0);
-      const int64_t row_chunks = (rows + 31) / 32;  // of the tiles' products over query rows
-      // Keys of the chunk that at least one row of the block sees.
-      const int64_t j_lo = std::max(task.key_begin, i0 + offset - f.window_left);
-      const int64_t j_hi = std::min(task.key_end - 1, i0 + rows - 1 + offset + f.window_right);
-      zero_floats(s.dq, (rows + 15) / 16 * 16 * d_pad);
-      if (j_lo <= j_hi) {
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = i0 + r;
-          load_row(element_address(f.q, f.dtype,
-                                   seq.q_offset + i * f.q_row_stride + h * f.q_head_stride),
-                   f.dtype, f.head_dim, d_pad, s.q + r * d_pad);
-          load_row(element_address(
-                       args.dout, f.dtype,
-                       task.seq.dout_offset + i * args.dout_row_stride + h * args.dout_head_stride),
-                   f.dtype, f.head_dim_v, dv_pad, s.dout + r * dv_pad);
-          s.neg_lse[r] = neg_lse_of(f, seq, h, i);
-          s.delta[r] = delta_head[i];
-        }
-        bool q_subnormal = true, dout_subnormal = true;
-        if (tiles) {
-          q_subnormal = pack_query_words(s.q, rows, d_pad, d_words, s.q_words);
-          dout_subnormal = pack_query_words(s.dout, rows, dv_pad, dv_words, s.dout_words);
-          pack_row_pairs(s.q, rows, d_pad, row_chunks * 16, s.q_pairs);
-          pack_row_pairs(s.dout, rows, dv_pad, row_chunks * 16, s.dout_pairs);
-        }
-        if (i0 + kTile < seq.seqlen_q) {
-          const int64_t next_rows = std::min(kTile, seq.seqlen_q - i0 - kTile);
-          prefetch_rows(f.q, f.dtype,
-                        seq.q_offset + (i0 + kTile) * f.q_row_stride + h * f.q_head_stride,
-                        f.q_row_stride, next_rows, f.head_dim);
-          prefetch_rows(args.dout, f.dtype,
-                        task.seq.dout_offset + (i0 + kTile) * args.dout_row_stride +
-                            h * args.dout_head_stride,
-                        args.dout_row_stride, next_rows, f.head_dim_v);
-        }
-        const int64_t kb_first = (j_lo - task.key_begin) / kTile;
-        const int64_t kb_last = (j_hi - task.key_begin) / kTile;
-        for (int64_t kb = kb_first; kb <= kb_last; ++kb) {
-          const int64_t j0 = task.key_begin + kb * kTile;
-          const int64_t keys = std::min(kTile, task.key_end - j0);
-          const float* k_rows = s.k + kb * kTile * d_pad;
-          float* dk = s.dk + kb * kTile * d_pad;
-          float* dv = s.dv + kb * kTile * dv_pad;
-          if (tiles && !q_subnormal && (s.key_flags[kb] & kKeySubnormal) == 0) {
-            tile_products(f.head_dim, s.q_words, rows, s.k_words + kb * d_words * kTile, s.s);
-          } else {
-            gemm<false>(rows, kTile, f.head_dim, s.q, d_pad, s.kt + kb * d_pad * kTile, kTile, s.s,
-                        kTile, false);
-          }
-          if (tiles && !dout_subnormal && (s.key_flags[kb] & kValueSubnormal) == 0) {
-            tile_products(f.head_dim_v, s.dout_words, rows, s.v_words + kb * dv_words * kTile,
-                          s.dp);
-          } else {
-            gemm<false>(rows, kTile, f.head_dim_v, s.dout, dv_pad, s.vt + kb * dv_pad * kTile,
-                        kTile, s.dp, kTile, false);
-          }
-          if (m.dropout) {
-            for (int64_t r = 0; r < rows; ++r) {
-              dropout_row_factors(dropout_rng, seq.batch, h, i0 + r, j0, threshold, keep_scale,
-                                  s.z + r * kTile);
-            }
-          }
-          // Query i sees key j iff i + offset - window_left <= j <= i + offset + window_right
-          // and j < Sk; a block inside every row's window needs no mask.
-          const bool mask = keys < kTile || j0 < i0 + rows - 1 + offset - f.window_left ||
-                            j0 + keys - 1 > i0 + offset + f.window_right;
-          for (int64_t r = 0; r < rows; ++r) {
-            const int64_t i = i0 + r;
-            const ColumnRange range =
-                clip_columns(i + offset - f.window_left - j0,
-                             std::min(i + offset + f.window_right + 1, seq.seqlen_k) - j0);
-            tile_row_gradients(m, slope, s.s + r * kTile, s.dp + r * kTile, s.z + r * kTile,
-                               s.neg_lse[r], s.delta[r], static_cast<float>(j0 - i - offset), mask,
-                               range.lo, range.hi);
-          }
-          const int64_t key_groups = (keys + 15) / 16;
-          if (tiles && !dout_subnormal) {
-            split_transposed(s.s, rows, s.staging);
-            split_products(s.staging, key_groups, s.dout_pairs, dv_pad, row_chunks, dv);
-          } else {
-            gemm<true>(keys, dv_pad, rows, s.s, kTile, s.dout, dv_pad, dv, dv_pad, true);
-          }
-          if (tiles && !q_subnormal) {
-            split_transposed(s.dp, rows, s.staging);
-            split_products(s.staging, key_groups, s.q_pairs, d_pad, row_chunks, dk);
-          } else {
-            gemm<true>(keys, d_pad, rows, s.dp, kTile, s.q, d_pad, dk, d_pad, true);
-          }
-          if (tiles && (s.key_flags[kb] & kKeySubnormal) == 0) {
-            split_rows(s.dp, rows, s.dp);
-            split_products(s.dp, (rows + 15) / 16, s.k_pairs + kb * kTile / 2 * d_pad, d_pad,
-                           (keys + 31) / 32, s.dq);
-          } else {
-            gemm<false>(rows, d_pad, keys, s.dp, kTile, k_rows, d_pad, s.dq, d_pad, true);
-          }
-        }
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
-        if (task.dq_partial == nullptr) {
-          store_row(s.dq + r * d_pad, f.head_dim, f.softmax_scale, f.dtype,
-                    element_address(
-                        args.dq, f.dtype,
-                        task.seq.dq_offset + i * args.dq_row_stride + h * args.dq_head_stride));
-        } else {
-          float* partial = task.dq_partial + (task.seq.row_first + h * seq.seqlen_q + i) * d_pad;
-          for (int64_t c = 0; c < d_pad; c += kLanes)
-            Vec::load(s.dq + r * d_pad + c).store(partial + c);
-        }
-      }
+// Loads the Q and dout rows of query rows [i0, i0 + rows) of head h into s.q and s.dout (f32,
+// zero-padded), with their -lse and delta (delta_head: the head's delta, by position).
+inline void load_query_block(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
+                             int64_t h, int64_t i0, int64_t rows, const float* delta_head,
+                             const BwdScratch& s) {
+  const FwdArgs& f = args.fwd;
+  const SeqInfo& seq = task.seq.seq;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    load_row(element_address(f.q, f.dtype, seq.q_offset + i * f.q_row_stride + h * f.q_head_stride),
+             f.dtype, f.head_dim, layout.d_pad, s.q + r * layout.d_pad);
+    load_row(element_address(
+                 args.dout, f.dtype,
+                 task.seq.dout_offset + i * args.dout_row_stride + h * args.dout_head_stride),
+             f.dtype, f.head_dim_v, layout.dv_pad, s.dout + r * layout.dv_pad);
+    s.neg_lse[r] = neg_lse_of(f, seq, h, i);
+    s.delta[r] = delta_head[i];
+  }
+}
+
+// Prefetches the Q and dout rows of head h's query block after the one at i0, if there is one.
+inline void prefetch_next_query_block(const BwdArgs& args, const BwdTask& task, int64_t h,
+                                      int64_t i0) {
+  const FwdArgs& f = args.fwd;
+  const SeqInfo& seq = task.seq.seq;
+  if (i0 + kTile >= seq.seqlen_q) return;
+  const int64_t next_rows = std::min(kTile, seq.seqlen_q - i0 - kTile);
+  prefetch_rows(f.q, f.dtype, seq.q_offset + (i0 + kTile) * f.q_row_stride + h * f.q_head_stride,
+                f.q_row_stride, next_rows, f.head_dim);
+  prefetch_rows(args.dout, f.dtype,
+                task.seq.dout_offset + (i0 + kTile) * args.dout_row_stride +
+                    h * args.dout_head_stride,
+                args.dout_row_stride, next_rows, f.head_dim_v);
+}
+
+// Writes the dQ rows of query rows [i0, i0 + rows) of head h (s.dq, unscaled): scaled to dq when
+// the sequence has one chunk, else unscaled to this chunk's f32 partial.
+inline void store_query_gradients(const BwdArgs& args, const BwdLayout& layout,
+                                  const BwdTask& task, int64_t h, int64_t i0, int64_t rows,
+                                  const BwdScratch& s) {
+  const FwdArgs& f = args.fwd;
+  const int64_t d_pad = layout.d_pad;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    if (task.dq_partial == nullptr) {
+      store_row(s.dq + r * d_pad, f.head_dim, f.softmax_scale, f.dtype,
+                element_address(args.dq, f.dtype,
+                                 task.seq.dq_offset + i * args.dq_row_stride +
+                                     h * args.dq_head_stride));
+    } else {
+      float* partial =
+          task.dq_partial + (task.seq.row_first + h * task.seq.seq.seqlen_q + i) * d_pad;
+      for (int64_t c = 0; c < d_pad; c += kLanes) Vec::load(s.dq + r * d_pad + c).store(partial + c);
     }
   }
+}
 
-  tiles_end(layout);
-  for (int64_t j = 0; j < chunk_keys; ++j) {
+// Writes the chunk's dK (scaled) and dV rows from their accumulators.
+inline void store_key_gradients(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
+                                const BwdScratch& s) {
+  const FwdArgs& f = args.fwd;
+  const SeqInfo& seq = task.seq.seq;
+  for (int64_t j = 0; j < task.key_end - task.key_begin; ++j) {
     const int64_t key = task.key_begin + j;
-    store_row(s.dk + j * d_pad, f.head_dim, f.softmax_scale, f.dtype,
+    store_row(s.dk + j * layout.d_pad, f.head_dim, f.softmax_scale, f.dtype,
               element_address(args.dk, f.dtype,
                               key_row_offset(f, seq, key, task.head_k, args.dk_batch_stride,
                                              args.dk_row_stride, args.dk_head_stride)));
-    store_row(s.dv + j * dv_pad, f.head_dim_v, 1.f, f.dtype,
+    store_row(s.dv + j * layout.dv_pad, f.head_dim_v, 1.f, f.dtype,
               element_address(args.dv, f.dtype,
                               key_row_offset(f, seq, key, task.head_k, args.dv_batch_stride,
                                              args.dv_row_stride, args.dv_head_stride)));
   }
+}
+
+// One task (bwd_layout.h) with the products of `Products`: pack the chunk, then for every query
+// head of the group and every query block, the tiles of the key blocks that block sees.
+template <class Products>
+void bwd_blocks(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
+                const float* delta_all, float* scratch_base) {
+  const FwdArgs& f = args.fwd;
+  const SeqInfo& seq = task.seq.seq;
+  const BwdScratch s = BwdScratch::carve(scratch_base, layout);
+  const Mask mask(f, seq);
+  const TileDropout dropout = tile_dropout(args);
+  Products products(f, layout, s);
+  pack_chunk(f, layout, task, s, products);
+
+  for (int64_t g = 0; g < f.group_size(); ++g) {
+    const int64_t h = task.head_k * f.group_size() + g;
+    const float* delta_head = delta_all + task.seq.row_first + h * seq.seqlen_q;
+    for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kTile) {
+      const int64_t rows = std::min(kTile, seq.seqlen_q - i0);
+      const KeyRange blocks = chunk_blocks_seen(mask, task, i0, rows);
+      zero_floats(s.dq, (rows + 15) / 16 * 16 * layout.d_pad);
+      if (!blocks.empty()) {
+        load_query_block(args, layout, task, h, i0, rows, delta_head, s);
+        products.pack_query_block(rows);
+        prefetch_next_query_block(args, task, h, i0);
+        for (int64_t kb = blocks.begin; kb < blocks.end; ++kb) {
+          const int64_t j0 = task.key_begin + kb * kTile;
+          const int64_t keys = std::min(kTile, task.key_end - j0);
+          products.scores(kb, rows);
+          products.value_scores(kb, rows);
+          tile_gradients(mask, dropout, seq.batch, h, i0, rows, j0, s);
+          products.add_dv(kb, rows, keys);
+          products.add_dk(kb, rows, keys);
+          products.add_dq(kb, rows, keys);
+        }
+      }
+      store_query_gradients(args, layout, task, h, i0, rows, s);
+    }
+  }
+  store_key_gradients(args, layout, task, s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -556,3 +571,13 @@ void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, in
                               s.dq_offset + i * args.dq_row_stride + h * args.dq_head_stride));
   }
 }
+
+#if defined(ANYATTN_BWD_BF16_TILES)
+// This path runs the products of bf16 calls on AMX tiles, and everything else as above.
+#include "cpu/amx/bwd_tiles_amx-inl.h"
+#else
+void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task, const float* delta,
+              float* scratch) {
+  bwd_blocks<VectorProducts>(args, layout, task, delta, scratch);
+}
+#endif

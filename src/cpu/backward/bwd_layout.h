@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/mask.h"
 #include "cpu/backward/bwd_args.h"
 
 namespace anyattn::cpu {
@@ -54,6 +55,18 @@ struct BwdTask {
   // the sequence has one chunk and the task writes dq itself.
   float* dq_partial = nullptr;
 };
+
+// The key blocks of the task's chunk (0 = its first) that hold a key at least one of query rows
+// [i0, i0 + rows) sees; empty when there is none. The kernel visits these, and the driver's cost
+// model counts them.
+inline KeyRange chunk_blocks_seen(const Mask& mask, const BwdTask& task, int64_t i0,
+                                  int64_t rows) {
+  const KeyRange visible = mask.visible_keys(i0, i0 + rows);
+  const int64_t first = std::max(task.key_begin, visible.begin);
+  const int64_t last = std::min(task.key_end, visible.end) - 1;
+  if (first > last) return {};
+  return {(first - task.key_begin) / kBwdBlock, (last - task.key_begin) / kBwdBlock + 1};
+}
 
 struct BwdLayout {
   int64_t d_pad = 0;       // D rounded up to 16

@@ -429,27 +429,20 @@ inline void pass_rows(const BlockStream& stream, int64_t c, int64_t h, const voi
   for (int64_t j = 0; j < kDirectChunkKeys; ++j) rows[j] = stream.row(c + j, h);
 }
 
+// Loads the task's query rows into scratch.q for the direct loop: pre-scaled f32 in paired order
+// (split_pairs), or for kv heads that score on VDPBF16PS (dot_head[h] set here, where the CPU has
+// the instruction) raw bf16, whose softmax then applies the scale as it reads the scores.
 template <DType kDtype>
-void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
-                         const Scratch& scratch) {
-  const TaskRows rows = task_rows(task);
-  const SeqInfo& seq = task.seq;
-  const int64_t head_k = task.head_q_begin / args.group_size();
-  const int64_t dv_pad = layout.dv_pad;
-  float neg_slopes[kMaxQBlockRows];
-  const ScoreTransform transform = task_transform(args, task, neg_slopes);
-  const int64_t heads = task.heads_k;
-  const int64_t rows_per_kv = rows.count / heads;
+void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                         const TaskRows& rows, const Scratch& scratch, bool* dot_head) {
+  const int64_t rows_per_kv = rows.count / task.heads_k;
   load_scaled_queries(args, layout, task, rows, scratch);
-  // bf16 scores on VDPBF16PS where the CPU has it, kv head by kv head: such a head's q rows are
-  // raw bf16 instead, and its softmax applies the scale as it reads the scores.
-  bool dot_head[kMaxQBlockRows] = {};
 #if defined(ANYATTN_DIRECT_BF16_DOT)
   if constexpr (kDtype == DType::kBF16) {
     if (call_takes_dot_scores(args)) {
-      for (int64_t h = 0; h < heads; ++h) {
-        dot_head[h] =
-            load_bf16_head_queries(args, layout, rows, seq, h * rows_per_kv, rows_per_kv, scratch);
+      for (int64_t h = 0; h < task.heads_k; ++h) {
+        dot_head[h] = load_bf16_head_queries(args, layout, rows, task.seq, h * rows_per_kv,
+                                             rows_per_kv, scratch);
       }
     }
   }
@@ -458,9 +451,25 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
     if (dot_head[r / rows_per_kv]) continue;
     split_pairs(scratch.q + r * layout.q_stride, paired_columns<kDtype>(args.head_dim));
   }
+}
+
+template <DType kDtype>
+void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                         const Scratch& scratch) {
+  const TaskRows rows = task_rows(task);
+  const SeqInfo& seq = task.seq;
+  const int64_t head_k = task.head_q_begin / args.group_size();
+  const int64_t dv_pad = layout.dv_pad;
+  const Mask mask(args, seq);
+  float neg_slopes[kMaxQBlockRows];
+  const ScoreTransform transform = task_transform(mask, task, neg_slopes);
+  const int64_t heads = task.heads_k;
+  const int64_t rows_per_kv = rows.count / heads;
+  bool dot_head[kMaxQBlockRows] = {};
+  load_direct_queries<kDtype>(args, layout, task, rows, scratch, dot_head);
   reset_rows(layout, rows, scratch);
 
-  const TaskBlocks blocks = task_blocks(args, task);
+  const KeyRange blocks = task_blocks(mask, task);
   const int64_t heads_per_kv = task.heads / heads;
   const int64_t element_bytes = element_size(args.dtype);
   const int64_t k_row_bytes = args.head_dim * element_bytes;
@@ -480,7 +489,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   if (blocks.begin < blocks.end) locate_block(args, seq, head_k, blocks.begin, &block_rows[0]);
   for (int64_t block = blocks.begin; block < blocks.end; ++block) {
     const int64_t j0 = block * kKeyBlock;
-    const bool crosses_boundary = blocks.crosses_boundary(j0);
+    const bool crosses_boundary = block_crosses_boundary(mask, task, j0);
     const BlockRows& this_block = block_rows[current];
     BlockRows& next_block = block_rows[1 - current];
     const bool has_next = block + 1 < blocks.end;
@@ -547,10 +556,11 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
         for (int64_t j = 0; j < kKeyBlock; ++j) v_rows[j] = v_stream.row(j, h);
         for (int64_t r = 0; r < rows_per_kv; ++r) {
           const int64_t row = h * rows_per_kv + r;
-          const VisibleRange range = visible_in_block(args, seq, rows.position(row), j0);
-          direct_pv_rows<kDtype, 1, false>(scratch.s + row * kKeyBlock + range.lo,
-                                           v_rows + range.lo, range.hi - range.lo, args.head_dim_v,
-                                           nullptr, scratch.o + row * dv_pad, dv_pad);
+          const KeyRange range = mask.row_keys_in_block(rows.position(row), j0, kKeyBlock);
+          direct_pv_rows<kDtype, 1, false>(scratch.s + row * kKeyBlock + range.begin,
+                                           v_rows + range.begin, range.end - range.begin,
+                                           args.head_dim_v, nullptr, scratch.o + row * dv_pad,
+                                           dv_pad);
         }
       }
     } else {

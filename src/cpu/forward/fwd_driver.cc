@@ -193,7 +193,8 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
           task.packed = ws.packed + pair.packed_first * layout.block_floats;
           task.block_flags = ws.block_flags + pair.packed_first;
         }
-        const BlockRange visible = visible_key_blocks(args, pair.seq, task.q_begin, task.q_end);
+        const KeyRange visible =
+            Mask(args, pair.seq).visible_blocks(task.q_begin, task.q_end, kKeyBlock);
         for (int64_t s = 0; s < splits; ++s) {
           task.block_begin = std::min(s * blocks_per_split, pair.blocks);
           task.block_end = std::min(task.block_begin + blocks_per_split, pair.blocks);
@@ -243,12 +244,11 @@ void merge_splits(const FwdArgs& args, const plan::FwdPlan& plan, const Workspac
   const int64_t group_size = args.group_size();
   const int64_t splits = plan.num_splits;
   const int64_t dv_pad = plan.layout.dv_pad;
-  const bool has_sink = args.sinks != nullptr;
+  const ScoreModifiers modifiers = ScoreModifiers::of(args);
   lease.run_each(group.pairs * group_size, [&](int64_t t, int) {
     const Pair& pair = pairs[group.first_pair + t / group_size];
     const int64_t g = t % group_size;
     const int64_t head_q = pair.head_k * group_size + g;
-    const float sink = has_sink ? args.sinks[head_q * args.sinks_stride] : 0.f;
     for (int64_t i = 0; i < pair.seq.seqlen_q; ++i) {
       const int64_t slot = (pair.partial_first + g * pair.seq.seqlen_q + i) * splits;
       RowPartials parts;
@@ -265,7 +265,8 @@ void merge_splits(const FwdArgs& args, const plan::FwdPlan& plan, const Workspac
                        ? nullptr
                        : args.lse + pair.seq.lse_offset + head_q * args.lse_head_stride +
                              i * args.lse_row_stride;
-      combine_and_store_row(parts, has_sink, sink, args.head_dim_v, args.dtype, out_row, lse);
+      combine_and_store_row(parts, modifiers.sinks, modifiers.sink(head_q), args.head_dim_v,
+                            args.dtype, out_row, lse);
     }
   });
 }
@@ -290,7 +291,7 @@ PlannedPart plan_part(const FwdArgs& args, const FwdKernel& kernel, int threads,
     shape.max_seqlen_k = std::max(shape.max_seqlen_k, seq.seqlen_k);
   }
   PlannedPart part;
-  part.plan = plan::make_fwd_plan(args, shape, kernel, threads);
+  part.plan = plan::make_fwd_plan(args, shape, kernel.name, threads);
   part.pairs.reserve(seqs.size() * static_cast<size_t>(args.heads_k));
   for (const SeqInfo& seq : seqs) {
     for (int64_t head_k = 0; head_k < args.heads_k; ++head_k) {

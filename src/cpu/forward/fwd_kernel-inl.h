@@ -229,22 +229,6 @@ inline void accumulate_pv(const float* p, int64_t rows, const float* v, int64_t 
 // Score transforms, mask, online softmax
 // ---------------------------------------------------------------------------------------------
 
-// Keys [lo, hi) of the block starting at key j0 that query row i may see, clipped to [0, 64).
-struct VisibleRange {
-  int64_t lo;
-  int64_t hi;
-};
-inline VisibleRange visible_in_block(const FwdArgs& args, const SeqInfo& seq, int64_t i,
-                                     int64_t j0) {
-  const int64_t diagonal = i + seq.seqlen_k - seq.seqlen_q - j0;
-  int64_t lo = diagonal - args.window_left;
-  int64_t hi = diagonal + args.window_right + 1;
-  hi = std::min(hi, seq.seqlen_k - j0);
-  lo = std::max<int64_t>(lo, 0);
-  hi = std::min<int64_t>(hi, kKeyBlock);
-  return {lo, std::max(lo, hi)};
-}
-
 // The query rows of a task: row r is position q_begin + r % positions of query head
 // head_begin + r / positions.
 struct TaskRows {
@@ -256,44 +240,44 @@ struct TaskRows {
   int64_t head(int64_t r) const { return head_begin + r / positions; }
 };
 
+// How one task's scores become the softmax's inputs: the mask and modifiers of its sequence
+// (common/mask.h, held by the task's loop), and what the block products leave to do.
 struct ScoreTransform {
+  const Mask& mask;
   // The factor the block products leave to the softmax: 1 where q is pre-scaled (the vector
   // products), softmax_scale where S is the raw q . k (the tile products, whose bf16 q is kept
   // unscaled). Applied in registers as the scores are first read.
   float score_scale = 1.f;
-  bool softcap = false;
-  float softcap_value = 0.f;
-  float inverse_softcap = 0.f;
-  bool alibi = false;
   const float* neg_slope = nullptr;  // per query head of the rows: -slope
 };
 
 // Applies transform.score_scale, softcap, ALiBi and (when `apply_mask`) the window/end-of-keys mask
 // to the scores of the task's rows for the key block starting at j0.
-inline void transform_scores(const FwdArgs& args, const SeqInfo& seq,
-                             const ScoreTransform& transform, bool apply_mask, const TaskRows& rows,
+inline void transform_scores(const ScoreTransform& transform, bool apply_mask, const TaskRows& rows,
                              int64_t j0, float* s) {
+  const Mask& mask = transform.mask;
+  const ScoreModifiers& modifiers = mask.modifiers();
   const Vec iota = Vec::iota();
   const Vec negative_infinity = Vec::broadcast(kNegInfinity);
-  const Vec cap = Vec::broadcast(transform.softcap_value);
-  const Vec inverse_cap = Vec::broadcast(transform.inverse_softcap);
+  const Vec cap = Vec::broadcast(modifiers.cap);
+  const Vec inverse_cap = Vec::broadcast(modifiers.inverse_cap);
   const Vec score_scale = Vec::broadcast(transform.score_scale);
   for (int64_t r = 0; r < rows.count; ++r) {
     float* s_row = s + r * kKeyBlock;
     const int64_t i = rows.position(r);
-    const VisibleRange range =
-        apply_mask ? visible_in_block(args, seq, i, j0) : VisibleRange{0, kKeyBlock};
-    const float lo = static_cast<float>(range.lo);
-    const float hi = static_cast<float>(range.hi);
+    const KeyRange range =
+        apply_mask ? mask.row_keys_in_block(i, j0, kKeyBlock) : KeyRange{0, kKeyBlock};
+    const float lo = static_cast<float>(range.begin);
+    const float hi = static_cast<float>(range.end);
     const Vec slope =
-        Vec::broadcast(transform.alibi ? transform.neg_slope[r / rows.positions] : 0.f);
+        Vec::broadcast(modifiers.alibi ? transform.neg_slope[r / rows.positions] : 0.f);
     // Distance origin for ALiBi: key j is at |diagonal - (j - j0)| from the diagonal.
-    const Vec diagonal = Vec::broadcast(static_cast<float>(i + seq.seqlen_k - seq.seqlen_q - j0));
+    const Vec diagonal = Vec::broadcast(static_cast<float>(mask.diagonal(i) - j0));
     for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
       Vec x = Vec::load(s_row + c) * score_scale;
       const Vec position = iota + Vec::broadcast(static_cast<float>(c));
-      if (transform.softcap) x = cap * tanh(x * inverse_cap);
-      if (transform.alibi) x = fma(slope, abs(diagonal - position), x);
+      if (modifiers.softcap) x = cap * tanh(x * inverse_cap);
+      if (modifiers.alibi) x = fma(slope, abs(diagonal - position), x);
       if (apply_mask) x = select_in_range(x, position, lo, hi, negative_infinity);
       x.store(s_row + c);
     }
@@ -406,12 +390,12 @@ inline void apply_dropout(const FwdArgs& args, const SeqInfo& seq, const TaskRow
 
 // O += P V restricted, per row, to the keys the row may see. Used for boundary blocks whose V
 // holds NaN or infinity, where 0 * inf from a masked key would otherwise leak NaN into the row.
-inline void accumulate_pv_visible_only(const FwdArgs& args, const SeqInfo& seq,
-                                       const TaskRows& rows, int64_t j0, const float* p,
-                                       const float* v, float* o, int64_t dv_pad) {
+inline void accumulate_pv_visible_only(const Mask& mask, const TaskRows& rows, int64_t j0,
+                                       const float* p, const float* v, float* o,
+                                       int64_t dv_pad) {
   for (int64_t r = 0; r < rows.count; ++r) {
-    const VisibleRange range = visible_in_block(args, seq, rows.position(r), j0);
-    for (int64_t j = range.lo; j < range.hi; ++j) {
+    const KeyRange range = mask.row_keys_in_block(rows.position(r), j0, kKeyBlock);
+    for (int64_t j = range.begin; j < range.end; ++j) {
       const Vec p_rj = Vec::broadcast(p[r * kKeyBlock + j]);
       for (int64_t c = 0; c < dv_pad; c += kLanes) {
         fma(p_rj, Vec::load(v + j * dv_pad + c), Vec::load(o + r * dv_pad + c))
@@ -561,9 +545,10 @@ inline void scores_to_probabilities(const FwdArgs& args, const SeqInfo& seq,
                                     ScoreTransform transform, const float* neg_slopes,
                                     bool crosses_boundary, const TaskRows& head_rows, int64_t j0,
                                     float* s, float* m, float* l, float* o, int64_t dv_pad) {
-  if (transform.softcap || transform.alibi || crosses_boundary) {
+  const ScoreModifiers& modifiers = transform.mask.modifiers();
+  if (modifiers.softcap || modifiers.alibi || crosses_boundary) {
     transform.neg_slope = neg_slopes;
-    transform_scores(args, seq, transform, crosses_boundary, head_rows, j0, s);
+    transform_scores(transform, crosses_boundary, head_rows, j0, s);
     transform.score_scale = 1.f;
   }
   for (int64_t r = 0; r < head_rows.count; ++r) {
@@ -584,22 +569,14 @@ inline TaskRows task_rows(const AttendTask& task) {
   return TaskRows{task.q_begin, positions, task.head_q_begin, positions * task.heads};
 }
 
-// The task's softcap and ALiBi settings; neg_slopes (room for kMaxQBlockRows heads) receives the
-// negated slope of each of the task's query heads.
-inline ScoreTransform task_transform(const FwdArgs& args, const AttendTask& task,
-                                     float* neg_slopes) {
-  ScoreTransform transform;
-  transform.softcap = args.softcap > 0.f;
-  transform.softcap_value = args.softcap;
-  transform.inverse_softcap = transform.softcap ? 1.f / args.softcap : 0.f;
-  transform.alibi = args.alibi_slopes != nullptr;
-  transform.neg_slope = neg_slopes;
-  for (int64_t h = 0; transform.alibi && h < task.heads; ++h) {
-    const float slope = args.alibi_slopes[task.seq.batch * args.alibi_batch_stride +
-                                          (task.head_q_begin + h) * args.alibi_head_stride];
-    neg_slopes[h] = -slope;
+// The transform of a task whose sequence's mask is `mask`, for vector products (score_scale 1);
+// neg_slopes (room for kMaxQBlockRows heads) receives the negated ALiBi slope of each of the
+// task's query heads.
+inline ScoreTransform task_transform(const Mask& mask, const AttendTask& task, float* neg_slopes) {
+  for (int64_t h = 0; mask.modifiers().alibi && h < task.heads; ++h) {
+    neg_slopes[h] = mask.neg_alibi_slope(task.head_q_begin + h);
   }
-  return transform;
+  return ScoreTransform{mask, 1.f, neg_slopes};
 }
 
 // Loads the task's query rows into scratch.q (converted, rotated for a KV cache with rotary,
@@ -658,11 +635,10 @@ inline void finish_task(const FwdArgs& args, const PackedLayout& layout, const A
     return;
   }
   const SeqInfo& seq = task.seq;
+  const ScoreModifiers modifiers = ScoreModifiers::of(args);
   for (int64_t r = 0; r < rows.count; ++r) {
     const int64_t i = rows.position(r);
     const int64_t head_q = rows.head(r);
-    const bool has_sink = args.sinks != nullptr;
-    const float sink = has_sink ? args.sinks[head_q * args.sinks_stride] : 0.f;
     const float denominator = row_denominator(scratch.l + r * kRowSumSlots);
     RowPartials parts;
     parts.o = scratch.o + r * dv_pad;
@@ -674,41 +650,28 @@ inline void finish_task(const FwdArgs& args, const PackedLayout& layout, const A
     float* lse = args.lse == nullptr ? nullptr
                                      : args.lse + seq.lse_offset + head_q * args.lse_head_stride +
                                            i * args.lse_row_stride;
-    combine_and_store_row(parts, has_sink, sink, args.head_dim_v, args.dtype, out_row, lse);
+    combine_and_store_row(parts, modifiers.sinks, modifiers.sink(head_q), args.head_dim_v,
+                          args.dtype, out_row, lse);
   }
 }
 
-// The key blocks a task visits (those any of its rows may see, clipped to its split), and which
-// of them need the mask.
-struct TaskBlocks {
-  int64_t begin = 0;
-  int64_t end = 0;
-  int64_t last_row_lo = 0;   // first key visible to the task's last row
-  int64_t first_row_hi = 0;  // last key visible to its first row
-  int64_t seqlen_k = 0;
-  // True when the block starting at key j0 holds a key some row of the task may not see.
-  bool crosses_boundary(int64_t j0) const {
-    return j0 < last_row_lo || j0 + kKeyBlock - 1 > first_row_hi || j0 + kKeyBlock > seqlen_k;
-  }
-};
-inline TaskBlocks task_blocks(const FwdArgs& args, const AttendTask& task) {
-  const SeqInfo& seq = task.seq;
-  const int64_t diagonal_offset = seq.seqlen_k - seq.seqlen_q;
-  const BlockRange visible = visible_key_blocks(args, seq, task.q_begin, task.q_end);
-  TaskBlocks blocks;
-  blocks.begin = std::max(task.block_begin, visible.begin);
-  blocks.end = std::min(task.block_end, visible.end);
-  blocks.last_row_lo = task.q_end - 1 + diagonal_offset - args.window_left;
-  blocks.first_row_hi = task.q_begin + diagonal_offset + args.window_right;
-  blocks.seqlen_k = seq.seqlen_k;
-  return blocks;
+// The key blocks a task visits: those any of its rows may see, clipped to its split.
+inline KeyRange task_blocks(const Mask& mask, const AttendTask& task) {
+  const KeyRange visible = mask.visible_blocks(task.q_begin, task.q_end, kKeyBlock);
+  return {std::max(task.block_begin, visible.begin), std::min(task.block_end, visible.end)};
 }
 
-// The rows' visible key ends in the block at j0 (visible_in_block(...).hi), for accumulate_pv.
-inline void boundary_row_keys(const FwdArgs& args, const SeqInfo& seq, const TaskRows& rows,
-                              int64_t j0, int64_t* row_keys) {
+// True when the block at j0 holds a key some row of the task may not see (it needs the mask).
+inline bool block_crosses_boundary(const Mask& mask, const AttendTask& task, int64_t j0) {
+  return mask.crosses_boundary(task.q_begin, task.q_end, j0, kKeyBlock);
+}
+
+// The rows' visible key ends in the block at j0 (Mask::row_keys_in_block's end), for
+// accumulate_pv.
+inline void boundary_row_keys(const Mask& mask, const TaskRows& rows, int64_t j0,
+                              int64_t* row_keys) {
   for (int64_t r = 0; r < rows.count; ++r) {
-    row_keys[r] = visible_in_block(args, seq, rows.position(r), j0).hi;
+    row_keys[r] = mask.row_keys_in_block(rows.position(r), j0, kKeyBlock).end;
   }
 }
 
@@ -738,14 +701,14 @@ struct VectorProducts {
   // boundary blocks each row tile stops after its rows' last visible key; boundary blocks whose
   // V holds NaN or infinity take the visible keys only (a masked key's P = 0 times infinity would
   // be NaN); elsewhere every probability multiplied belongs to a visible key.
-  void pv(const FwdArgs& args, const SeqInfo& seq, const TaskRows& head_rows, int64_t j0,
-          int64_t keys, bool crosses_boundary, uint8_t block_flags, float* p, const float* v,
-          float* o, int64_t dv_pad) const {
+  void pv(const FwdArgs& /*args*/, const SeqInfo& /*seq*/, const Mask& mask,
+          const TaskRows& head_rows, int64_t j0, int64_t keys, bool crosses_boundary,
+          uint8_t block_flags, float* p, const float* v, float* o, int64_t dv_pad) const {
     if (crosses_boundary && (block_flags & kBlockVNonfinite) != 0) {
-      accumulate_pv_visible_only(args, seq, head_rows, j0, p, v, o, dv_pad);
+      accumulate_pv_visible_only(mask, head_rows, j0, p, v, o, dv_pad);
     } else if (crosses_boundary) {
       int64_t row_keys[kMaxQBlockRows];
-      boundary_row_keys(args, seq, head_rows, j0, row_keys);
+      boundary_row_keys(mask, head_rows, j0, row_keys);
       accumulate_pv(p, head_rows.count, v, keys, o, dv_pad, row_keys);
     } else {
       accumulate_pv(p, head_rows.count, v, keys, o, dv_pad, nullptr);
@@ -763,14 +726,15 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
   const int64_t dv_pad = layout.dv_pad;
   const int64_t head_k = task.head_q_begin / args.group_size();
   const SeqInfo& seq = task.seq;
+  const Mask mask(args, seq);
   float neg_slopes[kMaxQBlockRows];
-  ScoreTransform transform = task_transform(args, task, neg_slopes);
+  ScoreTransform transform = task_transform(mask, task, neg_slopes);
   transform.score_scale = Products::score_scale(args);
   Products products;
   products.load_queries(args, layout, task, rows, scratch);
   reset_rows(layout, rows, scratch);
 
-  const TaskBlocks blocks = task_blocks(args, task);
+  const KeyRange blocks = task_blocks(mask, task);
   // Rows of kv head h of the task: [h * rows_per_kv, (h + 1) * rows_per_kv).
   const int64_t rows_per_kv = rows.count / task.heads_k;
   const int64_t heads_per_kv = task.heads / task.heads_k;
@@ -782,7 +746,7 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
       Products::pack(args, layout, seq, head_k, task.heads_k, block, scratch.panel, scratch.staging,
                      stream_flags);
     }
-    const bool crosses_boundary = blocks.crosses_boundary(j0);
+    const bool crosses_boundary = block_crosses_boundary(mask, task, j0);
     const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
     for (int64_t h = 0; h < task.heads_k; ++h) {
       const float* kt = streaming ? scratch.panel + h * layout.block_floats
@@ -802,8 +766,8 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
       scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv, crosses_boundary,
                               head_rows, j0, s, scratch.m + r0, scratch.l + r0 * kRowSumSlots, o,
                               dv_pad);
-      products.pv(args, seq, head_rows, j0, keys, crosses_boundary, block_flags, s, v_panel, o,
-                  dv_pad);
+      products.pv(args, seq, mask, head_rows, j0, keys, crosses_boundary, block_flags, s,
+                  v_panel, o, dv_pad);
     }
   }
 

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "common/mask.h"
 #include "cpu/forward/fwd_args.h"
 
 namespace anyattn::cpu {
@@ -121,23 +122,6 @@ constexpr uint8_t kBlockSubnormal =
 // Key blocks of a sequence.
 inline int64_t key_blocks(const SeqInfo& seq) {
   return ceil_div(seq.seqlen_k, kKeyBlock);
-}
-
-// Key blocks [begin, end) that hold a key visible to at least one query row in [q_begin, q_end);
-// empty (begin == end) when the window hides every key from every row.
-struct BlockRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-};
-inline BlockRange visible_key_blocks(const FwdArgs& args, const SeqInfo& seq, int64_t q_begin,
-                                     int64_t q_end) {
-  const int64_t diagonal_offset = seq.seqlen_k - seq.seqlen_q;
-  int64_t first_key = q_begin + diagonal_offset - args.window_left;
-  int64_t last_key = q_end - 1 + diagonal_offset + args.window_right;
-  first_key = first_key < 0 ? 0 : first_key;
-  last_key = last_key > seq.seqlen_k - 1 ? seq.seqlen_k - 1 : last_key;
-  if (first_key > last_key) return {};
-  return {first_key / kKeyBlock, last_key / kKeyBlock + 1};
 }
 
 // Per-thread scratch, sized by the driver for kMaxQBlockRows rows.

@@ -1,0 +1,26 @@
+"""Plain CPU torch calls, each run in one C function (python/src/torch_plain_call.cc).
+
+``flash_attn_func`` and ``flash_attn_with_kvcache`` first hand their arguments to
+``_core.fwd_torch_plain`` / ``_core.fwd_kvcache_torch_plain``, which run a plain call (exact CPU
+``torch.Tensor`` inputs, no gradient to record, no per-head tensors, simple option values) and
+return None for anything else, changing nothing; the caller then takes its ordinary path. This
+module hands the C side the torch objects it compares against, once, and provides the one guard
+both callers test first: ``tracing()``, true under torch.compile (whose tracer must see the
+ordinary path, through the ``anyattn::`` ops) and always true without torch.
+"""
+
+from __future__ import annotations
+
+from . import _core
+from ._tensors import torch_module
+
+_torch = torch_module()
+
+if _torch is not None:
+    _core.bind_torch(_torch.Tensor, _torch.float32, _torch.float16, _torch.bfloat16, _torch.int32,
+                     _torch.is_grad_enabled)
+    tracing = _torch.compiler.is_compiling
+else:
+    def tracing() -> bool:
+        """Without torch there is no plain torch call: always take the ordinary path."""
+        return True

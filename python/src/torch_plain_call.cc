@@ -1,0 +1,414 @@
+// anyattn._core's plain-call functions: flash_attn_func and flash_attn_with_kvcache on plain CPU
+// torch tensors, each in one C function.
+//
+// A one-token decode step costs a few microseconds in the kernel, so the Python layer's argument
+// handling (option objects, shape checks, tensor specs, the torch.library dispatcher) would
+// otherwise dominate it. Each function takes the public function's arguments as they were passed
+// and either runs the whole call or returns None, in which case the caller takes its ordinary
+// path, which checks everything again and raises the error a bad call deserves. They therefore
+// never raise for bad input and never decide what is legal: a call is plain only if every
+// argument is of the simplest kind the checks below accept (exact CPU torch.Tensors, exact
+// Python ints and floats, no per-head tensors, nothing autograd must record), and the library
+// itself validates the rest.
+//
+// Tensors are read through their Python attributes (type, is_cpu, dtype, shape, stride(),
+// data_ptr(), requires_grad), so no libtorch is needed at build time; the torch objects they are
+// compared against are handed over once, at import, by bind_torch.
+#include "torch_plain_call.h"
+
+#include <nanobind/nanobind.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+
+#include "anyattn/anyattn.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+// The torch objects a plain call is recognised by. Set once by bind_torch and kept for the
+// process's life (never released, so interpreter shutdown order does not matter).
+struct TorchObjects {
+  PyObject* tensor_type = nullptr;  // torch.Tensor; subclasses (Parameter, FakeTensor) don't qualify
+  PyObject* float32 = nullptr;
+  PyObject* float16 = nullptr;
+  PyObject* bfloat16 = nullptr;
+  PyObject* int32 = nullptr;
+  PyObject* is_grad_enabled = nullptr;  // torch.is_grad_enabled
+};
+TorchObjects g_torch;
+
+// Interned attribute and method names.
+struct Names {
+  PyObject *is_cpu, *dtype, *shape, *stride, *data_ptr, *requires_grad, *new_empty;
+};
+Names g_names;
+
+// A new reference, released on scope exit.
+class Ref {
+ public:
+  explicit Ref(PyObject* p) : p_(p) {}
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  ~Ref() { Py_XDECREF(p_); }
+  PyObject* get() const { return p_; }
+  explicit operator bool() const { return p_ != nullptr; }
+
+ private:
+  PyObject* p_;
+};
+
+// True if obj.attr is True; false (with no error pending) otherwise.
+bool attr_is_true(PyObject* obj, PyObject* name) {
+  Ref value(PyObject_GetAttr(obj, name));
+  if (!value) {
+    PyErr_Clear();
+    return false;
+  }
+  return value.get() == Py_True;
+}
+
+// The anyattn dtype of a torch dtype object, or -1.
+int32_t dtype_code(PyObject* dtype) {
+  if (dtype == g_torch.float32) return ANYATTN_DTYPE_F32;
+  if (dtype == g_torch.float16) return ANYATTN_DTYPE_F16;
+  if (dtype == g_torch.bfloat16) return ANYATTN_DTYPE_BF16;
+  return -1;
+}
+
+// Reads a tuple of `n` exact ints into dst; false if `tuple` is anything else.
+bool read_ints(PyObject* tuple, int n, int64_t* dst) {
+  if (!tuple || !PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != n) return false;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyTuple_GET_ITEM(tuple, i);
+    if (!PyLong_CheckExact(item)) return false;
+    dst[i] = PyLong_AsLongLong(item);
+  }
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+
+// Calls obj.method() and returns the new reference (nullptr, error cleared, on failure).
+PyObject* call_method0(PyObject* obj, PyObject* name) {
+  PyObject* args[] = {obj};
+  PyObject* result = PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                               nullptr);
+  if (!result) PyErr_Clear();
+  return result;
+}
+
+// What a plain call's tensor argument may hold.
+enum class Elements { kFloat, kInt32 };
+
+// Describes a CPU torch.Tensor of `ndim` non-empty dimensions and the element kind `elements`
+// (float: an anyattn dtype) as an anyattn_tensor. False if `obj` is anything else, or has a
+// strided last dimension (the ordinary path copies those).
+bool describe_tensor(PyObject* obj, int ndim, Elements elements, anyattn_tensor& t) {
+  if (Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(g_torch.tensor_type)) return false;
+  if (!attr_is_true(obj, g_names.is_cpu)) return false;
+  Ref dtype(PyObject_GetAttr(obj, g_names.dtype));
+  if (!dtype) {
+    PyErr_Clear();
+    return false;
+  }
+  if (elements == Elements::kInt32) {
+    if (dtype.get() != g_torch.int32) return false;
+    t.dtype = ANYATTN_DTYPE_I32;
+  } else {
+    t.dtype = dtype_code(dtype.get());
+    if (t.dtype < 0) return false;
+  }
+  Ref shape(PyObject_GetAttr(obj, g_names.shape));
+  if (!shape) PyErr_Clear();
+  Ref strides(call_method0(obj, g_names.stride));
+  if (!read_ints(shape.get(), ndim, t.shape) || !read_ints(strides.get(), ndim, t.strides)) {
+    return false;
+  }
+  for (int i = 0; i < ndim; ++i) {
+    if (t.shape[i] == 0) return false;
+  }
+  const int last = ndim - 1;
+  if (t.shape[last] == 1) t.strides[last] = 1;  // a size-1 dimension's stride is arbitrary
+  if (t.strides[last] != 1) return false;
+  Ref pointer(call_method0(obj, g_names.data_ptr));
+  if (!pointer || !PyLong_CheckExact(pointer.get())) return false;
+  t.data = PyLong_AsVoidPtr(pointer.get());
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  t.ndim = ndim;
+  return true;
+}
+
+// True if grad mode is on and any of `tensors` requires grad: autograd must then record the
+// call, which the ordinary path does through the differentiable op.
+bool needs_autograd(std::initializer_list<PyObject*> tensors) {
+  Ref enabled(PyObject_CallNoArgs(g_torch.is_grad_enabled));
+  if (!enabled) {
+    PyErr_Clear();
+    return true;
+  }
+  if (enabled.get() != Py_True) return false;
+  for (PyObject* t : tensors) {
+    if (t != Py_None && attr_is_true(t, g_names.requires_grad)) return true;
+  }
+  return false;
+}
+
+// A finite float from an exact Python float or int (not bool); false otherwise.
+bool read_number(PyObject* obj, double& value) {
+  if (PyFloat_CheckExact(obj)) {
+    value = PyFloat_AS_DOUBLE(obj);
+  } else if (PyLong_CheckExact(obj)) {
+    value = PyLong_AsDouble(obj);
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+  } else {
+    return false;
+  }
+  return std::isfinite(value);
+}
+
+// An exact int >= -1 (a window side); false otherwise.
+bool read_window_side(PyObject* obj, int32_t& side) {
+  if (!PyLong_CheckExact(obj)) return false;
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  if (overflow != 0 || value < -1 || value > INT32_MAX) return false;
+  side = static_cast<int32_t>(value);
+  return true;
+}
+
+// The score options shared by flash_attn_func and flash_attn_with_kvcache when they describe a
+// plain call: a nonzero (or default) scale, causal a bool, window sides ints >= -1, softcap >= 0.
+// An explicit scale of 0, which the ordinary path implements by zeroing q, is not plain.
+bool read_score_options(PyObject* softmax_scale, PyObject* causal, PyObject* window_size,
+                        PyObject* softcap, anyattn_fwd_params& params) {
+  double scale = 0.0, cap = 0.0;
+  if (softmax_scale != Py_None && (!read_number(softmax_scale, scale) || scale == 0.0)) {
+    return false;
+  }
+  if (causal != Py_True && causal != Py_False) return false;
+  if (!read_number(softcap, cap) || cap < 0.0) return false;
+  PyObject* left = nullptr;
+  PyObject* right = nullptr;
+  if (PyTuple_CheckExact(window_size) && PyTuple_GET_SIZE(window_size) == 2) {
+    left = PyTuple_GET_ITEM(window_size, 0);
+    right = PyTuple_GET_ITEM(window_size, 1);
+  } else if (PyList_CheckExact(window_size) && PyList_GET_SIZE(window_size) == 2) {
+    left = PyList_GET_ITEM(window_size, 0);
+    right = PyList_GET_ITEM(window_size, 1);
+  } else {
+    return false;
+  }
+  anyattn_fwd_params_init(&params);
+  if (!read_window_side(left, params.window_left) || !read_window_side(right, params.window_right)) {
+    return false;
+  }
+  params.softmax_scale = static_cast<float>(scale);
+  params.softcap = static_cast<float>(cap);
+  params.causal = causal == Py_True ? 1 : 0;
+  return true;
+}
+
+// The output of a call with query `q` (B, Sq, Hq, D) and values of head dimension `dv`: a new
+// contiguous (B, Sq, Hq, Dv) tensor in q's dtype, and its description. Null on failure.
+PyObject* new_output(PyObject* q, const anyattn_tensor& tq, int64_t dv, anyattn_tensor& tout) {
+  const int64_t shape[4] = {tq.shape[0], tq.shape[1], tq.shape[2], dv};
+  Ref size(Py_BuildValue("(LLLL)", static_cast<long long>(shape[0]),
+                         static_cast<long long>(shape[1]), static_cast<long long>(shape[2]),
+                         static_cast<long long>(shape[3])));
+  if (!size) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  PyObject* args[] = {q, size.get()};
+  PyObject* out = PyObject_VectorcallMethod(g_names.new_empty, args,
+                                            2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  if (!out) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  Ref pointer(call_method0(out, g_names.data_ptr));
+  if (pointer) tout.data = PyLong_AsVoidPtr(pointer.get());
+  if (!pointer || PyErr_Occurred()) {
+    PyErr_Clear();
+    Py_DECREF(out);
+    return nullptr;
+  }
+  tout.dtype = tq.dtype;
+  tout.ndim = 4;
+  int64_t stride = 1;
+  for (int i = 3; i >= 0; --i) {
+    tout.shape[i] = shape[i];
+    tout.strides[i] = stride;
+    stride *= shape[i];
+  }
+  return out;
+}
+
+// Runs `call` (a library call that writes `out`) with the GIL released; `out` on success, None
+// on any failure (a shape the library rejects, memory), which the ordinary path then reports.
+template <class Call>
+nb::object run_released(PyObject* out, Call call) {
+  nb::object result = nb::steal(out);
+  anyattn_status status;
+  {
+    nb::gil_scoped_release release;
+    status = call();
+  }
+  if (status != ANYATTN_OK) return nb::none();
+  return result;
+}
+
+nb::object fwd_torch_plain(nb::handle q, nb::handle k, nb::handle v, nb::handle dropout_p,
+                           nb::handle softmax_scale, nb::handle causal, nb::handle window_size,
+                           nb::handle softcap, nb::handle alibi_slopes, nb::handle return_attn_probs,
+                           nb::handle sinks) {
+  if (!g_torch.tensor_type) return nb::none();
+  if (!alibi_slopes.is_none() || !sinks.is_none() || return_attn_probs.ptr() != Py_False) {
+    return nb::none();
+  }
+  double dropout = 0.0;
+  if (!read_number(dropout_p.ptr(), dropout) || dropout != 0.0) return nb::none();
+  anyattn_fwd_params params;
+  if (!read_score_options(softmax_scale.ptr(), causal.ptr(), window_size.ptr(), softcap.ptr(),
+                          params)) {
+    return nb::none();
+  }
+  anyattn_tensor tq{}, tk{}, tv{};
+  if (!describe_tensor(q.ptr(), 4, Elements::kFloat, tq) ||
+      !describe_tensor(k.ptr(), 4, Elements::kFloat, tk) ||
+      !describe_tensor(v.ptr(), 4, Elements::kFloat, tv) || tk.dtype != tq.dtype ||
+      tv.dtype != tq.dtype || needs_autograd({q.ptr(), k.ptr(), v.ptr()})) {
+    return nb::none();
+  }
+  anyattn_tensor tout{};
+  PyObject* out = new_output(q.ptr(), tq, tv.shape[3], tout);
+  if (!out) return nb::none();
+  return run_released(out, [&] { return anyattn_fwd(&tq, &tk, &tv, &tout, nullptr, &params); });
+}
+
+// cache_seqlens of a plain call: None (the whole cache), an exact int >= 0, or an int32 (B,)
+// tensor.
+bool read_cache_seqlens(PyObject* obj, anyattn_tensor& tensor, anyattn_kvcache_params& cache) {
+  if (obj == Py_None) return true;
+  if (PyLong_CheckExact(obj)) {
+    int overflow = 0;
+    const long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow != 0 || value < 0) return false;
+    cache.cache_seqlen = value;
+    return true;
+  }
+  if (!describe_tensor(obj, 1, Elements::kInt32, tensor)) return false;
+  cache.cache_seqlens = &tensor;
+  return true;
+}
+
+nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle v_cache,
+                                   nb::handle k, nb::handle v, nb::handle rotary_cos,
+                                   nb::handle rotary_sin, nb::handle cache_seqlens,
+                                   nb::handle cache_batch_idx, nb::handle cache_leftpad,
+                                   nb::handle block_table, nb::handle softmax_scale,
+                                   nb::handle causal, nb::handle window_size, nb::handle softcap,
+                                   nb::handle rotary_interleaved, nb::handle alibi_slopes,
+                                   nb::handle num_splits, nb::handle return_softmax_lse,
+                                   nb::handle sinks) {
+  (void)rotary_interleaved;  // without rotary tables it has no effect
+  if (!g_torch.tensor_type) return nb::none();
+  if (!rotary_cos.is_none() || !rotary_sin.is_none() || !cache_batch_idx.is_none() ||
+      !cache_leftpad.is_none() || !alibi_slopes.is_none() || !sinks.is_none() ||
+      return_softmax_lse.ptr() != Py_False || !PyLong_CheckExact(num_splits.ptr())) {
+    return nb::none();
+  }
+  anyattn_fwd_params params;
+  if (!read_score_options(softmax_scale.ptr(), causal.ptr(), window_size.ptr(), softcap.ptr(),
+                          params)) {
+    return nb::none();
+  }
+  int overflow = 0;
+  const long long splits = PyLong_AsLongLongAndOverflow(num_splits.ptr(), &overflow);
+  if (overflow != 0 || splits < 0 || splits > INT32_MAX) return nb::none();
+  params.num_splits = static_cast<int32_t>(splits);
+
+  anyattn_kvcache_params cache;
+  anyattn_kvcache_params_init(&cache);
+  anyattn_tensor tq{}, tkc{}, tvc{}, tk{}, tv{}, tseqlens{}, tblocks{};
+  if (!describe_tensor(q.ptr(), 4, Elements::kFloat, tq) ||
+      !describe_tensor(k_cache.ptr(), 4, Elements::kFloat, tkc) ||
+      !describe_tensor(v_cache.ptr(), 4, Elements::kFloat, tvc) ||
+      !read_cache_seqlens(cache_seqlens.ptr(), tseqlens, cache)) {
+    return nb::none();
+  }
+  if (k.is_none() != v.is_none()) return nb::none();
+  if (!k.is_none()) {
+    if (!describe_tensor(k.ptr(), 4, Elements::kFloat, tk) ||
+        !describe_tensor(v.ptr(), 4, Elements::kFloat, tv)) {
+      return nb::none();
+    }
+    cache.k_new = &tk;
+    cache.v_new = &tv;
+  }
+  if (!block_table.is_none()) {
+    if (!describe_tensor(block_table.ptr(), 2, Elements::kInt32, tblocks)) return nb::none();
+    cache.block_table = &tblocks;
+  }
+  if (needs_autograd({q.ptr(), k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr()})) {
+    return nb::none();
+  }
+  anyattn_tensor tout{};
+  PyObject* out = new_output(q.ptr(), tq, tvc.shape[3], tout);
+  if (!out) return nb::none();
+  return run_released(out, [&] {
+    return anyattn_fwd_kvcache(&tq, &tkc, &tvc, &tout, nullptr, &cache, &params);
+  });
+}
+
+PyObject* intern(const char* name) { return PyUnicode_InternFromString(name); }
+
+void bind_torch(nb::handle tensor_type, nb::handle float32, nb::handle float16,
+                nb::handle bfloat16, nb::handle int32, nb::handle is_grad_enabled) {
+  if (!PyType_Check(tensor_type.ptr())) throw nb::type_error("tensor_type: expected a type");
+  g_names = {intern("is_cpu"), intern("dtype"),         intern("shape"),    intern("stride"),
+             intern("data_ptr"), intern("requires_grad"), intern("new_empty")};
+  g_torch = {tensor_type.inc_ref().ptr(), float32.inc_ref().ptr(),         float16.inc_ref().ptr(),
+             bfloat16.inc_ref().ptr(),    int32.inc_ref().ptr(), is_grad_enabled.inc_ref().ptr()};
+}
+
+}  // namespace
+
+void register_torch_plain_call(nb::module_& m) {
+  m.def("bind_torch", &bind_torch, nb::arg("tensor_type"), nb::arg("float32"), nb::arg("float16"),
+        nb::arg("bfloat16"), nb::arg("int32"), nb::arg("is_grad_enabled"),
+        "Hands the plain-call functions the torch objects they recognise plain calls by (once, at "
+        "import).");
+  // Every argument may be None (the ordinary path then decides what it means).
+  m.def("fwd_torch_plain", &fwd_torch_plain, nb::arg("q").none(), nb::arg("k").none(),
+        nb::arg("v").none(), nb::arg("dropout_p").none(), nb::arg("softmax_scale").none(),
+        nb::arg("causal").none(), nb::arg("window_size").none(), nb::arg("softcap").none(),
+        nb::arg("alibi_slopes").none(), nb::arg("return_attn_probs").none(),
+        nb::arg("sinks").none(),
+        "flash_attn_func's arguments, in its order: the output when the call is plain (see "
+        "torch_plain_call.cc) and ran; otherwise None, with nothing changed. Releases the GIL "
+        "while the kernel runs.");
+  m.def("fwd_kvcache_torch_plain", &fwd_kvcache_torch_plain, nb::arg("q").none(),
+        nb::arg("k_cache").none(), nb::arg("v_cache").none(), nb::arg("k").none(),
+        nb::arg("v").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
+        nb::arg("cache_seqlens").none(), nb::arg("cache_batch_idx").none(),
+        nb::arg("cache_leftpad").none(), nb::arg("block_table").none(),
+        nb::arg("softmax_scale").none(), nb::arg("causal").none(), nb::arg("window_size").none(),
+        nb::arg("softcap").none(), nb::arg("rotary_interleaved").none(),
+        nb::arg("alibi_slopes").none(), nb::arg("num_splits").none(),
+        nb::arg("return_softmax_lse").none(), nb::arg("sinks").none(),
+        "flash_attn_with_kvcache's arguments, in its order: the output when the call is plain "
+        "and ran (new keys and values appended in place); otherwise None, with nothing changed. "
+        "Releases the GIL while the kernel runs.");
+}

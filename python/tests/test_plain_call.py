@@ -1,0 +1,256 @@
+"""The fast path of plain CPU torch calls (python/src/torch_plain_call.cc): flash_attn_func hands
+its arguments to ``_core.fwd_torch_plain``, which runs the call or declines with None. A call it
+runs must give bitwise the result of the ordinary path (same kernel, same parameters); any call
+that needs more (autograd, dropout, per-head tensors, odd types or layouts, bad input) must be
+declined, untouched, so that the ordinary path handles it and raises its own errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import anyattn  # noqa: E402
+from anyattn import _core  # noqa: E402
+from anyattn import flash_attn_interface  # noqa: E402
+
+
+def _qkv(b=2, sq=3, sk=9, hq=4, hk=2, d=32, dv=None, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, sq, hq, d, generator=g).to(dtype)
+    k = torch.randn(b, sk, hk, d, generator=g).to(dtype)
+    v = torch.randn(b, sk, hk, dv or d, generator=g).to(dtype)
+    return q, k, v
+
+
+def _plain(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+           softcap=0.0, alibi_slopes=None, return_attn_probs=False, sinks=None):
+    return _core.fwd_torch_plain(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                                 alibi_slopes, return_attn_probs, sinks)
+
+
+def _ordinary(q, k, v, **kwargs):
+    """The ordinary path's result: inputs that require grad make flash_attn_func go through the
+    anyattn::fwd op, never the fast path."""
+    args = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    return anyattn.flash_attn_func(*args, **kwargs).detach()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"causal": True},
+    {"softmax_scale": 0.3, "softcap": 5.0},
+    {"window_size": (2, 1)},
+    {"window_size": [3, -1], "causal": True},
+    {"softmax_scale": 2},
+])
+def test_runs_plain_calls_bitwise_like_the_ordinary_path(dtype, kwargs):
+    q, k, v = _qkv(dtype=dtype, dv=16)
+    out = _plain(q, k, v, **kwargs)
+    assert out is not None
+    assert out.dtype == dtype and out.shape == (2, 3, 4, 16) and out.is_contiguous()
+    assert torch.equal(out, _ordinary(q, k, v, **kwargs))
+
+
+def test_reads_strided_views_in_place():
+    q, k, v = _qkv(sq=5, sk=5, hq=2, hk=2)
+    qkv = torch.stack([q, k, v], dim=2)  # (B, S, 3, H, D): each view strided in dims 0-2
+    views = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    out = _plain(*views, causal=True)
+    assert out is not None
+    assert torch.equal(out, _ordinary(q, k, v, causal=True))
+
+
+def test_runs_under_no_grad_and_inference_mode_even_for_leaf_tensors_that_require_grad():
+    q, k, v = (x.requires_grad_() for x in _qkv())
+    expected = _ordinary(q, k, v)
+    with torch.no_grad():
+        assert torch.equal(_plain(q, k, v), expected)
+    with torch.inference_mode():
+        assert torch.equal(_plain(*_qkv()), expected)
+
+
+def _declined_cases():
+    q, k, v = _qkv()
+    yield "q requires grad", (q.clone().requires_grad_(), k, v), {}
+    yield "v requires grad", (q, k, v.clone().requires_grad_()), {}
+    yield "dropout", (q, k, v), {"dropout_p": 0.1}
+    yield "alibi", (q, k, v), {"alibi_slopes": torch.rand(4)}
+    yield "sinks", (q, k, v), {"sinks": torch.randn(4)}
+    yield "return_attn_probs", (q, k, v), {"return_attn_probs": True}
+    yield "explicit scale 0", (q, k, v), {"softmax_scale": 0.0}
+    yield "scale nan", (q, k, v), {"softmax_scale": float("nan")}
+    yield "scale a bool", (q, k, v), {"softmax_scale": True}
+    yield "scale a tensor", (q, k, v), {"softmax_scale": torch.tensor(0.5)}
+    yield "causal an int", (q, k, v), {"causal": 1}
+    yield "window below -1", (q, k, v), {"window_size": (-2, 0)}
+    yield "window of three", (q, k, v), {"window_size": (1, 1, 1)}
+    yield "window of None", (q, k, v), {"window_size": (None, None)}
+    yield "negative softcap", (q, k, v), {"softcap": -1.0}
+    yield "a Parameter", (torch.nn.Parameter(q, requires_grad=False), k, v), {}
+    yield "numpy", (q.numpy(), k.numpy(), v.numpy()), {}
+    yield "strided last dim", (q.transpose(2, 3).contiguous().transpose(2, 3), k, v), {}
+    yield "empty batch", _qkv(b=0)[:3], {}
+    yield "mixed dtypes", (q, k.half(), v), {}
+    yield "float64", (q.double(), k.double(), v.double()), {}
+    yield "3-D q", (q[0], k, v), {}
+    yield "head dim the library rejects", _qkv(d=300), {}
+    yield "heads that do not divide", _qkv(hq=3, hk=2), {}
+    yield "batch mismatch", (q[:1], k, v), {}
+
+
+@pytest.mark.parametrize("name,tensors,kwargs", list(_declined_cases()),
+                         ids=[c[0] for c in _declined_cases()])
+def test_declines_calls_that_are_not_plain(name, tensors, kwargs):
+    assert _plain(*tensors, **kwargs) is None
+
+
+def test_flash_attn_func_takes_the_fast_path_for_plain_calls(monkeypatch):
+    def no_ordinary_path(*args, **kwargs):
+        raise AssertionError("the ordinary path ran")
+
+    monkeypatch.setattr(flash_attn_interface, "make_options", no_ordinary_path)
+    q, k, v = _qkv(sq=1, sk=16, hq=8, hk=8, d=64)
+    assert anyattn.flash_attn_func(q, k, v, causal=True).shape == (2, 1, 8, 64)
+
+
+def test_declined_calls_still_raise_the_ordinary_errors():
+    q, k, v = _qkv(d=300)
+    with pytest.raises(ValueError, match=r"q: head dimension must be in \[0, 256\], got 300"):
+        anyattn.flash_attn_func(q, k, v)
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"window_size: entries must be >= -1"):
+        anyattn.flash_attn_func(q, k, v, window_size=(-2, 0))
+    with pytest.raises(TypeError, match=r"q: expected a torch.Tensor or numpy.ndarray"):
+        anyattn.flash_attn_func([1.0], k, v)
+
+
+def test_declined_calls_give_the_ordinary_results():
+    q, k, v = _qkv(sq=4, sk=4, hq=2, hk=2)
+    out = anyattn.flash_attn_func(q.numpy(), k.numpy(), v.numpy(), causal=True)
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_array_equal(out, _ordinary(q, k, v, causal=True).numpy())
+    empty = anyattn.flash_attn_func(*_qkv(b=0))
+    assert empty.shape == (0, 3, 4, 32)
+
+
+# flash_attn_with_kvcache
+
+def _cache_call(dtype=torch.float32, b=2, hq=4, hk=2, d=32, capacity=12, new=1, paged=False,
+                seed=1):
+    """(q, k_cache, v_cache, k, v, cache_seqlens, block_table): keys already cached 5 and 9,
+    ``new`` tokens to append (None for none); a paged cache has pages of 4 rows, shuffled."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    q = r(b, 1, hq, d)
+    block_table = None
+    if paged:
+        pages = capacity // 4
+        k_cache, v_cache = r(b * pages, 4, hk, d), r(b * pages, 4, hk, d)
+        block_table = torch.randperm(b * pages, generator=g).to(torch.int32).reshape(b, pages)
+    else:
+        k_cache, v_cache = r(b, capacity, hk, d), r(b, capacity, hk, d)
+    k = v = None
+    if new:
+        k, v = r(b, new, hk, d), r(b, new, hk, d)
+    seqlens = torch.tensor([5, 9][:b], dtype=torch.int32)
+    return q, k_cache, v_cache, k, v, seqlens, block_table
+
+
+def _plain_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                   cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                   softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                   rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                   return_softmax_lse=False, sinks=None):
+    return _core.fwd_kvcache_torch_plain(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+        rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, sinks)
+
+
+def _ordinary_kvcache(q, k_cache, v_cache, **kwargs):
+    """The ordinary path's result and caches, on copies: a q that requires grad makes
+    flash_attn_with_kvcache go through the anyattn::fwd_kvcache op, never the fast path."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    out = anyattn.flash_attn_with_kvcache(q.clone().requires_grad_(), k_cache, v_cache, **kwargs)
+    return out.detach(), k_cache, v_cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("new", [0, 2])
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True, "num_splits": 2},
+                                    {"window_size": (3, 0), "softcap": 4.0, "softmax_scale": 0.2}])
+def test_kvcache_runs_plain_calls_bitwise_like_the_ordinary_path(dtype, paged, new, kwargs):
+    q, k_cache, v_cache, k, v, seqlens, block_table = _cache_call(dtype, new=new, paged=paged)
+    call = dict(k=k, v=v, cache_seqlens=seqlens, block_table=block_table, **kwargs)
+    expected, k_expected, v_expected = _ordinary_kvcache(q, k_cache, v_cache, **call)
+    out = _plain_kvcache(q, k_cache, v_cache, **call)
+    assert out is not None and out.dtype == dtype and out.shape == (2, 1, 4, 32)
+    assert torch.equal(out, expected)
+    assert torch.equal(k_cache, k_expected) and torch.equal(v_cache, v_expected)
+
+
+@pytest.mark.parametrize("cache_seqlens", [None, 7])
+def test_kvcache_takes_an_int_or_no_cache_seqlens(cache_seqlens):
+    q, k_cache, v_cache, *_ = _cache_call(new=0)
+    expected, _, _ = _ordinary_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens)
+    assert torch.equal(_plain_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens), expected)
+
+
+def _declined_kvcache_cases():
+    q, k_cache, v_cache, k, v, seqlens, _ = _cache_call(new=1)
+    base = dict(k=k, v=v, cache_seqlens=seqlens)
+    rotary = torch.randn(16, 8)
+    yield "rotary", dict(base, rotary_cos=rotary, rotary_sin=rotary)
+    yield "cache_batch_idx", dict(base, cache_batch_idx=torch.tensor([1, 0], dtype=torch.int32))
+    yield "cache_leftpad", dict(base, cache_leftpad=torch.tensor([0, 1], dtype=torch.int32))
+    yield "alibi", dict(base, alibi_slopes=torch.rand(4))
+    yield "sinks", dict(base, sinks=torch.randn(4))
+    yield "return_softmax_lse", dict(base, return_softmax_lse=True)
+    yield "int64 cache_seqlens", dict(base, cache_seqlens=seqlens.long())
+    yield "list cache_seqlens", dict(base, cache_seqlens=[5, 9])
+    yield "negative cache_seqlens", dict(base, cache_seqlens=-1)
+    yield "k without v", dict(base, v=None)
+    yield "int64 block_table", dict(base, block_table=torch.zeros(2, 3, dtype=torch.int64))
+    yield "num_splits a float", dict(base, num_splits=1.0)
+    yield "num_splits a bool", dict(base, num_splits=True)
+    yield "new keys require grad", dict(base, k=k.clone().requires_grad_())
+    yield "appends past the capacity", dict(base, cache_seqlens=12)
+    yield "explicit scale 0", dict(base, softmax_scale=0.0)
+
+
+@pytest.mark.parametrize("name,kwargs", list(_declined_kvcache_cases()),
+                         ids=[c[0] for c in _declined_kvcache_cases()])
+def test_kvcache_declines_calls_that_are_not_plain_and_writes_nothing(name, kwargs):
+    q, k_cache, v_cache, *_ = _cache_call(new=1)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    assert _plain_kvcache(q, k_cache, v_cache, **kwargs) is None
+    assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before)
+
+
+def test_flash_attn_with_kvcache_takes_the_fast_path_for_plain_calls(monkeypatch):
+    from anyattn import kvcache
+
+    def no_ordinary_path(*args, **kwargs):
+        raise AssertionError("the ordinary path ran")
+
+    monkeypatch.setattr(kvcache, "make_options", no_ordinary_path)
+    q, k_cache, v_cache, k, v, seqlens, _ = _cache_call(new=1)
+    out = anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+                                          causal=True)
+    assert out.shape == (2, 1, 4, 32)
+    assert torch.equal(k_cache[0, 5], k[0, 0]) and torch.equal(v_cache[1, 9], v[1, 0])
+
+
+def test_kvcache_declined_calls_still_raise_the_ordinary_errors():
+    q, k_cache, v_cache, k, v, seqlens, _ = _cache_call(new=1)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=12)
+    with pytest.raises(ValueError, match="k, v: give both new keys and new values, or neither"):
+        anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, None, cache_seqlens=seqlens)

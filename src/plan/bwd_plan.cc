@@ -1,0 +1,124 @@
+#include "plan/bwd_plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "common/mask.h"
+
+namespace anyattn::plan {
+namespace {
+
+using cpu::BwdLayout;
+using cpu::BwdSeq;
+using cpu::BwdTask;
+using cpu::kBwdBlock;
+
+// Chunking (cpu/backward/bwd_layout.h). Enough tasks for this many threads to share the work
+// evenly...
+constexpr int64_t kWantedTasks = 16;
+// ...but never more chunks than this, and no more dq partials (num_chunks x total query rows x
+// d_pad floats) than kPartialBudgetBytes: the partials trade memory for parallelism only where a
+// call has few (sequence, kv head) pairs. None of these depends on the thread count.
+constexpr int64_t kMaxChunks = 16;
+constexpr int64_t kPartialBudgetBytes = int64_t{128} << 20;
+
+int64_t ceil_div64(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+int64_t key_blocks(const BwdSeq& s) {
+  return ceil_div64(s.seq.seqlen_k, kBwdBlock);
+}
+
+// The cost of a task in tile products: per query head, the key blocks of its chunk that each
+// query block sees, plus one per query block for packing.
+int64_t task_cost(const cpu::FwdArgs& f, const BwdTask& task) {
+  const cpu::SeqInfo& seq = task.seq.seq;
+  const Mask mask(f, seq);
+  int64_t cost = 0;
+  for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kBwdBlock) {
+    const int64_t rows = std::min(kBwdBlock, seq.seqlen_q - i0);
+    const KeyRange blocks = cpu::chunk_blocks_seen(mask, task, i0, rows);
+    cost += 1 + blocks.end - blocks.begin;
+  }
+  return cost * f.group_size() + ceil_div64(task.key_end - task.key_begin, kBwdBlock);
+}
+
+// The layout: padded head dims, and the chunk count from the shape (see the constants above).
+BwdLayout chunked_layout(const cpu::FwdArgs& f, const std::vector<BwdSeq>& seqs,
+                         int64_t total_rows, bool bf16_tiles) {
+  int64_t max_blocks = 0, pairs = 0;
+  for (const BwdSeq& s : seqs) {
+    max_blocks = std::max(max_blocks, key_blocks(s));
+    if (key_blocks(s) > 0) pairs += f.heads_k;
+  }
+  BwdLayout layout;
+  layout.d_pad = (f.head_dim + 15) / 16 * 16;
+  layout.dv_pad = (f.head_dim_v + 15) / 16 * 16;
+  layout.bf16_tiles = bf16_tiles;
+  int64_t chunks = std::min({ceil_div64(kWantedTasks, std::max<int64_t>(pairs, 1)), kMaxChunks,
+                             std::max<int64_t>(max_blocks, 1)});
+  const int64_t partial_row_bytes = std::max<int64_t>(total_rows * layout.d_pad * 4, 1);
+  if (chunks > 1)
+    chunks = std::max<int64_t>(1, std::min(chunks, kPartialBudgetBytes / partial_row_bytes));
+  layout.num_chunks = chunks;
+  layout.chunk_keys = ceil_div64(max_blocks, chunks) * kBwdBlock;
+  return layout;
+}
+
+}  // namespace
+
+int64_t BwdPlan::chunks_of(const BwdSeq& s) const {
+  return layout.chunks_for(key_blocks(s));
+}
+
+void BwdPlan::bind_partials(float* partials) {
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    tasks[t].dq_partial = task_chunks[t] < 0 ? nullptr : partials + task_chunks[t] * chunk_stride;
+  }
+}
+
+BwdPlan make_bwd_plan(const cpu::BwdArgs& args, bool bf16_tiles) {
+  const cpu::FwdArgs& f = args.fwd;
+  BwdPlan plan;
+  plan.seqs.resize(static_cast<size_t>(f.batch));
+  for (int64_t b = 0; b < f.batch; ++b) {
+    plan.seqs[b] = cpu::bwd_sequence(args, b, plan.total_rows);
+    plan.total_rows += plan.seqs[b].seq.seqlen_q * f.heads_q;
+  }
+  plan.layout = chunked_layout(f, plan.seqs, plan.total_rows, bf16_tiles);
+  plan.delta_floats = (plan.total_rows + 15) / 16 * 16;
+  plan.chunk_stride = plan.total_rows * plan.layout.d_pad;
+  plan.partial_floats = plan.layout.num_chunks > 1 ? plan.layout.num_chunks * plan.chunk_stride : 0;
+
+  std::vector<BwdTask> tasks;
+  std::vector<int64_t> chunk_of_task, costs;
+  for (const BwdSeq& s : plan.seqs) {
+    const int64_t blocks = key_blocks(s);
+    const int64_t seq_chunks = plan.chunks_of(s);
+    for (int64_t head_k = 0; head_k < f.heads_k; ++head_k) {
+      for (int64_t c = 0; c < seq_chunks; ++c) {
+        BwdTask task;
+        task.seq = s;
+        task.head_k = head_k;
+        task.key_begin = BwdLayout::chunk_first_block(blocks, seq_chunks, c) * kBwdBlock;
+        task.key_end = std::min(
+            s.seq.seqlen_k, BwdLayout::chunk_first_block(blocks, seq_chunks, c + 1) * kBwdBlock);
+        tasks.push_back(task);
+        chunk_of_task.push_back(seq_chunks > 1 ? c : -1);
+        costs.push_back(task_cost(f, task));
+      }
+    }
+  }
+  std::vector<int64_t> order(tasks.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  for (int64_t t : order) {
+    plan.tasks.push_back(tasks[t]);
+    plan.task_chunks.push_back(chunk_of_task[t]);
+  }
+  return plan;
+}
+
+}  // namespace anyattn::plan
