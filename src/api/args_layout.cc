@@ -3,89 +3,65 @@
 namespace anyattn::api {
 namespace {
 
-// q (B, Sq, Hq, D) and out (B, Sq, Hq, Dv): dtype, B, Sq, Hq, D, pointers and strides.
-void fill_dense_queries(const anyattn_tensor* q, const anyattn_tensor* out, cpu::FwdArgs* a) {
+// q ([B,] Sq, Hq, D) and out ([B,] Sq, Hq, Dv): dtype, Hq, D, pointers and strides.
+void fill_queries(const anyattn_tensor* q, const anyattn_tensor* out, bool batched,
+                  cpu::FwdArgs* a) {
+  const int first = batched ? 1 : 0;
   a->dtype = static_cast<cpu::DType>(q->dtype);
-  a->batch = q->shape[0];
-  a->seqlen_q = q->shape[1];
-  a->heads_q = q->shape[2];
-  a->head_dim = q->shape[3];
-  a->q = q->data;
-  a->q_batch_stride = q->strides[0];
-  a->q_row_stride = q->strides[1];
-  a->q_head_stride = q->strides[2];
-  a->out = out->data;
-  a->out_batch_stride = out->strides[0];
-  a->out_row_stride = out->strides[1];
-  a->out_head_stride = out->strides[2];
+  a->heads_q = q->shape[first + 1];
+  a->head_dim = q->shape[first + 2];
+  read_strides(q, batched, &a->q, &a->q_batch_stride, &a->q_row_stride, &a->q_head_stride);
+  read_strides(out, batched, &a->out, &a->out_batch_stride, &a->out_row_stride,
+               &a->out_head_stride);
 }
 
-// q (total_q, Hq, D) and out (total_q, Hq, Dv): dtype, Hq, D, pointers and strides.
-void fill_packed_queries(const anyattn_tensor* q, const anyattn_tensor* out, cpu::FwdArgs* a) {
-  a->dtype = static_cast<cpu::DType>(q->dtype);
-  a->heads_q = q->shape[1];
-  a->head_dim = q->shape[2];
-  a->q = q->data;
-  a->q_row_stride = q->strides[0];
-  a->q_head_stride = q->strides[1];
-  a->out = out->data;
-  a->out_row_stride = out->strides[0];
-  a->out_head_stride = out->strides[1];
-}
-
-// k (B', Sk, Hk, D) and v (B', Sk, Hk, Dv): Sk, Hk, Dv, pointers and strides.
-void fill_batched_keys(const anyattn_tensor* k, const anyattn_tensor* v, cpu::FwdArgs* a) {
-  a->seqlen_k = k->shape[1];
-  a->heads_k = k->shape[2];
-  a->head_dim_v = v->shape[3];
-  a->k = k->data;
-  a->k_batch_stride = k->strides[0];
-  a->k_row_stride = k->strides[1];
-  a->k_head_stride = k->strides[2];
-  a->v = v->data;
-  a->v_batch_stride = v->strides[0];
-  a->v_row_stride = v->strides[1];
-  a->v_head_stride = v->strides[2];
+// k ([B',] Sk, Hk, D) and v ([B',] Sk, Hk, Dv): Hk, Dv, pointers and strides; Sk when batched.
+void fill_keys(const anyattn_tensor* k, const anyattn_tensor* v, bool batched, cpu::FwdArgs* a) {
+  const int first = batched ? 1 : 0;
+  if (batched) a->seqlen_k = k->shape[1];
+  a->heads_k = k->shape[first + 1];
+  a->head_dim_v = v->shape[first + 2];
+  read_strides(k, batched, &a->k, &a->k_batch_stride, &a->k_row_stride, &a->k_head_stride);
+  read_strides(v, batched, &a->v, &a->v_batch_stride, &a->v_row_stride, &a->v_head_stride);
 }
 
 }  // namespace
 
 void fill_dense_layout(const anyattn_tensor* q, const anyattn_tensor* k, const anyattn_tensor* v,
                        const anyattn_tensor* out, cpu::FwdArgs* a) {
-  fill_dense_queries(q, out, a);
-  fill_batched_keys(k, v, a);
+  fill_queries(q, out, true, a);
+  a->batch = q->shape[0];
+  a->seqlen_q = q->shape[1];
+  fill_keys(k, v, true, a);
 }
 
 void fill_packed_layout(const anyattn_tensor* q, const anyattn_tensor* k, const anyattn_tensor* v,
                         const anyattn_tensor* out, cpu::FwdArgs* a) {
-  fill_packed_queries(q, out, a);
-  a->heads_k = k->shape[1];
-  a->head_dim_v = v->shape[2];
-  a->k = k->data;
-  a->k_row_stride = k->strides[0];
-  a->k_head_stride = k->strides[1];
-  a->v = v->data;
-  a->v_row_stride = v->strides[0];
-  a->v_head_stride = v->strides[1];
+  fill_queries(q, out, false, a);
+  fill_keys(k, v, false, a);
 }
 
 void fill_packed_queries_cache_layout(const anyattn_tensor* q, const anyattn_tensor* k,
                                       const anyattn_tensor* v, const anyattn_tensor* out,
                                       cpu::FwdArgs* a) {
-  fill_packed_queries(q, out, a);
-  fill_batched_keys(k, v, a);
+  fill_queries(q, out, false, a);
+  fill_keys(k, v, true, a);
 }
 
 void fill_lse_layout(const anyattn_tensor* lse, bool packed, cpu::FwdArgs* a) {
-  a->lse = static_cast<float*>(lse->data);
-  if (packed) {
-    a->lse_head_stride = lse->strides[0];
-    a->lse_row_stride = lse->strides[1];
-  } else {
-    a->lse_batch_stride = lse->strides[0];
-    a->lse_head_stride = lse->strides[1];
-    a->lse_row_stride = lse->strides[2];
-  }
+  if (lse == nullptr) return;
+  read_strides(lse, !packed, &a->lse, &a->lse_batch_stride, &a->lse_head_stride,
+               &a->lse_row_stride);
+}
+
+void fill_gradient_layout(const anyattn_tensor* dout, const anyattn_tensor* dq,
+                          const anyattn_tensor* dk, const anyattn_tensor* dv, bool batched,
+                          cpu::BwdArgs* b) {
+  read_strides(dout, batched, &b->dout, &b->dout_batch_stride, &b->dout_row_stride,
+               &b->dout_head_stride);
+  read_strides(dq, batched, &b->dq, &b->dq_batch_stride, &b->dq_row_stride, &b->dq_head_stride);
+  read_strides(dk, batched, &b->dk, &b->dk_batch_stride, &b->dk_row_stride, &b->dk_head_stride);
+  read_strides(dv, batched, &b->dv, &b->dv_batch_stride, &b->dv_row_stride, &b->dv_head_stride);
 }
 
 }  // namespace anyattn::api

@@ -1,13 +1,30 @@
-// Copies validated tensor descriptors into cpu::FwdArgs: data pointers, element strides and the
-// problem dimensions. Shared by every entry point's validation; call only after the tensors'
-// ranks and shapes have been checked.
+// Copies validated tensor descriptors into the kernels' argument structs: data pointers, element
+// strides and the problem dimensions. Call only after the tensors' ranks and shapes have been
+// checked (call_check.h).
 #ifndef ANYATTN_API_ARGS_LAYOUT_H_
 #define ANYATTN_API_ARGS_LAYOUT_H_
 
+#include <cstdint>
+
 #include "anyattn/anyattn.h"
+#include "cpu/backward/bwd_args.h"
 #include "cpu/forward/fwd_args.h"
 
 namespace anyattn::api {
+
+// The data pointer and the strides of the three outer dimensions of `t`, named for the common
+// case (batch, row, head) but taken in order: with `batched` false, `t` has no leading batch
+// dimension and the batch stride is 0. An lse (B, Hq, Sq) passes its head stride as `row` and its
+// row stride as `head`.
+template <class Pointer>
+void read_strides(const anyattn_tensor* t, bool batched, Pointer* data, int64_t* batch,
+                  int64_t* row, int64_t* head) {
+  const int first = batched ? 1 : 0;
+  *data = static_cast<Pointer>(t->data);
+  *batch = batched ? t->strides[0] : 0;
+  *row = t->strides[first];
+  *head = t->strides[first + 1];
+}
 
 // Dense tensors: q (B, Sq, Hq, D), k (B', Sk, Hk, D), v (B', Sk, Hk, Dv), out (B, Sq, Hq, Dv).
 // Sets dtype, B, Sq, Sk, Hq, Hk, D, Dv from the shapes, and every pointer and stride.
@@ -28,8 +45,14 @@ void fill_packed_queries_cache_layout(const anyattn_tensor* q, const anyattn_ten
                                       const anyattn_tensor* v, const anyattn_tensor* out,
                                       cpu::FwdArgs* args);
 
-// lse (B, Hq, Sq) for dense calls, (Hq, total_q) for packed ones.
+// lse (B, Hq, Sq) for dense calls, (Hq, total_q) for packed ones; nothing when lse is NULL.
 void fill_lse_layout(const anyattn_tensor* lse, bool packed, cpu::FwdArgs* args);
+
+// The gradients' pointers and strides: dout, dq like q, dk like k, dv like v, dense (batched) or
+// packed.
+void fill_gradient_layout(const anyattn_tensor* dout, const anyattn_tensor* dq,
+                          const anyattn_tensor* dk, const anyattn_tensor* dv, bool batched,
+                          cpu::BwdArgs* bwd);
 
 }  // namespace anyattn::api
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "anyattn/anyattn.h"
+#include "api/attention_options.h"
 #include "api/errors.h"
 #include "api/tensor_checks.h"
 #include "api/validate_bwd.h"
@@ -150,7 +151,7 @@ anyattn_status anyattn_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
                            const anyattn_tensor* v, const anyattn_tensor* out,
                            const anyattn_tensor* lse, const anyattn_fwd_params* params) {
   return guarded_call("anyattn_fwd", [&] {
-    const anyattn::api::ValidatedFwd call = anyattn::api::validate_fwd(q, k, v, out, lse, params);
+    const anyattn::api::ValidatedFwd call = anyattn::api::validate_fwd({q, k, v, out, lse}, params);
     anyattn::cpu::run_fwd(call.args, call.isa);
   });
 }
@@ -163,8 +164,10 @@ anyattn_status anyattn_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor*
                                   int64_t max_seqlen_k, const anyattn_fwd_params* params) {
   return guarded_call("anyattn_fwd_varlen", [&] {
     const anyattn::api::ValidatedFwd call =
-        anyattn::api::validate_fwd_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                          max_seqlen_q, max_seqlen_k, params);
+        anyattn::api::validate_fwd_varlen({q, k, v, out, lse},
+                                          {cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                           max_seqlen_k},
+                                          params);
     anyattn::cpu::run_fwd(call.args, call.isa);
   });
 }
@@ -182,7 +185,7 @@ anyattn_status anyattn_fwd_kvcache(const anyattn_tensor* q, const anyattn_tensor
                                    const anyattn_fwd_params* params) {
   return guarded_call("anyattn_fwd_kvcache", [&] {
     const anyattn::api::ValidatedKvcache call =
-        anyattn::api::validate_fwd_kvcache(q, k_cache, v_cache, out, lse, cache, params);
+        anyattn::api::validate_fwd_kvcache({q, k_cache, v_cache, out, lse}, cache, params);
     anyattn::cpu::append_to_cache(call.attention.args, call.append, call.cache_seqlens);
     anyattn::cpu::run_fwd(call.attention.args, call.attention.isa);
   });
@@ -196,7 +199,7 @@ anyattn_status anyattn_fwd_kvcache_varlen(const anyattn_tensor* q, const anyattn
                                           const anyattn_fwd_params* params) {
   return guarded_call("anyattn_fwd_kvcache_varlen", [&] {
     const anyattn::api::ValidatedFwd call = anyattn::api::validate_fwd_kvcache_varlen(
-        q, k_cache, v_cache, out, lse, cu_seqlens_q, max_seqlen_q, cache, params);
+        {q, k_cache, v_cache, out, lse}, cu_seqlens_q, max_seqlen_q, cache, params);
     anyattn::cpu::run_fwd(call.args, call.isa);
   });
 }
@@ -220,7 +223,7 @@ anyattn_status anyattn_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
                            const anyattn_fwd_params* params) {
   return guarded_call("anyattn_bwd", [&] {
     const anyattn::api::ValidatedBwd call =
-        anyattn::api::validate_bwd(dout, q, k, v, out, lse, dq, dk, dv, dsinks_or_null, params);
+        anyattn::api::validate_bwd({q, k, v, out, lse}, {dout, dq, dk, dv, dsinks_or_null}, params);
     anyattn::cpu::run_bwd(call.args, call.isa);
   });
 }
@@ -236,8 +239,8 @@ anyattn_status anyattn_bwd_varlen(const anyattn_tensor* dout, const anyattn_tens
                                   int64_t max_seqlen_k, const anyattn_fwd_params* params) {
   return guarded_call("anyattn_bwd_varlen", [&] {
     const anyattn::api::ValidatedBwdVarlen call = anyattn::api::validate_bwd_varlen(
-        dout, q, k, v, out, lse, dq, dk, dv, dsinks_or_null, cu_seqlens_q, cu_seqlens_k,
-        seqused_k_or_null, max_seqlen_q, max_seqlen_k, params);
+        {q, k, v, out, lse}, {dout, dq, dk, dv, dsinks_or_null},
+        {cu_seqlens_q, cu_seqlens_k, seqused_k_or_null, max_seqlen_q, max_seqlen_k}, params);
     anyattn::cpu::run_bwd(call.bwd.args, call.bwd.isa);
   });
 }

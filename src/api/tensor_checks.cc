@@ -9,32 +9,33 @@
 
 namespace anyattn::api {
 
+namespace {
+
+// The dtypes of the C ABI, indexed by anyattn_dtype.
+struct DtypeInfo {
+  const char* name;
+  int64_t size;  // bytes per element
+};
+constexpr DtypeInfo kDtypes[] = {{"f32", 4}, {"f16", 2}, {"bf16", 2}, {"i32", 4}};
+static_assert(ANYATTN_DTYPE_F32 == 0 && ANYATTN_DTYPE_F16 == 1 && ANYATTN_DTYPE_BF16 == 2 &&
+                  ANYATTN_DTYPE_I32 == 3,
+              "kDtypes follows anyattn_dtype");
+
+const DtypeInfo* find_dtype(int32_t dtype) {
+  constexpr int32_t count = sizeof(kDtypes) / sizeof(kDtypes[0]);
+  return dtype >= 0 && dtype < count ? &kDtypes[dtype] : nullptr;
+}
+
+}  // namespace
+
 int64_t dtype_size(int32_t dtype) {
-  switch (dtype) {
-    case ANYATTN_DTYPE_F32:
-    case ANYATTN_DTYPE_I32:
-      return 4;
-    case ANYATTN_DTYPE_F16:
-    case ANYATTN_DTYPE_BF16:
-      return 2;
-    default:
-      return 0;
-  }
+  const DtypeInfo* info = find_dtype(dtype);
+  return info != nullptr ? info->size : 0;
 }
 
 const char* dtype_name(int32_t dtype) {
-  switch (dtype) {
-    case ANYATTN_DTYPE_F32:
-      return "f32";
-    case ANYATTN_DTYPE_F16:
-      return "f16";
-    case ANYATTN_DTYPE_BF16:
-      return "bf16";
-    case ANYATTN_DTYPE_I32:
-      return "i32";
-    default:
-      return "unknown";
-  }
+  const DtypeInfo* info = find_dtype(dtype);
+  return info != nullptr ? info->name : "unknown";
 }
 
 namespace {
@@ -50,44 +51,23 @@ std::string allowed_list(std::initializer_list<int32_t> allowed) {
 
 }  // namespace
 
-void check_head_dims(const char* function, const char* q_dim, int64_t head_dim, const char* v_dim,
-                     int64_t head_dim_v) {
-  if (head_dim < 0 || head_dim > kMaxHeadDim) {
-    fail_invalid(function, ": ", q_dim, " (head dim D) is ", head_dim, "; supported: 0..",
-                 kMaxHeadDim);
-  }
-  if (head_dim_v < 0 || head_dim_v > kMaxHeadDim) {
-    fail_invalid(function, ": ", v_dim, " (head dim Dv) is ", head_dim_v, "; supported: 0..",
-                 kMaxHeadDim);
-  }
-}
-
-void check_heads(const char* function, const char* q_heads, int64_t heads_q, const char* k_heads,
-                 int64_t heads_k) {
-  if (heads_k == 0 && heads_q > 0) {
-    fail_invalid(function, ": ", k_heads, " (Hk) is 0 but ", q_heads, " (Hq) is ", heads_q,
-                 "; there are no key/value heads to attend with (Hk must be >= 1 unless Hq = 0)");
-  }
-  if (heads_k > 0 && heads_q % heads_k != 0) {
-    fail_invalid(function, ": Hq = ", heads_q, " is not a multiple of Hk = ", heads_k,
-                 "; GQA/MQA need Hq % Hk == 0");
-  }
-}
-
-void check_extent(const char* function, const char* what, int64_t value) {
-  if (value > kMaxExtent) {
-    fail_unsupported(function, ": ", what, " is ", value, "; supported: up to ", kMaxExtent);
-  }
+void require_descriptor(const char* function, const char* name, const anyattn_tensor* t) {
+  if (t == nullptr) fail_invalid(function, ": ", name, " is NULL; a tensor descriptor is required");
 }
 
 TensorExtent check_tensor(const char* function, const char* name, const anyattn_tensor* t,
                           int expected_ndim, const char* dims_doc,
                           std::initializer_list<int32_t> allowed_dtypes) {
-  if (t == nullptr) fail_invalid(function, ": ", name, " is NULL; a tensor descriptor is required");
+  require_descriptor(function, name, t);
   if (t->ndim != expected_ndim) {
     fail_invalid(function, ": ", name, ".ndim is ", t->ndim, "; expected ", expected_ndim, " ",
                  dims_doc);
   }
+  return check_layout(function, name, t, allowed_dtypes);
+}
+
+TensorExtent check_layout(const char* function, const char* name, const anyattn_tensor* t,
+                          std::initializer_list<int32_t> allowed_dtypes) {
   if (std::find(allowed_dtypes.begin(), allowed_dtypes.end(), t->dtype) == allowed_dtypes.end()) {
     fail_invalid(function, ": ", name, ".dtype is ", dtype_name(t->dtype), " (", t->dtype,
                  "); supported: ", allowed_list(allowed_dtypes));
@@ -205,8 +185,7 @@ std::pair<int64_t, std::vector<int32_t>> read_int32_matrix(const char* function,
 
 std::vector<float> read_float_rows(const char* function, const char* name, const anyattn_tensor* t,
                                    int64_t rows) {
-  check_tensor(function, name, t, 2, "(positions, rotary_dim / 2)",
-               {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16});
+  check_tensor(function, name, t, 2, "(positions, rotary_dim / 2)", kFloatDtypes);
   const int64_t columns = t->shape[1];
   std::vector<float> values(static_cast<size_t>(rows * columns));
   for (int64_t r = 0; r < rows; ++r) {

@@ -1,5 +1,6 @@
-// Checks shared by every entry point that takes anyattn_tensor descriptors: rank, dtype, unit
-// last stride, and the memory extent a strided view spans, computed without int64 overflow.
+// Checks of one anyattn_tensor descriptor: rank, dtype, unit last stride, and the memory extent a
+// strided view spans, computed without int64 overflow; and the reading of small int32 and float
+// side tensors. The checks of a whole call against its table build on these (call_check.h).
 #ifndef ANYATTN_API_TENSOR_CHECKS_H_
 #define ANYATTN_API_TENSOR_CHECKS_H_
 
@@ -18,20 +19,9 @@ constexpr int64_t kMaxHeadDim = 256;
 // kernels form stays far from int64 overflow and the dropout counters stay exact.
 constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
 
-// Throws ANYATTN_E_INVALID_ARGUMENT unless 0 <= head_dim, head_dim_v <= kMaxHeadDim; q_dim and
-// v_dim name where they were read, e.g. "q.shape[3]" and "v.shape[3]". A head dim of 0 is a
-// degenerate but well-defined call (docs/semantics.md, section 6).
-void check_head_dims(const char* function, const char* q_dim, int64_t head_dim, const char* v_dim,
-                     int64_t head_dim_v);
-
-// Throws ANYATTN_E_INVALID_ARGUMENT unless the head counts fit GQA/MQA: Hk >= 1 and Hq % Hk == 0,
-// or Hq = Hk = 0 (no heads: empty outputs). Hk = 0 with Hq >= 1 leaves nothing to attend with.
-// q_heads and k_heads name where they were read, e.g. "q.shape[2]" and "k.shape[2]".
-void check_heads(const char* function, const char* q_heads, int64_t heads_q, const char* k_heads,
-                 int64_t heads_k);
-
-// Throws ANYATTN_E_UNSUPPORTED if `value` (named `what`) exceeds kMaxExtent.
-void check_extent(const char* function, const char* what, int64_t value);
+// The floating-point dtypes of attention tensors: every q, k, v, out and gradient is one of them.
+inline constexpr std::initializer_list<int32_t> kFloatDtypes = {
+    ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16};
 
 // Bytes per element of a dtype; 0 for an unknown dtype.
 int64_t dtype_size(int32_t dtype);
@@ -53,6 +43,13 @@ struct TensorExtent {
 // addresses nothing: its data pointer and strides are not checked. Throws ApiError.
 TensorExtent check_tensor(const char* function, const char* name, const anyattn_tensor* t,
                           int expected_ndim, const char* dims_doc,
+                          std::initializer_list<int32_t> allowed_dtypes);
+
+// The steps of check_tensor, for callers that report the rank themselves (call_check.cc).
+// require_descriptor throws unless `t` is non-null; check_layout checks everything after the
+// rank.
+void require_descriptor(const char* function, const char* name, const anyattn_tensor* t);
+TensorExtent check_layout(const char* function, const char* name, const anyattn_tensor* t,
                           std::initializer_list<int32_t> allowed_dtypes);
 
 // Throws unless no two distinct index tuples of `t` address the same element (a tensor that is

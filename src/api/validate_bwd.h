@@ -1,11 +1,12 @@
-// Argument validation for anyattn_bwd: turns the caller's descriptors and params into a
-// cpu::BwdArgs that satisfies every invariant documented in cpu/backward/bwd_args.h and cpu/forward/fwd_args.h, or
-// throws ApiError naming the parameter, the value given and what is supported. Reads no tensor
-// data.
+// Argument validation for anyattn_bwd and anyattn_bwd_varlen: turns the caller's descriptors and
+// params into a cpu::BwdArgs that satisfies every invariant documented in cpu/backward/bwd_args.h
+// and cpu/forward/fwd_args.h, or throws ApiError naming the parameter, the value given and what
+// is supported. Reads no tensor data.
 #ifndef ANYATTN_API_VALIDATE_BWD_H_
 #define ANYATTN_API_VALIDATE_BWD_H_
 
 #include "anyattn/anyattn.h"
+#include "api/call_tensors.h"
 #include "api/validate_fwd.h"
 #include "cpu/backward/bwd_args.h"
 
@@ -16,15 +17,13 @@ struct ValidatedBwd {
   anyattn_isa isa = ANYATTN_ISA_AUTO;  // resolved: never ANYATTN_ISA_AUTO
 };
 
-// Checks, in order: the ten tensors (rank, dtype, unit last stride, extent), their shapes against
-// q's (B, Sq, Hq, D) and k's (Sk, Hk) and v's Dv, GQA divisibility, head dims, size limits; that
-// no gradient overlaps itself, another gradient or any input; then params as anyattn_fwd does
-// (dropout_p in [0, 1) is accepted); finally that dsinks is given exactly when params->sinks is.
-ValidatedBwd validate_bwd(const anyattn_tensor* dout, const anyattn_tensor* q,
-                          const anyattn_tensor* k, const anyattn_tensor* v,
-                          const anyattn_tensor* out, const anyattn_tensor* lse,
-                          const anyattn_tensor* dq, const anyattn_tensor* dk,
-                          const anyattn_tensor* dv, const anyattn_tensor* dsinks,
+// Validates as the forward plus the gradients: q, k, v, out and lse (required, read) as
+// anyattn_fwd checks them (tables::kBwdForward) and params as anyattn_fwd does (dropout_p in
+// [0, 1) is accepted); then dout (B, Sq, Hq, Dv), dq (B, Sq, Hq, D), dk (B, Sk, Hk, D) and dv
+// (B, Sk, Hk, Dv) (tables::kBwdGradients), none of the gradients overlapping itself, another
+// tensor or a side input (ALiBi slopes, sinks); finally dsinks (Hq), given exactly when
+// params->sinks is.
+ValidatedBwd validate_bwd(const AttentionTensors& forward, const GradientTensors& gradients,
                           const anyattn_fwd_params* params);
 
 // A validated anyattn_bwd_varlen call. bwd.args.fwd points into forward's length arrays, so the
@@ -34,20 +33,14 @@ struct ValidatedBwdVarlen {
   ValidatedBwd bwd;
 };
 
-// Checks, in order: NULL lse; everything anyattn_fwd_varlen checks (q, k, v, out, lse (Hq,
-// total_q), cu_seqlens_q/k, seqused_k, max_seqlen_q/k, params; messages name anyattn_bwd_varlen);
-// then dout (total_q, Hq, Dv), dq (total_q, Hq, D), dk (total_k, Hk, D), dv (total_k, Hk, Dv):
-// rank, dtype, shape; that no gradient overlaps itself, another gradient, an input or a side input;
-// finally dsinks as in validate_bwd.
-ValidatedBwdVarlen validate_bwd_varlen(const anyattn_tensor* dout, const anyattn_tensor* q,
-                                       const anyattn_tensor* k, const anyattn_tensor* v,
-                                       const anyattn_tensor* out, const anyattn_tensor* lse,
-                                       const anyattn_tensor* dq, const anyattn_tensor* dk,
-                                       const anyattn_tensor* dv, const anyattn_tensor* dsinks,
-                                       const anyattn_tensor* cu_seqlens_q,
-                                       const anyattn_tensor* cu_seqlens_k,
-                                       const anyattn_tensor* seqused_k, int64_t max_seqlen_q,
-                                       int64_t max_seqlen_k, const anyattn_fwd_params* params);
+// Validates as anyattn_fwd_varlen plus the gradients: q, k, v, out, lse (required, read), the
+// lengths and params as anyattn_fwd_varlen checks them; then dout (total_q, Hq, Dv), dq (total_q,
+// Hq, D), dk (total_k, Hk, D) and dv (total_k, Hk, Dv), and dsinks, as in validate_bwd. Every
+// message names anyattn_bwd_varlen.
+ValidatedBwdVarlen validate_bwd_varlen(const AttentionTensors& forward,
+                                       const GradientTensors& gradients,
+                                       const VarlenLengths& lengths,
+                                       const anyattn_fwd_params* params);
 
 }  // namespace anyattn::api
 

@@ -1,12 +1,14 @@
 // Argument validation for anyattn_fwd: turns the caller's descriptors and params into a
-// cpu::FwdArgs that satisfies every invariant documented in cpu/forward/fwd_args.h, or throws ApiError
-// naming the parameter, the value given and what is supported. Reads no tensor data.
+// cpu::FwdArgs that satisfies every invariant documented in cpu/forward/fwd_args.h, or throws
+// ApiError naming the parameter, the value given and what is supported. Reads no tensor data.
 #ifndef ANYATTN_API_VALIDATE_FWD_H_
 #define ANYATTN_API_VALIDATE_FWD_H_
 
 #include <vector>
 
 #include "anyattn/anyattn.h"
+#include "api/call_check.h"
+#include "api/call_tensors.h"
 #include "cpu/forward/fwd_args.h"
 
 namespace anyattn::api {
@@ -29,23 +31,16 @@ struct ValidatedFwd {
   ValidatedFwd& operator=(const ValidatedFwd&) = delete;
 };
 
-// Copies `params` (or the defaults when null) honouring struct_size: fields past struct_size keep
-// their defaults. Throws if struct_size cannot even hold the size field.
-anyattn_fwd_params read_fwd_params(const char* function, const anyattn_fwd_params* params);
+// anyattn_fwd: q (B, Sq, Hq, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv), out (B, Sq, Hq, Dv) written,
+// lse (B, Hq, Sq) f32 written or NULL; then params and the ISA.
+ValidatedFwd validate_fwd(const AttentionTensors& tensors, const anyattn_fwd_params* params);
 
-ValidatedFwd validate_fwd(const anyattn_tensor* q, const anyattn_tensor* k, const anyattn_tensor* v,
-                          const anyattn_tensor* out, const anyattn_tensor* lse,
-                          const anyattn_fwd_params* params);
-
-// Validates the attention options shared by every forward entry point (scale, softcap, window,
-// ALiBi, sinks, dropout, splits) and stores them in *args, whose batch, heads_q and head_dim must
-// already be set.
-void apply_attention_options(const char* function, const anyattn_fwd_params& params,
-                             cpu::FwdArgs* args);
-
-// Resolves ANYATTN_ISA_AUTO (and the ANYATTN_ISA environment variable) and checks that the CPU can
-// run the requested path. Throws ANYATTN_E_UNSUPPORTED otherwise.
-anyattn_isa resolve_isa(const char* function, int32_t requested);
+// The dense attention shared by anyattn_fwd and anyattn_bwd: checks q, k, v, out and lse against
+// `table` (tables::kFwd or tables::kBwdForward) in `call`, then the attention options, and returns
+// the forward's arguments.
+cpu::FwdArgs check_dense_attention(CallCheck* call, const TensorTable& table,
+                                   const AttentionTensors& tensors,
+                                   const anyattn_fwd_params& params);
 
 }  // namespace anyattn::api
 

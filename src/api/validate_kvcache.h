@@ -6,6 +6,7 @@
 #define ANYATTN_API_VALIDATE_KVCACHE_H_
 
 #include "anyattn/anyattn.h"
+#include "api/call_tensors.h"
 #include "api/validate_fwd.h"
 #include "cpu/ops/kvcache_append.h"
 
@@ -17,17 +18,14 @@ struct ValidatedKvcache {
   std::vector<int32_t> cache_seqlens;  // before the append
 };
 
-ValidatedKvcache validate_fwd_kvcache(const anyattn_tensor* q, const anyattn_tensor* k_cache,
-                                      const anyattn_tensor* v_cache, const anyattn_tensor* out,
-                                      const anyattn_tensor* lse,
+// anyattn_fwd_kvcache: tensors.k and tensors.v are k_cache and v_cache.
+ValidatedKvcache validate_fwd_kvcache(const AttentionTensors& tensors,
                                       const anyattn_kvcache_params* cache,
                                       const anyattn_fwd_params* params);
 
 // anyattn_fwd_kvcache_varlen: packed queries (total_q, Hq, D) with cu_seqlens_q against a cache
 // that the call only reads (k_new, v_new and the rotary tables must be NULL).
-ValidatedFwd validate_fwd_kvcache_varlen(const anyattn_tensor* q, const anyattn_tensor* k_cache,
-                                         const anyattn_tensor* v_cache, const anyattn_tensor* out,
-                                         const anyattn_tensor* lse,
+ValidatedFwd validate_fwd_kvcache_varlen(const AttentionTensors& tensors,
                                          const anyattn_tensor* cu_seqlens_q, int64_t max_seqlen_q,
                                          const anyattn_kvcache_params* cache,
                                          const anyattn_fwd_params* params);

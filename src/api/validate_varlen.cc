@@ -3,12 +3,28 @@
 #include <vector>
 
 #include "api/args_layout.h"
+#include "api/attention_options.h"
+#include "api/entry_tables.h"
 #include "api/errors.h"
 #include "api/tensor_checks.h"
 
 namespace anyattn::api {
 namespace {
 
+// seqused_k (B): the keys each sequence uses, at most its keys by cu_seqlens_k.
+std::vector<int32_t> read_seqused_k(const char* function, const anyattn_tensor* seqused_k,
+                                    const std::vector<int32_t>& cu_seqlens_k) {
+  const int64_t batch = static_cast<int64_t>(cu_seqlens_k.size()) - 1;
+  std::vector<int32_t> used = read_int32_vector(function, "seqused_k", seqused_k, batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t available = static_cast<int64_t>(cu_seqlens_k[b + 1]) - cu_seqlens_k[b];
+    if (used[b] < 0 || used[b] > available) {
+      fail_invalid(function, ": seqused_k[", b, "] is ", used[b], "; must be in [0, ", available,
+                   "] (the keys of sequence ", b, " by cu_seqlens_k)");
+    }
+  }
+  return used;
+}
 
 }  // namespace
 
@@ -53,98 +69,52 @@ int64_t read_varlen_batch(const char* function, const anyattn_tensor* cu_seqlens
   return batch;
 }
 
-ValidatedFwd validate_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor* k,
-                                 const anyattn_tensor* v, const anyattn_tensor* out,
-                                 const anyattn_tensor* lse, const anyattn_tensor* cu_seqlens_q,
-                                 const anyattn_tensor* cu_seqlens_k,
-                                 const anyattn_tensor* seqused_k, int64_t max_seqlen_q,
-                                 int64_t max_seqlen_k, const anyattn_fwd_params* params_in,
-                                 const char* function) {
-  const anyattn_fwd_params params = read_fwd_params(function, params_in);
-  const std::initializer_list<int32_t> float_types = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16,
-                                                      ANYATTN_DTYPE_BF16};
-  const TensorExtent q_extent = check_tensor(function, "q", q, 3, "(total_q, Hq, D)", float_types);
-  const TensorExtent k_extent = check_tensor(function, "k", k, 3, "(total_k, Hk, D)", float_types);
-  const TensorExtent v_extent = check_tensor(function, "v", v, 3, "(total_k, Hk, Dv)", float_types);
-  const TensorExtent out_extent =
-      check_tensor(function, "out", out, 3, "(total_q, Hq, Dv)", float_types);
-  for (const auto& [name, t] : {std::pair{"k", k}, std::pair{"v", v}, std::pair{"out", out}}) {
-    if (t->dtype != q->dtype) {
-      fail_invalid(function, ": ", name, ".dtype is ", dtype_name(t->dtype), " but q.dtype is ",
-                   dtype_name(q->dtype), "; q, k, v and out must share one dtype");
-    }
+int64_t check_max_seqlen(const char* function, const char* name, int64_t value) {
+  if (value < 0 || value > kMaxExtent) {
+    fail_invalid(function, ": ", name, " is ", value, "; supported: 0..", kMaxExtent);
   }
-  const int64_t total_q = q->shape[0], heads_q = q->shape[1], head_dim = q->shape[2];
-  const int64_t total_k = k->shape[0], heads_k = k->shape[1], head_dim_v = v->shape[2];
-  check_head_dims(function, "q.shape[2]", head_dim, "v.shape[2]", head_dim_v);
-  if (k->shape[2] != head_dim) {
-    fail_invalid(function, ": k.shape[2] is ", k->shape[2], "; must equal q.shape[2] (D) = ", head_dim);
-  }
-  if (v->shape[0] != total_k || v->shape[1] != heads_k) {
-    fail_invalid(function, ": v.shape is (", v->shape[0], ", ", v->shape[1], ", ", v->shape[2],
-                 "); its total_k and Hk must match k's (", total_k, ", ", heads_k, ")");
-  }
-  check_heads(function, "q.shape[1]", heads_q, "k.shape[1]", heads_k);
-  if (out->shape[0] != total_q || out->shape[1] != heads_q || out->shape[2] != head_dim_v) {
-    fail_invalid(function, ": out.shape is (", out->shape[0], ", ", out->shape[1], ", ", out->shape[2],
-                 "); expected (total_q, Hq, Dv) = (", total_q, ", ", heads_q, ", ", head_dim_v,
-                 ")");
-  }
-  if (max_seqlen_q < 0 || max_seqlen_q > kMaxExtent) {
-    fail_invalid(function, ": max_seqlen_q is ", max_seqlen_q, "; supported: 0..", kMaxExtent);
-  }
-  if (max_seqlen_k < 0 || max_seqlen_k > kMaxExtent) {
-    fail_invalid(function, ": max_seqlen_k is ", max_seqlen_k, "; supported: 0..", kMaxExtent);
-  }
-  const int64_t batch = read_varlen_batch(function, cu_seqlens_q);
+  return value;
+}
 
-  check_no_self_overlap(function, "out", out);
-  check_disjoint(function, "out", out_extent, "q", q_extent);
-  check_disjoint(function, "out", out_extent, "k", k_extent);
-  check_disjoint(function, "out", out_extent, "v", v_extent);
-
+ValidatedFwd check_varlen_attention(CallCheck* call, const TensorTable& table,
+                                    const AttentionTensors& t, const VarlenLengths& lengths,
+                                    const anyattn_fwd_params& params) {
+  const char* fn = call->function();
+  const anyattn_tensor* const in_table_order[] = {t.q, t.k, t.v, t.out, t.lse};
+  call->check(table, in_table_order);
   ValidatedFwd result;
-  result.cu_seqlens_q = read_cu_seqlens(function, "cu_seqlens_q", cu_seqlens_q, batch, total_q,
-                                        "total_q", max_seqlen_q, "max_seqlen_q");
-  if (cu_seqlens_k == nullptr) fail_invalid(function, ": cu_seqlens_k is NULL; it is required");
-  result.cu_seqlens_k = read_cu_seqlens(function, "cu_seqlens_k", cu_seqlens_k, batch, total_k,
-                                        "total_k", max_seqlen_k, "max_seqlen_k");
-  if (seqused_k != nullptr) {
-    result.seqlens_k = read_int32_vector(function, "seqused_k", seqused_k, batch);
-    for (int64_t b = 0; b < batch; ++b) {
-      const int64_t available =
-          static_cast<int64_t>(result.cu_seqlens_k[b + 1]) - result.cu_seqlens_k[b];
-      if (result.seqlens_k[b] < 0 || result.seqlens_k[b] > available) {
-        fail_invalid(function, ": seqused_k[", b, "] is ", result.seqlens_k[b], "; must be in [0, ",
-                     available, "] (the keys of sequence ", b, " by cu_seqlens_k)");
-      }
-    }
-  }
-
   cpu::FwdArgs& a = result.args;
-  fill_packed_layout(q, k, v, out, &a);
-  a.batch = batch;
-  a.seqlen_q = max_seqlen_q;
-  a.seqlen_k = max_seqlen_k;
-  if (lse != nullptr) {
-    const TensorExtent lse_extent =
-        check_tensor(function, "lse", lse, 2, "(Hq, total_q)", {ANYATTN_DTYPE_F32});
-    if (lse->shape[0] != heads_q || lse->shape[1] != total_q) {
-      fail_invalid(function, ": lse.shape is (", lse->shape[0], ", ", lse->shape[1],
-                   "); expected (Hq, total_q) = (", heads_q, ", ", total_q, ")");
-    }
-    check_no_self_overlap(function, "lse", lse);
-    check_disjoint(function, "lse", lse_extent, "q", q_extent);
-    check_disjoint(function, "lse", lse_extent, "k", k_extent);
-    check_disjoint(function, "lse", lse_extent, "v", v_extent);
-    check_disjoint(function, "lse", lse_extent, "out", out_extent);
-    fill_lse_layout(lse, true, &a);
+  a.seqlen_q = check_max_seqlen(fn, "max_seqlen_q", lengths.max_seqlen_q);
+  a.seqlen_k = check_max_seqlen(fn, "max_seqlen_k", lengths.max_seqlen_k);
+  a.batch = read_varlen_batch(fn, lengths.cu_seqlens_q);
+  result.cu_seqlens_q = read_cu_seqlens(fn, "cu_seqlens_q", lengths.cu_seqlens_q, a.batch,
+                                        (*call)[Dim::kTotalQ], "total_q", a.seqlen_q,
+                                        "max_seqlen_q");
+  if (lengths.cu_seqlens_k == nullptr) {
+    fail_invalid(fn, ": cu_seqlens_k is NULL; it is required");
   }
-  apply_attention_options(function, params, &a);
-  result.isa = resolve_isa(function, params.isa);
+  result.cu_seqlens_k = read_cu_seqlens(fn, "cu_seqlens_k", lengths.cu_seqlens_k, a.batch,
+                                        (*call)[Dim::kTotalK], "total_k", a.seqlen_k,
+                                        "max_seqlen_k");
+  if (lengths.seqused_k != nullptr) {
+    result.seqlens_k = read_seqused_k(fn, lengths.seqused_k, result.cu_seqlens_k);
+  }
+  fill_packed_layout(t.q, t.k, t.v, t.out, &a);
+  fill_lse_layout(t.lse, /*packed=*/true, &a);
+  apply_attention_options(fn, params, &a);
   a.cu_seqlens_q = result.cu_seqlens_q.data();
   a.cu_seqlens_k = result.cu_seqlens_k.data();
   a.seqlens_k = result.seqlens_k.empty() ? nullptr : result.seqlens_k.data();
+  return result;
+}
+
+ValidatedFwd validate_fwd_varlen(const AttentionTensors& tensors, const VarlenLengths& lengths,
+                                 const anyattn_fwd_params* params_in) {
+  CallCheck call("anyattn_fwd_varlen");
+  const anyattn_fwd_params params = read_fwd_params(call.function(), params_in);
+  ValidatedFwd result =
+      check_varlen_attention(&call, tables::kFwdVarlen, tensors, lengths, params);
+  result.isa = resolve_isa(call.function(), params.isa);
   return result;
 }
 

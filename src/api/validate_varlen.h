@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "anyattn/anyattn.h"
+#include "api/call_check.h"
+#include "api/call_tensors.h"
 #include "api/validate_fwd.h"
 
 namespace anyattn::api {
@@ -21,17 +23,22 @@ std::vector<int32_t> read_cu_seqlens(const char* function, const char* name,
                                      const char* total_name, int64_t max_seqlen,
                                      const char* max_name);
 
-// Checks every tensor, every cu_seqlens / seqused_k value and every option; throws ApiError
-// naming the parameter otherwise, with messages that start with `function` (the entry point the
-// caller called: the backward validates its forward inputs here under its own name). The result
-// owns copies of the length arrays.
-ValidatedFwd validate_fwd_varlen(const anyattn_tensor* q, const anyattn_tensor* k,
-                                 const anyattn_tensor* v, const anyattn_tensor* out,
-                                 const anyattn_tensor* lse, const anyattn_tensor* cu_seqlens_q,
-                                 const anyattn_tensor* cu_seqlens_k,
-                                 const anyattn_tensor* seqused_k, int64_t max_seqlen_q,
-                                 int64_t max_seqlen_k, const anyattn_fwd_params* params,
-                                 const char* function = "anyattn_fwd_varlen");
+// The length of a varlen dimension's longest sequence, named `name` (max_seqlen_q): throws
+// unless 0 <= value <= kMaxExtent.
+int64_t check_max_seqlen(const char* function, const char* name, int64_t value);
+
+// anyattn_fwd_varlen: q (total_q, Hq, D), k (total_k, Hk, D), v (total_k, Hk, Dv), out (total_q,
+// Hq, Dv) written, lse (Hq, total_q) f32 written or NULL; then max_seqlen_q/k, cu_seqlens_q/k,
+// seqused_k, params and the ISA. The result owns copies of the length arrays.
+ValidatedFwd validate_fwd_varlen(const AttentionTensors& tensors, const VarlenLengths& lengths,
+                                 const anyattn_fwd_params* params);
+
+// The packed attention shared by anyattn_fwd_varlen and anyattn_bwd_varlen: checks q, k, v, out
+// and lse against `table` (tables::kFwdVarlen or tables::kBwdVarlenForward) in `call`, then the
+// lengths and the attention options. The ISA is left to the caller.
+ValidatedFwd check_varlen_attention(CallCheck* call, const TensorTable& table,
+                                    const AttentionTensors& tensors, const VarlenLengths& lengths,
+                                    const anyattn_fwd_params& params);
 
 }  // namespace anyattn::api
 
