@@ -677,7 +677,8 @@ bool reduced_sweep() {
 std::vector<anyattn_isa> supported_isas() {
   std::vector<anyattn_isa> isas;
   for (anyattn_isa isa :
-       {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
+       {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX,
+        ANYATTN_ISA_NEON}) {
     if (anyattn_isa_supported(isa)) isas.push_back(isa);
   }
   return isas;

@@ -58,7 +58,8 @@ anyattn_fwd_params dropout_params(float p, uint64_t seed, uint64_t offset) {
 
 TEST(FwdDropout, MatchesReferenceOnEveryIsaWithMasks) {
   for (int isa :
-       {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
+       {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX,
+        ANYATTN_ISA_NEON}) {
     if (!anyattn_isa_supported(static_cast<anyattn_isa>(isa))) continue;
     for (int causal : {0, 1}) {
       DropoutProblem problem;

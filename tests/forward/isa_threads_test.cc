@@ -30,6 +30,7 @@ TEST(Isa, PortableIsAlwaysSupportedAndDefaultIsSupported) {
   EXPECT_STREQ(anyattn_isa_name(ANYATTN_ISA_AVX2), "avx2");
   EXPECT_STREQ(anyattn_isa_name(ANYATTN_ISA_AVX512), "avx512");
   EXPECT_STREQ(anyattn_isa_name(ANYATTN_ISA_AVX512_AMX), "avx512_amx");
+  EXPECT_STREQ(anyattn_isa_name(ANYATTN_ISA_NEON), "neon");
   EXPECT_STREQ(anyattn_isa_name(ANYATTN_ISA_AUTO), "auto");
   EXPECT_STREQ(anyattn_isa_name(static_cast<anyattn_isa>(99)), "unknown");
 }
@@ -111,7 +112,8 @@ TEST(Isa, EveryPathMatchesReferenceAndEachOther) {
 
 TEST(Isa, ForcingAnUnsupportedPathIsRejected) {
   bool tested = false;
-  for (anyattn_isa isa : {ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
+  for (anyattn_isa isa :
+       {ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX, ANYATTN_ISA_NEON}) {
     if (anyattn_isa_supported(isa)) continue;
     Case c;
     c.isa = isa;

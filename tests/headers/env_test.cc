@@ -79,7 +79,8 @@ int expect_isa(const char* name) {
   }
   anyattn_isa forced = ANYATTN_ISA_AUTO;
   for (anyattn_isa isa :
-       {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
+       {ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2, ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX,
+        ANYATTN_ISA_NEON}) {
     if (std::strcmp(anyattn_isa_name(isa), name) == 0) forced = isa;
   }
   const std::vector<float> automatic = run_forward(ANYATTN_ISA_AUTO);

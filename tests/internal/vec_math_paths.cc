@@ -5,6 +5,9 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #endif
+#if defined(__aarch64__) || defined(_M_ARM64)
+#include <arm_neon.h>
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -52,6 +55,15 @@ namespace anyattn::cpu::vec_math_test::avx512_amx {
 ANYATTN_TARGET_END()
 #endif
 
+#if defined(__aarch64__) || defined(_M_ARM64)
+// Advanced SIMD is the AArch64 baseline, as in src/cpu/forward/fwd_neon.cc: no target region.
+namespace anyattn::cpu::vec_math_test::neon {
+#include "cpu/simd/vec_neon.h"
+#include "cpu/simd/vec_math-inl.h"
+#include "internal/vec_math_arrays-inl.h"
+}  // namespace anyattn::cpu::vec_math_test::neon
+#endif
+
 namespace anyattn::cpu::vec_math_test {
 namespace {
 
@@ -63,6 +75,9 @@ const VecMathPath kPaths[] = {
     ANYATTN_VEC_MATH_PATH(avx2, ANYATTN_ISA_AVX2),
     ANYATTN_VEC_MATH_PATH(avx512, ANYATTN_ISA_AVX512),
     ANYATTN_VEC_MATH_PATH(avx512_amx, ANYATTN_ISA_AVX512_AMX),
+#endif
+#if defined(__aarch64__) || defined(_M_ARM64)
+    ANYATTN_VEC_MATH_PATH(neon, ANYATTN_ISA_NEON),
 #endif
 };
 #undef ANYATTN_VEC_MATH_PATH
