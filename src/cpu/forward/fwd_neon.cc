@@ -1,16 +1,17 @@
 // The forward kernels for the neon path: fwd_kernel-inl.h compiled against vec_neon.h.
 // Registered by its row in isa_table.inc.
 //
-// Register tiles, for AArch64's 32 vector registers of 4 floats. A tile of R rows x NV vectors keeps
-// R * NV accumulators; each depth step loads NV B vectors (K^T or V rows, two per LDP) and one
-// A value per row, which the compiler keeps in registers for the whole step: R * NV + NV + R
-// registers must fit in 32, or accumulators spill to the stack inside the loop.
-//   S = Q K^T  5 rows x 4 vectors (5 x 16 keys): 20 + 4 + 5 = 29 registers; 20 FMAs for 2 LDP and
-//              5 scalar loads per head-dim index. The 16 keys divide the 64-key block (kScoreVecs
-//              of 1, 2, 4 or 8 only); 6 x 4 needs 34 registers and spills accumulators inside the loop,
-//              and 2 x 8 does 16 FMAs for 6 loads.
-//   O += P V   5 rows x 4 vectors (5 x 16 output columns), the same count, with the V row of one
-//              key and one probability per row.
+// Register tiles, for AArch64's 32 vector registers of 4 floats. Both micro-kernels run with
+// ANYATTN_FWD_LANE_PRODUCTS: per step of 4 depth indices (head-dim indices for S, keys for P V) a
+// tile of R rows x NV vectors loads one vector of 4 A values per row (q or P: R registers), the
+// 4 x NV B vectors of those indices (K^T or V rows), and does 4 * R * NV FMLAs by element into
+// R * NV accumulators. With R = NV = 4: 16 accumulators + 4 A vectors + 16 B vectors = 36 if the
+// compiler loads every B vector of the step first, which it may only partly do (GCC and clang load
+// them a few indices ahead); 64 FMLAs for 12 to 18 loads. 5 x 4 adds 5 registers and the loop
+// spills accumulators; 6 x 2 has 48 FMLAs for about the same loads. S's 16 keys divide the 64-key
+// block (kScoreVecs of 1, 2, 4 or 8 only).
+//   S = Q K^T  4 rows x 4 vectors (4 x 16 keys).
+//   O += P V   4 rows x 4 vectors (4 x 16 output columns).
 //   Direct decode: 4 keys per group, so that R x 4 accumulators (at most 16) reduce with one
 //              lane_sums per row; the same group as on AVX-512, where a group is a quarter of a
 //              vector of scores, here a whole one.
@@ -35,9 +36,12 @@ namespace anyattn::cpu::neon {
 #include "cpu/simd/vec_neon.h"
 #include "cpu/simd/vec_math-inl.h"
 
-constexpr int kScoreRows = 5;
+// Both micro-kernels load q and P kLanes values at a time and multiply by lane (fma_lane).
+#define ANYATTN_FWD_LANE_PRODUCTS 1
+
+constexpr int kScoreRows = 4;
 constexpr int kScoreVecs = 4;
-constexpr int kPvRows = 5;
+constexpr int kPvRows = 4;
 constexpr int kPvVecs = 4;
 // Keys whose dot products the direct decode loop forms together (R x G accumulators).
 constexpr int kDirectKeyGroup = 4;

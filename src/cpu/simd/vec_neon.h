@@ -48,6 +48,12 @@ inline Vec operator/(Vec a, Vec b) {
 inline Vec fma(Vec a, Vec b, Vec c) {
   return {vfmaq_f32(c.v, a.v, b.v)};
 }
+// c + a[kLane] * b: FMLA by element, for kernels that load kLanes A-operand values with one vector
+// load and use each lane in turn (ANYATTN_FWD_LANE_PRODUCTS in fwd_kernel-inl.h).
+template <int kLane>
+inline Vec fma_lane(Vec a, Vec b, Vec c) {
+  return {vfmaq_laneq_f32(c.v, b.v, a.v, kLane)};
+}
 // a > b ? a : b lane by lane, so b whenever either is NaN, as x86's MAXPS. (FMAX returns the NaN,
 // FMAXNM the number: neither keeps b.)
 inline Vec max_keep_b_nan(Vec a, Vec b) {
