@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Static instruction model of the neon forward kernel's f32 inner loops, for want of an Arm machine.
+"""Static instruction model of the neon forward kernel's f32 inner loops (no Arm machine needed).
 
 Disassembles the cross-compiled forward/fwd_neon.cc object with aarch64-linux-gnu-objdump, finds the
 inner loop of the S = Q K^T register tile and of the O += P V tile (the innermost loops with the
@@ -84,7 +84,7 @@ def inner_loops(instructions):
     index = {address: i for i, (address, _, _) in enumerate(instructions)}
     for i, (address, mnemonic, operands) in enumerate(instructions):
         # Loops close with a conditional branch; a plain `b` back is a jump between blocks.
-        if not (mnemonic.startswith("b.") or mnemonic.startswith("cb") or mnemonic.startswith("tb")):
+        if not mnemonic.startswith(("b.", "cb", "tb")):
             continue
         target = BRANCH_TARGET.search(operands)
         if not target:
@@ -134,7 +134,8 @@ def main():
     ideal = BLOCK * BLOCK * args.head_dim // LANES
     print(f"f32, one 64 x 64 block, D = Dv = {args.head_dim}; FMA-bound ideal {ideal} instructions "
           "per product\n")
-    print("| loop | inner loop | per iteration: " + " / ".join(CLASSES) + " | per block | FMA share |")
+    print("| loop | inner loop | per iteration: " + " / ".join(CLASSES) +
+          " | per block | FMA share |")
     print("|---|---|---|---|---|")
     failed = False
     for label, found in loops.items():

@@ -123,7 +123,7 @@ inline void transpose_tile(const float* src, int64_t src_stride, float* dst, int
   const float32x4_t r1 = vld1q_f32(src + src_stride);
   const float32x4_t r2 = vld1q_f32(src + 2 * src_stride);
   const float32x4_t r3 = vld1q_f32(src + 3 * src_stride);
-  // t01_even = (r0[0], r1[0], r0[2], r1[2]), t01_odd = (r0[1], r1[1], r0[3], r1[3]); same for r2, r3.
+  // t01_even = (r0[0], r1[0], r0[2], r1[2]), t01_odd = (r0[1], r1[1], r0[3], r1[3]); t23 alike.
   const float64x2_t t01_even = vreinterpretq_f64_f32(vtrn1q_f32(r0, r1));
   const float64x2_t t01_odd = vreinterpretq_f64_f32(vtrn2q_f32(r0, r1));
   const float64x2_t t23_even = vreinterpretq_f64_f32(vtrn1q_f32(r2, r3));
