@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# The C++ suite cross-compiled for AArch64 and run under qemu-user: the portable path (the only one
-# on Arm) on a target that is not x86-64, with that target's compiler defaults (fused multiply-add,
-# -ffp-contract=fast, unsigned char) and none of the x86 code compiled in. Reduced sweep, as under
-# the sanitizers; qemu runs the tests several times slower than native. (qemu on an x86 host does
-# not reproduce Arm's weaker memory ordering; TSan covers the pool's synchronisation.)
+# The C++ suite cross-compiled for AArch64 and run under qemu-user, twice:
+#   1. QEMU_CPU=max (every extension qemu models: FP16, FHM, BF16, SVE) with ANYATTN_ISA=neon, so
+#      that every call that does not name a path runs the NEON kernels; the tests that compare
+#      paths run both neon and portable;
+#   2. QEMU_CPU=cortex-a53, a plain Armv8.0 CPU without those extensions, without forcing: the
+#      dispatcher must still choose neon (env.isa_neon_by_default) and nothing may use an
+#      instruction the CPU lacks (qemu raises SIGILL). To keep the stage short this run takes the
+#      tests that enumerate the paths (every kernel family on every runnable path, the vector
+#      math, the registry, dispatch and the headers), not the sweeps the first run covers;
+#      ANYATTN_AARCH64_FALLBACK_TESTS='.' runs everything.
+# Both with the target's compiler defaults (fused multiply-add, -ffp-contract=fast, unsigned char)
+# and none of the x86 code compiled in. Reduced sweep, as under the sanitizers; qemu runs the tests
+# several times slower than native. (qemu on an x86 host does not reproduce Arm's weaker memory
+# ordering; TSan covers the pool's synchronisation.) ANYATTN_AARCH64_CPUS="max" runs one model only.
 #
 # Excluded, with the reason:
 #   ReliabilityResources.{ChildProcessCanCallAfterForkAndExitCleanly,
@@ -31,4 +40,14 @@ cmake -S . -B build/aarch64 -G Ninja -DCMAKE_TOOLCHAIN_FILE="$TOOLCHAIN" \
 cmake --build build/aarch64 -j "$JOBS"
 EXCLUDE='ChildProcessCanCallAfterFork|ForkWhileAnotherThreadIsInsideACall'
 EXCLUDE+='|ProcessExitsCleanlyAfterUsingThePool|install_consumer_'
-ANYATTN_TEST_SWEEP=reduced ctest --test-dir build/aarch64 -j "$JOBS" -E "$EXCLUDE"
+FALLBACK_TESTS=${ANYATTN_AARCH64_FALLBACK_TESTS:-'^(Isa|env|VecMath|KernelRegistry|FwdDecode|FwdDropout|c_abi|Hpp[A-Za-z]*)\.|^BwdGrad\.EveryIsaPath$|^KvcacheVarlen\.SplitsAndIsaPaths$'}
+for cpu in ${ANYATTN_AARCH64_CPUS:-max cortex-a53}; do
+  forced=()
+  selected=()
+  if [ "$cpu" = max ]; then forced=(ANYATTN_ISA=neon); else selected=(-R "$FALLBACK_TESTS"); fi
+  echo "== qemu-aarch64 -cpu $cpu ${forced[*]:-(no ANYATTN_ISA)}"
+  start=$SECONDS
+  env QEMU_CPU="$cpu" "${forced[@]}" ANYATTN_TEST_SWEEP=reduced \
+    ctest --test-dir build/aarch64 -j "$JOBS" -E "$EXCLUDE" "${selected[@]}" --output-on-failure
+  echo "== -cpu $cpu: $((SECONDS - start)) s"
+done

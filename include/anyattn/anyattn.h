@@ -119,7 +119,7 @@ ANYATTN_API anyattn_status anyattn_tensor_init_contiguous(anyattn_tensor* t, voi
 
 typedef enum anyattn_isa {
   /* The fastest path the CPU supports (or the one named by the ANYATTN_ISA environment variable,
-   * one of "portable", "avx2", "avx512", "avx512_amx"). */
+   * one of "portable", "avx2", "avx512", "avx512_amx", "neon"). */
   ANYATTN_ISA_AUTO = 0,
   /* Plain C++ that every machine runs. */
   ANYATTN_ISA_PORTABLE = 1,
@@ -130,6 +130,8 @@ typedef enum anyattn_isa {
   /* ANYATTN_ISA_AVX512 with bf16 forward products on AMX tiles (AVX512_BF16, AMX-TILE, AMX-BF16,
    * and an OS that grants the tile state); every other call runs as on ANYATTN_ISA_AVX512. */
   ANYATTN_ISA_AVX512_AMX = 4,
+  /* AArch64 Advanced SIMD (NEON), which every AArch64 CPU has. */
+  ANYATTN_ISA_NEON = 5,
   /* Not a path: makes every non-negative int32 a valid value of this type (see
    * ANYATTN_DTYPE_MAX_ENUM). */
   ANYATTN_ISA_MAX_ENUM = 0x7fffffff
@@ -140,7 +142,7 @@ ANYATTN_API int anyattn_isa_supported(anyattn_isa isa);
 /* The path ANYATTN_ISA_AUTO resolves to (never ANYATTN_ISA_AUTO): the one named by the ANYATTN_ISA
  * environment variable when that is set and runnable, else the fastest this build and CPU support. */
 ANYATTN_API anyattn_isa anyattn_isa_default(void);
-/* "auto", "portable", "avx2", "avx512", "avx512_amx", or "unknown". Static storage. */
+/* "auto", "portable", "avx2", "avx512", "avx512_amx", "neon", or "unknown". Static storage. */
 ANYATTN_API const char* anyattn_isa_name(anyattn_isa isa);
 
 /* One forward kernel of the registry (src/cpu/kernels.inc): the list the dispatcher, the tests and

@@ -293,6 +293,8 @@ enum class Isa : int32_t {
   kPortable = ANYATTN_ISA_PORTABLE,  // Plain C++; every machine.
   kAvx2 = ANYATTN_ISA_AVX2,          // x86-64 AVX2 + FMA + F16C.
   kAvx512 = ANYATTN_ISA_AVX512,      // x86-64 AVX-512 F/BW/VL/DQ.
+  kAvx512Amx = ANYATTN_ISA_AVX512_AMX,  // kAvx512 with bf16 products on AMX tiles.
+  kNeon = ANYATTN_ISA_NEON,             // AArch64 Advanced SIMD.
 };
 
 // True if this build contains `isa` and the running CPU can execute it.
@@ -303,7 +305,7 @@ inline bool isa_supported(Isa isa) {
 inline Isa default_isa() {
   return static_cast<Isa>(anyattn_isa_default());
 }
-// "auto", "portable", "avx2", "avx512", "avx512_amx" or "unknown".
+// "auto", "portable", "avx2", "avx512", "avx512_amx", "neon" or "unknown".
 inline const char* isa_name(Isa isa) {
   return anyattn_isa_name(static_cast<anyattn_isa>(isa));
 }

@@ -23,8 +23,8 @@ def get_num_threads() -> int:
 
 
 def isa() -> str:
-    """The instruction-set path anyattn's CPU kernels use here: "avx512_amx", "avx512", "avx2" or
-    "portable"."""
+    """The instruction-set path anyattn's CPU kernels use here: "avx512_amx", "avx512", "avx2",
+    "neon" or "portable"."""
     return _core.isa_default()
 
 

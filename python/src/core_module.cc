@@ -373,11 +373,11 @@ void bwd_varlen(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::h
 
 anyattn_isa isa_from_name(const std::string& name) {
   for (anyattn_isa isa : {ANYATTN_ISA_AUTO, ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2,
-                          ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX}) {
+                          ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX, ANYATTN_ISA_NEON}) {
     if (name == anyattn_isa_name(isa)) return isa;
   }
   throw nb::value_error(
-      ("isa: unknown name '" + name + "'; expected auto, portable, avx2, avx512 or avx512_amx")
+      ("isa: unknown name '" + name + "'; expected auto, portable, avx2, avx512, avx512_amx or neon")
           .c_str());
 }
 

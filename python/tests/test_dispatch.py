@@ -120,7 +120,7 @@ def test_device_route_on_meta_tensors_keeps_shapes():
 def test_backends_reports_every_device():
     info = anyattn.backends()
     assert info["numpy"]["backend"] == "anyattn" and info["cpu"]["backend"] == "anyattn"
-    assert info["cpu"]["isa"] in ("avx512_amx", "avx512", "avx2", "portable")
+    assert info["cpu"]["isa"] in ("avx512_amx", "avx512", "avx2", "neon", "portable")
     assert int(info["cpu"]["threads"]) == anyattn.get_num_threads()
     expected_cuda = "flash_attn" if _dispatch.flash_attn_version() else "sdpa"
     assert info["cuda"]["backend"] == expected_cuda

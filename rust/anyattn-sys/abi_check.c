@@ -100,6 +100,7 @@ static const anyattn_sys_constant kConstants[] = {
     CONSTANT(ANYATTN_ISA_AVX2),
     CONSTANT(ANYATTN_ISA_AVX512),
     CONSTANT(ANYATTN_ISA_AVX512_AMX),
+    CONSTANT(ANYATTN_ISA_NEON),
 };
 
 size_t anyattn_sys_abi_constant_count(void) { return sizeof(kConstants) / sizeof(kConstants[0]); }

@@ -10,5 +10,10 @@
 #else
 #define ANYATTN_IF_ARCH_X86(...)
 #endif
+#if defined(__aarch64__) || defined(_M_ARM64)
+#define ANYATTN_IF_ARCH_ARM(...) __VA_ARGS__
+#else
+#define ANYATTN_IF_ARCH_ARM(...)
+#endif
 
 #endif  // ANYATTN_CPU_ISA_TABLE_H_

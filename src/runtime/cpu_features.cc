@@ -7,6 +7,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+#if defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#include <sys/types.h>
+#endif
 
 namespace anyattn::runtime {
 namespace {
@@ -36,6 +43,43 @@ bool detect_amx_bf16() {
 }
 #endif
 
+#if defined(__aarch64__) && defined(__linux__)
+// The AArch64 Linux hardware-capability bits (the kernel's uapi asm/hwcap.h; fixed ABI values,
+// spelled out here so that old C libraries' headers need not define them).
+constexpr unsigned long kHwcapFpHp = 1ul << 9;
+constexpr unsigned long kHwcapAsimdHp = 1ul << 10;
+constexpr unsigned long kHwcapAsimdFhm = 1ul << 23;
+constexpr unsigned long kHwcap2Bf16 = 1ul << 14;
+
+void detect_arm(CpuFeatures& f) {
+  const unsigned long hwcap = getauxval(AT_HWCAP);
+  const unsigned long hwcap2 = getauxval(AT_HWCAP2);
+  // Advanced SIMD is mandatory in AArch64 (the compiler's baseline code already uses it), so
+  // HWCAP_ASIMD is not consulted.
+  f.neon = true;
+  f.fp16_arith = (hwcap & kHwcapFpHp) != 0 && (hwcap & kHwcapAsimdHp) != 0;
+  f.fp16_fml = (hwcap & kHwcapAsimdFhm) != 0;
+  f.bf16 = (hwcap2 & kHwcap2Bf16) != 0;
+}
+#elif defined(__aarch64__) && defined(__APPLE__)
+// 1 when the sysctl `name` exists and is non-zero (macOS 12 and later name each FEAT_*).
+bool sysctl_flag(const char* name) {
+  int value = 0;
+  size_t size = sizeof(value);
+  return sysctlbyname(name, &value, &size, nullptr, 0) == 0 && value != 0;
+}
+
+void detect_arm(CpuFeatures& f) {
+  f.neon = true;
+  f.fp16_arith = sysctl_flag("hw.optional.arm.FEAT_FP16");
+  f.fp16_fml = sysctl_flag("hw.optional.arm.FEAT_FHM");
+  f.bf16 = sysctl_flag("hw.optional.arm.FEAT_BF16");
+}
+#elif defined(__aarch64__) || defined(_M_ARM64)
+// Other systems: Advanced SIMD only; the extensions stay unused.
+void detect_arm(CpuFeatures& f) { f.neon = true; }
+#endif
+
 CpuFeatures detect() {
   CpuFeatures f;
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
@@ -55,6 +99,9 @@ CpuFeatures detect() {
   f.avx512bf16 =
       f.avx512f && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 5)) != 0;
   f.amx_bf16 = f.avx512f && detect_amx_bf16();
+#endif
+#if defined(__aarch64__) || defined(_M_ARM64)
+  detect_arm(f);
 #endif
   return f;
 }

@@ -1,4 +1,5 @@
-// What the running CPU can execute, detected once from CPUID (and the OS's saved-state support).
+// What the running CPU can execute, detected once: on x86-64 from CPUID (and the OS's saved-state
+// support), on AArch64 from the kernel's hardware capabilities (Linux getauxval, macOS sysctl).
 #ifndef ANYATTN_RUNTIME_CPU_FEATURES_H_
 #define ANYATTN_RUNTIME_CPU_FEATURES_H_
 
@@ -16,6 +17,15 @@ struct CpuFeatures {
   // AMX-TILE and AMX-BF16, with the tile state enabled by the OS and granted to this process.
   bool amx_bf16 = false;
 
+  // AArch64 Advanced SIMD: part of every AArch64 CPU, so true on every AArch64 build.
+  bool neon = false;
+  // AArch64 extensions, recorded for products that need them: FEAT_FP16 (f16 arithmetic, scalar
+  // and vector), FEAT_FHM (FMLAL/FMLAL2: f16 products accumulated in f32) and FEAT_BF16 (BFDOT,
+  // BFMMLA, BFCVT).
+  bool fp16_arith = false;
+  bool fp16_fml = false;
+  bool bf16 = false;
+
   // The AVX2 path needs AVX2, FMA and F16C.
   bool has_avx2_path() const { return avx2 && fma && f16c; }
   // The AVX-512 path needs F, BW, VL and DQ (Skylake-SP and later, Zen 4 and later).
@@ -23,6 +33,8 @@ struct CpuFeatures {
   // The AVX-512 path with bf16 tile products: also AVX512_BF16 and usable AMX-BF16 tiles
   // (Sapphire Rapids and later).
   bool has_avx512_amx_path() const { return has_avx512_path() && avx512bf16 && amx_bf16; }
+  // The NEON path needs Advanced SIMD only.
+  bool has_neon_path() const { return neon; }
 };
 
 // Detected on first use; safe to call from any thread.

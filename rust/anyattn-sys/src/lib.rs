@@ -85,6 +85,8 @@ pub const ANYATTN_ISA_AVX2: anyattn_isa = 2;
 pub const ANYATTN_ISA_AVX512: anyattn_isa = 3;
 /// `ANYATTN_ISA_AVX512` with bf16 forward products on AMX tiles.
 pub const ANYATTN_ISA_AVX512_AMX: anyattn_isa = 4;
+/// AArch64 Advanced SIMD (NEON).
+pub const ANYATTN_ISA_NEON: anyattn_isa = 5;
 
 /// `anyattn_kernel_info`: one forward kernel of the library's registry.
 #[repr(C)]
@@ -343,4 +345,5 @@ pub const DECLARED_CONSTANTS: &[(&str, i64)] = &[
     ("ANYATTN_ISA_AVX2", ANYATTN_ISA_AVX2 as i64),
     ("ANYATTN_ISA_AVX512", ANYATTN_ISA_AVX512 as i64),
     ("ANYATTN_ISA_AVX512_AMX", ANYATTN_ISA_AVX512_AMX as i64),
+    ("ANYATTN_ISA_NEON", ANYATTN_ISA_NEON as i64),
 ];

@@ -108,16 +108,19 @@ pub enum Isa {
     /// [`Isa::Avx512`] with bf16 forward products on AMX tiles (AVX512_BF16, AMX-TILE, AMX-BF16);
     /// every other call runs as on [`Isa::Avx512`].
     Avx512Amx,
+    /// AArch64 Advanced SIMD (NEON).
+    Neon,
 }
 
 impl Isa {
     /// Every path, `Auto` first.
-    pub const ALL: [Isa; 5] = [
+    pub const ALL: [Isa; 6] = [
         Isa::Auto,
         Isa::Portable,
         Isa::Avx2,
         Isa::Avx512,
         Isa::Avx512Amx,
+        Isa::Neon,
     ];
 
     pub(crate) fn raw(self) -> i32 {
@@ -127,6 +130,7 @@ impl Isa {
             Isa::Avx2 => sys::ANYATTN_ISA_AVX2,
             Isa::Avx512 => sys::ANYATTN_ISA_AVX512,
             Isa::Avx512Amx => sys::ANYATTN_ISA_AVX512_AMX,
+            Isa::Neon => sys::ANYATTN_ISA_NEON,
         }
     }
 
@@ -137,6 +141,7 @@ impl Isa {
             sys::ANYATTN_ISA_AVX2 => Some(Isa::Avx2),
             sys::ANYATTN_ISA_AVX512 => Some(Isa::Avx512),
             sys::ANYATTN_ISA_AVX512_AMX => Some(Isa::Avx512Amx),
+            sys::ANYATTN_ISA_NEON => Some(Isa::Neon),
             _ => None,
         }
     }
@@ -152,13 +157,15 @@ impl Isa {
         // SAFETY: no preconditions.
         match unsafe { sys::anyattn_isa_default() } {
             sys::ANYATTN_ISA_AVX512_AMX => Isa::Avx512Amx,
+            sys::ANYATTN_ISA_NEON => Isa::Neon,
             sys::ANYATTN_ISA_AVX512 => Isa::Avx512,
             sys::ANYATTN_ISA_AVX2 => Isa::Avx2,
             _ => Isa::Portable,
         }
     }
 
-    /// The library's name for the path: "auto", "portable", "avx2", "avx512" or "avx512_amx".
+    /// The library's name for the path: "auto", "portable", "avx2", "avx512", "avx512_amx" or
+    /// "neon".
     pub fn name(self) -> &'static str {
         // SAFETY: the C library returns a static NUL-terminated string.
         unsafe { CStr::from_ptr(sys::anyattn_isa_name(self.raw())) }

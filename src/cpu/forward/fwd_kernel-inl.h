@@ -4,6 +4,8 @@
 // after Vec (simd/vec_<isa>.h), exp2/tanh (simd/vec_math-inl.h) and the tile shape:
 //   kScoreRows x kScoreVecs  query rows x key vectors of the S = Q K^T register tile
 //   kPvRows x kPvVecs        query rows x output-column vectors of the O += P V register tile
+// With ANYATTN_FWD_LANE_PRODUCTS (simd/traits_neon.h), Vec also has fma_lane<L>(a, b, c) = c + a[L] * b,
+// and both micro-kernels read the broadcast operand (q, P) kLanes values at a time.
 //
 // Design (one AttendTask = up to 64 query rows of one head against a range of 64-key blocks):
 //
@@ -86,6 +88,24 @@ class NextPanelPrefetch {
 // s[r][0..kScoreKeys) = sum_d q[r][d] * kt[d][0..kScoreKeys) for R rows, prefetching one line of
 // `ahead` per d. q: R rows, stride ldq. kt: head_dim rows of kKeyBlock floats. s: R rows, stride
 // kKeyBlock.
+#if defined(ANYATTN_FWD_LANE_PRODUCTS)
+// Head-dim indices d0 + L .. d0 + kLanes - 1 of score_tile (their prefetches issued by the caller),
+// with q[r][d0 .. d0 + kLanes) in q_rows[r]: per index, the kScoreVecs key vectors times lane L of
+// each row (fma_lane).
+template <int R, int L>
+__attribute__((always_inline)) inline void score_lanes(const Vec (&q_rows)[R], const float* kt_d0,
+                                                       Vec (&acc)[R][kScoreVecs]) {
+  if constexpr (L < kLanes) {
+    Vec keys[kScoreVecs];
+    for (int n = 0; n < kScoreVecs; ++n) keys[n] = Vec::load(kt_d0 + L * kKeyBlock + n * kLanes);
+    for (int r = 0; r < R; ++r) {
+      for (int n = 0; n < kScoreVecs; ++n) acc[r][n] = fma_lane<L>(q_rows[r], keys[n], acc[r][n]);
+    }
+    score_lanes<R, L + 1>(q_rows, kt_d0, acc);
+  }
+}
+#endif
+
 template <int R>
 inline void score_tile(const float* q, int64_t ldq, const float* kt, int64_t head_dim, float* s,
                        PanelPrefetch ahead) {
@@ -93,7 +113,21 @@ inline void score_tile(const float* q, int64_t ldq, const float* kt, int64_t hea
   for (int r = 0; r < R; ++r) {
     for (int n = 0; n < kScoreVecs; ++n) acc[r][n] = Vec::zero();
   }
-  for (int64_t d = 0; d < head_dim; ++d) {
+  int64_t d = 0;
+#if defined(ANYATTN_FWD_LANE_PRODUCTS)
+  // kLanes indices per step: one vector load of q per row instead of kLanes broadcasts (the same
+  // FMAs in the same order, so the same sums).
+  for (; d + kLanes <= head_dim; d += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      prefetch_line_l2(ahead.line);
+      ahead.line += ahead.step;
+    }
+    Vec q_rows[R];
+    for (int r = 0; r < R; ++r) q_rows[r] = Vec::load(q + r * ldq + d);
+    score_lanes<R, 0>(q_rows, kt + d * kKeyBlock, acc);
+  }
+#endif
+  for (; d < head_dim; ++d) {
     prefetch_line_l2(ahead.line);
     ahead.line += ahead.step;
     Vec keys[kScoreVecs];
@@ -149,6 +183,23 @@ inline void compute_scores(const float* q, int64_t ldq, int64_t rows, const floa
 // p: R rows, stride kKeyBlock. v: keys rows, stride ldv. o: R rows, stride ldo.
 // Always inlined: called from the templated block loop attend_blocks<Products>, GCC 12 does not
 // inline the main 6 x 4 tile by itself, and the call costs the f32 forward a few percent.
+#if defined(ANYATTN_FWD_LANE_PRODUCTS)
+// Keys j0 + L .. j0 + kLanes - 1 of pv_tile, with p[r][j0 .. j0 + kLanes) in p_rows[r]: per key,
+// its NV value vectors times lane L of each row (fma_lane).
+template <int R, int NV, int L>
+__attribute__((always_inline)) inline void pv_lanes(const Vec (&p_rows)[R], const float* v_j0,
+                                                    int64_t ldv, Vec (&acc)[R][NV]) {
+  if constexpr (L < kLanes) {
+    Vec values[NV];
+    for (int n = 0; n < NV; ++n) values[n] = Vec::load(v_j0 + L * ldv + n * kLanes);
+    for (int r = 0; r < R; ++r) {
+      for (int n = 0; n < NV; ++n) acc[r][n] = fma_lane<L>(p_rows[r], values[n], acc[r][n]);
+    }
+    pv_lanes<R, NV, L + 1>(p_rows, v_j0, ldv, acc);
+  }
+}
+#endif
+
 template <int R, int NV>
 __attribute__((always_inline)) inline void pv_tile(const float* p, const float* v, int64_t ldv,
                                                    int64_t keys, float* o, int64_t ldo) {
@@ -156,7 +207,17 @@ __attribute__((always_inline)) inline void pv_tile(const float* p, const float* 
   for (int r = 0; r < R; ++r) {
     for (int n = 0; n < NV; ++n) acc[r][n] = Vec::load(o + r * ldo + n * kLanes);
   }
-  for (int64_t j = 0; j < keys; ++j) {
+  int64_t j = 0;
+#if defined(ANYATTN_FWD_LANE_PRODUCTS)
+  // kLanes keys per step: one vector load of p per row instead of kLanes broadcasts (the same
+  // FMAs in the same order, so the same sums).
+  for (; j + kLanes <= keys; j += kLanes) {
+    Vec p_rows[R];
+    for (int r = 0; r < R; ++r) p_rows[r] = Vec::load(p + r * kKeyBlock + j);
+    pv_lanes<R, NV, 0>(p_rows, v + j * ldv, ldv, acc);
+  }
+#endif
+  for (; j < keys; ++j) {
     Vec values[NV];
     for (int n = 0; n < NV; ++n) values[n] = Vec::load(v + j * ldv + n * kLanes);
     for (int r = 0; r < R; ++r) {
