@@ -145,8 +145,8 @@ ANYATTN_API anyattn_isa anyattn_isa_default(void);
 /* "auto", "portable", "avx2", "avx512", "avx512_amx", "neon", or "unknown". Static storage. */
 ANYATTN_API const char* anyattn_isa_name(anyattn_isa isa);
 
-/* One forward kernel of the registry (src/cpu/kernels.inc): the list the dispatcher, the tests and
- * the benchmark enumerate. */
+/* One forward kernel of the registry (one per row of src/cpu/isa_table.inc): the list the
+ * dispatcher, the tests and the benchmark enumerate. */
 typedef struct anyattn_kernel_info {
   const char* name;     /* e.g. "fwd_f32acc_avx512_6x64": ISA, then the score tile rows x keys */
   int32_t isa;          /* an anyattn_isa value */
