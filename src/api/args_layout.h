@@ -7,8 +7,8 @@
 #include <cstdint>
 
 #include "anyattn/anyattn.h"
-#include "cpu/backward/bwd_args.h"
-#include "cpu/forward/fwd_args.h"
+#include "common/bwd_args.h"
+#include "common/fwd_args.h"
 
 namespace anyattn::api {
 

@@ -6,8 +6,8 @@
 
 #include "api/errors.h"
 #include "api/tensor_checks.h"
+#include "common/philox.h"
 #include "cpu/kernel_registry.h"
-#include "cpu/shared/philox.h"
 
 namespace anyattn::api {
 namespace {

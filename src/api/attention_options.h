@@ -4,7 +4,7 @@
 #define ANYATTN_API_ATTENTION_OPTIONS_H_
 
 #include "anyattn/anyattn.h"
-#include "cpu/forward/fwd_args.h"
+#include "common/fwd_args.h"
 
 namespace anyattn::api {
 

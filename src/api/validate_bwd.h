@@ -1,6 +1,6 @@
 // Argument validation for anyattn_bwd and anyattn_bwd_varlen: turns the caller's descriptors and
-// params into a cpu::BwdArgs that satisfies every invariant documented in cpu/backward/bwd_args.h
-// and cpu/forward/fwd_args.h, or throws ApiError naming the parameter, the value given and what
+// params into a cpu::BwdArgs that satisfies every invariant documented in common/bwd_args.h
+// and common/fwd_args.h, or throws ApiError naming the parameter, the value given and what
 // is supported. Reads no tensor data.
 #ifndef ANYATTN_API_VALIDATE_BWD_H_
 #define ANYATTN_API_VALIDATE_BWD_H_
@@ -8,7 +8,7 @@
 #include "anyattn/anyattn.h"
 #include "api/call_tensors.h"
 #include "api/validate_fwd.h"
-#include "cpu/backward/bwd_args.h"
+#include "common/bwd_args.h"
 
 namespace anyattn::api {
 

@@ -1,5 +1,5 @@
 // Argument validation for anyattn_fwd: turns the caller's descriptors and params into a
-// cpu::FwdArgs that satisfies every invariant documented in cpu/forward/fwd_args.h, or throws
+// cpu::FwdArgs that satisfies every invariant documented in common/fwd_args.h, or throws
 // ApiError naming the parameter, the value given and what is supported. Reads no tensor data.
 #ifndef ANYATTN_API_VALIDATE_FWD_H_
 #define ANYATTN_API_VALIDATE_FWD_H_
@@ -9,7 +9,7 @@
 #include "anyattn/anyattn.h"
 #include "api/call_check.h"
 #include "api/call_tensors.h"
-#include "cpu/forward/fwd_args.h"
+#include "common/fwd_args.h"
 
 namespace anyattn::api {
 

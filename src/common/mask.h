@@ -19,7 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "cpu/forward/fwd_args.h"
+#include "common/fwd_args.h"
 
 namespace anyattn {
 

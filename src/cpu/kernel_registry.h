@@ -8,8 +8,8 @@
 #include <string>
 
 #include "anyattn/anyattn.h"
-#include "cpu/forward/fwd_args.h"
-#include "cpu/forward/fwd_layout.h"
+#include "common/fwd_args.h"
+#include "plan/fwd_layout.h"
 
 namespace anyattn::cpu {
 

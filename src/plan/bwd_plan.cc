@@ -13,7 +13,7 @@ using cpu::BwdSeq;
 using cpu::BwdTask;
 using cpu::kBwdBlock;
 
-// Chunking (cpu/backward/bwd_layout.h). Enough tasks for this many threads to share the work
+// Chunking (plan/bwd_layout.h). Enough tasks for this many threads to share the work
 // evenly...
 constexpr int64_t kWantedTasks = 16;
 // ...but never more chunks than this, and no more dq partials (num_chunks x total query rows x

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "cpu/backward/bwd_args.h"
-#include "cpu/backward/bwd_layout.h"
+#include "common/bwd_args.h"
+#include "plan/bwd_layout.h"
 
 namespace anyattn::plan {
 

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <string>
 
-#include "cpu/forward/fwd_args.h"
-#include "cpu/forward/fwd_layout.h"
+#include "common/fwd_args.h"
+#include "plan/fwd_layout.h"
 
 namespace anyattn::plan {
 

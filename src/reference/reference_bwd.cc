@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "cpu/shared/philox.h"
+#include "common/philox.h"
 #include "reference/reference_cache.h"
 
 namespace anyattn {

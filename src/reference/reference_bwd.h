@@ -8,7 +8,7 @@
 //   dv_j += P_ij Z_ij dout_i;  dP_ij = Z_ij <dout_i, v_j>;  D_i = sum_j P_ij dP_ij
 //   dS_ij = P_ij (dP_ij - D_i);  dX_ij = dS_ij * (1 - tanh^2) with softcap, else dS_ij
 //   dq_i += scale dX_ij k_j;  dk_j += scale dX_ij q_i;  dsink_h -= exp(sink_h - lse_i) D_i
-// The dropout keep mask is cpu/shared/philox.h's dropout_keep, the same function the kernels use.
+// The dropout keep mask is common/philox.h's dropout_keep, the same function the kernels use.
 // Inputs are assumed valid; nothing is checked.
 #ifndef ANYATTN_REFERENCE_REFERENCE_BWD_H_
 #define ANYATTN_REFERENCE_REFERENCE_BWD_H_

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "backward/bwd_test_support.h"
+#include "common/philox.h"
 #include "cpu/backward/bwd_philox.h"
-#include "cpu/shared/philox.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 // The AVX-512 kernels' 64-key draw, compiled here exactly as the avx512 path compiles it: in the

@@ -6,7 +6,7 @@
 #include <limits>
 #include <sstream>
 
-#include "cpu/shared/philox.h"
+#include "common/philox.h"
 #include "reference/half_convert.h"
 
 namespace anyattn {

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/backward/bwd_layout.h"
-#include "cpu/shared/half.h"
 #include "cpu/isa_table.h"
+#include "cpu/shared/half.h"
 #include "cpu/shared/unit_head_dims.h"
+#include "plan/bwd_layout.h"
 #include "plan/bwd_plan.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/num_threads.h"

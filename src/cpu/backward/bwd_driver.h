@@ -14,7 +14,7 @@
 #define ANYATTN_CPU_BACKWARD_BWD_DRIVER_H_
 
 #include "anyattn/anyattn.h"
-#include "cpu/backward/bwd_args.h"
+#include "common/bwd_args.h"
 
 namespace anyattn::cpu {
 

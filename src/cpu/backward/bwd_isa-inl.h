@@ -19,11 +19,11 @@
 #include <cstdint>
 #include <limits>
 
-#include "cpu/backward/bwd_args.h"
-#include "cpu/backward/bwd_layout.h"
+#include "common/bwd_args.h"
 #include "cpu/backward/bwd_philox.h"
 #include "cpu/shared/half.h"
 #include "cpu/shared/prefetch.h"
+#include "plan/bwd_layout.h"
 
 // The kernels' namespace, bwd_<id>.
 #define ANYATTN_PATH_BWD_NAMESPACE_OF(id) ANYATTN_PATH_BWD_NAMESPACE_PASTE(id)

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "cpu/shared/philox.h"
+#include "common/philox.h"
 
 namespace anyattn::cpu {
 

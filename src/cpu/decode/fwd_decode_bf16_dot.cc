@@ -18,8 +18,8 @@
 #include <immintrin.h>
 #endif
 
-#include "cpu/forward/fwd_layout.h"
 #include "cpu/simd/isa_target.h"
+#include "plan/fwd_layout.h"
 #include "runtime/cpu_features.h"
 
 // GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics

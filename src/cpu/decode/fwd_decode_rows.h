@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "cpu/forward/fwd_layout.h"
 #include "cpu/shared/prefetch.h"
+#include "plan/fwd_layout.h"
 
 namespace anyattn::cpu {
 

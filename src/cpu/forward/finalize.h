@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "cpu/forward/fwd_args.h"
+#include "common/fwd_args.h"
 #include "cpu/shared/half.h"
 
 namespace anyattn::cpu {

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "cpu/forward/finalize.h"
-#include "cpu/forward/fwd_layout.h"
 #include "cpu/kernel_registry.h"
 #include "cpu/shared/unit_head_dims.h"
+#include "plan/fwd_layout.h"
 #include "plan/fwd_plan.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/num_threads.h"

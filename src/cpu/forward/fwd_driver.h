@@ -5,7 +5,7 @@
 #define ANYATTN_CPU_FORWARD_FWD_DRIVER_H_
 
 #include "anyattn/anyattn.h"
-#include "cpu/forward/fwd_args.h"
+#include "common/fwd_args.h"
 
 namespace anyattn::cpu {
 

@@ -24,12 +24,12 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/fwd_args.h"
 #include "cpu/forward/finalize.h"
-#include "cpu/forward/fwd_args.h"
-#include "cpu/forward/fwd_layout.h"
 #include "cpu/shared/half.h"
 #include "cpu/shared/prefetch.h"
 #include "cpu/shared/rotary.h"
+#include "plan/fwd_layout.h"
 
 #if defined(ANYATTN_PATH_DIRECT_LOOP)
 namespace anyattn::cpu::ANYATTN_PATH_DIRECT_LOOP {

@@ -434,7 +434,7 @@ inline float row_denominator(const float* l_lanes) {
 
 // Dropout on one block of probabilities, after the softmax update (the denominator keeps every
 // probability): P_ij becomes P_ij / (1 - p) where kept and 0 where dropped. The keep mask comes
-// from cpu/shared/philox.h, a pure function of (seed, offset, b, h, i, j) shared with the backward.
+// from common/philox.h, a pure function of (seed, offset, b, h, i, j) shared with the backward.
 inline void apply_dropout(const FwdArgs& args, const SeqInfo& seq, const TaskRows& rows, int64_t j0,
                           float* s) {
   for (int64_t r = 0; r < rows.count; ++r) {

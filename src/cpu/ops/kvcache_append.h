@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cpu/forward/fwd_args.h"
+#include "common/fwd_args.h"
 
 namespace anyattn::cpu {
 

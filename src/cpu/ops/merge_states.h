@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "cpu/forward/fwd_args.h"
+#include "common/fwd_args.h"
 
 namespace anyattn::cpu {
 

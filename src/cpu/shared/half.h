@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
+#include "common/fwd_args.h"
 #include "common/half_convert.h"
-#include "cpu/forward/fwd_args.h"
 
 namespace anyattn::cpu {
 

@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "cpu/backward/bwd_args.h"
-#include "cpu/forward/fwd_args.h"
+#include "common/bwd_args.h"
+#include "common/fwd_args.h"
 
 namespace anyattn::cpu {
 

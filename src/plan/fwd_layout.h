@@ -10,13 +10,13 @@
 //   Keys past Sk are zero in both (their scores are masked to -inf, so they contribute exactly 0).
 //   All values are converted to f32 while packing. (The avx512_amx path packs bf16 blocks in its
 //   tile formats instead, in the same space: fwd_tiles_amx-inl.h.)
-#ifndef ANYATTN_CPU_FORWARD_FWD_LAYOUT_H_
-#define ANYATTN_CPU_FORWARD_FWD_LAYOUT_H_
+#ifndef ANYATTN_PLAN_FWD_LAYOUT_H_
+#define ANYATTN_PLAN_FWD_LAYOUT_H_
 
 #include <cstdint>
 
+#include "common/fwd_args.h"
 #include "common/mask.h"
-#include "cpu/forward/fwd_args.h"
 
 namespace anyattn::cpu {
 
@@ -161,4 +161,4 @@ struct Scratch {
 
 }  // namespace anyattn::cpu
 
-#endif  // ANYATTN_CPU_FORWARD_FWD_LAYOUT_H_
+#endif  // ANYATTN_PLAN_FWD_LAYOUT_H_

@@ -15,8 +15,8 @@
 // attention matrix; each must be in [0, 2^31), which the C ABI's size limits guarantee. A kept
 // probability is scaled by 1 / (1 - p). Deriving the key from (seed, offset) with one extra Philox
 // call keeps calls with different offsets on unrelated streams.
-#ifndef ANYATTN_CPU_SHARED_PHILOX_H_
-#define ANYATTN_CPU_SHARED_PHILOX_H_
+#ifndef ANYATTN_COMMON_PHILOX_H_
+#define ANYATTN_COMMON_PHILOX_H_
 
 #include <cmath>
 #include <cstdint>
@@ -107,4 +107,4 @@ inline bool dropout_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h, i
 
 }  // namespace anyattn::cpu
 
-#endif  // ANYATTN_CPU_SHARED_PHILOX_H_
+#endif  // ANYATTN_COMMON_PHILOX_H_

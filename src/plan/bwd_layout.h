@@ -10,14 +10,14 @@
 // number of chunks per sequence depends only on the shape (BwdLayout::num_chunks), never on the
 // thread count; with one chunk a task writes dq directly, with several each chunk writes an f32
 // dq partial and a final pass sums the partials in chunk order.
-#ifndef ANYATTN_CPU_BACKWARD_BWD_LAYOUT_H_
-#define ANYATTN_CPU_BACKWARD_BWD_LAYOUT_H_
+#ifndef ANYATTN_PLAN_BWD_LAYOUT_H_
+#define ANYATTN_PLAN_BWD_LAYOUT_H_
 
 #include <algorithm>
 #include <cstdint>
 
+#include "common/bwd_args.h"
 #include "common/mask.h"
-#include "cpu/backward/bwd_args.h"
 
 namespace anyattn::cpu {
 
@@ -188,4 +188,4 @@ struct BwdScratch {
 
 }  // namespace anyattn::cpu
 
-#endif  // ANYATTN_CPU_BACKWARD_BWD_LAYOUT_H_
+#endif  // ANYATTN_PLAN_BWD_LAYOUT_H_

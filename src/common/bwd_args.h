@@ -4,12 +4,12 @@
 // `fwd` holds everything the forward call had (sizes, q/k/v/out/lse pointers and strides, scale,
 // softcap, window, ALiBi, sinks); its out and lse are INPUTS here (out from the forward, lse
 // required). The gradient outputs have the layouts of the tensors they differentiate.
-#ifndef ANYATTN_CPU_BACKWARD_BWD_ARGS_H_
-#define ANYATTN_CPU_BACKWARD_BWD_ARGS_H_
+#ifndef ANYATTN_COMMON_BWD_ARGS_H_
+#define ANYATTN_COMMON_BWD_ARGS_H_
 
 #include <cstdint>
 
-#include "cpu/forward/fwd_args.h"
+#include "common/fwd_args.h"
 
 namespace anyattn::cpu {
 
@@ -38,4 +38,4 @@ struct BwdArgs {
 
 }  // namespace anyattn::cpu
 
-#endif  // ANYATTN_CPU_BACKWARD_BWD_ARGS_H_
+#endif  // ANYATTN_COMMON_BWD_ARGS_H_

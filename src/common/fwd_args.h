@@ -2,12 +2,12 @@
 //
 // Built only by api/validate_fwd.cc, after every check has passed: a kernel may rely on every
 // invariant documented here without re-checking it. All strides are in elements, int64.
-#ifndef ANYATTN_CPU_FORWARD_FWD_ARGS_H_
-#define ANYATTN_CPU_FORWARD_FWD_ARGS_H_
+#ifndef ANYATTN_COMMON_FWD_ARGS_H_
+#define ANYATTN_COMMON_FWD_ARGS_H_
 
 #include <cstdint>
 
-#include "cpu/shared/philox.h"
+#include "common/philox.h"
 
 namespace anyattn::cpu {
 
@@ -179,4 +179,4 @@ inline void key_row_offsets(const FwdArgs& a, const SeqInfo& seq, int64_t j0, in
 
 }  // namespace anyattn::cpu
 
-#endif  // ANYATTN_CPU_FORWARD_FWD_ARGS_H_
+#endif  // ANYATTN_COMMON_FWD_ARGS_H_
