@@ -496,7 +496,7 @@ inline void convert_kv_row(const void* tensor, DType kv_dtype, int64_t offset, i
     return;
   }
   const uint8_t* from = static_cast<const uint8_t*>(src);
-  const Vec factor = Vec::broadcast(scale);
+  const Vec factor = Vec::broadcast(scale * kv_load_scale(kv_dtype));
   int64_t i = 0;
   if (kv_dtype == DType::kI8) {
     for (; i + kLanes <= n; i += kLanes) (Vec::load_i8(from + i) * factor).store(dst + i);
