@@ -413,6 +413,20 @@ TEST(Kvcache8bit, EveryStoredCodeConvertsOnEveryPath) {
   }
 }
 
+// Head dims of 0: the rows without columns have no cache bytes, but their token scales are
+// written (0, as for an all-zero row) and read.
+TEST(Kvcache8bit, EmptyHeadDimsWriteZeroTokenScales) {
+  for (int64_t empty : {0, 1}) {
+    Q8Case c;
+    c.kv_dtype = ANYATTN_DTYPE_I8;
+    c.scales = Scales::kTokenDescale;
+    c.S_new = 2;
+    (empty == 0 ? c.D : c.Dv) = 0;
+    Q8Problem p(c);
+    for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2));
+  }
+}
+
 // ---- anyattn_fwd_kvcache_varlen -----------------------------------------------------------------
 
 TEST(Kvcache8bit, VarlenMixesDecodeAndPrefill) {

@@ -53,6 +53,16 @@ void append_to_cache(const FwdArgs& args, const CacheAppend& append,
     const float* sin = rotary ? append.rotary_sin.data() + task * half : nullptr;
     // A cache without columns (D or Dv = 0) may have no memory at all: it is not addressed.
     for (int64_t head = 0; head < args.heads_k; ++head) {
+      // A row without columns has no cache memory, but its token scale does: an empty row's
+      // scale is 0, as for an all-zero row.
+      if (args.head_dim == 0 && args.k_token_scale != nullptr) {
+        args.k_token_scale[key_row_offset(args, seq, key, head, args.k_scale_batch_stride,
+                                          args.k_scale_row_stride, args.k_scale_head_stride)] = 0.f;
+      }
+      if (args.head_dim_v == 0 && args.v_token_scale != nullptr) {
+        args.v_token_scale[key_row_offset(args, seq, key, head, args.v_scale_batch_stride,
+                                          args.v_scale_row_stride, args.v_scale_head_stride)] = 0.f;
+      }
       if (args.head_dim > 0) {
         const int64_t k_src = b * append.k_new_batch_stride + t * append.k_new_row_stride +
                               head * append.k_new_head_stride;
