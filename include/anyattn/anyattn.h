@@ -142,7 +142,9 @@ ANYATTN_API int anyattn_isa_supported(anyattn_isa isa);
 /* The path ANYATTN_ISA_AUTO resolves to (never ANYATTN_ISA_AUTO): the one named by the ANYATTN_ISA
  * environment variable when that is set and runnable, else the fastest this build and CPU support. */
 ANYATTN_API anyattn_isa anyattn_isa_default(void);
-/* "auto", "portable", "avx2", "avx512", "avx512_amx", "neon", or "unknown". Static storage. */
+/* "auto", "portable", "avx2", "avx512", "avx512_amx", "neon", or "unknown". Static storage. The
+ * paths' values run from 1 without gaps, so a binding lists every name by calling this for 0, 1, 2,
+ * ... until it answers "unknown". */
 ANYATTN_API const char* anyattn_isa_name(anyattn_isa isa);
 
 /* One forward kernel of the registry (one per row of src/cpu/isa_table.inc): the list the
