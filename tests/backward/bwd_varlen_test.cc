@@ -308,6 +308,17 @@ TEST(BwdVarlen, FeaturesPerSequence) {
   expect_varlen(c, kMixedLens, true);
 }
 
+// D = 576 and Dv = 512, the limits.
+TEST(BwdVarlen, LargestHeadDims) {
+  Case c = varlen_base();
+  c.Hq = 2;
+  c.Hk = 1;
+  c.D = 576;
+  c.Dv = 512;
+  c.causal = true;
+  expect_varlen(c, {{3, 70, 70}, {0, 5, 5}, {33, 18, 20}}, true);
+}
+
 TEST(BwdVarlen, WithoutSequsedK) {
   std::vector<SeqLens> lens = kMixedLens;
   for (SeqLens& l : lens) l.sk_present = l.sk_used;

@@ -231,6 +231,7 @@ TEST(Varlen, HeadDimsAndGqa) {
                                {8, 8, 8, 128},
                                {6, 3, 128, 64},
                                {4, 1, 256, 256},
+                               {4, 1, 576, 512},
                                {2, 2, 1, 3}}) {
     VarlenCase c = mixed_lengths();
     c.Hq = hq, c.Hk = hk, c.D = d, c.Dv = dv;
