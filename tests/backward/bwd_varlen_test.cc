@@ -475,6 +475,12 @@ TEST_F(BwdVarlenErrors, ForwardChecksNameTheBackward) {
   expect_error(call(&dq_.t, &lse_, &bad.t), "cu_seqlens_q is not non-decreasing");
 }
 
+TEST_F(BwdVarlenErrors, HeadDimsPastTheLimits) {
+  Packed wide_q(ANYATTN_DTYPE_F32, 10, 2, 577, 0);
+  q_ = wide_q;
+  expect_error(call(&dq_.t, &lse_), "q.shape[2] (head dim D) is 577; supported: 0..576");
+}
+
 TEST_F(BwdVarlenErrors, GradientShape) {
   Packed dq(ANYATTN_DTYPE_F32, 10, 2, 7, 0);
   expect_error(call(&dq.t, &lse_), "dq.shape is (10, 2, 7); expected (total_q, Hq, D)");

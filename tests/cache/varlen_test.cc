@@ -394,6 +394,19 @@ VarlenCase small_case() {
   return c;
 }
 
+TEST(VarlenErrors, HeadDimsPastTheLimits) {
+  VarlenCase c = small_case();
+  c.D = 577;
+  VarlenProblem wide_k(c);
+  expect_error(&wide_k, ANYATTN_E_INVALID_ARGUMENT,
+               {"anyattn_fwd_varlen: q.shape[2] (head dim D) is 577; supported: 0..576"});
+  c.D = 32;
+  c.Dv = 513;
+  VarlenProblem wide_v(c);
+  expect_error(&wide_v, ANYATTN_E_INVALID_ARGUMENT,
+               {"anyattn_fwd_varlen: v.shape[2] (head dim Dv) is 513; supported: 0..512"});
+}
+
 TEST(VarlenErrors, NonMonotonicCuSeqlensQ) {
   VarlenProblem p(small_case());
   p.cu_seqlens_q.set(1, 8);  // {0, 8, 7, 12}
