@@ -63,20 +63,35 @@ struct DecodeShape {
   // > 0: the K/V cache is paged, (B * Sk / page_size, page_size, Hk, D) pages in scattered order
   // behind a block table, read by anyattn_fwd_kvcache; 0: a dense anyattn_fwd call.
   int64_t page_size = 0;
+  // Dv, the head dim of v and out; 0: Dv = D.
+  int64_t head_dim_v = 0;
+  // Absorbed MLA's shared latent cache: v is the first Dv columns of k (a view of the same
+  // buffer, same strides), so the call has one cache of D columns to read; false: v has its own.
+  bool shared_latent = false;
+
+  int64_t value_head_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 };
 
-// Bytes of K and V one call must read: 2 * B * Sk * Hk * D * element size.
+// Bytes of K and V one call must read: B * Sk * Hk * (D + Dv) * element size, or
+// B * Sk * Hk * D * element size for a shared latent cache (its bytes counted once).
 double DecodeKvBytes(const DecodeShape& shape);
 
-// Row key, e.g. "decode/bf16/B8/Hq32/Hk8/D128/Sk32768", with "/page16" for a paged cache.
+// Row key, e.g. "decode/bf16/B8/Hq32/Hk8/D128/Sk32768", with "/page16" for a paged cache, and for
+// Dv != D "/Dv512" after the D, and "/latent" at the end for a shared latent cache.
 std::string DecodeKey(const DecodeShape& shape);
 
 // Short label for the decode table's shape column, e.g. "B8 H32/8 D128 Sk32768".
 std::string DecodeLabel(const DecodeShape& shape);
 
 // The decode table: Sq=1, B in {1, 8}, Hq=32, Hk=8, D=128, Sk in {4096, 32768}, bf16 and f32.
-// `quick` keeps B=1.
+// `quick` keeps B=1. Then absorbed MLA's decode (IsMlaDecode): B=1, Hq=16, Hk=1, D=576, Dv=512,
+// Sk=32768, bf16, pages of 64 keys, on a shared latent cache and, for comparison, with v a
+// separate buffer.
 std::vector<DecodeShape> DecodeTableShapes(bool quick);
+
+// True for the MLA rows of the decode table (Dv != D or a shared latent cache): not part of
+// issue 5's decode table and its bandwidth target.
+bool IsMlaDecode(const DecodeShape& shape);
 
 // True when `filter` is empty or `key` contains every comma-separated term of `filter`.
 bool MatchesFilter(const std::string& key, const std::string& filter);

@@ -395,6 +395,8 @@ NB_MODULE(_core, m) {
   m.attr("DTYPE_BF16") = static_cast<int>(ANYATTN_DTYPE_BF16);
   m.attr("DTYPE_I32") = static_cast<int>(ANYATTN_DTYPE_I32);
   m.attr("MAX_NDIM") = static_cast<int>(ANYATTN_MAX_NDIM);
+  m.attr("MAX_HEAD_DIM") = static_cast<int>(ANYATTN_MAX_HEAD_DIM);
+  m.attr("MAX_HEAD_DIM_V") = static_cast<int>(ANYATTN_MAX_HEAD_DIM_V);
 
   m.def("version", &anyattn_version, "The loaded library's version, major*10000+minor*100+patch.");
   m.def("version_string", []() { return std::string(anyattn_version_string()); },

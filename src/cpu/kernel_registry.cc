@@ -12,7 +12,8 @@ namespace anyattn::cpu {
 #define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name)         \
   ANYATTN_IF_ARCH_##arch(namespace id {                                                  \
     void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, \
-                    int64_t head_k, int64_t block, float* dst, uint8_t* block_flags);    \
+                    int64_t head_k, int64_t block, float* dst, uint8_t* block_flags,     \
+                    float* staging);                                                     \
     void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task, \
                 const Scratch& scratch);                                                 \
     void attend_direct(const FwdArgs& args, const PackedLayout& layout,                  \

@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "common/bwd_args.h"
+#include "common/head_dims.h"
 #include "cpu/backward/bwd_philox.h"
 #include "cpu/shared/half.h"
 #include "cpu/shared/prefetch.h"
