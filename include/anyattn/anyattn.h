@@ -105,6 +105,11 @@ typedef enum anyattn_dtype {
 
 #define ANYATTN_MAX_NDIM 4
 
+/* The largest head dims every entry point accepts: D (q, k) and Dv (v, out). 576 and 512 are
+ * absorbed MLA's (docs/semantics.md, "Shared latent cache"). */
+#define ANYATTN_MAX_HEAD_DIM 576
+#define ANYATTN_MAX_HEAD_DIM_V 512
+
 /* A strided view of memory. Mirrors DLPack's DLTensor with element strides.
  * `dtype` holds an anyattn_dtype value; entries of shape/strides at or beyond `ndim` are ignored. */
 typedef struct anyattn_tensor {
@@ -151,7 +156,9 @@ ANYATTN_API int anyattn_isa_supported(anyattn_isa isa);
 /* The path ANYATTN_ISA_AUTO resolves to (never ANYATTN_ISA_AUTO): the one named by the ANYATTN_ISA
  * environment variable when that is set and runnable, else the fastest this build and CPU support. */
 ANYATTN_API anyattn_isa anyattn_isa_default(void);
-/* "auto", "portable", "avx2", "avx512", "avx512_amx", "neon", or "unknown". Static storage. */
+/* "auto", "portable", "avx2", "avx512", "avx512_amx", "neon", or "unknown". Static storage. The
+ * paths' values run from 1 without gaps, so a binding lists every name by calling this for 0, 1, 2,
+ * ... until it answers "unknown". */
 ANYATTN_API const char* anyattn_isa_name(anyattn_isa isa);
 
 /* One forward kernel of the registry (one per row of src/cpu/isa_table.inc): the list the
@@ -235,8 +242,8 @@ ANYATTN_API void anyattn_fwd_params_init(anyattn_fwd_params* params);
  *   out (B, Sq, Hq, Dv)   same dtype as q; written
  *   lse (B, Hq, Sq)       f32; written; may be NULL
  *   params                may be NULL for all defaults
- * 0 <= D, Dv <= 256. Any of B, Sq, Sk, Hq may be 0 (Hk too when Hq is; docs/semantics.md,
- * section 6). out must not overlap q, k, v or lse.
+ * 0 <= D <= 576 and 0 <= Dv <= 512 (at every entry point). Any of B, Sq, Sk, Hq may be 0 (Hk
+ * too when Hq is; docs/semantics.md, section 6). out must not overlap q, k, v or lse.
  * Fully masked rows (and Sk == 0) give out = 0 and lse = -inf, or lse = sink with a sink.
  * On any error nothing is written. */
 ANYATTN_API anyattn_status anyattn_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
@@ -339,7 +346,11 @@ ANYATTN_API void anyattn_kvcache_params_init(anyattn_kvcache_params* cache);
  *   out     (B, Sq, Hq, Dv) written;  lse (B, Hq, Sq) f32 written, may be NULL
  * Sequence b attends to cache positions [leftpad_b, cache_seqlens[b] + S_new); the mask is
  * bottom-right aligned to that key count. Everything is validated (capacity, block table entries,
- * rotary table length) before the first write: a failed call leaves the cache untouched. */
+ * rotary table length) before the first write: a failed call leaves the cache untouched.
+ * Shared latent cache (absorbed MLA, e.g. D = 576, Dv = 512, Hk = 1): v_cache may be a column
+ * view of k_cache (same data pointer and strides, Dv <= D); V is then read from the K rows. With
+ * an append, v_new must then be the same view of k_new (each row is written once, from k_new),
+ * and rotary is unsupported. Other overlaps of the two caches are rejected when appending. */
 ANYATTN_API anyattn_status anyattn_fwd_kvcache(const anyattn_tensor* q,
                                                const anyattn_tensor* k_cache,
                                                const anyattn_tensor* v_cache,

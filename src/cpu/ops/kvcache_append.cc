@@ -1,5 +1,6 @@
 #include "cpu/ops/kvcache_append.h"
 
+#include "common/head_dims.h"
 #include "cpu/shared/half.h"
 #include "cpu/shared/rotary.h"
 #include "runtime/num_threads.h"
@@ -23,7 +24,7 @@ struct RowTarget {
 void write_row(const void* src, DType dtype, const RowTarget& target, DType kv_dtype,
                int64_t count, const float* cos, const float* sin, int64_t rotary_dim,
                bool interleaved) {
-  float row[256];
+  float row[kMaxHeadDim];
   for (int64_t c = 0; c < count; ++c) row[c] = load_element(src, dtype, c);
   if (cos != nullptr) apply_rotary(cos, sin, rotary_dim, interleaved, row);
   if (is_kv8(kv_dtype)) {
@@ -80,7 +81,9 @@ void append_to_cache(const FwdArgs& args, const CacheAppend& append,
                   args.kv_dtype, args.head_dim, cos, sin, args.rotary_dim,
                   args.rotary_interleaved);
       }
-      if (args.head_dim_v > 0) {
+      // A shared latent cache (v a column prefix of k; validate_kvcache.cc made v_new the same
+      // view of k_new) already holds the row written as k's.
+      if (args.head_dim_v > 0 && !args.v_is_k_prefix()) {
         const int64_t v_src = b * append.v_new_batch_stride + t * append.v_new_row_stride +
                               head * append.v_new_head_stride;
         const int64_t v_dst = key_row_offset(args, seq, key, head, args.v_batch_stride,
