@@ -306,7 +306,9 @@ typedef struct anyattn_kvcache_params {
    * The value of a cached element is  stored * descale[...] * token_scale[...]  (a factor is 1
    * when its tensor is NULL); attention runs on these values with f32 accumulation; q, k_new,
    * v_new and out stay f32/f16/bf16. The four tensors below must be NULL for an f32/f16/bf16
-   * cache (ANYATTN_E_INVALID_ARGUMENT otherwise). docs/kvcache_8bit.md has the details.
+   * cache (ANYATTN_E_INVALID_ARGUMENT otherwise). An 8-bit cache cannot be a shared latent cache
+   * (v_cache a column view of k_cache): ANYATTN_E_UNSUPPORTED. docs/kvcache_8bit.md has the
+   * details.
    *
    * k_descale, v_descale: f32, NULL = 1. Shape (1): one per tensor; (Hk): one per kv head;
    * (B, Hk): one per sequence (index b of q, not the cache batch) and kv head, FlashAttention 3's

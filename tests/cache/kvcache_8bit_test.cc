@@ -647,6 +647,23 @@ TEST(Kvcache8bit, DtypeRulesAreChecked) {
   }
 }
 
+// Absorbed MLA's shared latent cache (v_cache a column prefix of k_cache) stays float-only.
+TEST(Kvcache8bit, SharedLatentCacheIsUnsupported) {
+  Q8Case c;
+  c.Hk = 1;
+  c.Hq = 4;
+  c.D = 32;
+  c.Dv = 16;
+  Q8Problem p(c);
+  p.v_cache.t = p.k_cache.t;
+  p.v_cache.t.shape[3] = c.Dv;
+  p.restore();
+  EXPECT_EQ(p.run(), ANYATTN_E_UNSUPPORTED);
+  const std::string message = anyattn_last_error();
+  EXPECT_NE(message.find("shared latent cache"), std::string::npos) << message;
+  EXPECT_TRUE(p.untouched()) << message;
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace anyattn
