@@ -114,30 +114,59 @@ std::vector<FwdShape> BackwardTableShapes(bool quick) {
   return shapes;
 }
 
+const char* CacheFormatName(CacheFormat cache) {
+  switch (cache) {
+    case CacheFormat::kFp8E4M3:
+      return "e4m3";
+    case CacheFormat::kI8PerToken:
+      return "i8tok";
+    case CacheFormat::kAsQ:
+    default:
+      return "";
+  }
+}
+
 double DecodeKvBytes(const DecodeShape& shape) {
   const int64_t columns =
       shape.shared_latent ? shape.head_dim : shape.head_dim + shape.value_head_dim();
-  return 1.0 * shape.batch * shape.seqlen_k * shape.heads_k * columns * DTypeBytes(shape.dtype);
+  const double positions = 1.0 * shape.batch * shape.seqlen_k * shape.heads_k;
+  switch (shape.cache) {
+    case CacheFormat::kFp8E4M3:
+      return positions * columns;
+    case CacheFormat::kI8PerToken:
+      return positions * (columns + 8);
+    case CacheFormat::kAsQ:
+    default:
+      return positions * columns * DTypeBytes(shape.dtype);
+  }
 }
 
 std::string DecodeKey(const DecodeShape& shape) {
   std::ostringstream key;
-  key << "decode/" << DTypeName(shape.dtype) << "/B" << shape.batch << "/Hq" << shape.heads_q
-      << "/Hk" << shape.heads_k << "/D" << shape.head_dim;
+  if (shape.seqlen_q > 1) {
+    key << "prefill" << shape.seqlen_q << "/";
+  } else {
+    key << "decode/";
+  }
+  key << DTypeName(shape.dtype) << "/B" << shape.batch << "/Hq" << shape.heads_q << "/Hk"
+      << shape.heads_k << "/D" << shape.head_dim;
   if (shape.value_head_dim() != shape.head_dim) key << "/Dv" << shape.value_head_dim();
   key << "/Sk" << shape.seqlen_k;
   if (shape.page_size > 0) key << "/page" << shape.page_size;
   if (shape.shared_latent) key << "/latent";
+  if (shape.cache != CacheFormat::kAsQ) key << "/kv_" << CacheFormatName(shape.cache);
   return key.str();
 }
 
 std::string DecodeLabel(const DecodeShape& shape) {
   std::ostringstream label;
+  if (shape.seqlen_q > 1) label << "Sq" << shape.seqlen_q << " ";
   label << "B" << shape.batch << " H" << shape.heads_q << "/" << shape.heads_k << " D"
         << shape.head_dim;
   if (shape.value_head_dim() != shape.head_dim) label << "/" << shape.value_head_dim();
   label << " Sk" << shape.seqlen_k;
   if (shape.page_size > 0) label << " pg" << shape.page_size;
+  if (shape.cache != CacheFormat::kAsQ) label << " " << CacheFormatName(shape.cache);
   if (shape.shared_latent) label << " latent";
   return label.str();
 }
@@ -155,9 +184,21 @@ std::vector<DecodeShape> DecodeTableShapes(bool quick) {
           shape.dtype = dtype;
           shape.page_size = page_size;
           shapes.push_back(shape);
+          if (dtype != DType::kBf16 || page_size > 16) continue;
+          for (CacheFormat cache : {CacheFormat::kFp8E4M3, CacheFormat::kI8PerToken}) {
+            shape.cache = cache;
+            shapes.push_back(shape);
+          }
         }
       }
     }
+  }
+  for (CacheFormat cache : {CacheFormat::kAsQ, CacheFormat::kFp8E4M3, CacheFormat::kI8PerToken}) {
+    DecodeShape shape;
+    shape.seqlen_q = 512;
+    shape.seqlen_k = 4096;
+    shape.cache = cache;
+    shapes.push_back(shape);
   }
   // Absorbed MLA decode (DeepSeek-V2-Lite's 16 heads): one latent kv head of 512 + 64 dims, read
   // once as K and V, and the same call with V in a buffer of its own (what reading it twice

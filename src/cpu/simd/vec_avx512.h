@@ -29,6 +29,26 @@ struct Vec {
     even->v = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
     odd->v = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(~0xFFFF)));
   }
+  // 16 stored 8-bit cache values as f32 (exact; the cache's scales are applied by the caller),
+  // as in vec_avx2.h: int8 sign-extended, e5m2 as the top byte of an f16, e4m3 as its value
+  // times 2^-8 (kFp8E4M3LoadScale) through f16 bits, its NaN pattern S.1111.111 made a NaN.
+  static Vec load_i8(const uint8_t* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))};
+  }
+  static Vec load_fp8_e5m2(const uint8_t* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return {_mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8))};
+  }
+  static Vec load_fp8_e4m3(const uint8_t* p) {
+    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i h =
+        _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(-16512));  // 0xBF80
+    const __m256i carry = _mm256_add_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x3F80)),
+                                           _mm256_set1_epi16(0x0080));
+    const __m256i f16 = _mm256_or_si256(h, _mm256_and_si256(carry, _mm256_set1_epi16(0x4000)));
+    return {_mm512_cvtph_ps(f16)};
+  }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
 };
 
