@@ -176,10 +176,10 @@ struct BFloat16 {
 static_assert(sizeof(Float16) == 2 && sizeof(BFloat16) == 2, "storage types must be 2 bytes");
 
 // The 8-bit float storage types of a KV cache: raw bits, no arithmetic. to_float is exact;
-// from_float rounds to nearest even and saturates to the largest finite value (as the library's
-// in-place append does); NaN stays NaN. Float8E4M3 follows torch.float8_e4m3fn (no infinities,
-// largest finite 448, NaN 0x7F), Float8E5M2 follows torch.float8_e5m2 (IEEE-like, largest finite
-// 57344).
+// from_float rounds to nearest even and saturates to the largest finite value, infinities included
+// (as the library's in-place append does); NaN stays NaN. Float8E4M3 follows torch.float8_e4m3fn
+// (no infinities, largest finite 448, NaN S.1111.111), Float8E5M2 follows torch.float8_e5m2
+// (IEEE-like, largest finite 57344).
 namespace detail {
 
 // The float value of an 8-bit float with kMant mantissa bits and exponent bias kBias.
@@ -198,11 +198,12 @@ inline float fp8_to_float(uint8_t bits) noexcept {
 }
 
 // The 8-bit float nearest to `x` (ties to even) with kMant mantissa bits and bias kBias, whose
-// largest finite magnitude has the bit pattern kMaxBits; larger magnitudes saturate to it.
+// largest finite magnitude has the bit pattern kMaxBits; larger magnitudes and infinities saturate
+// to it. NaN becomes S.1111111 (a NaN in both formats), keeping the sign.
 template <int kMant, int kBias, uint8_t kMaxBits>
-inline uint8_t fp8_from_float(float x, uint8_t nan_bits) noexcept {
-  if (std::isnan(x)) return nan_bits;
+inline uint8_t fp8_from_float(float x) noexcept {
   const uint8_t sign = std::signbit(x) ? 0x80u : 0x00u;
+  if (std::isnan(x)) return static_cast<uint8_t>(sign | 0x7Fu);  // all exponent and mantissa bits
   const float a = std::fabs(x);
   // Values are multiples of the spacing 2^(e - kMant) of a's binade (subnormals: the smallest).
   int e = a > 0.0f ? std::ilogb(a) : 1 - kBias;
@@ -227,7 +228,7 @@ inline uint8_t fp8_from_float(float x, uint8_t nan_bits) noexcept {
 struct Float8E4M3 {
   uint8_t bits;
   static Float8E4M3 from_float(float x) noexcept {
-    return {detail::fp8_from_float<3, 7, 0x7E>(x, 0x7F)};
+    return {detail::fp8_from_float<3, 7, 0x7E>(x)};
   }
   float to_float() const noexcept {
     if ((bits & 0x7Fu) == 0x7Fu) return std::numeric_limits<float>::quiet_NaN();
@@ -238,7 +239,7 @@ struct Float8E4M3 {
 struct Float8E5M2 {
   uint8_t bits;
   static Float8E5M2 from_float(float x) noexcept {
-    return {detail::fp8_from_float<2, 15, 0x7B>(x, 0x7E)};
+    return {detail::fp8_from_float<2, 15, 0x7B>(x)};
   }
   float to_float() const noexcept {
     if ((bits & 0x7Cu) == 0x7Cu) {
