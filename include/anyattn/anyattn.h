@@ -11,6 +11,7 @@
  *   - Dense attention shapes: q (B, Sq, Hq, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv),
  *     out (B, Sq, Hq, Dv), lse (B, Hq, Sq). Hq % Hk == 0; query head h reads kv head h / (Hq / Hk).
  *   - q, k and v share one dtype (f32, f16 or bf16); out has that dtype; lse is f32, natural log.
+ *     The KV-cache calls also take 8-bit caches (FP8_E4M3, FP8_E5M2, I8) with f32 scales.
  *   - Every entry point returns an `anyattn_status`. On failure `anyattn_last_error()` returns a
  *     message that names the offending parameter, the value given and what is supported. No C++
  *     exception ever crosses this boundary.
@@ -89,6 +90,14 @@ typedef enum anyattn_dtype {
   ANYATTN_DTYPE_F16 = 1,
   ANYATTN_DTYPE_BF16 = 2,
   ANYATTN_DTYPE_I32 = 3,
+  /* 8-bit KV-cache element types (k_cache and v_cache only; see anyattn_kvcache_params). */
+  /* float8 e4m3, the "fn" convention of torch.float8_e4m3fn: bias 7, no infinities, largest
+   * finite +-448, NaN = S.1111.111 (0x7F / 0xFF), subnormals 2^-9 .. 7 * 2^-9. */
+  ANYATTN_DTYPE_FP8_E4M3 = 4,
+  /* float8 e5m2 (torch.float8_e5m2): IEEE-style, bias 15, +-inf, NaNs, largest finite +-57344. */
+  ANYATTN_DTYPE_FP8_E5M2 = 5,
+  /* Signed two's-complement int8; read as its integer value -128 .. 127. */
+  ANYATTN_DTYPE_I8 = 6,
   /* Not a dtype: makes every non-negative int32 a valid value of this type, so that a caller
    * passing an unknown value gets ANYATTN_E_INVALID_ARGUMENT rather than undefined behaviour. */
   ANYATTN_DTYPE_MAX_ENUM = 0x7fffffff
@@ -286,7 +295,38 @@ typedef struct anyattn_kvcache_params {
   const anyattn_tensor* rotary_sin;
   /* Non-zero: rotate pairs (2t, 2t+1) (GPT-J); zero: pairs (t, t + rotary_dim/2) (GPT-NeoX). */
   int32_t rotary_interleaved;
+  /* ---- 8-bit caches (k_cache/v_cache of dtype FP8_E4M3, FP8_E5M2 or I8; both the same) ----
+   * The value of a cached element is  stored * descale[...] * token_scale[...]  (a factor is 1
+   * when its tensor is NULL); attention runs on these values with f32 accumulation; q, k_new,
+   * v_new and out stay f32/f16/bf16. The four tensors below must be NULL for an f32/f16/bf16
+   * cache (ANYATTN_E_INVALID_ARGUMENT otherwise). docs/kvcache_8bit.md has the details.
+   *
+   * k_descale, v_descale: f32, NULL = 1. Shape (1): one per tensor; (Hk): one per kv head;
+   * (B, Hk): one per sequence (index b of q, not the cache batch) and kv head, FlashAttention 3's
+   * layout. Every entry must be finite and >= 0 (0 and subnormals are legal for reading: those
+   * values read as 0 / scaled); when the call appends (k_new given) every entry must be a
+   * normal positive number (>= FLT_MIN). Anything else: ANYATTN_E_INVALID_ARGUMENT naming the
+   * entry and its value. */
+  const anyattn_tensor* k_descale;
+  const anyattn_tensor* v_descale;
+  /* k_token_scale, v_token_scale: f32, NULL = none. One scale per (cache position, kv head):
+   * (B_cache, S_cache, Hk), or (num_blocks, page_size, Hk) for a paged cache. Cache data: read
+   * as stored (not validated; a NaN or inf there propagates like a NaN in an f16 cache), and
+   * written by the in-place append for the new positions. Both or neither. */
+  const anyattn_tensor* k_token_scale;
+  const anyattn_tensor* v_token_scale;
 } anyattn_kvcache_params;
+
+/* The in-place append into an 8-bit cache quantizes each new key and value row (one position,
+ * one kv head, after rotary), with qmax = 127 (I8), 448 (E4M3), 57344 (E5M2):
+ *   with token scales: amax = max |x| over the row's finite elements;
+ *                      token_scale = min(amax / (qmax * descale), FLT_MAX), rounded to f32
+ *                      (0 for an all-zero row); stored = Q(x / (descale * token_scale)),
+ *                      and a row whose token_scale is 0 stores zeros;
+ *   without:           stored = Q(x / descale).
+ * Q rounds to nearest, ties to even, and saturates to the finite range: I8 to [-127, 127]
+ * (symmetric; a stored -128 is still read as -128), E4M3 to +-448, E5M2 to +-57344; +-inf
+ * saturate too. NaN stays NaN in fp8 (E4M3 S.1111.111, E5M2 S.11111.11) and becomes 0 in I8. */
 
 /* Fills `cache` with defaults (no new keys, whole cache, no paging, no rotary). */
 ANYATTN_API void anyattn_kvcache_params_init(anyattn_kvcache_params* cache);
@@ -317,7 +357,8 @@ ANYATTN_API anyattn_status anyattn_fwd_kvcache(const anyattn_tensor* q,
  *                 <= max_seqlen_q
  *   cache   cache_seqlens / cache_seqlen, cache_batch_idx, cache_leftpad, block_table as in
  *           anyattn_fwd_kvcache; k_new, v_new and the rotary tables must be NULL
- *           (ANYATTN_E_UNSUPPORTED otherwise)
+ *           (ANYATTN_E_UNSUPPORTED otherwise); the 8-bit cache scales as in anyattn_fwd_kvcache
+ *           ((B, Hk) descales indexed by sequence b)
  * Sequence b's queries attend to cache positions [leftpad_b, cache_seqlens[b]), the mask
  * bottom-right aligned per sequence (its queries are the last of its keys, as in chunked
  * prefill). Rows of q outside every sequence are not written. */
