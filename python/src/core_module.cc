@@ -3,8 +3,9 @@
 // Tensors cross this boundary in one of two forms, chosen by python/anyattn/_tensors.py:
 //   - a "spec": a tuple (data_pointer, dtype_code, shape, strides) with strides in elements, used
 //     for torch tensors. The Python caller owns the memory and keeps it alive during the call.
-//   - any object exporting the buffer protocol with format 'f' (f32), 'e' (f16), 'i' (i32) or 'b'
-//     (i8: an 8-bit cache), used for numpy arrays; its byte strides must be whole elements.
+//   - any object exporting the buffer protocol with format 'f' (f32), 'e' (f16) or 'i' (i32),
+//     used for numpy arrays; its byte strides must be whole elements. (8-bit caches come as
+//     torch tensors, hence as specs.)
 // Both are far cheaper than DLPack capsules (a torch __dlpack__ export costs about 2 us per
 // tensor, numpy's ctypes.data about 1 us), which matters for small, latency-bound calls.
 //
@@ -85,11 +86,8 @@ anyattn_tensor from_buffer(nb::handle obj, const char* name, bool writable, Buff
     out.dtype = ANYATTN_DTYPE_F16;
   } else if (fmt == "i" && v.itemsize == 4) {
     out.dtype = ANYATTN_DTYPE_I32;
-  } else if (fmt == "b" && v.itemsize == 1) {
-    out.dtype = ANYATTN_DTYPE_I8;
   } else {
-    buffer_error(name, "buffer format '" + fmt + "' is not supported (float32, float16, or int8 "
-                           "for an 8-bit cache)");
+    buffer_error(name, "buffer format '" + fmt + "' is not supported (float32 or float16)");
   }
   if (v.ndim < 1 || v.ndim > ANYATTN_MAX_NDIM) {
     buffer_error(name, "has " + std::to_string(v.ndim) + " dimensions; 1 to " +
