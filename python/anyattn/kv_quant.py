@@ -12,12 +12,12 @@ or (B, Hk) per sequence and kv head (FlashAttention 3's layout), and ``token_sca
 S_cache, Hk), or (num_blocks, page_size, Hk) for a paged cache. A missing factor is 1. New keys
 and values appended by the call are quantized by the C library (include/anyattn/anyattn.h):
 
-    with token scales: token_scale = min(amax_row / (qmax * descale), FLT_MAX) in float32, 0 for
-                       a row without a finite non-zero element (which then stores zeros);
-                       stored = Q(x / (descale * token_scale))
+    with token scales: token_scale = min(amax_row / (qmax * descale), FLT_MAX) rounded to
+                       float32, 0 for a row without a finite non-zero element (which then
+                       stores zeros); stored = Q(x / (descale * token_scale))
     without:           stored = Q(x / descale)
 
-per (position, kv head) row, where Q rounds to nearest (ties to even) and saturates: int8 to
+per (position, kv head) row, the quotients formed in float64 and rounded to float32, where Q rounds to nearest (ties to even) and saturates: int8 to
 [-127, 127] (NaN -> 0), float8_e4m3fn to +-448, float8_e5m2 to +-57344 (NaN stays NaN).
 ``quantize_kv_cache`` applies exactly that rule, so a cache quantized here and one filled by
 appends hold the same bytes for the same scales. Requires torch.
@@ -155,39 +155,49 @@ def quantize_kv_cache(cache: torch.Tensor, dtype, granularity: str = "token", *,
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity: {granularity!r} is not supported; use one of "
                          f"{', '.join(repr(g) for g in GRANULARITIES)}")
-    x = cache.detach().to(torch.float32)
+    # The C library's arithmetic: quotients in float64, clamped to +-2 qmax (saturation gives the
+    # same byte), rounded to float32, then Q.
+    x = cache.detach().to(torch.float64)
     hk = x.shape[2]
     if granularity == "token":
         given = None if descale is None else _checked_descale(descale, x, "descale")
-        d = torch.ones((1, 1, 1, 1)) if given is None else _broadcast_descale(given, hk)
+        d = (torch.ones((1, 1, 1, 1)) if given is None else _broadcast_descale(given, hk)).double()
         amax = _finite_amax(x, (3,))[..., None]                      # (B, S, Hk, 1)
-        token = (amax / (qmax * d)).clamp_max(_FLT_MAX)
-        scaled = x / (d * token)
-        stored = round_to_cache(torch.where(token > 0, scaled, torch.zeros(())), dtype)
+        token = (amax / (qmax * d)).clamp_max(_FLT_MAX).to(torch.float32)
+        token64 = token.double()
+        quotient = torch.where(token64 > 0, x / (d * token64), torch.zeros((), dtype=x.dtype))
+        stored = _stored(quotient, dtype, qmax)
         return QuantizedKVCache(stored, given, token[..., 0].contiguous())
     if descale is None:
-        chosen = _group_descale(x, granularity, qmax)
+        chosen = _group_descale(x.float(), granularity, qmax)
     else:
         chosen = _checked_descale(descale, x, "descale")
         expected = {"tensor": (1,), "head": (hk,), "sequence": (x.shape[0], hk)}[granularity]
         if tuple(chosen.shape) != expected:
             raise ValueError(f"descale: shape {tuple(chosen.shape)} does not match granularity "
                              f"{granularity!r}, which expects {expected}")
-    stored = round_to_cache(x / _broadcast_descale(chosen, hk), dtype)
+    stored = _stored(x / _broadcast_descale(chosen, hk).double(), dtype, qmax)
     return QuantizedKVCache(stored, chosen, None)
+
+
+def _stored(quotient: torch.Tensor, dtype, qmax: float) -> torch.Tensor:
+    """Q of float64 quotients: clamped to +-2 qmax, rounded to float32, then round_to_cache."""
+    return round_to_cache(quotient.clamp(-2 * qmax, 2 * qmax).to(torch.float32), dtype)
 
 
 def dequantize_kv_cache(cache: torch.Tensor, descale=None, token_scale=None,
                         dtype=torch.float32) -> torch.Tensor:
-    """The values an 8-bit cache holds, ``stored * descale * token_scale`` in float32, cast to
-    ``dtype``: what the cache calls attend to. descale (1,), (Hk,) or (B, Hk) (the last read by
-    cache batch, i.e. a cache read without cache_batch_idx or block_table); token_scale
-    cache.shape[:3]. A float cache without scales is returned as ``dtype``."""
+    """The values an 8-bit cache holds, ``stored * (descale * token_scale)`` in float32 (the
+    factor formed first, as the kernels do), cast to ``dtype``: what the cache calls attend to.
+    descale (1,), (Hk,) or (B, Hk) (the last read by cache batch, i.e. a cache read without
+    cache_batch_idx or block_table); token_scale cache.shape[:3]. A float cache without scales
+    is returned as ``dtype``."""
     x = cache.to(torch.float32)
+    factor = torch.ones((1, 1, 1, 1), dtype=torch.float32, device=x.device)
     if descale is not None:
         d = descale if isinstance(descale, torch.Tensor) else torch.tensor([float(descale)])
         d = d.to(device=x.device, dtype=torch.float32)
-        x = x * _broadcast_descale(d.reshape(1) if d.dim() == 0 else d, x.shape[2])
+        factor = _broadcast_descale(d.reshape(1) if d.dim() == 0 else d, x.shape[2])
     if token_scale is not None:
-        x = x * token_scale.to(device=x.device, dtype=torch.float32)[..., None]
-    return x.to(dtype)
+        factor = factor * token_scale.to(device=x.device, dtype=torch.float32)[..., None]
+    return (x * factor).to(dtype)

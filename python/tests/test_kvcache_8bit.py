@@ -85,8 +85,8 @@ class Paging:
 
 
 def _dequantized(cache, descale, token_scale):
-    """float64 (B, cap, Hk, D) values of a logical 8-bit cache (stored * descale * token_scale,
-    each product rounded to float32 as the kernel reads it)."""
+    """float64 (B, cap, Hk, D) values of a logical 8-bit cache: stored * (descale * token_scale)
+    in float32, as the kernel reads it."""
     return anyattn.dequantize_kv_cache(cache, descale, token_scale).double()
 
 

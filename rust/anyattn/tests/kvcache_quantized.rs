@@ -39,20 +39,23 @@ fn dense(q: &[f32], k: &[f32], v: &[f32], sq: usize, sk: usize) -> Vec<f32> {
     out
 }
 
-/// The append's rule for one row with token scales: (stored, token_scale).
+/// The append's rule for one row with token scales, as anyattn.h states it: (stored,
+/// token_scale). Quotients in f64, clamped to ±2 QMAX, rounded to f32, then quantized.
 fn quantize_row<C: Quantized>(x: &[f32], descale: f32) -> (Vec<C>, f32) {
+    let qmax = f64::from(C::QMAX);
     let amax = x
         .iter()
         .filter(|v| v.is_finite())
-        .fold(0f32, |m, v| m.max(v.abs()));
-    let token = (amax / (C::QMAX * descale)).min(f32::MAX);
+        .fold(0f64, |m, v| m.max(f64::from(v.abs())));
+    let token = (amax / (qmax * f64::from(descale))).min(f64::from(f32::MAX)) as f32;
+    let divisor = f64::from(descale) * f64::from(token);
     let stored = x
         .iter()
         .map(|&v| {
             if token == 0.0 {
                 C::quantize(0.0)
             } else {
-                C::quantize(v / (descale * token))
+                C::quantize((f64::from(v) / divisor).clamp(-2.0 * qmax, 2.0 * qmax) as f32)
             }
         })
         .collect();
@@ -129,12 +132,13 @@ fn append_and_attend<C: Quantized + PartialEq + std::fmt::Debug + Default>() {
                 assert_eq!(v_scale[row].to_bits(), tv.to_bits(), "value scale b{b} t{t} h{h}");
             }
         }
-        // The dequantized keys/values of sequence b, in the order the kernel reads them.
+        // The dequantized keys/values of sequence b: stored * (descale * token_scale), the
+        // factor formed in f32 first, as the kernels read them.
         let deq = |data: &[C], scale: &[f32], descale: &[f32]| -> Vec<f32> {
             (0..n * HK * D)
                 .map(|i| {
                     let row = b * CAP * HK + i / D;
-                    data[row * D + i % D].to_f32() * descale[(i / D) % HK] * scale[row]
+                    data[row * D + i % D].to_f32() * (descale[(i / D) % HK] * scale[row])
                 })
                 .collect()
         };
