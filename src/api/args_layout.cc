@@ -20,6 +20,7 @@ void fill_keys(const anyattn_tensor* k, const anyattn_tensor* v, bool batched, c
   const int first = batched ? 1 : 0;
   if (batched) a->seqlen_k = k->shape[1];
   a->heads_k = k->shape[first + 1];
+  a->kv_dtype = static_cast<cpu::DType>(k->dtype);
   a->head_dim_v = v->shape[first + 2];
   read_strides(k, batched, &a->k, &a->k_batch_stride, &a->k_row_stride, &a->k_head_stride);
   read_strides(v, batched, &a->v, &a->v_batch_stride, &a->v_row_stride, &a->v_head_stride);

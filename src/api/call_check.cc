@@ -56,6 +56,7 @@ uint32_t bit(Dim dim) { return uint32_t{1} << static_cast<int>(dim); }
 
 std::initializer_list<int32_t> allowed_dtypes(DTypes dtypes) {
   static constexpr std::initializer_list<int32_t> kF32Only = {ANYATTN_DTYPE_F32};
+  if (dtypes == DTypes::kKvCache) return kCacheDtypes;
   return dtypes == DTypes::kF32 ? kF32Only : kFloatDtypes;
 }
 
@@ -148,7 +149,22 @@ void CallCheck::check_descriptors(const TensorTable& table, const anyattn_tensor
 void CallCheck::check_shared_dtype(const TensorTable& table, const anyattn_tensor* const* tensors) {
   for (int i = 0; i < table.count; ++i) {
     const anyattn_tensor* t = tensors[i];
-    if (t == nullptr || table.specs[i].dtypes != DTypes::kShared) continue;
+    if (t == nullptr) continue;
+    if (table.specs[i].dtypes == DTypes::kKvCache) {
+      if (cache_dtype_tensor_ == nullptr) {
+        cache_dtype_tensor_ = t;
+        cache_dtype_name_ = table.specs[i].name;
+      } else if (t->dtype != cache_dtype_tensor_->dtype) {
+        fail_invalid(function_, ": ", table.specs[i].name, ".dtype is ", dtype_name(t->dtype),
+                     " but ", cache_dtype_name_, ".dtype is ",
+                     dtype_name(cache_dtype_tensor_->dtype),
+                     "; k_cache and v_cache share one dtype (f32, f16 or bf16 as q, or one of "
+                     "fp8_e4m3, fp8_e5m2, i8)");
+      }
+      if (is_8bit_dtype(t->dtype)) continue;  // an 8-bit cache: not q's dtype
+    } else if (table.specs[i].dtypes != DTypes::kShared) {
+      continue;
+    }
     if (shared_dtype_tensor_ == nullptr) {
       shared_dtype_tensor_ = t;
       shared_dtype_name_ = table.specs[i].name;

@@ -48,6 +48,9 @@ enum class DTypes : uint8_t {
   kShared,  // f32, f16 or bf16, the same for every kShared tensor of the call
   kF32,
   kAnyFloat,  // f32, f16 or bf16, whatever the other tensors are
+  // A KV cache: one dtype for every kKvCache tensor of the call; a float one must also be the
+  // kShared dtype, an 8-bit one (fp8_e4m3, fp8_e5m2, i8) stands apart from it.
+  kKvCache,
 };
 
 // How the call uses a tensor.
@@ -151,6 +154,8 @@ class CallCheck {
   int count_ = 0;
   const anyattn_tensor* shared_dtype_tensor_ = nullptr;  // the first kShared tensor checked
   const char* shared_dtype_name_ = nullptr;
+  const anyattn_tensor* cache_dtype_tensor_ = nullptr;  // the first kKvCache tensor checked
+  const char* cache_dtype_name_ = nullptr;
 };
 
 }  // namespace anyattn::api

@@ -79,16 +79,17 @@ inline constexpr TensorTable kDsinks = make_table(kDsinksSpecs, kBwdDtypeRule);
 // ---- anyattn_fwd_kvcache (dense q) and anyattn_fwd_kvcache_varlen (packed q) --------------------
 
 constexpr const char* kCacheDtypeRule =
-    "q, the caches, the new keys/values and out share one dtype";
+    "q, the new keys/values, out and a float cache share one dtype";
 constexpr Role kCached = Role::kCache;
+constexpr DTypes kCacheDtype = DTypes::kKvCache;
 inline constexpr TensorSpec kKCache = {
-    "k_cache", {D::kCacheBatches, D::kCacheLen, D::kHk, D::kD}, kShared, kCached};
+    "k_cache", {D::kCacheBatches, D::kCacheLen, D::kHk, D::kD}, kCacheDtype, kCached};
 inline constexpr TensorSpec kVCache = {
-    "v_cache", {D::kCacheBatches, D::kCacheLen, D::kHk, D::kDv}, kShared, kCached};
+    "v_cache", {D::kCacheBatches, D::kCacheLen, D::kHk, D::kDv}, kCacheDtype, kCached};
 inline constexpr TensorSpec kKPages = {
-    "k_cache", {D::kPages, D::kPageSize, D::kHk, D::kD}, kShared, kCached};
+    "k_cache", {D::kPages, D::kPageSize, D::kHk, D::kD}, kCacheDtype, kCached};
 inline constexpr TensorSpec kVPages = {
-    "v_cache", {D::kPages, D::kPageSize, D::kHk, D::kDv}, kShared, kCached};
+    "v_cache", {D::kPages, D::kPageSize, D::kHk, D::kDv}, kCacheDtype, kCached};
 
 inline constexpr TensorSpec kCacheSpecs[] = {kDenseQ, kKCache, kVCache, kDenseOut, kDenseLse};
 inline constexpr TensorTable kCacheContiguous = make_table(kCacheSpecs, kCacheDtypeRule);
@@ -113,6 +114,17 @@ inline constexpr TensorSpec kRotarySpecs[] = {
     {"cache->rotary_cos", {D::kRotaryPositions, D::kRotaryHalf}, DTypes::kAnyFloat, kIn},
     {"cache->rotary_sin", {D::kRotaryPositions, D::kRotaryHalf}, DTypes::kAnyFloat, kIn}};
 inline constexpr TensorTable kRotary = make_table(kRotarySpecs, kCacheDtypeRule);
+
+// The per-token scales of an 8-bit cache, (B_cache, S_cache, Hk) or paged (num_blocks, page_size,
+// Hk): cache data that the append writes.
+inline constexpr TensorSpec kTokenScaleSpecs[] = {
+    {"cache->k_token_scale", {D::kCacheBatches, D::kCacheLen, D::kHk}, kF32, kCached},
+    {"cache->v_token_scale", {D::kCacheBatches, D::kCacheLen, D::kHk}, kF32, kCached}};
+inline constexpr TensorTable kTokenScales = make_table(kTokenScaleSpecs, kCacheDtypeRule);
+inline constexpr TensorSpec kPagedTokenScaleSpecs[] = {
+    {"cache->k_token_scale", {D::kPages, D::kPageSize, D::kHk}, kF32, kCached},
+    {"cache->v_token_scale", {D::kPages, D::kPageSize, D::kHk}, kF32, kCached}};
+inline constexpr TensorTable kPagedTokenScales = make_table(kPagedTokenScaleSpecs, kCacheDtypeRule);
 
 // ---- anyattn_merge_attention_states: out may be out_a or out_b, lse_out lse_a or lse_b ----------
 

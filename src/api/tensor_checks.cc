@@ -16,9 +16,11 @@ struct DtypeInfo {
   const char* name;
   int64_t size;  // bytes per element
 };
-constexpr DtypeInfo kDtypes[] = {{"f32", 4}, {"f16", 2}, {"bf16", 2}, {"i32", 4}};
+constexpr DtypeInfo kDtypes[] = {{"f32", 4},      {"f16", 2},      {"bf16", 2}, {"i32", 4},
+                                 {"fp8_e4m3", 1}, {"fp8_e5m2", 1}, {"i8", 1}};
 static_assert(ANYATTN_DTYPE_F32 == 0 && ANYATTN_DTYPE_F16 == 1 && ANYATTN_DTYPE_BF16 == 2 &&
-                  ANYATTN_DTYPE_I32 == 3,
+                  ANYATTN_DTYPE_I32 == 3 && ANYATTN_DTYPE_FP8_E4M3 == 4 &&
+                  ANYATTN_DTYPE_FP8_E5M2 == 5 && ANYATTN_DTYPE_I8 == 6,
               "kDtypes follows anyattn_dtype");
 
 const DtypeInfo* find_dtype(int32_t dtype) {

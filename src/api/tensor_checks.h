@@ -23,6 +23,16 @@ constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
 inline constexpr std::initializer_list<int32_t> kFloatDtypes = {
     ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16};
 
+// The element types of a KV cache: the float dtypes (then q's) or an 8-bit one (k_cache and
+// v_cache share it).
+inline constexpr std::initializer_list<int32_t> kCacheDtypes = {
+    ANYATTN_DTYPE_F32,      ANYATTN_DTYPE_F16,      ANYATTN_DTYPE_BF16,
+    ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2, ANYATTN_DTYPE_I8};
+inline bool is_8bit_dtype(int32_t dtype) {
+  return dtype == ANYATTN_DTYPE_FP8_E4M3 || dtype == ANYATTN_DTYPE_FP8_E5M2 ||
+         dtype == ANYATTN_DTYPE_I8;
+}
+
 // Bytes per element of a dtype; 0 for an unknown dtype.
 int64_t dtype_size(int32_t dtype);
 const char* dtype_name(int32_t dtype);

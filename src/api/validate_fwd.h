@@ -23,6 +23,7 @@ struct ValidatedFwd {
   std::vector<int32_t> cu_seqlens_q, cu_seqlens_k, seqlens_k, k_start, kv_batch_index, block_table,
       q_position;
   std::vector<float> rotary_cos, rotary_sin;
+  std::vector<float> k_descale, v_descale;  // 8-bit cache descales, (B, Hk) row-major
 
   ValidatedFwd() = default;
   ValidatedFwd(ValidatedFwd&&) = default;

@@ -10,6 +10,7 @@
 #include "api/entry_tables.h"
 #include "api/errors.h"
 #include "api/tensor_checks.h"
+#include "api/validate_kvcache_scales.h"
 #include "api/validate_varlen.h"
 
 namespace anyattn::api {
@@ -346,6 +347,8 @@ ValidatedKvcache validate_cache_call(const char* fn, const AttentionTensors& t,
                      "; dropout is not supported with a KV cache (inference only)");
   }
   gather_rotary(&check, call, params.causal != 0, &result);
+  check_cache_scales(&check, cache, t.k->dtype, call.batch, call.paged, call.new_tokens > 0,
+                     &attention);
   attention.isa = resolve_isa(fn, params.isa);
   point_at_copies(&attention);
   return result;

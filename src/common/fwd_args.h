@@ -11,14 +11,20 @@
 
 namespace anyattn::cpu {
 
-enum class DType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// Numbered as anyattn_dtype. The 8-bit types are KV-cache element types only (FwdArgs::kv_dtype).
+enum class DType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2, kFp8E4M3 = 4, kFp8E5M2 = 5, kI8 = 6 };
+
+constexpr bool is_kv8(DType dtype) {
+  return dtype == DType::kFp8E4M3 || dtype == DType::kFp8E5M2 || dtype == DType::kI8;
+}
 
 // Window bound meaning "no limit on this side". Large enough that no valid index reaches it, small
 // enough that i + Sk - Sq +/- it never overflows int64.
 constexpr int64_t kUnboundedWindow = int64_t{1} << 48;
 
 struct FwdArgs {
-  DType dtype = DType::kF32;  // of q, k, v and out
+  DType dtype = DType::kF32;     // of q and out (and of k and v unless they are an 8-bit cache)
+  DType kv_dtype = DType::kF32;  // of k and v: dtype, or an 8-bit type (KV-cache calls only)
 
   int64_t batch = 0;       // B
   int64_t seqlen_q = 0;    // Sq
@@ -97,8 +103,27 @@ struct FwdArgs {
   bool rotary_interleaved = false;
   bool rotary_q_per_row = false;
   const int32_t* q_position = nullptr;
+  // 8-bit caches (kv_dtype 8-bit; all null otherwise): the value of a cached element of key j,
+  // kv head h of sequence b is stored * descale(b, h) * token_scale(j, h), each factor 1 where its
+  // pointer is null. descale(b, h) = k_descale[b*k_descale_batch_stride + h*k_descale_head_stride]
+  // (finite, >= 0); the token scale of a key lies where key_row_offset puts its row, with the
+  // token-scale strides (k_scale_batch_stride: cache batch or page; row; head).
+  const float* k_descale = nullptr;
+  int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
+  const float* v_descale = nullptr;
+  int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
+  float* k_token_scale = nullptr;  // written by the append
+  int64_t k_scale_batch_stride = 0, k_scale_row_stride = 0, k_scale_head_stride = 0;
+  float* v_token_scale = nullptr;
+  int64_t v_scale_batch_stride = 0, v_scale_row_stride = 0, v_scale_head_stride = 0;
 
   int64_t group_size() const { return heads_q / heads_k; }
+  float k_descale_of(int64_t b, int64_t h) const {
+    return k_descale ? k_descale[b * k_descale_batch_stride + h * k_descale_head_stride] : 1.f;
+  }
+  float v_descale_of(int64_t b, int64_t h) const {
+    return v_descale ? v_descale[b * v_descale_batch_stride + h * v_descale_head_stride] : 1.f;
+  }
 };
 
 // One sequence of a call: its lengths and the element offsets of its first row in each tensor.
@@ -150,6 +175,25 @@ inline int64_t key_row_offset(const FwdArgs& a, const SeqInfo& seq, int64_t j, i
     return page * batch_stride + (position % a.page_size) * row_stride + head_k * head_stride;
   }
   return seq.kv_batch * batch_stride + position * row_stride + head_k * head_stride;
+}
+
+enum class KvStream { kK, kV };
+
+// The factor by which the stored elements of key j (within `seq`), kv head `head_k`, of the K or V
+// stream are multiplied to give their values: descale times token scale, each 1 when absent (1
+// for a float cache). Formed in f32.
+inline float key_scale(const FwdArgs& a, const SeqInfo& seq, int64_t j, int64_t head_k,
+                       KvStream stream) {
+  const bool k = stream == KvStream::kK;
+  float scale = k ? a.k_descale_of(seq.batch, head_k) : a.v_descale_of(seq.batch, head_k);
+  const float* token = k ? a.k_token_scale : a.v_token_scale;
+  if (token != nullptr) {
+    scale *= token[k ? key_row_offset(a, seq, j, head_k, a.k_scale_batch_stride,
+                                      a.k_scale_row_stride, a.k_scale_head_stride)
+                     : key_row_offset(a, seq, j, head_k, a.v_scale_batch_stride,
+                                      a.v_scale_row_stride, a.v_scale_head_stride)];
+  }
+  return scale;
 }
 
 // key_row_offset for keys [j0, j0 + count) into offsets[0 .. count), walking the pages of a

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/kv8_convert.h"
 #include "reference/half_convert.h"
 
 namespace anyattn {
@@ -42,6 +43,13 @@ double load(const anyattn_tensor& t, const int64_t* index) {
       int32_t x;
       std::memcpy(&x, base + offset * 4, sizeof(x));
       return x;
+    }
+    case ANYATTN_DTYPE_FP8_E4M3:
+    case ANYATTN_DTYPE_FP8_E5M2:
+    case ANYATTN_DTYPE_I8: {  // the stored value; the cache's scales are the caller's
+      uint8_t x;
+      std::memcpy(&x, base + offset, sizeof(x));
+      return convert::kv8_to_f32(static_cast<convert::Kv8>(t.dtype), x);
     }
   }
   std::abort();  // Unknown dtype: the caller broke the contract.

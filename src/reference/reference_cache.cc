@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/kv8_convert.h"
 #include "reference/half_convert.h"
 
 namespace anyattn {
@@ -168,6 +169,12 @@ void cache_location(const anyattn_tensor& k_cache, const anyattn_kvcache_params&
   *row = position;
 }
 
+double cache_descale(const anyattn_tensor* descale, int64_t b, int64_t h) {
+  if (descale == nullptr) return 1.0;
+  if (descale->ndim == 2) return at(*descale, b, h);
+  return at(*descale, descale->shape[0] == 1 ? 0 : h);
+}
+
 KvcacheInputs gather_kvcache(const anyattn_tensor& q, const anyattn_tensor& k_cache,
                              const anyattn_tensor& v_cache, const anyattn_kvcache_params& cache,
                              const anyattn_fwd_params* params, Rounding rounding) {
@@ -184,9 +191,32 @@ KvcacheInputs gather_kvcache(const anyattn_tensor& q, const anyattn_tensor& k_ca
   const bool q_per_row = options.window_left >= 0 || options.window_right >= 0;
   const bool round = rounding == Rounding::kLikeInputDtype;
 
+  const bool kv8 = k_cache.dtype == ANYATTN_DTYPE_FP8_E4M3 ||
+                   k_cache.dtype == ANYATTN_DTYPE_FP8_E5M2 || k_cache.dtype == ANYATTN_DTYPE_I8;
+  const bool token_scales = kv8 && cache.k_token_scale != nullptr;
+
   KvcacheInputs result;
   result.k_cache = to_contiguous_f64(k_cache);
   result.v_cache = to_contiguous_f64(v_cache);
+  if (token_scales) {
+    result.k_token_scale = to_contiguous_f64(*cache.k_token_scale);
+    result.v_token_scale = to_contiguous_f64(*cache.v_token_scale);
+  }
+  auto scale_at = [&](std::vector<double>& scales, int64_t n, int64_t r, int64_t h) -> double* {
+    return &scales[(n * rows_per_entry + r) * heads_k + h];
+  };
+  // An 8-bit cache row: x (f32 values) quantized by the library's routine into stored values
+  // and, with token scales, its scale.
+  auto quantize_row = [&](double* x, int64_t count, double descale, double* token_scale) {
+    std::vector<float> values(x, x + count);
+    std::vector<uint8_t> bytes(static_cast<size_t>(count));
+    float scale = 0.f;
+    const auto format = static_cast<convert::Kv8>(k_cache.dtype);
+    convert::quantize_kv8_row(format, values.data(), count, static_cast<float>(descale),
+                              token_scale != nullptr ? &scale : nullptr, bytes.data());
+    for (int64_t d = 0; d < count; ++d) x[d] = convert::kv8_to_f32(format, bytes[d]);
+    if (token_scale != nullptr) *token_scale = scale;
+  };
   auto k_at = [&](int64_t n, int64_t r, int64_t h) {
     return &result.k_cache[((n * rows_per_entry + r) * heads_k + h) * head_dim];
   };
@@ -232,9 +262,18 @@ KvcacheInputs gather_kvcache(const anyattn_tensor& q, const anyattn_tensor& k_ca
       for (int64_t h = 0; h < heads_k; ++h) {
         double* k_row = k_at(n, r, h);
         for (int64_t d = 0; d < head_dim; ++d) k_row[d] = at(*cache.k_new, b, t, h, d);
-        if (rotary) rotate_row(k_row);
         double* v_row = v_at(n, r, h);
         for (int64_t d = 0; d < head_dim_v; ++d) v_row[d] = at(*cache.v_new, b, t, h, d);
+        if (!kv8) {
+          if (rotary) rotate_row(k_row);
+          continue;
+        }
+        // The library rotates in f32, then quantizes.
+        if (rotary) rotate_f32(k_row, cos_row.data(), sin_row.data(), rotary_dim, interleaved);
+        quantize_row(k_row, head_dim, cache_descale(cache.k_descale, b, h),
+                     token_scales ? scale_at(result.k_token_scale, n, r, h) : nullptr);
+        quantize_row(v_row, head_dim_v, cache_descale(cache.v_descale, b, h),
+                     token_scales ? scale_at(result.v_token_scale, n, r, h) : nullptr);
       }
     }
   }
@@ -258,8 +297,17 @@ KvcacheInputs gather_kvcache(const anyattn_tensor& q, const anyattn_tensor& k_ca
       int64_t n = 0, r = 0;
       cache_location(k_cache, cache, b, position, &n, &r);
       for (int64_t h = 0; h < heads_k; ++h) {
-        seq.k.insert(seq.k.end(), k_at(n, r, h), k_at(n, r, h) + head_dim);
-        seq.v.insert(seq.v.end(), v_at(n, r, h), v_at(n, r, h) + head_dim_v);
+        double k_factor = 1.0, v_factor = 1.0;  // an 8-bit cache's dequantization
+        if (kv8) {
+          k_factor = cache_descale(cache.k_descale, b, h);
+          v_factor = cache_descale(cache.v_descale, b, h);
+          if (token_scales) {
+            k_factor *= *scale_at(result.k_token_scale, n, r, h);
+            v_factor *= *scale_at(result.v_token_scale, n, r, h);
+          }
+        }
+        for (int64_t d = 0; d < head_dim; ++d) seq.k.push_back(*(k_at(n, r, h) + d) * k_factor);
+        for (int64_t d = 0; d < head_dim_v; ++d) seq.v.push_back(*(v_at(n, r, h) + d) * v_factor);
       }
     }
     gather_options(params, b, heads_q, &seq);
@@ -287,6 +335,8 @@ KvcacheOutputs fwd_kvcache(const anyattn_tensor& q, const anyattn_tensor& k_cach
   }
   result.k_cache = std::move(inputs.k_cache);
   result.v_cache = std::move(inputs.v_cache);
+  result.k_token_scale = std::move(inputs.k_token_scale);
+  result.v_token_scale = std::move(inputs.v_token_scale);
   result.appended_rows = std::move(inputs.appended_rows);
   return result;
 }

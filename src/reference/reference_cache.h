@@ -83,8 +83,13 @@ enum class Rounding {
 
 struct KvcacheInputs {
   std::vector<GatheredSequence> sequences;  // (B) sequences, after the append
-  // The logical k_cache / v_cache after the append, C-contiguous f64 of their logical shapes.
+  // The logical k_cache / v_cache after the append, C-contiguous f64 of their logical shapes. For
+  // an 8-bit cache: the stored values (before the scales), the append quantized by the shared
+  // routine (common/kv8_convert.h) from the new rows rotated in f32, as the library does; the
+  // sequences then hold the dequantized values stored * descale * token_scale, in f64.
   std::vector<double> k_cache, v_cache;
+  // 8-bit caches with token scales: the scales after the append, C-contiguous (N, R, Hk).
+  std::vector<double> k_token_scale, v_token_scale;
   // (cache tensor index of dim 0, dim 1) of every appended position, in the order (b, t).
   std::vector<int64_t> appended_rows;
 };
@@ -107,8 +112,13 @@ struct KvcacheOutputs {
   std::vector<double> out;               // (B, Sq, Hq, Dv)
   std::vector<double> lse;               // (B, Hq, Sq)
   std::vector<double> k_cache, v_cache;  // after the append, as in KvcacheInputs
+  std::vector<double> k_token_scale, v_token_scale;
   std::vector<int64_t> appended_rows;
 };
+
+// The descale of an 8-bit cache for sequence b, kv head h: descale of shape (1), (Hk) or (B, Hk);
+// 1 when null.
+double cache_descale(const anyattn_tensor* descale, int64_t b, int64_t h);
 
 // The reference for anyattn_fwd_kvcache (exact rounding).
 KvcacheOutputs fwd_kvcache(const anyattn_tensor& q, const anyattn_tensor& k_cache,

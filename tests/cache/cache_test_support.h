@@ -46,6 +46,10 @@ class CacheRng {
 };
 
 inline int64_t dtype_size(int32_t dtype) {
+  if (dtype == ANYATTN_DTYPE_FP8_E4M3 || dtype == ANYATTN_DTYPE_FP8_E5M2 ||
+      dtype == ANYATTN_DTYPE_I8) {
+    return 1;
+  }
   return dtype == ANYATTN_DTYPE_F32 || dtype == ANYATTN_DTYPE_I32 ? 4 : 2;
 }
 

@@ -7,14 +7,20 @@
 #include <limits>
 #include <sstream>
 
+#include "common/kv8_convert.h"
 #include "reference/half_convert.h"
 
 namespace anyattn {
 namespace testing {
 namespace {
 
+bool is_8bit(int32_t dtype) {
+  return dtype == ANYATTN_DTYPE_FP8_E4M3 || dtype == ANYATTN_DTYPE_FP8_E5M2 ||
+         dtype == ANYATTN_DTYPE_I8;
+}
+
 int64_t element_size(int32_t dtype) {
-  return dtype == ANYATTN_DTYPE_F32 ? 4 : 2;
+  return dtype == ANYATTN_DTYPE_F32 ? 4 : is_8bit(dtype) ? 1 : 2;
 }
 
 // A small deterministic generator (splitmix64), so that values do not depend on the standard
@@ -211,6 +217,8 @@ void store(const anyattn_tensor& t, const int64_t* index, double value) {
   const float f = static_cast<float>(value);
   if (t.dtype == ANYATTN_DTYPE_F32) {
     std::memcpy(p, &f, 4);
+  } else if (is_8bit(t.dtype)) {  // an 8-bit cache: the stored value (the shared quantizer's Q)
+    *p = convert::f32_to_kv8(static_cast<convert::Kv8>(t.dtype), f);
   } else {
     const uint16_t h =
         t.dtype == ANYATTN_DTYPE_F16 ? reference::f32_to_f16(f) : reference::f32_to_bf16(f);

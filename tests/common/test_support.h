@@ -53,7 +53,8 @@ struct Case {
 const char* dtype_name(anyattn_dtype dtype);
 const char* layout_name(Layout layout);
 
-// Writes `value`, rounded to t's dtype, at `index`.
+// Writes `value`, rounded to t's dtype, at `index` (for an 8-bit dtype: the stored value, rounded
+// and saturated by the shared quantizer, common/kv8_convert.h).
 void store(const anyattn_tensor& t, const int64_t* index, double value);
 
 // A problem with its buffers: inputs filled from c.seed (normal(0, 1) values, rounded to the

@@ -74,7 +74,8 @@ constexpr RightTiles kPackedVTiles{kVGroupBytes, kTileBytes, 64};
 
 // True when this call's bf16 products run on the tiles.
 inline bool uses_tiles(const FwdArgs& args) {
-  return args.dtype == DType::kBF16 && args.head_dim >= 16 && args.rotary_cos == nullptr;
+  return args.dtype == DType::kBF16 && args.kv_dtype == DType::kBF16 && args.head_dim >= 16 &&
+         args.rotary_cos == nullptr;
 }
 
 // dst[0 .. padded) = the n bf16 of src (none when src is null), then zeros.

@@ -47,11 +47,22 @@ static_assert(kDirectChunkKeys % kLanes == 0, "lane_sums reduces whole vectors o
 static_assert(kDirectMaxRows <= kMaxQBlockRows, "direct tasks must fit the scratch rows");
 static_assert(kDirectTileRows == 4, "for_each_row_tile dispatches tiles of 1 to 4 rows");
 
-// Vector `index / lanes` of a row of kDtype values, as f32.
+// Bytes per element of a K/V row of kDtype.
+template <DType kDtype>
+constexpr int64_t kRowElementBytes = kDtype == DType::kF32 ? 4 : is_kv8(kDtype) ? 1 : 2;
+
+// Vector `index / lanes` of a row of kDtype values, as f32 (an 8-bit cache: the stored values,
+// whose scales the loop applies to the scores and probabilities instead).
 template <DType kDtype>
 inline Vec load_converted(const void* row, int64_t index) {
   if constexpr (kDtype == DType::kF32) {
     return Vec::load(static_cast<const float*>(row) + index);
+  } else if constexpr (kDtype == DType::kI8) {
+    return Vec::load_i8(static_cast<const uint8_t*>(row) + index);
+  } else if constexpr (kDtype == DType::kFp8E5M2) {
+    return Vec::load_fp8_e5m2(static_cast<const uint8_t*>(row) + index);
+  } else if constexpr (kDtype == DType::kFp8E4M3) {
+    return Vec::load_fp8_e4m3(static_cast<const uint8_t*>(row) + index);
   } else if constexpr (kDtype == DType::kBF16) {
     return Vec::load_bf16(static_cast<const uint16_t*>(row) + index);
   } else {
@@ -74,13 +85,23 @@ struct BlockRows {
   int64_t keys = 0;  // keys of the block that exist
   int64_t k[kKeyBlock];
   int64_t v[kKeyBlock];
+  // 8-bit caches with token scales: the element offsets of the keys' K and V token scales for the
+  // task's first kv head (head h adds h times the scale's head stride).
+  int64_t k_scale[kKeyBlock];
+  int64_t v_scale[kKeyBlock];
 };
 
 inline void locate_block(const FwdArgs& args, const SeqInfo& seq, int64_t head_k, int64_t block,
                          BlockRows* rows) {
   const int64_t j0 = block * kKeyBlock;
-  const int64_t element_bytes = element_size(args.dtype);
+  const int64_t element_bytes = element_size(args.kv_dtype);
   rows->keys = std::min(kKeyBlock, seq.seqlen_k - j0);
+  if (args.k_token_scale != nullptr) {
+    key_row_offsets(args, seq, j0, rows->keys, head_k, args.k_scale_batch_stride,
+                    args.k_scale_row_stride, args.k_scale_head_stride, rows->k_scale);
+    key_row_offsets(args, seq, j0, rows->keys, head_k, args.v_scale_batch_stride,
+                    args.v_scale_row_stride, args.v_scale_head_stride, rows->v_scale);
+  }
   key_row_offsets(args, seq, j0, rows->keys, head_k, args.k_batch_stride, args.k_row_stride,
                   args.k_head_stride, rows->k);
   key_row_offsets(args, seq, j0, rows->keys, head_k, args.v_batch_stride, args.v_row_stride,
@@ -152,7 +173,7 @@ template <DType kDtype, int R, int G, bool kFarInMemoryOrder>
 __attribute__((always_inline)) inline void direct_key_group(
     const float* q, int64_t ldq, const void* const* k_rows, int64_t head_dim, Vec* partial,
     int64_t first, const PassPrefetcher* prefetch, int64_t pass_key) {
-  constexpr int64_t kElementBytes = kDtype == DType::kF32 ? 4 : 2;
+  constexpr int64_t kElementBytes = kRowElementBytes<kDtype>;
   const int64_t row_lines = (head_dim * kElementBytes + 63) / 64;
   // Called at each 64-byte line start of the rows (a vector may be half a line).
   auto prefetch_lines = [&](int64_t column) {
@@ -247,7 +268,7 @@ __attribute__((always_inline)) inline void direct_pv_tile(const float* p, const 
   for (int r = 0; r < R; ++r) {
     for (int n = 0; n < NV; ++n) acc[r][n] = Vec::load(o + r * ldo + col + n * kLanes);
   }
-  constexpr int64_t kElementBytes = kDtype == DType::kF32 ? 4 : 2;
+  constexpr int64_t kElementBytes = kRowElementBytes<kDtype>;
   for (int64_t j = 0; j < keys; ++j) {
     if (prefetch != nullptr) {
       prefetch->bytes_of<kFarInMemoryOrder>(j, col * kElementBytes,
@@ -429,6 +450,53 @@ inline void pass_rows(const BlockStream& stream, int64_t c, int64_t h, const voi
   for (int64_t j = 0; j < kDirectChunkKeys; ++j) rows[j] = stream.row(c + j, h);
 }
 
+// An 8-bit cache's scales, folded into the loop instead of applied per element: the scores of a
+// pass's keys are multiplied by their K factors (descale times token scale), and after the
+// softmax each key's probabilities by its V factor, which carries it into O += P V. Keys a row
+// does not see have probability 0 and stay 0, whatever their token scale holds.
+struct KeyScales {
+  const FwdArgs& args;
+  const SeqInfo& seq;
+  int64_t head_k;  // the task's first kv head
+
+  bool active() const { return is_kv8(args.kv_dtype); }
+
+  // The factor of key j of the block (rows located in `rows`) for kv head head_k + h.
+  float factor(const BlockRows& rows, int64_t j, int64_t h, KvStream stream) const {
+    const bool k = stream == KvStream::kK;
+    float scale = k ? args.k_descale_of(seq.batch, head_k + h)
+                    : args.v_descale_of(seq.batch, head_k + h);
+    if (args.k_token_scale != nullptr) {
+      scale *= k ? args.k_token_scale[rows.k_scale[j] + h * args.k_scale_head_stride]
+                 : args.v_token_scale[rows.v_scale[j] + h * args.v_scale_head_stride];
+    }
+    return scale;
+  }
+
+  // s[r][c .. c + keys) *= the K factors of those keys, for `rows_count` rows (stride 64).
+  void scale_scores(const BlockRows& rows, int64_t c, int64_t keys, int64_t h, int64_t rows_count,
+                    float* s) const {
+    float factors[kDirectChunkKeys];
+    for (int64_t j = 0; j < keys; ++j) factors[j] = factor(rows, c + j, h, KvStream::kK);
+    for (int64_t r = 0; r < rows_count; ++r) {
+      for (int64_t j = 0; j < keys; ++j) s[r * kKeyBlock + j] *= factors[j];
+    }
+  }
+
+  // p[r][0 .. keys) *= the V factors of the block's keys where p is not 0.
+  void scale_probabilities(const BlockRows& rows, int64_t keys, int64_t h, int64_t rows_count,
+                           float* p) const {
+    float factors[kKeyBlock];
+    for (int64_t j = 0; j < keys; ++j) factors[j] = factor(rows, j, h, KvStream::kV);
+    for (int64_t r = 0; r < rows_count; ++r) {
+      for (int64_t j = 0; j < keys; ++j) {
+        float& value = p[r * kKeyBlock + j];
+        value = value != 0.f ? value * factors[j] : 0.f;
+      }
+    }
+  }
+};
+
 // Loads the task's query rows into scratch.q for the direct loop: pre-scaled f32 in paired order
 // (split_pairs), or for kv heads that score on VDPBF16PS (dot_head[h] set here, where the CPU has
 // the instruction) raw bf16, whose softmax then applies the scale as it reads the scores.
@@ -471,7 +539,8 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
 
   const KeyRange blocks = task_blocks(mask, task);
   const int64_t heads_per_kv = task.heads / heads;
-  const int64_t element_bytes = element_size(args.dtype);
+  const KeyScales key_scales{args, seq, head_k};
+  const int64_t element_bytes = element_size(args.kv_dtype);
   const int64_t k_row_bytes = args.head_dim * element_bytes;
   const int64_t v_row_bytes = args.head_dim_v * element_bytes;
   const int64_t k_head_bytes = args.k_head_stride * element_bytes;
@@ -530,6 +599,9 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
 #endif
         direct_scores<kDtype>(scratch.q + h * rows_per_kv * layout.q_stride, layout.q_stride,
                               rows_per_kv, k_rows, present, args.head_dim, &prefetch, s);
+        if constexpr (is_kv8(kDtype)) {
+          key_scales.scale_scores(this_block, c, present, h, rows_per_kv, s);
+        }
       }
     }
 
@@ -544,6 +616,10 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
                               crosses_boundary, head_rows, j0, scratch.s + r0 * kKeyBlock,
                               scratch.m + r0, scratch.l + r0 * kRowSumSlots,
                               scratch.o + r0 * dv_pad, dv_pad);
+      if constexpr (is_kv8(kDtype)) {
+        key_scales.scale_probabilities(this_block, keys, h, rows_per_kv,
+                                       scratch.s + r0 * kKeyBlock);
+      }
     }
 
     // 3. O += P V.
@@ -588,7 +664,16 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
 
 void attend_direct(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                    const Scratch& scratch) {
-  switch (args.dtype) {
+  switch (args.kv_dtype) {  // q's dtype is read at run time (load_scaled_queries)
+    case DType::kI8:
+      attend_direct_typed<DType::kI8>(args, layout, task, scratch);
+      break;
+    case DType::kFp8E4M3:
+      attend_direct_typed<DType::kFp8E4M3>(args, layout, task, scratch);
+      break;
+    case DType::kFp8E5M2:
+      attend_direct_typed<DType::kFp8E5M2>(args, layout, task, scratch);
+      break;
     case DType::kBF16:
       attend_direct_typed<DType::kBF16>(args, layout, task, scratch);
       break;

@@ -486,6 +486,28 @@ inline void convert_row(const void* src, DType dtype, int64_t n, float* dst) {
   for (; i < n; ++i) dst[i] = load_element(src, dtype, i);
 }
 
+// A row of an 8-bit cache (kv_dtype), as f32: n stored values at element `offset` of `tensor`,
+// each times `scale` (its descale times its token scale); other dtypes as convert_row (scale 1).
+inline void convert_kv_row(const void* tensor, DType kv_dtype, int64_t offset, int64_t n,
+                           float scale, float* dst) {
+  const void* src = element_address(tensor, kv_dtype, offset);
+  if (!is_kv8(kv_dtype)) {
+    convert_row(src, kv_dtype, n, dst);
+    return;
+  }
+  const uint8_t* from = static_cast<const uint8_t*>(src);
+  const Vec factor = Vec::broadcast(scale);
+  int64_t i = 0;
+  if (kv_dtype == DType::kI8) {
+    for (; i + kLanes <= n; i += kLanes) (Vec::load_i8(from + i) * factor).store(dst + i);
+  } else if (kv_dtype == DType::kFp8E5M2) {
+    for (; i + kLanes <= n; i += kLanes) (Vec::load_fp8_e5m2(from + i) * factor).store(dst + i);
+  } else {
+    for (; i + kLanes <= n; i += kLanes) (Vec::load_fp8_e4m3(from + i) * factor).store(dst + i);
+  }
+  for (; i < n; ++i) dst[i] = load_element(src, kv_dtype, i) * scale;
+}
+
 // Keys ahead of the row being converted whose rows are prefetched into L1 (kPrefetchKeys) and,
 // earlier, into L2 (kPrefetchKeysL2): the hardware prefetchers stop at every 4 KiB page, and with
 // all heads of a key row contiguous a page holds only one or two rows, so without this the core
@@ -504,12 +526,12 @@ inline void prefetch_rows_ahead(const FwdArgs& args, const SeqInfo& seq, const v
   if (key + kPrefetchKeys < seq.seqlen_k) {
     const int64_t ahead =
         key_row_offset(args, seq, key + kPrefetchKeys, head, batch_stride, row_stride, head_stride);
-    prefetch_bytes(element_address(tensor, args.dtype, ahead), bytes);
+    prefetch_bytes(element_address(tensor, args.kv_dtype, ahead), bytes);
   }
   if (key + kPrefetchKeysL2 < seq.seqlen_k) {
     const int64_t ahead = key_row_offset(args, seq, key + kPrefetchKeysL2, head, batch_stride,
                                          row_stride, head_stride);
-    prefetch_bytes_l2(element_address(tensor, args.dtype, ahead), bytes);
+    prefetch_bytes_l2(element_address(tensor, args.kv_dtype, ahead), bytes);
   }
 }
 
@@ -540,11 +562,12 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
         float* staged = staging + (h * kLanes + jj) * stage_stride;
         prefetch_rows_ahead(args, seq, args.k, args.k_batch_stride, args.k_row_stride,
                             args.k_head_stride, j0 + j, head_k + h,
-                            head_dim * element_size(args.dtype));
+                            head_dim * element_size(args.kv_dtype));
         if (j < keys) {
           const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.k_batch_stride,
                                                 args.k_row_stride, args.k_head_stride);
-          convert_row(element_address(args.k, args.dtype, offset), args.dtype, head_dim, staged);
+          convert_kv_row(args.k, args.kv_dtype, offset, head_dim,
+                         key_scale(args, seq, j0 + j, head_k + h, KvStream::kK), staged);
           for (int64_t d = head_dim; d < d_pad; ++d) staged[d] = 0.f;
         } else {
           for (int64_t d = 0; d < d_pad; d += kLanes) Vec::zero().store(staged + d);
@@ -579,10 +602,11 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
       }
       prefetch_rows_ahead(args, seq, args.v, args.v_batch_stride, args.v_row_stride,
                           args.v_head_stride, j0 + j, head_k + h,
-                          head_dim_v * element_size(args.dtype));
+                          head_dim_v * element_size(args.kv_dtype));
       const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.v_batch_stride,
                                             args.v_row_stride, args.v_head_stride);
-      convert_row(element_address(args.v, args.dtype, offset), args.dtype, head_dim_v, v_row);
+      convert_kv_row(args.v, args.kv_dtype, offset, head_dim_v,
+                     key_scale(args, seq, j0 + j, head_k + h, KvStream::kV), v_row);
       for (int64_t c = head_dim_v; c < dv_pad; ++c) v_row[c] = 0.f;
       for (int64_t c = 0; c < dv_pad; c += kLanes) {
         finite_check[h] = finite_check[h] + Vec::load(v_row + c) * Vec::zero();

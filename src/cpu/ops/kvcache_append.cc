@@ -8,14 +8,30 @@
 namespace anyattn::cpu {
 namespace {
 
-// Copies one row of `count` values of `dtype` from src to dst, rotating the first rotary_dim
-// values (pairs (2t, 2t+1) if interleaved, else (t, t + rotary_dim / 2)) when cos is non-null.
-void copy_row(const void* src, void* dst, DType dtype, int64_t count, const float* cos,
-              const float* sin, int64_t rotary_dim, bool interleaved) {
+// Where one appended row goes: its cache row, and for an 8-bit cache its descale and token scale
+// (null: none).
+struct RowTarget {
+  void* row;
+  float descale;
+  float* token_scale;
+};
+
+// Writes one row of `count` values of `dtype` from src into the cache row of `target` (of
+// kv_dtype), rotating the first rotary_dim values (pairs (2t, 2t+1) if interleaved, else
+// (t, t + rotary_dim / 2)) when cos is non-null. An 8-bit cache stores the rotated row through
+// the one quantization routine (common/kv8_convert.h), which also writes its token scale.
+void write_row(const void* src, DType dtype, const RowTarget& target, DType kv_dtype,
+               int64_t count, const float* cos, const float* sin, int64_t rotary_dim,
+               bool interleaved) {
   float row[256];
   for (int64_t c = 0; c < count; ++c) row[c] = load_element(src, dtype, c);
   if (cos != nullptr) apply_rotary(cos, sin, rotary_dim, interleaved, row);
-  for (int64_t c = 0; c < count; ++c) store_element(dst, dtype, c, row[c]);
+  if (is_kv8(kv_dtype)) {
+    convert::quantize_kv8_row(static_cast<convert::Kv8>(kv_dtype), row, count, target.descale,
+                              target.token_scale, static_cast<uint8_t*>(target.row));
+    return;
+  }
+  for (int64_t c = 0; c < count; ++c) store_element(target.row, kv_dtype, c, row[c]);
 }
 
 }  // namespace
@@ -42,18 +58,33 @@ void append_to_cache(const FwdArgs& args, const CacheAppend& append,
                               head * append.k_new_head_stride;
         const int64_t k_dst = key_row_offset(args, seq, key, head, args.k_batch_stride,
                                              args.k_row_stride, args.k_head_stride);
-        copy_row(element_address(append.k_new, args.dtype, k_src),
-                 element_address(const_cast<void*>(args.k), args.dtype, k_dst), args.dtype,
-                 args.head_dim, cos, sin, args.rotary_dim, args.rotary_interleaved);
+        float* scale = args.k_token_scale == nullptr
+                           ? nullptr
+                           : args.k_token_scale + key_row_offset(args, seq, key, head,
+                                                                 args.k_scale_batch_stride,
+                                                                 args.k_scale_row_stride,
+                                                                 args.k_scale_head_stride);
+        const RowTarget target{element_address(const_cast<void*>(args.k), args.kv_dtype, k_dst),
+                               args.k_descale_of(b, head), scale};
+        write_row(element_address(append.k_new, args.dtype, k_src), args.dtype, target,
+                  args.kv_dtype, args.head_dim, cos, sin, args.rotary_dim,
+                  args.rotary_interleaved);
       }
       if (args.head_dim_v > 0) {
         const int64_t v_src = b * append.v_new_batch_stride + t * append.v_new_row_stride +
                               head * append.v_new_head_stride;
         const int64_t v_dst = key_row_offset(args, seq, key, head, args.v_batch_stride,
                                              args.v_row_stride, args.v_head_stride);
-        copy_row(element_address(append.v_new, args.dtype, v_src),
-                 element_address(const_cast<void*>(args.v), args.dtype, v_dst), args.dtype,
-                 args.head_dim_v, nullptr, nullptr, 0, false);
+        float* scale = args.v_token_scale == nullptr
+                           ? nullptr
+                           : args.v_token_scale + key_row_offset(args, seq, key, head,
+                                                                 args.v_scale_batch_stride,
+                                                                 args.v_scale_row_stride,
+                                                                 args.v_scale_head_stride);
+        const RowTarget target{element_address(const_cast<void*>(args.v), args.kv_dtype, v_dst),
+                               args.v_descale_of(b, head), scale};
+        write_row(element_address(append.v_new, args.dtype, v_src), args.dtype, target,
+                  args.kv_dtype, args.head_dim_v, nullptr, nullptr, 0, false);
       }
     }
   });

@@ -9,6 +9,7 @@
 
 #include "common/fwd_args.h"
 #include "common/half_convert.h"
+#include "common/kv8_convert.h"
 
 namespace anyattn::cpu {
 
@@ -19,13 +20,18 @@ using convert::f16_to_f32;
 using convert::f32_to_bf16;
 using convert::f32_to_f16;
 
-// Element i of a row of `dtype` values, as f32.
+// Element i of a row of `dtype` values, as f32 (an 8-bit cache element: its stored value).
 inline float load_element(const void* row, DType dtype, int64_t i) {
   switch (dtype) {
     case DType::kF16:
       return f16_to_f32(static_cast<const uint16_t*>(row)[i]);
     case DType::kBF16:
       return bf16_to_f32(static_cast<const uint16_t*>(row)[i]);
+    case DType::kFp8E4M3:
+    case DType::kFp8E5M2:
+    case DType::kI8:  // the stored value, before its scales
+      return convert::kv8_to_f32(static_cast<convert::Kv8>(dtype),
+                                 static_cast<const uint8_t*>(row)[i]);
     case DType::kF32:
     default:
       return static_cast<const float*>(row)[i];
@@ -48,7 +54,9 @@ inline void store_element(void* row, DType dtype, int64_t i, float value) {
   }
 }
 
-inline int64_t element_size(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+inline int64_t element_size(DType dtype) {
+  return dtype == DType::kF32 ? 4 : is_kv8(dtype) ? 1 : 2;
+}
 
 // Address of element `offset` (in elements) of a tensor of `dtype` starting at `base`.
 inline const void* element_address(const void* base, DType dtype, int64_t offset) {

@@ -38,6 +38,23 @@ struct Vec {
       odd->v[i] = bf16_to_f32(p[2 * i + 1]);
     }
   }
+  // kLanes stored 8-bit cache values as f32 (exact; scales are the caller's), through the shared
+  // scalar conversions (common/kv8_convert.h).
+  static Vec load_i8(const uint8_t* p) {
+    Vec r;
+    for (int i = 0; i < kLanes; ++i) r.v[i] = convert::i8_to_f32(p[i]);
+    return r;
+  }
+  static Vec load_fp8_e5m2(const uint8_t* p) {
+    Vec r;
+    for (int i = 0; i < kLanes; ++i) r.v[i] = convert::fp8_e5m2_to_f32(p[i]);
+    return r;
+  }
+  static Vec load_fp8_e4m3(const uint8_t* p) {
+    Vec r;
+    for (int i = 0; i < kLanes; ++i) r.v[i] = convert::fp8_e4m3_to_f32(p[i]);
+    return r;
+  }
   void store(float* p) const {
     for (int i = 0; i < kLanes; ++i) p[i] = v[i];
   }

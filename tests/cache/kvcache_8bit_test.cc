@@ -1,0 +1,638 @@
+// 8-bit KV caches (fp8 e4m3, fp8 e5m2, int8) in anyattn_fwd_kvcache and
+// anyattn_fwd_kvcache_varlen, against the f64 reference fed the same dequantized values
+// (reference_cache.h) by the 2x rule (tests/README.md): every cache dtype with every q dtype and
+// scale granularity (none, per tensor, per kv head, per sequence and kv head, per token, per token
+// with a descale), contiguous and paged caches of several page sizes, cache_batch_idx, leftpad,
+// the in-place append with and without rotary, decode (Sq = 1) and chunked-prefill shapes, on
+// every ISA path the host runs with 1 and 2 threads. Every append also checks the cache bytes and
+// token scales it wrote against the reference's quantization, and that nothing else changed.
+// Then the hostile scales (0, subnormal, negative, inf, NaN, wrong shapes and dtypes) and the
+// errors, each checking that the cache and out were left untouched.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "anyattn/anyattn.h"
+#include "cache/cache_test_support.h"
+#include "common/kv8_convert.h"
+#include "common/test_support.h"
+#include "reference/reference_cache.h"
+
+namespace anyattn {
+namespace testing {
+namespace {
+
+enum class Scales { kNone, kTensor, kHead, kSeqHead, kToken, kTokenDescale };
+
+const char* scales_name(Scales s) {
+  switch (s) {
+    case Scales::kNone: return "none";
+    case Scales::kTensor: return "tensor";
+    case Scales::kHead: return "head";
+    case Scales::kSeqHead: return "seq_head";
+    case Scales::kToken: return "token";
+    case Scales::kTokenDescale: return "token+descale";
+  }
+  return "?";
+}
+
+const char* kv_name(int32_t dtype) {
+  return dtype == ANYATTN_DTYPE_FP8_E4M3 ? "e4m3" : dtype == ANYATTN_DTYPE_FP8_E5M2 ? "e5m2" : "i8";
+}
+
+struct Q8Case {
+  int32_t kv_dtype = ANYATTN_DTYPE_FP8_E4M3;
+  anyattn_dtype dtype = ANYATTN_DTYPE_F32;  // of q, the new keys and out
+  Scales scales = Scales::kNone;
+  int64_t B = 2, Sq = 1, Hq = 4, Hk = 2, D = 32, Dv = 32;
+  std::vector<int32_t> seqlens = {37, 70};  // stored before the append
+  int64_t capacity = 96;
+  int64_t page_size = 0;  // 0: contiguous
+  int64_t S_new = 0;
+  int64_t rotary_dim = 0;
+  bool interleaved = false;
+  bool causal = false;
+  bool batch_idx = false;
+  bool leftpad = false;
+  uint64_t seed = 1;
+
+  std::string describe() const {
+    return std::string(kv_name(kv_dtype)) + " q=" + dtype_name(dtype) + " scales=" +
+           scales_name(scales) + " B=" + std::to_string(B) + " Sq=" + std::to_string(Sq) +
+           " Hq=" + std::to_string(Hq) + " Hk=" + std::to_string(Hk) + " D=" + std::to_string(D) +
+           " Dv=" + std::to_string(Dv) + " page=" + std::to_string(page_size) +
+           " S_new=" + std::to_string(S_new) + " rotary=" + std::to_string(rotary_dim) +
+           (interleaved ? "i" : "") + " causal=" + std::to_string(causal) +
+           " batch_idx=" + std::to_string(batch_idx) + " leftpad=" + std::to_string(leftpad);
+  }
+};
+
+// The typical magnitude of a stored value's scale: int8 codes are integers up to 127, so their
+// scales are small; fp8 values carry their own exponent.
+double scale_unit(int32_t kv_dtype) { return kv_dtype == ANYATTN_DTYPE_I8 ? 1.0 / 40 : 1.0; }
+
+// A problem: caches whose stored positions hold normal(0, 1) values quantized with the case's
+// scales, NaN (fp8) or 0 (int8) bytes and NaN token scales everywhere else.
+struct Q8Problem {
+  explicit Q8Problem(const Q8Case& c) : c(c) {
+    CacheRng rng(c.seed);
+    const bool paged = c.page_size > 0;
+    const int64_t max_blocks = paged ? (c.capacity + c.page_size - 1) / c.page_size : 0;
+    rows0 = paged ? c.B * max_blocks + 2 : (c.batch_idx ? c.B + 1 : c.B);
+    rows1 = paged ? c.page_size : c.capacity;
+    q = OwnedTensor(c.dtype, {c.B, c.Sq, c.Hq, c.D});
+    q.fill_normal(&rng);
+    k_cache = OwnedTensor(c.kv_dtype, {rows0, rows1, c.Hk, c.D});
+    v_cache = OwnedTensor(c.kv_dtype, {rows0, rows1, c.Hk, c.Dv});
+    out = OwnedTensor(c.dtype, {c.B, c.Sq, c.Hq, c.Dv});
+    out.fill(-768.0);
+    lse = OwnedTensor(ANYATTN_DTYPE_F32, {c.B, c.Hq, c.Sq});
+    lse.fill(-768.0);
+    anyattn_kvcache_params_init(&cache);
+    anyattn_fwd_params_init(&params);
+    params.causal = c.causal ? 1 : 0;
+
+    if (paged) {
+      // A permutation of the pages: a stride coprime with their count.
+      int64_t stride = 7;
+      while (std::gcd(stride, rows0) != 1) stride += 2;
+      std::vector<int32_t> pages(static_cast<size_t>(rows0));
+      for (int64_t i = 0; i < rows0; ++i) pages[i] = static_cast<int32_t>((i * stride + 3) % rows0);
+      block_table = OwnedTensor(ANYATTN_DTYPE_I32, {c.B, max_blocks});
+      for (int64_t i = 0; i < c.B * max_blocks; ++i) block_table.set(i, pages[i]);
+      cache.block_table = &block_table.t;
+    } else if (c.batch_idx) {
+      std::vector<int32_t> index(static_cast<size_t>(c.B));
+      for (int64_t b = 0; b < c.B; ++b) index[b] = static_cast<int32_t>(c.B - b);  // skips row 0
+      batch_idx = int_tensor(index);
+      cache.cache_batch_idx = &batch_idx.t;
+    }
+    seqlens = int_tensor(c.seqlens);
+    cache.cache_seqlens = &seqlens.t;
+    if (c.leftpad) {
+      std::vector<int32_t> pad(static_cast<size_t>(c.B));
+      for (int64_t b = 0; b < c.B; ++b) pad[b] = std::min<int32_t>(c.seqlens[b], 3 + 2 * b);
+      leftpad = int_tensor(pad);
+      cache.cache_leftpad = &leftpad.t;
+    }
+
+    const double unit = scale_unit(c.kv_dtype);
+    const bool token = c.scales == Scales::kToken || c.scales == Scales::kTokenDescale;
+    const double descale_unit = token ? 1.0 : unit;  // token scales carry the unit otherwise
+    switch (c.scales) {
+      case Scales::kTensor:
+      case Scales::kTokenDescale:
+        k_descale = OwnedTensor(ANYATTN_DTYPE_F32, {1});
+        v_descale = OwnedTensor(ANYATTN_DTYPE_F32, {1});
+        k_descale.set(0, 0.9 * descale_unit);
+        v_descale.set(0, 0.8 * descale_unit);
+        break;
+      case Scales::kHead:
+        k_descale = OwnedTensor(ANYATTN_DTYPE_F32, {c.Hk});
+        v_descale = OwnedTensor(ANYATTN_DTYPE_F32, {c.Hk});
+        for (int64_t h = 0; h < c.Hk; ++h) {
+          k_descale.set(h, (0.7 + 0.2 * h) * descale_unit);
+          v_descale.set(h, (1.1 - 0.2 * h) * descale_unit);
+        }
+        break;
+      case Scales::kSeqHead:
+        k_descale = OwnedTensor(ANYATTN_DTYPE_F32, {c.B, c.Hk});
+        v_descale = OwnedTensor(ANYATTN_DTYPE_F32, {c.B, c.Hk});
+        for (int64_t i = 0; i < c.B * c.Hk; ++i) {
+          k_descale.set(i, (0.6 + 0.15 * i) * descale_unit);
+          v_descale.set(i, (1.2 - 0.1 * i) * descale_unit);
+        }
+        break;
+      default:
+        break;
+    }
+    if (k_descale.t.ndim > 0) {
+      cache.k_descale = &k_descale.t;
+      cache.v_descale = &v_descale.t;
+    }
+    if (token) {
+      k_scale = OwnedTensor(ANYATTN_DTYPE_F32, {rows0, rows1, c.Hk});
+      v_scale = OwnedTensor(ANYATTN_DTYPE_F32, {rows0, rows1, c.Hk});
+      cache.k_token_scale = &k_scale.t;
+      cache.v_token_scale = &v_scale.t;
+    }
+
+    // The stored positions: dequantized targets normal(0, 1), stored = Q(x / (descale * token)).
+    for (int64_t b = 0; b < c.B; ++b) {
+      for (int64_t position = 0; position < c.seqlens[b]; ++position) {
+        int64_t n = 0, r = 0;
+        reference::cache_location(k_cache.t, cache, b, position, &n, &r);
+        for (int64_t h = 0; h < c.Hk; ++h) {
+          const int64_t slot = (n * rows1 + r) * c.Hk + h;
+          double k_factor = reference::cache_descale(cache.k_descale, b, h);
+          double v_factor = reference::cache_descale(cache.v_descale, b, h);
+          if (token) {
+            const float k_token = static_cast<float>(unit * (0.5 + rng.uniform()));
+            const float v_token = static_cast<float>(unit * (0.5 + rng.uniform()));
+            k_scale.set(slot, k_token);
+            v_scale.set(slot, v_token);
+            k_factor *= k_token;
+            v_factor *= v_token;
+          }
+          for (int64_t d = 0; d < c.D; ++d) k_cache.set(slot * c.D + d, rng.normal() / k_factor);
+          for (int64_t d = 0; d < c.Dv; ++d) v_cache.set(slot * c.Dv + d, rng.normal() / v_factor);
+        }
+      }
+    }
+
+    if (c.S_new > 0) {
+      k_new = OwnedTensor(c.dtype, {c.B, c.S_new, c.Hk, c.D});
+      v_new = OwnedTensor(c.dtype, {c.B, c.S_new, c.Hk, c.Dv});
+      k_new.fill_normal(&rng);
+      v_new.fill_normal(&rng);
+      cache.k_new = &k_new.t;
+      cache.v_new = &v_new.t;
+    }
+    if (c.rotary_dim > 0) {
+      const int64_t positions = c.capacity + 8;
+      rotary_cos = OwnedTensor(ANYATTN_DTYPE_F32, {positions, c.rotary_dim / 2});
+      rotary_sin = OwnedTensor(ANYATTN_DTYPE_F32, {positions, c.rotary_dim / 2});
+      for (int64_t p = 0; p < positions; ++p) {
+        for (int64_t t = 0; t < c.rotary_dim / 2; ++t) {
+          const double angle = p * std::pow(10000.0, -2.0 * t / c.rotary_dim);
+          rotary_cos.set(p * (c.rotary_dim / 2) + t, std::cos(angle));
+          rotary_sin.set(p * (c.rotary_dim / 2) + t, std::sin(angle));
+        }
+      }
+      cache.rotary_cos = &rotary_cos.t;
+      cache.rotary_sin = &rotary_sin.t;
+      cache.rotary_interleaved = c.interleaved ? 1 : 0;
+    }
+    pristine = {k_cache.bytes, v_cache.bytes, k_scale.bytes, v_scale.bytes};
+    out_before = out.bytes;
+  }
+  Q8Problem(const Q8Problem&) = delete;
+
+  // Restores the caches and outputs as built.
+  void restore() {
+    k_cache.bytes = pristine[0];
+    v_cache.bytes = pristine[1];
+    k_scale.bytes = pristine[2];
+    v_scale.bytes = pristine[3];
+    out.bytes = out_before;
+  }
+  bool cache_untouched() const {
+    return k_cache.bytes == pristine[0] && v_cache.bytes == pristine[1] &&
+           k_scale.bytes == pristine[2] && v_scale.bytes == pristine[3];
+  }
+  bool untouched() const { return cache_untouched() && out.bytes == out_before; }
+
+  anyattn_status run() {
+    return anyattn_fwd_kvcache(&q.t, &k_cache.t, &v_cache.t, &out.t, &lse.t, &cache, &params);
+  }
+
+  Q8Case c;
+  int64_t rows0 = 0, rows1 = 0;
+  OwnedTensor q, k_cache, v_cache, out, lse, block_table, batch_idx, seqlens, leftpad;
+  OwnedTensor k_descale, v_descale, k_scale, v_scale, k_new, v_new, rotary_cos, rotary_sin;
+  anyattn_kvcache_params cache{};
+  anyattn_fwd_params params{};
+  std::vector<std::vector<unsigned char>> pristine;
+  std::vector<unsigned char> out_before;
+};
+
+// Equal element by element, NaN matching NaN.
+::testing::AssertionResult same_values(const char* what, const std::vector<double>& got,
+                                       const std::vector<double>& expected) {
+  if (got.size() != expected.size()) return ::testing::AssertionFailure() << what << ": sizes";
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool both_nan = std::isnan(got[i]) && std::isnan(expected[i]);
+    if (!both_nan && got[i] != expected[i]) {
+      return ::testing::AssertionFailure()
+             << what << "[" << i << "] is " << got[i] << ", expected " << expected[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Runs the case on path `isa` with `threads` threads against the reference: out and lse by the
+// 2x rule, the caches and token scales after the append exactly.
+::testing::AssertionResult run_and_check(Q8Problem* p, anyattn_isa isa, int threads) {
+  const Q8Case& c = p->c;
+  p->restore();
+  p->params.isa = isa;
+  const reference::KvcacheOutputs ref =
+      reference::fwd_kvcache(p->q.t, p->k_cache.t, p->v_cache.t, p->cache, &p->params);
+  const reference::KvcacheInputs naive_in =
+      reference::gather_kvcache(p->q.t, p->k_cache.t, p->v_cache.t, p->cache, &p->params,
+                                reference::Rounding::kLikeInputDtype);
+  anyattn_set_num_threads(threads);
+  const anyattn_status status = p->run();
+  anyattn_set_num_threads(0);
+  const std::string where = "\n  " + c.describe() + " isa=" + anyattn_isa_name(isa) +
+                            " threads=" + std::to_string(threads);
+  if (status != ANYATTN_OK) {
+    return ::testing::AssertionFailure() << anyattn_status_name(status) << ": "
+                                         << anyattn_last_error() << where;
+  }
+  const reference::HeadShape shape{c.Hq, c.Hk, c.D, c.Dv};
+  const reference::ScoreOptions options = reference::resolve_options(&p->params, c.D);
+  std::vector<double> naive_out(ref.out.size()), naive_lse(ref.lse.size());
+  for (int64_t b = 0; b < c.B; ++b) {
+    naive_gathered(naive_in.sequences[b], shape, options, c.dtype,
+                   1.0f / std::sqrt(static_cast<float>(c.D)), 0.f,
+                   naive_out.data() + b * c.Sq * c.Hq * c.Dv, naive_lse.data() + b * c.Hq * c.Sq,
+                   c.Sq);
+  }
+  const std::vector<double> got_lse = p->lse.values();
+  ::testing::AssertionResult r =
+      check_two_x(c.dtype, p->out.values(), ref.out, naive_out, {c.B, c.Sq, c.Hq, c.Dv},
+                  &got_lse, ref.lse, naive_lse, {c.B, c.Hq, c.Sq});
+  if (r) r = same_values("k_cache", p->k_cache.values(), ref.k_cache);
+  if (r) r = same_values("v_cache", p->v_cache.values(), ref.v_cache);
+  if (r && p->cache.k_token_scale != nullptr) {
+    r = same_values("k_token_scale", p->k_scale.values(), ref.k_token_scale);
+    if (r) r = same_values("v_token_scale", p->v_scale.values(), ref.v_token_scale);
+  }
+  if (!r) r << where;
+  return r;
+}
+
+// The case variations cycled through by case number n: layout, page size, Sq, append, rotary,
+// batch index and left padding.
+void vary(int64_t n, Q8Case* c) {
+  const int64_t pages[] = {0, 16, 5, 0, 32, 1};
+  c->page_size = pages[n % 6];
+  c->batch_idx = c->page_size == 0 && n % 4 == 3;
+  const int64_t sq[] = {1, 1, 3, 20};
+  c->Sq = sq[n % 4];
+  c->causal = c->Sq > 1 && n % 3 != 0;
+  c->S_new = n % 3 == 1 ? 2 : n % 5 == 2 ? 1 : 0;
+  if (c->S_new > 0 && n % 2 == 0) {
+    c->rotary_dim = n % 4 == 0 ? 16 : 32;
+    c->interleaved = n % 8 == 0;
+  }
+  c->leftpad = n % 5 == 4;
+  if (n % 7 == 6) {  // head dims that leave vector tails
+    c->D = 40;
+    c->Dv = 24;
+  }
+  if (n % 6 == 5) c->Hq = 2;  // one query head per kv head
+  c->seed = static_cast<uint64_t>(n) + 1;
+}
+
+TEST(Kvcache8bit, EveryDtypeScaleAndPathAgainstReference) {
+  const anyattn_dtype q_dtypes[] = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16};
+  const int32_t kv_dtypes[] = {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2, ANYATTN_DTYPE_I8};
+  const Scales all_scales[] = {Scales::kNone,    Scales::kTensor, Scales::kHead,
+                               Scales::kSeqHead, Scales::kToken,  Scales::kTokenDescale};
+  int64_t n = 0;
+  for (int32_t kv : kv_dtypes) {
+    for (anyattn_dtype dtype : q_dtypes) {
+      for (Scales scales : all_scales) {
+        Q8Case c;
+        c.kv_dtype = kv;
+        c.dtype = dtype;
+        c.scales = scales;
+        vary(n++, &c);
+        Q8Problem p(c);
+        for (anyattn_isa isa : supported_isas()) {
+          for (int threads : {1, 2}) EXPECT_TRUE(run_and_check(&p, isa, threads));
+        }
+      }
+    }
+  }
+}
+
+// Long enough for several key blocks and key splits on the direct decode loop, with GQA groups
+// of 1 to 8 and a prefill chunk against the same cache.
+TEST(Kvcache8bit, LongCachesDecodeAndChunkedPrefill) {
+  int64_t n = 0;
+  for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2, ANYATTN_DTYPE_I8}) {
+    for (int64_t sq : {1, 2, 40}) {
+      Q8Case c;
+      c.kv_dtype = kv;
+      c.dtype = n % 2 == 0 ? ANYATTN_DTYPE_BF16 : ANYATTN_DTYPE_F16;
+      c.scales = n % 3 == 0 ? Scales::kTokenDescale : n % 3 == 1 ? Scales::kSeqHead : Scales::kToken;
+      c.Sq = sq;
+      c.causal = sq > 1;
+      c.Hq = sq == 1 && n % 2 == 1 ? 16 : 8;  // GQA groups of 8 and 4
+      c.Hk = 2;
+      c.D = c.Dv = 64;
+      c.capacity = 320;
+      c.seqlens = {300, 190};
+      c.page_size = n % 2 == 0 ? 0 : 64;
+      c.seed = 100 + n++;
+      Q8Problem p(c);
+      for (anyattn_isa isa : supported_isas()) {
+        for (int threads : {1, 2}) EXPECT_TRUE(run_and_check(&p, isa, threads));
+      }
+    }
+  }
+}
+
+// Every stored code (NaN patterns excepted) in the rows, so that each path's vector conversion of
+// every byte value is compared with the reference's scalar one.
+TEST(Kvcache8bit, EveryStoredCodeConvertsOnEveryPath) {
+  for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2, ANYATTN_DTYPE_I8}) {
+    for (int64_t sq : {1, 20}) {
+      Q8Case c;
+      c.kv_dtype = kv;
+      c.Sq = sq;
+      c.B = 1;
+      c.Hq = c.Hk = 1;
+      c.D = c.Dv = 256;
+      c.seqlens = {3};
+      c.capacity = 4;
+      Q8Problem p(c);
+      // Scale the codes so that every value, e5m2's 57344 included, is a moderate score.
+      const double largest = convert::kv8_max(static_cast<convert::Kv8>(kv));
+      const float descale = static_cast<float>(1.0 / largest);
+      p.k_descale = OwnedTensor(ANYATTN_DTYPE_F32, {1});
+      p.v_descale = OwnedTensor(ANYATTN_DTYPE_F32, {1});
+      p.k_descale.set(0, descale);
+      p.v_descale.set(0, descale);
+      p.cache.k_descale = &p.k_descale.t;
+      p.cache.v_descale = &p.v_descale.t;
+      for (int64_t position = 0; position < 3; ++position) {
+        for (int64_t d = 0; d < 256; ++d) {
+          uint8_t code = static_cast<uint8_t>((d * 37 + position * 101) % 256);
+          const bool nan = kv == ANYATTN_DTYPE_FP8_E4M3   ? (code & 0x7F) == 0x7F
+                           : kv == ANYATTN_DTYPE_FP8_E5M2 ? (code & 0x7F) >= 0x7C
+                                                          : false;
+          if (nan) code = 0x01;
+          p.k_cache.bytes[position * 256 + d] = code;
+          p.v_cache.bytes[position * 256 + d] = static_cast<uint8_t>(code ^ 0x80);
+        }
+      }
+      p.pristine = {p.k_cache.bytes, p.v_cache.bytes, p.k_scale.bytes, p.v_scale.bytes};
+      for (anyattn_isa isa : supported_isas()) {
+        for (int threads : {1, 2}) EXPECT_TRUE(run_and_check(&p, isa, threads));
+      }
+    }
+  }
+}
+
+// ---- anyattn_fwd_kvcache_varlen -----------------------------------------------------------------
+
+TEST(Kvcache8bit, VarlenMixesDecodeAndPrefill) {
+  for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_I8, ANYATTN_DTYPE_FP8_E5M2}) {
+    for (int64_t page_size : {int64_t{0}, int64_t{16}}) {
+      Q8Case c;
+      c.kv_dtype = kv;
+      c.dtype = ANYATTN_DTYPE_BF16;
+      c.scales = page_size == 0 ? Scales::kTokenDescale : Scales::kSeqHead;
+      c.B = 3;
+      c.seqlens = {40, 30, 70};
+      c.page_size = page_size;
+      c.leftpad = page_size == 0;
+      c.Sq = 1;
+      Q8Problem p(c);
+      // Packed queries: sequence 0 decodes one row, 1 a prefill chunk of 9, 2 three rows.
+      const std::vector<int32_t> lens = {1, 9, 3};
+      const std::vector<int32_t> cu = {0, 1, 10, 13};
+      const int64_t total = cu.back();
+      CacheRng rng(77);
+      OwnedTensor q(c.dtype, {total, c.Hq, c.D}), out(c.dtype, {total, c.Hq, c.Dv});
+      OwnedTensor lse(ANYATTN_DTYPE_F32, {c.Hq, total});
+      q.fill_normal(&rng);
+      const OwnedTensor cu_q = int_tensor(cu);
+      anyattn_fwd_params params;
+      anyattn_fwd_params_init(&params);
+      params.causal = 1;
+      // The reference: each sequence's queries against its dequantized keys.
+      const reference::HeadShape shape{c.Hq, c.Hk, c.D, c.Dv};
+      const reference::ScoreOptions options = reference::resolve_options(&params, c.D);
+      std::vector<double> ref_out(static_cast<size_t>(total * c.Hq * c.Dv));
+      std::vector<double> ref_lse(static_cast<size_t>(c.Hq * total));
+      std::vector<double> naive_out(ref_out.size()), naive_lse(ref_lse.size());
+      const std::vector<double> qv = q.values(), kv_values = p.k_cache.values();
+      const std::vector<double> vv = p.v_cache.values();
+      const std::vector<double> ks = p.k_scale.t.ndim > 0 ? p.k_scale.values() : std::vector<double>{};
+      const std::vector<double> vs = p.v_scale.t.ndim > 0 ? p.v_scale.values() : std::vector<double>{};
+      for (int64_t b = 0; b < c.B; ++b) {
+        reference::GatheredSequence seq;
+        const int64_t first = c.leftpad ? std::min<int32_t>(c.seqlens[b], 3 + 2 * b) : 0;
+        seq.seqlen_q = lens[b];
+        seq.seqlen_k = c.seqlens[b] - first;
+        seq.q.assign(qv.begin() + cu[b] * c.Hq * c.D, qv.begin() + cu[b + 1] * c.Hq * c.D);
+        for (int64_t position = first; position < c.seqlens[b]; ++position) {
+          int64_t n = 0, r = 0;
+          reference::cache_location(p.k_cache.t, p.cache, b, position, &n, &r);
+          for (int64_t h = 0; h < c.Hk; ++h) {
+            const int64_t slot = (n * p.rows1 + r) * c.Hk + h;
+            double kf = reference::cache_descale(p.cache.k_descale, b, h);
+            double vf = reference::cache_descale(p.cache.v_descale, b, h);
+            if (!ks.empty()) {
+              kf *= ks[slot];
+              vf *= vs[slot];
+            }
+            for (int64_t d = 0; d < c.D; ++d) seq.k.push_back(kv_values[slot * c.D + d] * kf);
+            for (int64_t d = 0; d < c.Dv; ++d) seq.v.push_back(vv[slot * c.Dv + d] * vf);
+          }
+        }
+        reference::attend_gathered(seq, shape, options, ref_out.data() + cu[b] * c.Hq * c.Dv,
+                                   ref_lse.data() + cu[b], total);
+        reference::GatheredSequence rounded = seq;
+        for (double& x : rounded.q) x = round_to_dtype(c.dtype, x);
+        naive_gathered(rounded, shape, options, c.dtype, 1.0f / std::sqrt(static_cast<float>(c.D)),
+                       0.f, naive_out.data() + cu[b] * c.Hq * c.Dv, naive_lse.data() + cu[b],
+                       total);
+      }
+      for (anyattn_isa isa : supported_isas()) {
+        for (int threads : {1, 2}) {
+          params.isa = isa;
+          anyattn_set_num_threads(threads);
+          const anyattn_status status = anyattn_fwd_kvcache_varlen(
+              &q.t, &p.k_cache.t, &p.v_cache.t, &out.t, &lse.t, &cu_q.t, 9, &p.cache, &params);
+          anyattn_set_num_threads(0);
+          ASSERT_EQ(status, ANYATTN_OK) << anyattn_last_error();
+          const std::vector<double> got_lse = lse.values();
+          EXPECT_TRUE(check_two_x(c.dtype, out.values(), ref_out, naive_out,
+                                  {total, c.Hq, c.Dv}, &got_lse, ref_lse, naive_lse,
+                                  {c.Hq, total}))
+              << c.describe() << " isa=" << anyattn_isa_name(isa) << " threads=" << threads;
+          EXPECT_TRUE(p.cache_untouched());
+        }
+      }
+    }
+  }
+}
+
+// ---- Hostile scales and errors ------------------------------------------------------------------
+
+// A small problem whose k_descale is (Hk) = (2) for the hostile values.
+Q8Case hostile_case(int64_t S_new) {
+  Q8Case c;
+  c.scales = Scales::kHead;
+  c.S_new = S_new;
+  return c;
+}
+
+// Reading: a descale of 0 reads its kv head's values as 0, a subnormal one scales them; both are
+// legal and agree with the reference.
+TEST(Kvcache8bit, ZeroAndSubnormalDescalesReadAsScaled) {
+  for (float value : {0.f, std::numeric_limits<float>::denorm_min(), 1e-40f}) {
+    for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_I8}) {
+      Q8Case c = hostile_case(0);
+      c.kv_dtype = kv;
+      Q8Problem p(c);
+      p.k_descale.set(1, value);
+      p.v_descale.set(0, value);
+      for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2)) << value;
+    }
+  }
+}
+
+// Runs `p` expecting ANYATTN_E_INVALID_ARGUMENT with a message containing every part of `parts`,
+// and nothing written.
+void expect_rejected(Q8Problem* p, const std::vector<std::string>& parts) {
+  p->restore();
+  EXPECT_EQ(p->run(), ANYATTN_E_INVALID_ARGUMENT) << p->c.describe();
+  const std::string message = anyattn_last_error();
+  for (const std::string& part : parts) {
+    EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
+  }
+  EXPECT_TRUE(p->untouched()) << message;
+}
+
+TEST(Kvcache8bit, NonFiniteAndNegativeDescalesAreRejected) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t S_new : {0, 1}) {
+    for (float value : {nan, inf, -inf, -1.f, -0.5f}) {
+      Q8Problem p(hostile_case(S_new));
+      p.k_descale.set(1, value);
+      expect_rejected(&p, {"cache->k_descale[1]", "finite and >= 0"});
+    }
+  }
+  Q8Case c = hostile_case(0);
+  c.scales = Scales::kSeqHead;
+  Q8Problem p(c);
+  p.v_descale.set(3, nan);  // (B, Hk) = (2, 2): entry [1][1]
+  expect_rejected(&p, {"cache->v_descale[1][1]", "nan"});
+}
+
+TEST(Kvcache8bit, AppendRejectsZeroAndSubnormalDescales) {
+  for (float value : {0.f, -0.f, std::numeric_limits<float>::denorm_min(), 1e-39f}) {
+    Q8Problem p(hostile_case(2));
+    p.v_descale.set(0, value);
+    expect_rejected(&p, {"cache->v_descale[0]", "normal positive"});
+  }
+}
+
+TEST(Kvcache8bit, ScaleShapesAndDtypesAreChecked) {
+  {
+    Q8Problem p(hostile_case(0));
+    p.k_descale = OwnedTensor(ANYATTN_DTYPE_F32, {3});
+    p.cache.k_descale = &p.k_descale.t;
+    expect_rejected(&p, {"cache->k_descale.shape is (3)", "(1), (Hk) = (2) or (B, Hk) = (2, 2)"});
+  }
+  {
+    Q8Problem p(hostile_case(0));
+    p.k_descale = OwnedTensor(ANYATTN_DTYPE_F32, {2, 3});
+    p.cache.k_descale = &p.k_descale.t;
+    expect_rejected(&p, {"cache->k_descale.shape is (2, 3)"});
+  }
+  {
+    Q8Problem p(hostile_case(0));
+    p.v_descale = OwnedTensor(ANYATTN_DTYPE_F16, {2});
+    p.cache.v_descale = &p.v_descale.t;
+    expect_rejected(&p, {"cache->v_descale.dtype is f16", "supported: f32"});
+  }
+  {
+    Q8Case c = hostile_case(0);
+    c.scales = Scales::kToken;
+    Q8Problem p(c);
+    p.cache.v_token_scale = nullptr;
+    expect_rejected(&p, {"k_token_scale and cache->v_token_scale must be given together"});
+  }
+  {
+    Q8Case c = hostile_case(0);
+    c.scales = Scales::kToken;
+    Q8Problem p(c);
+    p.v_scale = OwnedTensor(ANYATTN_DTYPE_F32, {p.rows0, p.rows1, 3});
+    p.cache.v_token_scale = &p.v_scale.t;
+    expect_rejected(&p, {"cache->v_token_scale.shape is", "Hk is 2"});
+  }
+  {
+    Q8Case c = hostile_case(1);
+    c.scales = Scales::kToken;
+    Q8Problem p(c);
+    p.k_scale.t.data = p.k_cache.t.data;  // overlaps the cache it scales
+    p.k_scale.t.dtype = ANYATTN_DTYPE_F32;
+    expect_rejected(&p, {"overlaps"});
+  }
+}
+
+TEST(Kvcache8bit, DtypeRulesAreChecked) {
+  {
+    Q8Problem p(hostile_case(0));
+    p.v_cache.t.dtype = ANYATTN_DTYPE_I8;
+    expect_rejected(&p, {"v_cache.dtype is i8 but k_cache.dtype is fp8_e4m3",
+                         "k_cache and v_cache share one dtype"});
+  }
+  {
+    Q8Problem p(hostile_case(0));
+    p.q.t.dtype = ANYATTN_DTYPE_FP8_E4M3;
+    expect_rejected(&p, {"q.dtype is fp8_e4m3", "supported: f32, f16, bf16"});
+  }
+  {
+    // Scales with a float cache.
+    Q8Case c = hostile_case(0);
+    c.kv_dtype = ANYATTN_DTYPE_F32;
+    Q8Problem p(c);
+    expect_rejected(&p, {"cache->k_descale is given but k_cache.dtype is f32",
+                         "only to an 8-bit cache"});
+  }
+  {
+    Q8Case c = hostile_case(1);
+    Q8Problem p(c);
+    p.k_new.t.dtype = ANYATTN_DTYPE_I8;
+    expect_rejected(&p, {"cache->k_new.dtype is i8"});
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace anyattn
