@@ -139,8 +139,11 @@ def _bwd_varlen_cpu(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k
 
 
 def _scales(scale_args):
-    """CacheScales of the four trailing scale arguments, or None when all are None."""
-    return None if all(s is None for s in scale_args) else CacheScales(*scale_args)
+    """CacheScales of the trailing scale arguments (the dispatcher drops trailing defaults, so
+    fewer than four may arrive), or None when all are None."""
+    if all(s is None for s in scale_args):
+        return None
+    return CacheScales(*scale_args, *(None,) * (4 - len(scale_args)))
 
 
 def _kvcache_cpu(*args):

@@ -2,7 +2,7 @@
 cache of the same model.
 
 Tiny randomly initialised bfloat16 models (no downloads) generate greedily from a left-padded
-batch of two prompts with ``past_key_values=KV8Cache(dtype)`` and with transformers' default
+batch of two prompts with ``cache=KV8Cache(dtype)`` (generate's cache argument) and with transformers' default
 (bfloat16) cache. The first step's logits must be as close to the bfloat16 run as the 8-bit
 rounding of the keys and values explains: at most twice the deviation of a run whose cache holds
 the same keys/values rounded through anyattn.quantize_kv_cache and back (computed in torch), plus
@@ -59,7 +59,7 @@ class _RoundTripLayer(DynamicLayer):
 
 def _generate(model, ids, mask, cache):
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=NEW,
+        out = model.generate(ids, attention_mask=mask, cache=cache, max_new_tokens=NEW,
                              min_new_tokens=NEW, do_sample=False, pad_token_id=0,
                              output_logits=True, return_dict_in_generate=True)
     return out.sequences, out.logits[0].float()
@@ -104,7 +104,7 @@ def test_a_kv8_cache_without_anyattn_attention_fails_loudly():
     try:
         with pytest.raises((RuntimeError, TypeError)):
             with torch.no_grad():
-                model.generate(ids, past_key_values=KV8Cache(torch.int8), max_new_tokens=2,
+                model.generate(ids, cache=KV8Cache(torch.int8), max_new_tokens=2,
                                do_sample=False, pad_token_id=0)
     finally:
         model.set_attn_implementation("anyattn")

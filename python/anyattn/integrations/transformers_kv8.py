@@ -4,7 +4,7 @@
     anyattn_hf.register()
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="anyattn")
     cache = anyattn_hf.KV8Cache(torch.float8_e4m3fn)       # or torch.float8_e5m2, torch.int8
-    model.generate(ids, past_key_values=cache, max_new_tokens=...)
+    model.generate(ids, cache=cache, max_new_tokens=...)  # past_key_values= before 5.x
 
 ``KV8Cache`` is a transformers ``Cache`` whose layers (``KV8Layer``) keep keys and values in
 anyattn's cache layout (batch, capacity, kv_heads, head_dim) in the 8-bit dtype, with one float32
@@ -16,8 +16,9 @@ append; anyattn's attention function (``attn_implementation="anyattn"``) then ma
 attends over the whole cache. Any other attention implementation receives 8-bit tensors it cannot
 use and fails; a second update of a layer whose append never ran raises RuntimeError.
 
-Left-padded batches (generate's 2-D attention mask) run with ``cache_leftpad``; other masks (4-D,
-padding in the middle) raise NotImplementedError. Sliding windows, softcap and sinks are passed
+Left-padded batches (generate's 2-D attention mask) run with ``cache_leftpad`` (a padded prompt
+as an append, then a read-only call, since the padding must already be in the cache); other
+masks (4-D, padding in the middle) raise NotImplementedError. Sliding windows, softcap and sinks are passed
 to the call. CPU tensors only, like every 8-bit anyattn cache.
 """
 
@@ -156,8 +157,8 @@ class KV8Layer(CacheLayerMixin):
 
 class KV8Cache(Cache):
     """A transformers Cache of ``KV8Layer``s (one per model layer, created as the model first
-    updates them): pass it to ``generate(past_key_values=...)`` or a forward, with the model
-    loaded with ``attn_implementation="anyattn"``.
+    updates them): pass it to ``generate(cache=...)`` (``past_key_values=``, deprecated in
+    transformers 5) or a forward, with the model loaded with ``attn_implementation="anyattn"``.
 
     Arguments:
         cache_dtype: torch.float8_e4m3fn, torch.float8_e5m2 or torch.int8.
@@ -201,13 +202,25 @@ def kv8_attention(pending: PendingAppend, query: torch.Tensor, attention_mask, o
     if options.get("dropout_p", 0.0) > 0.0:
         raise NotImplementedError("dropout: an 8-bit KV8Cache is an inference path; use "
                                   "model.eval()")
-    batch = query.shape[0]
+    batch, hq, _, d = query.shape
     seqlens = torch.full((batch,), layer.length, dtype=torch.int32)
-    out = flash_attn_with_kvcache(
-        query.transpose(1, 2), layer.k8, layer.v8, pending.keys.transpose(1, 2),
-        pending.values.transpose(1, 2), cache_seqlens=seqlens,
-        cache_leftpad=_left_padding(attention_mask, batch), softmax_scale=options["softmax_scale"],
-        causal=options["causal"], window_size=options["window_size"], softcap=options["softcap"],
-        sinks=options["sinks"], k_token_scale=layer.k_scale, v_token_scale=layer.v_scale)
+    pad = _left_padding(attention_mask, batch)
+    scales = dict(k_token_scale=layer.k_scale, v_token_scale=layer.v_scale)
+    score = dict(softmax_scale=options["softmax_scale"], causal=options["causal"],
+                 window_size=options["window_size"], softcap=options["softcap"],
+                 sinks=options["sinks"])
+    k_new, v_new = pending.keys.transpose(1, 2), pending.values.transpose(1, 2)
+    q = query.transpose(1, 2)
+    if pad is not None and int(pad.max()) > layer.length:
+        # A padded prompt: cache_leftpad may not exceed the keys stored before the call, so the
+        # prompt is appended first (the attention of that call's one zero query is discarded)
+        # and then attended to with the cache only read.
+        flash_attn_with_kvcache(q.new_zeros((batch, 1, hq, d)), layer.k8, layer.v8, k_new, v_new,
+                                cache_seqlens=seqlens, **scales)
+        out = flash_attn_with_kvcache(q, layer.k8, layer.v8, cache_seqlens=seqlens + q.shape[1],
+                                      cache_leftpad=pad, **score, **scales)
+    else:
+        out = flash_attn_with_kvcache(q, layer.k8, layer.v8, k_new, v_new, cache_seqlens=seqlens,
+                                      cache_leftpad=pad, **score, **scales)
     layer.appended()
     return out
