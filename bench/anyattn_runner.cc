@@ -87,6 +87,30 @@ void AnyattnFwdCall::UsePagedCache(int64_t page_size, const int32_t* block_table
   paged_ = true;
 }
 
+void AnyattnFwdCall::UseKv8Cache(anyattn_dtype dtype, float descale, const float* k_token_scale,
+                                 const float* v_token_scale) {
+  const int64_t k_shape[4] = {k_.shape[0], k_.shape[1], k_.shape[2], k_.shape[3]};
+  const int64_t v_shape[4] = {v_.shape[0], v_.shape[1], v_.shape[2], v_.shape[3]};
+  DescribeContiguousAbi(&k_, k_.data, dtype, 4, k_shape, &setup_error_);
+  DescribeContiguousAbi(&v_, v_.data, dtype, 4, v_shape, &setup_error_);
+  if (!paged_) anyattn_kvcache_params_init(&cache_);  // the whole contiguous cache
+  if (k_token_scale != nullptr) {
+    DescribeContiguousAbi(&k_token_scale_, k_token_scale, ANYATTN_DTYPE_F32, 3, k_shape,
+                          &setup_error_);
+    DescribeContiguousAbi(&v_token_scale_, v_token_scale, ANYATTN_DTYPE_F32, 3, v_shape,
+                          &setup_error_);
+    cache_.k_token_scale = &k_token_scale_;
+    cache_.v_token_scale = &v_token_scale_;
+  } else {
+    descale_value_ = descale;
+    const int64_t one[1] = {1};
+    DescribeContiguousAbi(&descale_, &descale_value_, ANYATTN_DTYPE_F32, 1, one, &setup_error_);
+    cache_.k_descale = &descale_;
+    cache_.v_descale = &descale_;
+  }
+  kv8_ = true;
+}
+
 void AnyattnFwdCall::SetKv(const void* k, const void* v) {
   k_.data = const_cast<void*>(k);
   v_.data = const_cast<void*>(v);
@@ -97,7 +121,7 @@ bool AnyattnFwdCall::Run(std::string* error) const {
     if (error != nullptr) *error = setup_error_;
     return false;
   }
-  if (paged_) {
+  if (paged_ || kv8_) {
     return Succeeded(anyattn_fwd_kvcache(&q_, &k_, &v_, &out_, nullptr, &cache_, &params_), error);
   }
   return Succeeded(anyattn_fwd(&q_, &k_, &v_, &out_, nullptr, &params_), error);

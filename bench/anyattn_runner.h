@@ -29,6 +29,14 @@ class AnyattnFwdCall {
   // page_size; the table must outlive the object.
   void UsePagedCache(int64_t page_size, const int32_t* block_table);
 
+  // Makes the call read K and V as an 8-bit cache of `dtype` (ANYATTN_DTYPE_FP8_E4M3,
+  // ANYATTN_DTYPE_FP8_E5M2 or ANYATTN_DTYPE_I8) through anyattn_fwd_kvcache: the whole contiguous
+  // cache, or the pages of an earlier UsePagedCache. With token scales (f32, one per position and
+  // kv head of k and v: (B, Sk, Hk) or (pages, page_size, Hk)) they are read as such; else one
+  // descale of `descale` per tensor. The scales must outlive the object.
+  void UseKv8Cache(anyattn_dtype dtype, float descale, const float* k_token_scale,
+                   const float* v_token_scale);
+
   // Points k and v at other buffers of the same shape (used to rotate through KV copies).
   void SetKv(const void* k, const void* v);
 
@@ -46,6 +54,12 @@ class AnyattnFwdCall {
   anyattn_tensor block_table_{};
   anyattn_kvcache_params cache_{};
   bool paged_ = false;
+  // Set by UseKv8Cache: the scale tensors the cache arguments point at.
+  anyattn_tensor descale_{};
+  anyattn_tensor k_token_scale_{};
+  anyattn_tensor v_token_scale_{};
+  float descale_value_ = 1.f;
+  bool kv8_ = false;
   // Non-empty when describing a tensor failed; Run() then reports it instead of calling anyattn.
   std::string setup_error_;
 };

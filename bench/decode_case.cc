@@ -48,11 +48,13 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
   row.kv_copies = KvCopies(row.kv_bytes);
   row.kv_huge_pages = settings.kv_pages == Pages::kHuge;
 
-  const size_t element_bytes = DTypeBytes(shape.dtype);
-  const size_t q_elements = shape.batch * shape.heads_q * shape.head_dim;
+  const bool kv8 = shape.cache != CacheFormat::kAsQ;
+  const size_t q_bytes = DTypeBytes(shape.dtype);
+  const size_t element_bytes = kv8 ? 1 : q_bytes;  // of K and V
+  const size_t q_elements = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim;
   const size_t kv_elements = shape.batch * shape.seqlen_k * shape.heads_k * shape.head_dim;
-  AlignedBuffer q(q_elements * element_bytes);
-  AlignedBuffer out(q_elements * element_bytes);
+  AlignedBuffer q(q_elements * q_bytes);
+  AlignedBuffer out(q_elements * q_bytes);
   std::vector<AlignedBuffer> k_copies;
   std::vector<AlignedBuffer> v_copies;
   for (int c = 0; c < row.kv_copies; ++c) {
@@ -69,8 +71,17 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
   }
   FillUniform(q.data(), shape.dtype, q_elements, 11);
   FillUniform(out.data(), shape.dtype, q_elements, 12);
-  FillUniform(k_copies[0].data(), shape.dtype, kv_elements, 13);
-  FillUniform(v_copies[0].data(), shape.dtype, kv_elements, 14);
+  if (kv8) {
+    // Stored bytes spread over the formats' finite codes (no e4m3 NaN pattern S.1111.111).
+    for (size_t i = 0; i < kv_elements; ++i) {
+      const uint8_t code = static_cast<uint8_t>((i * 37 + 11) % 251);
+      static_cast<uint8_t*>(k_copies[0].data())[i] = code & 0xF7;
+      static_cast<uint8_t*>(v_copies[0].data())[i] = (code ^ 0x5A) & 0xF7;
+    }
+  } else {
+    FillUniform(k_copies[0].data(), shape.dtype, kv_elements, 13);
+    FillUniform(v_copies[0].data(), shape.dtype, kv_elements, 14);
+  }
   for (int c = 1; c < row.kv_copies; ++c) {
     std::memcpy(k_copies[c].data(), k_copies[0].data(), kv_elements * element_bytes);
     std::memcpy(v_copies[c].data(), v_copies[0].data(), kv_elements * element_bytes);
@@ -81,10 +92,19 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
   const std::vector<int32_t> block_table =
       paged ? ScatteredBlockTable(shape.batch * shape.seqlen_k / shape.page_size)
             : std::vector<int32_t>();
-  AnyattnFwdCall call(shape.batch, 1, shape.seqlen_k, shape.heads_q, shape.heads_k, shape.head_dim,
-                      shape.dtype, false, settings.isa, q.data(), k_copies[0].data(),
-                      v_copies[0].data(), out.data());
+  AnyattnFwdCall call(shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads_q, shape.heads_k,
+                      shape.head_dim, shape.dtype, shape.seqlen_q > 1, settings.isa, q.data(),
+                      k_copies[0].data(), v_copies[0].data(), out.data());
   if (paged) call.UsePagedCache(shape.page_size, block_table.data());
+  // The int8 rows' token scales, one set for every copy (1/32 of the cache bytes they scale).
+  std::vector<float> token_scales;
+  if (shape.cache == CacheFormat::kI8PerToken) {
+    token_scales.assign(2 * shape.batch * shape.seqlen_k * shape.heads_k, 1.f / 127);
+    const size_t half = token_scales.size() / 2;
+    call.UseKv8Cache(ANYATTN_DTYPE_I8, 1.f, token_scales.data(), token_scales.data() + half);
+  } else if (shape.cache == CacheFormat::kFp8E4M3) {
+    call.UseKv8Cache(ANYATTN_DTYPE_FP8_E4M3, 1.f / 256, nullptr, nullptr);
+  }
   // The calls alternate with a plain streaming read of the same bytes from the K and V copies
   // themselves (summed as floats; their values do not matter), as the forward rows alternate with
   // FMA bursts: chunks of calls, then read passes for half as long, round after round, so that

@@ -209,6 +209,7 @@ int RunBenchmark(int argc, char** argv, const Options& options) {
         PrintDecodeRow(report.decode.back());
         if (!report.decode.back().anyattn) ++failures;
       }
+      PrintKv8Ratios(report.decode);
     }
   }
   const int target_threads =

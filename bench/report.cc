@@ -128,7 +128,9 @@ void WriteDecodeRows(JsonWriter* json, const BenchReport& report) {
     json->Field("key", DecodeKey(row.shape));
     json->Field("dtype", DTypeName(row.shape.dtype));
     json->Field("batch", row.shape.batch);
-    json->Field("seqlen_q", int64_t{1});
+    json->Field("seqlen_q", row.shape.seqlen_q);
+    json->Field("cache", row.shape.cache == CacheFormat::kAsQ ? DTypeName(row.shape.dtype)
+                                                              : CacheFormatName(row.shape.cache));
     json->Field("seqlen_k", row.shape.seqlen_k);
     json->Field("heads_q", row.shape.heads_q);
     json->Field("heads_k", row.shape.heads_k);
@@ -341,6 +343,31 @@ void PrintDecodeRow(const DecodeRow& row) {
   } else {
     std::printf("%10s %9.1f %8s %6s %8s %6s %7d  anyattn: %s\n", "error", row.kv_bytes / kMiB, "-",
                 "-", "-", "-", row.kv_copies, row.anyattn_error.c_str());
+  }
+  std::fflush(stdout);
+}
+
+void PrintKv8Ratios(const std::vector<DecodeRow>& rows) {
+  bool printed_header = false;
+  for (const DecodeRow& row : rows) {
+    if (row.shape.cache == CacheFormat::kAsQ || !row.anyattn) continue;
+    DecodeShape bf16_shape = row.shape;
+    bf16_shape.cache = CacheFormat::kAsQ;
+    const std::string bf16_key = DecodeKey(bf16_shape);
+    for (const DecodeRow& base : rows) {
+      if (DecodeKey(base.shape) != bf16_key || !base.anyattn) continue;
+      if (!printed_header) {
+        std::printf("\n8-bit caches against bf16 (tokens/s = B * Sq / median time; ratio = 8-bit "
+                    "tokens/s / bf16 tokens/s)\n%-36s %12s %12s %7s\n",
+                    "shape", "tokens/s", "bf16 tok/s", "ratio");
+        printed_header = true;
+      }
+      const double tokens = static_cast<double>(row.shape.batch * row.shape.seqlen_q);
+      const double rate = tokens / row.anyattn->median_seconds;
+      const double base_rate = tokens / base.anyattn->median_seconds;
+      std::printf("%-36s %12.0f %12.0f %7.2f\n", DecodeLabel(row.shape).c_str(), rate, base_rate,
+                  rate / base_rate);
+    }
   }
   std::fflush(stdout);
 }

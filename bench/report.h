@@ -31,6 +31,9 @@ void PrintDecodeTableHeader(int threads, bool kv_huge_pages);
 
 // Prints one decode row.
 void PrintDecodeRow(const DecodeRow& row);
+// After the decode table: each 8-bit-cache row beside the bf16 row of the same shape (tokens/s =
+// B * Sq / median time, and their ratio), when both were run.
+void PrintKv8Ratios(const std::vector<DecodeRow>& rows);
 
 // Prints the paired table's title and column names for `threads` threads.
 void PrintPairTableHeader(int threads);

@@ -114,24 +114,52 @@ std::vector<FwdShape> BackwardTableShapes(bool quick) {
   return shapes;
 }
 
+const char* CacheFormatName(CacheFormat cache) {
+  switch (cache) {
+    case CacheFormat::kFp8E4M3:
+      return "e4m3";
+    case CacheFormat::kI8PerToken:
+      return "i8tok";
+    case CacheFormat::kAsQ:
+    default:
+      return "";
+  }
+}
+
 double DecodeKvBytes(const DecodeShape& shape) {
-  return 2.0 * shape.batch * shape.seqlen_k * shape.heads_k * shape.head_dim *
-         DTypeBytes(shape.dtype);
+  const double positions = 2.0 * shape.batch * shape.seqlen_k * shape.heads_k;
+  switch (shape.cache) {
+    case CacheFormat::kFp8E4M3:
+      return positions * shape.head_dim;
+    case CacheFormat::kI8PerToken:
+      return positions * (shape.head_dim + 4);
+    case CacheFormat::kAsQ:
+    default:
+      return positions * shape.head_dim * DTypeBytes(shape.dtype);
+  }
 }
 
 std::string DecodeKey(const DecodeShape& shape) {
   std::ostringstream key;
-  key << "decode/" << DTypeName(shape.dtype) << "/B" << shape.batch << "/Hq" << shape.heads_q
-      << "/Hk" << shape.heads_k << "/D" << shape.head_dim << "/Sk" << shape.seqlen_k;
+  if (shape.seqlen_q > 1) {
+    key << "prefill" << shape.seqlen_q << "/";
+  } else {
+    key << "decode/";
+  }
+  key << DTypeName(shape.dtype) << "/B" << shape.batch << "/Hq" << shape.heads_q << "/Hk"
+      << shape.heads_k << "/D" << shape.head_dim << "/Sk" << shape.seqlen_k;
   if (shape.page_size > 0) key << "/page" << shape.page_size;
+  if (shape.cache != CacheFormat::kAsQ) key << "/kv_" << CacheFormatName(shape.cache);
   return key.str();
 }
 
 std::string DecodeLabel(const DecodeShape& shape) {
   std::ostringstream label;
+  if (shape.seqlen_q > 1) label << "Sq" << shape.seqlen_q << " ";
   label << "B" << shape.batch << " H" << shape.heads_q << "/" << shape.heads_k << " D"
         << shape.head_dim << " Sk" << shape.seqlen_k;
   if (shape.page_size > 0) label << " pg" << shape.page_size;
+  if (shape.cache != CacheFormat::kAsQ) label << " " << CacheFormatName(shape.cache);
   return label.str();
 }
 
@@ -148,9 +176,21 @@ std::vector<DecodeShape> DecodeTableShapes(bool quick) {
           shape.dtype = dtype;
           shape.page_size = page_size;
           shapes.push_back(shape);
+          if (dtype != DType::kBf16 || page_size > 16) continue;
+          for (CacheFormat cache : {CacheFormat::kFp8E4M3, CacheFormat::kI8PerToken}) {
+            shape.cache = cache;
+            shapes.push_back(shape);
+          }
         }
       }
     }
+  }
+  for (CacheFormat cache : {CacheFormat::kAsQ, CacheFormat::kFp8E4M3, CacheFormat::kI8PerToken}) {
+    DecodeShape shape;
+    shape.seqlen_q = 512;
+    shape.seqlen_k = 4096;
+    shape.cache = cache;
+    shapes.push_back(shape);
   }
   return shapes;
 }

@@ -52,7 +52,15 @@ std::string BwdKey(const FwdShape& shape);
 // dtypes. `quick` keeps S=2048.
 std::vector<FwdShape> BackwardTableShapes(bool quick);
 
-// One decode call: one query token per sequence against a KV cache of Sk tokens.
+// The element type of a decode row's K/V cache.
+enum class CacheFormat {
+  kAsQ,        // the shape's dtype (f32 or bf16), as q
+  kFp8E4M3,    // fp8 e4m3 with one descale per tensor
+  kI8PerToken  // int8 with one f32 scale per (position, kv head), K and V
+};
+
+// One decode call: one query token per sequence against a KV cache of Sk tokens (or, with
+// seqlen_q > 1, a causal chunk of prefill whose queries are the cache's last Sq positions).
 struct DecodeShape {
   int64_t batch = 1;
   int64_t heads_q = 32;
@@ -63,9 +71,16 @@ struct DecodeShape {
   // > 0: the K/V cache is paged, (B * Sk / page_size, page_size, Hk, D) pages in scattered order
   // behind a block table, read by anyattn_fwd_kvcache; 0: a dense anyattn_fwd call.
   int64_t page_size = 0;
+  // An 8-bit cache is read by anyattn_fwd_kvcache, paged or contiguous.
+  CacheFormat cache = CacheFormat::kAsQ;
+  int64_t seqlen_q = 1;
 };
 
-// Bytes of K and V one call must read: 2 * B * Sk * Hk * D * element size.
+// "e4m3", "i8tok" or "" for a cache of q's dtype.
+const char* CacheFormatName(CacheFormat cache);
+
+// Bytes of K and V one call must read: 2 * B * Sk * Hk * D * element size, plus the per-token
+// scales of an int8 cache (2 * B * Sk * Hk * 4).
 double DecodeKvBytes(const DecodeShape& shape);
 
 // Row key, e.g. "decode/bf16/B8/Hq32/Hk8/D128/Sk32768", with "/page16" for a paged cache.
@@ -74,8 +89,10 @@ std::string DecodeKey(const DecodeShape& shape);
 // Short label for the decode table's shape column, e.g. "B8 H32/8 D128 Sk32768".
 std::string DecodeLabel(const DecodeShape& shape);
 
-// The decode table: Sq=1, B in {1, 8}, Hq=32, Hk=8, D=128, Sk in {4096, 32768}, bf16 and f32.
-// `quick` keeps B=1.
+// The decode table: Sq=1, B in {1, 8}, Hq=32, Hk=8, D=128, Sk in {4096, 32768}, bf16 and f32;
+// each bf16 row of a dense or 16-key-page cache is followed by the same shape over an fp8 e4m3
+// and an int8 per-token cache; then one chunked-prefill shape (Sq 512, Sk 4096, B 1) over bf16,
+// e4m3 and int8 per-token caches. `quick` keeps B=1.
 std::vector<DecodeShape> DecodeTableShapes(bool quick);
 
 // True when `filter` is empty or `key` contains every comma-separated term of `filter`.
