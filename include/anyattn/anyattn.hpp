@@ -205,13 +205,14 @@ inline uint8_t fp8_from_float(float x) noexcept {
   const uint8_t sign = std::signbit(x) ? 0x80u : 0x00u;
   if (std::isnan(x)) return static_cast<uint8_t>(sign | 0x7Fu);  // all exponent and mantissa bits
   const float a = std::fabs(x);
+  const float max_finite = fp8_to_float<kMant, kBias>(kMaxBits);
+  if (a >= max_finite) return static_cast<uint8_t>(sign | kMaxBits);  // infinities included
   // Values are multiples of the spacing 2^(e - kMant) of a's binade (subnormals: the smallest).
   int e = a > 0.0f ? std::ilogb(a) : 1 - kBias;
   if (e < 1 - kBias) e = 1 - kBias;
   const float unit = std::ldexp(1.0f, e - kMant);
   const float units = std::nearbyint(a / unit);  // the default rounding mode: nearest even
   const float rounded = units * unit;
-  const float max_finite = fp8_to_float<kMant, kBias>(kMaxBits);
   if (rounded >= max_finite) return static_cast<uint8_t>(sign | kMaxBits);
   // Encode `rounded`, exactly representable: it may have carried into the next binade.
   if (rounded == 0.0f) return sign;
