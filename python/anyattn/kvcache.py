@@ -29,7 +29,7 @@ def flash_attn_with_kvcache(
     cache_batch_idx=None, cache_leftpad=None, block_table=None,
     softmax_scale: Optional[float] = None, causal: bool = False,
     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, rotary_interleaved: bool = True,
-    alibi_slopes=None, num_splits: int = 0, return_softmax_lse: bool = False, sinks=None, *,
+    alibi_slopes=None, num_splits: int = 0, return_softmax_lse: bool = False, sinks=None,
     q_descale=None, k_descale=None, v_descale=None, k_token_scale=None, v_token_scale=None,
 ):
     """Attention of q against a KV cache, with optional in-place append; flash-attn 2.x compatible.
@@ -51,8 +51,8 @@ def flash_attn_with_kvcache(
             with the mask bottom-right aligned to cache_seqlens[b] + seqlen_new - cache_leftpad[b].
         num_splits: key-dimension splits; 0 chooses automatically (never from the thread count).
         return_softmax_lse: also return the LSE (batch, nheads, seqlen_q) float32.
-        k_descale, v_descale, k_token_scale, v_token_scale (keyword-only; CPU torch tensors): the
-            scales of an 8-bit cache (k_cache/v_cache of one dtype: torch.float8_e4m3fn,
+        k_descale, v_descale, k_token_scale, v_token_scale (CPU torch tensors): the scales of an
+            8-bit cache (k_cache/v_cache of one dtype: torch.float8_e4m3fn,
             torch.float8_e5m2 or torch.int8), whose elements read as stored * descale *
             token_scale. descale: float32 (1,), (nheads_k,) or (batch, nheads_k) (FlashAttention
             3's names and layout), or a float; None = 1. token_scale: float32 (batch_cache,

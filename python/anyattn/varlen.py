@@ -185,7 +185,7 @@ def flash_attn_varlen_func(
     softmax_scale: Optional[float] = None, causal: bool = False,
     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
     deterministic: bool = False, return_attn_probs: bool = False, block_table=None, sinks=None,
-    seqused_k=None, *, q_descale=None, k_descale=None, v_descale=None, k_token_scale=None,
+    seqused_k=None, q_descale=None, k_descale=None, v_descale=None, k_token_scale=None,
     v_token_scale=None,
 ):
     """Attention over packed sequences of different lengths, flash-attn 2.x compatible.
@@ -204,7 +204,7 @@ def flash_attn_varlen_func(
             seqused_k[b] if given, else cu_seqlens_k[b+1] - cu_seqlens_k[b] (cu_seqlens_k may
             then be None). The caches are only read; no dropout and no backward on this path.
         seqused_k: optional (batch,) int32: sequence b uses only its first seqused_k[b] keys.
-        k_descale, v_descale, k_token_scale, v_token_scale (keyword-only, with block_table only):
+        k_descale, v_descale, k_token_scale, v_token_scale (with block_table only):
             the scales of an 8-bit paged cache (torch.float8_e4m3fn, torch.float8_e5m2 or
             torch.int8), as in flash_attn_with_kvcache; (batch, nheads_k) descales are indexed
             by sequence. q_descale: None only.
