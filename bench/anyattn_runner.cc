@@ -111,9 +111,23 @@ void AnyattnFwdCall::UseKv8Cache(anyattn_dtype dtype, float descale, const float
   kv8_ = true;
 }
 
+void AnyattnFwdCall::SetValueHeadDim(int64_t head_dim_v, bool shared_latent) {
+  const anyattn_dtype dtype = static_cast<anyattn_dtype>(k_.dtype);
+  shared_latent_ = shared_latent;
+  if (shared_latent) {
+    v_ = k_;  // same data, strides and pages
+    v_.shape[3] = head_dim_v;
+  } else {
+    const int64_t v_shape[4] = {k_.shape[0], k_.shape[1], k_.shape[2], head_dim_v};
+    DescribeContiguousAbi(&v_, v_.data, dtype, 4, v_shape, &setup_error_);
+  }
+  const int64_t out_shape[4] = {out_.shape[0], out_.shape[1], out_.shape[2], head_dim_v};
+  DescribeContiguousAbi(&out_, out_.data, dtype, 4, out_shape, &setup_error_);
+}
+
 void AnyattnFwdCall::SetKv(const void* k, const void* v) {
   k_.data = const_cast<void*>(k);
-  v_.data = const_cast<void*>(v);
+  v_.data = const_cast<void*>(shared_latent_ ? k : v);
 }
 
 bool AnyattnFwdCall::Run(std::string* error) const {

@@ -37,6 +37,12 @@ class AnyattnFwdCall {
   void UseKv8Cache(anyattn_dtype dtype, float descale, const float* k_token_scale,
                    const float* v_token_scale);
 
+  // Gives v and out the head dim `head_dim_v` (<= D): v a buffer of its own, (B, Sk, Hk, Dv)
+  // laid out like k (contiguous, or the same pages after UsePagedCache), or with `shared_latent`
+  // the first Dv columns of k itself (absorbed MLA's latent cache: same data and strides, and
+  // SetKv's v is then ignored). out becomes (B, Sq, Hq, Dv), contiguous.
+  void SetValueHeadDim(int64_t head_dim_v, bool shared_latent);
+
   // Points k and v at other buffers of the same shape (used to rotate through KV copies).
   void SetKv(const void* k, const void* v);
 
@@ -60,6 +66,7 @@ class AnyattnFwdCall {
   anyattn_tensor v_token_scale_{};
   float descale_value_ = 1.f;
   bool kv8_ = false;
+  bool shared_latent_ = false;  // v_ is a column view of k_ (SetValueHeadDim)
   // Non-empty when describing a tensor failed; Run() then reports it instead of calling anyattn.
   std::string setup_error_;
 };

@@ -52,15 +52,18 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
   const size_t q_bytes = DTypeBytes(shape.dtype);
   const size_t element_bytes = kv8 ? 1 : q_bytes;  // of K and V
   const size_t q_elements = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim;
-  const size_t kv_elements = shape.batch * shape.seqlen_k * shape.heads_k * shape.head_dim;
+  const size_t k_elements = shape.batch * shape.seqlen_k * shape.heads_k * shape.head_dim;
+  // A shared latent cache has no V buffer: V is the first Dv columns of each K row.
+  const size_t v_elements =
+      shape.shared_latent ? 0 : shape.batch * shape.seqlen_k * shape.heads_k * shape.value_head_dim();
   AlignedBuffer q(q_elements * q_bytes);
   AlignedBuffer out(q_elements * q_bytes);
   std::vector<AlignedBuffer> k_copies;
   std::vector<AlignedBuffer> v_copies;
   for (int c = 0; c < row.kv_copies; ++c) {
-    k_copies.emplace_back(kv_elements * element_bytes, settings.kv_pages);
-    v_copies.emplace_back(kv_elements * element_bytes, settings.kv_pages);
-    if (!k_copies.back().data() || !v_copies.back().data()) {
+    k_copies.emplace_back(k_elements * element_bytes, settings.kv_pages);
+    v_copies.emplace_back(v_elements * element_bytes, settings.kv_pages);
+    if (!k_copies.back().data() || (v_elements > 0 && !v_copies.back().data())) {
       row.anyattn_error = "benchmark could not allocate the KV copies";
       return row;
     }
@@ -73,18 +76,23 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
   FillUniform(out.data(), shape.dtype, q_elements, 12);
   if (kv8) {
     // Stored bytes spread over the formats' finite codes (no e4m3 NaN pattern S.1111.111).
-    for (size_t i = 0; i < kv_elements; ++i) {
+    for (size_t i = 0; i < k_elements; ++i) {
       const uint8_t code = static_cast<uint8_t>((i * 37 + 11) % 251);
       static_cast<uint8_t*>(k_copies[0].data())[i] = code & 0xF7;
+    }
+    for (size_t i = 0; i < v_elements; ++i) {
+      const uint8_t code = static_cast<uint8_t>((i * 37 + 11) % 251);
       static_cast<uint8_t*>(v_copies[0].data())[i] = (code ^ 0x5A) & 0xF7;
     }
   } else {
-    FillUniform(k_copies[0].data(), shape.dtype, kv_elements, 13);
-    FillUniform(v_copies[0].data(), shape.dtype, kv_elements, 14);
+    FillUniform(k_copies[0].data(), shape.dtype, k_elements, 13);
+    if (v_elements > 0) FillUniform(v_copies[0].data(), shape.dtype, v_elements, 14);
   }
   for (int c = 1; c < row.kv_copies; ++c) {
-    std::memcpy(k_copies[c].data(), k_copies[0].data(), kv_elements * element_bytes);
-    std::memcpy(v_copies[c].data(), v_copies[0].data(), kv_elements * element_bytes);
+    std::memcpy(k_copies[c].data(), k_copies[0].data(), k_elements * element_bytes);
+    if (v_elements > 0) {
+      std::memcpy(v_copies[c].data(), v_copies[0].data(), v_elements * element_bytes);
+    }
   }
 
   // A paged cache is the same bytes seen as (B * Sk / page_size) pages behind a block table.
@@ -94,8 +102,10 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
             : std::vector<int32_t>();
   AnyattnFwdCall call(shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads_q, shape.heads_k,
                       shape.head_dim, shape.dtype, shape.seqlen_q > 1, settings.isa, q.data(),
-                      k_copies[0].data(), v_copies[0].data(), out.data());
+                      k_copies[0].data(),
+                      shape.shared_latent ? k_copies[0].data() : v_copies[0].data(), out.data());
   if (paged) call.UsePagedCache(shape.page_size, block_table.data());
+  if (IsMlaDecode(shape)) call.SetValueHeadDim(shape.value_head_dim(), shape.shared_latent);
   // The int8 rows' token scales, one set for every copy (1/32 of the cache bytes they scale).
   std::vector<float> token_scales;
   if (shape.cache == CacheFormat::kI8PerToken) {
@@ -112,7 +122,8 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
   // rotation, so neither finds the other's bytes in cache. A read pass is timed from its
   // threads' release to their end (thread start-up excluded); the rest after each chunk of calls
   // lets the pool's workers stop spinning before the reading threads start.
-  const size_t read_floats = kv_elements * element_bytes / sizeof(float) / 64 * 64;
+  const size_t k_read_floats = k_elements * element_bytes / sizeof(float) / 64 * 64;
+  const size_t v_read_floats = v_elements * element_bytes / sizeof(float) / 64 * 64;
   size_t next_copy = 0;
   std::vector<double> read_seconds;
   std::vector<InterleavedRun> runs(2);
@@ -124,8 +135,10 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
   runs[0].rest_seconds = kRestAfterCalls;
   runs[1].run = [&] {
     const size_t c = next_copy++ % k_copies.size();
-    read_seconds.push_back(TimeReadPass(k_copies[c].f32(), read_floats, limits.threads) +
-                           TimeReadPass(v_copies[c].f32(), read_floats, limits.threads));
+    read_seconds.push_back(TimeReadPass(k_copies[c].f32(), k_read_floats, limits.threads) +
+                           (v_elements > 0 ? TimeReadPass(v_copies[c].f32(), v_read_floats,
+                                                          limits.threads)
+                                           : 0.0));
     return true;
   };
   runs[1].chunk_share = kReadShare;

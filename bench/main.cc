@@ -25,15 +25,6 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-// The anyattn ISA path named by --isa.
-anyattn_isa IsaFromName(const std::string& name) {
-  if (name == "portable") return ANYATTN_ISA_PORTABLE;
-  if (name == "avx2") return ANYATTN_ISA_AVX2;
-  if (name == "avx512") return ANYATTN_ISA_AVX512;
-  if (name == "avx512_amx") return ANYATTN_ISA_AVX512_AMX;
-  return ANYATTN_ISA_AUTO;
-}
-
 // The thread counts to run: --threads-list, or anyattn's default followed by 1.
 std::vector<int> ThreadCounts(const Options& options, int default_threads) {
   if (!options.threads_list.empty()) return options.threads_list;
@@ -73,7 +64,7 @@ BenchReport NewReport(int argc, char** argv, const Options& options) {
   report.cpu_model = CpuModelName();
   report.fma_isa = VectorIsaName(DetectVectorIsa());
   report.anyattn_version = anyattn_version_string();
-  const anyattn_isa isa = IsaFromName(options.isa);
+  const anyattn_isa isa = options.isa_value;
   report.anyattn_isa = anyattn_isa_name(isa == ANYATTN_ISA_AUTO ? anyattn_isa_default() : isa);
   report.openblas_corename = openblas_get_corename();
   report.openblas_config = openblas_get_config();
@@ -162,7 +153,7 @@ int RunBenchmark(int argc, char** argv, const Options& options) {
 
   CaseSettings settings;
   settings.policy = report.policy;
-  settings.isa = IsaFromName(options.isa);
+  settings.isa = options.isa_value;
   settings.run_baseline = options.run_baseline;
   settings.baseline_cap_bytes = options.baseline_cap_mib * kMiB;
   settings.kv_pages = options.kv_pages == "small" ? Pages::kDefault : Pages::kHuge;
@@ -299,7 +290,7 @@ int main(int argc, char** argv) {
     anyattn_set_num_threads(0);
     const int threads =
         options.threads_list.empty() ? anyattn_get_num_threads() : options.threads_list.front();
-    const RssCaseResult result = RunRssCase(threads, IsaFromName(options.isa));
+    const RssCaseResult result = RunRssCase(threads, options.isa_value);
     PrintRssCaseMachineLine(result);
     PrintRssCase(result);
     return result.ran ? 0 : 2;

@@ -1,10 +1,33 @@
 #include "options.h"
 
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 namespace anyattn_bench {
 namespace {
+
+// The library's path names: anyattn_isa_name for 0, 1, 2, ... until it answers "unknown".
+bool IsaFromName(const std::string& name, anyattn_isa* isa) {
+  for (int32_t value = ANYATTN_ISA_AUTO;; ++value) {
+    const char* path = anyattn_isa_name(static_cast<anyattn_isa>(value));
+    if (std::strcmp(path, "unknown") == 0) return false;
+    if (name == path) {
+      *isa = static_cast<anyattn_isa>(value);
+      return true;
+    }
+  }
+}
+
+std::string IsaNames() {
+  std::string names;
+  for (int32_t value = ANYATTN_ISA_AUTO;; ++value) {
+    const char* path = anyattn_isa_name(static_cast<anyattn_isa>(value));
+    if (std::strcmp(path, "unknown") == 0) return names;
+    names += (names.empty() ? "" : ", ") + std::string(path);
+  }
+}
 
 // Parses a positive integer; false on anything else.
 bool ParsePositiveInt(const std::string& text, int* value) {
@@ -68,7 +91,7 @@ Usage: anyattn_bench [options]
                          i.e. S <= 4096; 256 includes S = 8192)
   --target-seconds X     timed-run budget per case and implementation (default 0.5; quick 0.2)
   --min-runs N           minimum timed runs per case (default 3)
-  --isa NAME             anyattn path: auto, portable, avx2, avx512, avx512_amx (default auto)
+  --isa NAME             anyattn path: auto or a path's name (anyattn_isa_name; default auto)
   --bandwidth-mib N      buffer streamed by the read-bandwidth measurement (default 1024)
   --kv-pages huge|small  pages of the decode rows' K/V: transparent 2 MiB pages, as the
                          read-bandwidth buffer has (default), or the allocator's default
@@ -148,10 +171,8 @@ bool ParseOptions(int argc, char** argv, Options* options, std::string* error) {
     } else if (arg == "--isa") {
       if (!(value = next_value())) return false;
       options->isa = value;
-      if (options->isa != "auto" && options->isa != "portable" && options->isa != "avx2" &&
-          options->isa != "avx512" && options->isa != "avx512_amx") {
-        *error =
-            "--isa wants auto, portable, avx2, avx512 or avx512_amx; got '" + options->isa + "'";
+      if (!IsaFromName(options->isa, &options->isa_value)) {
+        *error = "--isa wants one of " + IsaNames() + "; got '" + options->isa + "'";
         return false;
       }
     } else if (arg == "--bandwidth-mib") {

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "anyattn/anyattn.h"
+
 namespace anyattn_bench {
 
 struct Options {
@@ -33,8 +35,9 @@ struct Options {
   // Timing policy overrides; negative means "keep the default".
   double target_seconds = -1.0;
   int min_runs = -1;
-  // anyattn ISA path: "auto", "portable", "avx2", "avx512" or "avx512_amx".
+  // anyattn ISA path, as named (any name anyattn_isa_name gives) and as its value.
   std::string isa = "auto";
+  anyattn_isa isa_value = ANYATTN_ISA_AUTO;
   // Size of the buffer the read-bandwidth measurement streams, MiB.
   double bandwidth_mib = 1024.0;
   // Pages of the decode rows' K/V buffers: "huge" (transparent 2 MiB pages, as the read-bandwidth

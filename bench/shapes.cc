@@ -127,15 +127,17 @@ const char* CacheFormatName(CacheFormat cache) {
 }
 
 double DecodeKvBytes(const DecodeShape& shape) {
-  const double positions = 2.0 * shape.batch * shape.seqlen_k * shape.heads_k;
+  const int64_t columns =
+      shape.shared_latent ? shape.head_dim : shape.head_dim + shape.value_head_dim();
+  const double positions = 1.0 * shape.batch * shape.seqlen_k * shape.heads_k;
   switch (shape.cache) {
     case CacheFormat::kFp8E4M3:
-      return positions * shape.head_dim;
+      return positions * columns;
     case CacheFormat::kI8PerToken:
-      return positions * (shape.head_dim + 4);
+      return positions * (columns + 8);
     case CacheFormat::kAsQ:
     default:
-      return positions * shape.head_dim * DTypeBytes(shape.dtype);
+      return positions * columns * DTypeBytes(shape.dtype);
   }
 }
 
@@ -147,8 +149,11 @@ std::string DecodeKey(const DecodeShape& shape) {
     key << "decode/";
   }
   key << DTypeName(shape.dtype) << "/B" << shape.batch << "/Hq" << shape.heads_q << "/Hk"
-      << shape.heads_k << "/D" << shape.head_dim << "/Sk" << shape.seqlen_k;
+      << shape.heads_k << "/D" << shape.head_dim;
+  if (shape.value_head_dim() != shape.head_dim) key << "/Dv" << shape.value_head_dim();
+  key << "/Sk" << shape.seqlen_k;
   if (shape.page_size > 0) key << "/page" << shape.page_size;
+  if (shape.shared_latent) key << "/latent";
   if (shape.cache != CacheFormat::kAsQ) key << "/kv_" << CacheFormatName(shape.cache);
   return key.str();
 }
@@ -157,9 +162,12 @@ std::string DecodeLabel(const DecodeShape& shape) {
   std::ostringstream label;
   if (shape.seqlen_q > 1) label << "Sq" << shape.seqlen_q << " ";
   label << "B" << shape.batch << " H" << shape.heads_q << "/" << shape.heads_k << " D"
-        << shape.head_dim << " Sk" << shape.seqlen_k;
+        << shape.head_dim;
+  if (shape.value_head_dim() != shape.head_dim) label << "/" << shape.value_head_dim();
+  label << " Sk" << shape.seqlen_k;
   if (shape.page_size > 0) label << " pg" << shape.page_size;
   if (shape.cache != CacheFormat::kAsQ) label << " " << CacheFormatName(shape.cache);
+  if (shape.shared_latent) label << " latent";
   return label.str();
 }
 
@@ -192,7 +200,25 @@ std::vector<DecodeShape> DecodeTableShapes(bool quick) {
     shape.cache = cache;
     shapes.push_back(shape);
   }
+  // Absorbed MLA decode (DeepSeek-V2-Lite's 16 heads): one latent kv head of 512 + 64 dims, read
+  // once as K and V, and the same call with V in a buffer of its own (what reading it twice
+  // costs).
+  for (bool shared_latent : {true, false}) {
+    DecodeShape shape;
+    shape.heads_q = 16;
+    shape.heads_k = 1;
+    shape.head_dim = 576;
+    shape.head_dim_v = 512;
+    shape.seqlen_k = 32768;
+    shape.page_size = 64;
+    shape.shared_latent = shared_latent;
+    shapes.push_back(shape);
+  }
   return shapes;
+}
+
+bool IsMlaDecode(const DecodeShape& shape) {
+  return shape.shared_latent || shape.value_head_dim() != shape.head_dim;
 }
 
 bool MatchesFilter(const std::string& key, const std::string& filter) {

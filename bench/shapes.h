@@ -74,16 +74,25 @@ struct DecodeShape {
   // An 8-bit cache is read by anyattn_fwd_kvcache, paged or contiguous.
   CacheFormat cache = CacheFormat::kAsQ;
   int64_t seqlen_q = 1;
+  // Dv, the head dim of v and out; 0: Dv = D.
+  int64_t head_dim_v = 0;
+  // Absorbed MLA's shared latent cache: v is the first Dv columns of k (a view of the same
+  // buffer, same strides), so the call has one cache of D columns to read; false: v has its own.
+  bool shared_latent = false;
+
+  int64_t value_head_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 };
 
 // "e4m3", "i8tok" or "" for a cache of q's dtype.
 const char* CacheFormatName(CacheFormat cache);
 
-// Bytes of K and V one call must read: 2 * B * Sk * Hk * D * element size, plus the per-token
-// scales of an int8 cache (2 * B * Sk * Hk * 4).
+// Bytes of K and V one call must read: B * Sk * Hk * (D + Dv) * element size (1 for an 8-bit
+// cache), or B * Sk * Hk * D * element size for a shared latent cache (its bytes counted once),
+// plus the per-token scales of an int8 cache (2 * B * Sk * Hk * 4).
 double DecodeKvBytes(const DecodeShape& shape);
 
-// Row key, e.g. "decode/bf16/B8/Hq32/Hk8/D128/Sk32768", with "/page16" for a paged cache.
+// Row key, e.g. "decode/bf16/B8/Hq32/Hk8/D128/Sk32768", with "/page16" for a paged cache, and for
+// Dv != D "/Dv512" after the D, and "/latent" at the end for a shared latent cache.
 std::string DecodeKey(const DecodeShape& shape);
 
 // Short label for the decode table's shape column, e.g. "B8 H32/8 D128 Sk32768".
@@ -91,9 +100,15 @@ std::string DecodeLabel(const DecodeShape& shape);
 
 // The decode table: Sq=1, B in {1, 8}, Hq=32, Hk=8, D=128, Sk in {4096, 32768}, bf16 and f32;
 // each bf16 row of a dense or 16-key-page cache is followed by the same shape over an fp8 e4m3
-// and an int8 per-token cache; then one chunked-prefill shape (Sq 512, Sk 4096, B 1) over bf16,
-// e4m3 and int8 per-token caches. `quick` keeps B=1.
+// and an int8 per-token cache. `quick` keeps B=1. Then one chunked-prefill shape (Sq 512, Sk 4096,
+// B 1) over bf16, e4m3 and int8 per-token caches, and absorbed MLA's decode (IsMlaDecode): B=1,
+// Hq=16, Hk=1, D=576, Dv=512, Sk=32768, bf16, pages of 64 keys, on a shared latent cache and, for
+// comparison, with v a separate buffer.
 std::vector<DecodeShape> DecodeTableShapes(bool quick);
+
+// True for the MLA rows of the decode table (Dv != D or a shared latent cache): not part of
+// issue 5's decode table and its bandwidth target.
+bool IsMlaDecode(const DecodeShape& shape);
 
 // True when `filter` is empty or `key` contains every comma-separated term of `filter`.
 bool MatchesFilter(const std::string& key, const std::string& filter);

@@ -140,8 +140,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
                             std::isfinite(params.softcap) && params.window_left >= -1 &&
                             params.window_right >= -1 && params.dropout_p >= 0.f &&
                             params.dropout_p < 1.f && params.isa != 9;
-  const bool valid_shapes =
-      valid_dtype && Hq % Hk == 0 && D <= 256 && Dv <= 256;  // head dims of 0 are legal
+  const bool valid_shapes = valid_dtype && Hq % Hk == 0 && D <= ANYATTN_MAX_HEAD_DIM &&
+                            Dv <= ANYATTN_MAX_HEAD_DIM_V;  // head dims of 0 are legal
   if (!valid_shapes || !valid_params) must_fail = true;
 
   // out and lse: the reference's forward, so the backward is checked on its own. Any other

@@ -160,9 +160,11 @@ struct DenseShape {
     const int64_t ratio = data.ConsumeIntegralInRange<int64_t>(1, 3);
     const bool bad_heads = data.ConsumeIntegralInRange<int>(0, 15) == 0;
     Hq = Hk * ratio + (bad_heads ? 1 : 0);
-    const int64_t dims[] = {1, 2, 3, 8, 16, 17, 24, 0, 257};
-    D = dims[data.ConsumeIntegralInRange<int>(0, 8)];
-    Dv = dims[data.ConsumeIntegralInRange<int>(0, 8)];
+    // 513: a valid D, a Dv one past its limit; 577: one past D's (anyattn.h's limits).
+    const int64_t dims[] = {1, 2, 3, 8, 16, 17, 24, 0, ANYATTN_MAX_HEAD_DIM_V + 1,
+                            ANYATTN_MAX_HEAD_DIM + 1};
+    D = dims[data.ConsumeIntegralInRange<int>(0, 9)];
+    Dv = dims[data.ConsumeIntegralInRange<int>(0, 9)];
     hostile_values = data.ConsumeBool();
   }
 };

@@ -127,7 +127,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
                             params.window_right >= -1 && params.dropout_p == 0.0f &&
                             params.isa != 9 && params.num_splits >= 0;
   // Head dims of 0 are legal (docs/semantics.md section 6); DenseShape draws Hk >= 1.
-  if (!valid_dtype || Hq % Hk != 0 || D > 256 || Dv > 256 || !valid_params) {
+  if (!valid_dtype || Hq % Hk != 0 || D > ANYATTN_MAX_HEAD_DIM || Dv > ANYATTN_MAX_HEAD_DIM_V ||
+      !valid_params) {
     must_fail = true;
   }
 

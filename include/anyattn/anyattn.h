@@ -105,6 +105,11 @@ typedef enum anyattn_dtype {
 
 #define ANYATTN_MAX_NDIM 4
 
+/* The largest head dims every entry point accepts: D (q, k) and Dv (v, out). 576 and 512 are
+ * absorbed MLA's (docs/semantics.md, "Shared latent cache"). */
+#define ANYATTN_MAX_HEAD_DIM 576
+#define ANYATTN_MAX_HEAD_DIM_V 512
+
 /* A strided view of memory. Mirrors DLPack's DLTensor with element strides.
  * `dtype` holds an anyattn_dtype value; entries of shape/strides at or beyond `ndim` are ignored. */
 typedef struct anyattn_tensor {
@@ -151,7 +156,9 @@ ANYATTN_API int anyattn_isa_supported(anyattn_isa isa);
 /* The path ANYATTN_ISA_AUTO resolves to (never ANYATTN_ISA_AUTO): the one named by the ANYATTN_ISA
  * environment variable when that is set and runnable, else the fastest this build and CPU support. */
 ANYATTN_API anyattn_isa anyattn_isa_default(void);
-/* "auto", "portable", "avx2", "avx512", "avx512_amx", "neon", or "unknown". Static storage. */
+/* "auto", "portable", "avx2", "avx512", "avx512_amx", "neon", or "unknown". Static storage. The
+ * paths' values run from 1 without gaps, so a binding lists every name by calling this for 0, 1, 2,
+ * ... until it answers "unknown". */
 ANYATTN_API const char* anyattn_isa_name(anyattn_isa isa);
 
 /* One forward kernel of the registry (one per row of src/cpu/isa_table.inc): the list the
@@ -235,8 +242,8 @@ ANYATTN_API void anyattn_fwd_params_init(anyattn_fwd_params* params);
  *   out (B, Sq, Hq, Dv)   same dtype as q; written
  *   lse (B, Hq, Sq)       f32; written; may be NULL
  *   params                may be NULL for all defaults
- * 0 <= D, Dv <= 256. Any of B, Sq, Sk, Hq may be 0 (Hk too when Hq is; docs/semantics.md,
- * section 6). out must not overlap q, k, v or lse.
+ * 0 <= D <= 576 and 0 <= Dv <= 512 (at every entry point). Any of B, Sq, Sk, Hq may be 0 (Hk
+ * too when Hq is; docs/semantics.md, section 6). out must not overlap q, k, v or lse.
  * Fully masked rows (and Sk == 0) give out = 0 and lse = -inf, or lse = sink with a sink.
  * On any error nothing is written. */
 ANYATTN_API anyattn_status anyattn_fwd(const anyattn_tensor* q, const anyattn_tensor* k,
@@ -299,7 +306,9 @@ typedef struct anyattn_kvcache_params {
    * The value of a cached element is  stored * descale[...] * token_scale[...]  (a factor is 1
    * when its tensor is NULL); attention runs on these values with f32 accumulation; q, k_new,
    * v_new and out stay f32/f16/bf16. The four tensors below must be NULL for an f32/f16/bf16
-   * cache (ANYATTN_E_INVALID_ARGUMENT otherwise). docs/kvcache_8bit.md has the details.
+   * cache (ANYATTN_E_INVALID_ARGUMENT otherwise). An 8-bit cache cannot be a shared latent cache
+   * (v_cache a column view of k_cache): ANYATTN_E_UNSUPPORTED. docs/kvcache_8bit.md has the
+   * details.
    *
    * k_descale, v_descale: f32, NULL = 1. Shape (1): one per tensor; (Hk): one per kv head;
    * (B, Hk): one per sequence (index b of q, not the cache batch) and kv head, FlashAttention 3's
@@ -324,7 +333,7 @@ typedef struct anyattn_kvcache_params {
  *                      (0 for an all-zero row); stored = Q(x / (descale * token_scale)),
  *                      and a row whose token_scale is 0 stores zeros;
  *   without:           stored = Q(x / descale).
- * Q rounds to nearest, ties to even, and saturates to the finite range: I8 to [-127, 127]
+ * Each quotient is formed in f64 and rounded to f32 (after clamping to +-2 qmax); Q rounds to nearest, ties to even, and saturates to the finite range: I8 to [-127, 127]
  * (symmetric; a stored -128 is still read as -128), E4M3 to +-448, E5M2 to +-57344; +-inf
  * saturate too. NaN stays NaN in fp8 (E4M3 S.1111.111, E5M2 S.11111.11) and becomes 0 in I8. */
 
@@ -339,7 +348,11 @@ ANYATTN_API void anyattn_kvcache_params_init(anyattn_kvcache_params* cache);
  *   out     (B, Sq, Hq, Dv) written;  lse (B, Hq, Sq) f32 written, may be NULL
  * Sequence b attends to cache positions [leftpad_b, cache_seqlens[b] + S_new); the mask is
  * bottom-right aligned to that key count. Everything is validated (capacity, block table entries,
- * rotary table length) before the first write: a failed call leaves the cache untouched. */
+ * rotary table length) before the first write: a failed call leaves the cache untouched.
+ * Shared latent cache (absorbed MLA, e.g. D = 576, Dv = 512, Hk = 1): v_cache may be a column
+ * view of k_cache (same data pointer and strides, Dv <= D); V is then read from the K rows. With
+ * an append, v_new must then be the same view of k_new (each row is written once, from k_new),
+ * and rotary is unsupported. Other overlaps of the two caches are rejected when appending. */
 ANYATTN_API anyattn_status anyattn_fwd_kvcache(const anyattn_tensor* q,
                                                const anyattn_tensor* k_cache,
                                                const anyattn_tensor* v_cache,

@@ -489,8 +489,8 @@ struct FwdOptions {
 //   v   (B, Sk, Hk, Dv)   q's dtype
 //   out (B, Sq, Hq, Dv)   q's dtype; written
 //   lse (B, Hq, Sq)       f32; written when given
-// 0 <= D, Dv <= 256 (0: docs/semantics.md, section 6); the last dimension of every tensor has
-// stride 1; out must not overlap an input or lse. Throws Error on any invalid argument, and then writes nothing.
+// 0 <= D <= 576, 0 <= Dv <= 512 (0: docs/semantics.md, section 6); the last dimension of every
+// tensor has stride 1; out must not overlap an input or lse. Throws Error on any invalid argument, and then writes nothing.
 inline void fwd(const TensorView& q, const TensorView& k, const TensorView& v,
                 const TensorView& out, const std::optional<TensorView>& lse = std::nullopt,
                 const FwdOptions& options = FwdOptions()) {

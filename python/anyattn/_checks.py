@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence, Tuple
 
+from . import _core
+
+# The C library's limits (ANYATTN_MAX_HEAD_DIM and ANYATTN_MAX_HEAD_DIM_V in anyattn.h): the head
+# dim of q and k, and that of v.
+MAX_HEAD_DIM = _core.MAX_HEAD_DIM
+MAX_HEAD_DIM_V = _core.MAX_HEAD_DIM_V
+
 
 def check_rank(x: Any, name: str, ndim: int, layout: str) -> None:
     """Raise ValueError unless ``x`` has ``ndim`` dimensions (``layout`` names them, e.g. "(B, S, H, D)")."""
@@ -18,11 +25,11 @@ def check_rank(x: Any, name: str, ndim: int, layout: str) -> None:
         )
 
 
-def check_last_dim(x: Any, name: str) -> None:
-    """Raise ValueError unless the head dimension of ``x`` is in [0, 256] (0: see docs/semantics.md, section 6)."""
+def check_last_dim(x: Any, name: str, limit: int) -> None:
+    """Raise ValueError unless the head dimension of ``x`` is in [0, limit] (0: see docs/semantics.md, section 6)."""
     d = x.shape[-1]
-    if not 0 <= d <= 256:
-        raise ValueError(f"{name}: head dimension must be in [0, 256], got {d} (shape {tuple(x.shape)})")
+    if not 0 <= d <= limit:
+        raise ValueError(f"{name}: head dimension must be in [0, {limit}], got {d} (shape {tuple(x.shape)})")
 
 
 def check_dense_shapes(q: Any, k: Any, v: Any) -> Tuple[int, int, int, int, int, int, int]:
@@ -52,8 +59,8 @@ def check_dense_shapes(q: Any, k: Any, v: Any) -> Tuple[int, int, int, int, int,
         raise ValueError(
             f"k: nheads_k must divide q's nheads (GQA/MQA), got nheads={hq} and nheads_k={hk}"
         )
-    check_last_dim(q, "q")
-    check_last_dim(v, "v")
+    check_last_dim(q, "q", MAX_HEAD_DIM)
+    check_last_dim(v, "v", MAX_HEAD_DIM_V)
     return b, sq, sk, hq, hk, d, dv
 
 

@@ -196,7 +196,7 @@ def flash_attn_func(
     Arguments:
         q: (batch, seqlen_q, nheads, headdim)
         k: (batch, seqlen_k, nheads_k, headdim); nheads % nheads_k == 0 (GQA/MQA)
-        v: (batch, seqlen_k, nheads_k, headdim_v); headdim and headdim_v in [0, 256]
+        v: (batch, seqlen_k, nheads_k, headdim_v); headdim in [0, 576], headdim_v in [0, 512]
         dropout_p: dropout probability in [0, 1), applied whenever > 0 (pass 0.0 for evaluation,
             as with flash-attn). On CPU the seed is drawn from torch's default generator
             (torch.manual_seed reproduces it); numpy inputs raise NotImplementedError for > 0.

@@ -17,6 +17,7 @@
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "anyattn/anyattn.h"
@@ -398,14 +399,17 @@ void bwd_varlen(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::h
   if (status != ANYATTN_OK) raise_status(status);
 }
 
+// The path named `name`, among every name the library gives (anyattn_isa_name answers "unknown"
+// past the last value).
 anyattn_isa isa_from_name(const std::string& name) {
-  for (anyattn_isa isa : {ANYATTN_ISA_AUTO, ANYATTN_ISA_PORTABLE, ANYATTN_ISA_AVX2,
-                          ANYATTN_ISA_AVX512, ANYATTN_ISA_AVX512_AMX, ANYATTN_ISA_NEON}) {
-    if (name == anyattn_isa_name(isa)) return isa;
+  std::string known;
+  for (int32_t value = ANYATTN_ISA_AUTO;; ++value) {
+    const char* path = anyattn_isa_name(static_cast<anyattn_isa>(value));
+    if (std::strcmp(path, "unknown") == 0) break;
+    if (name == path) return static_cast<anyattn_isa>(value);
+    known += (known.empty() ? "" : ", ") + std::string(path);
   }
-  throw nb::value_error(
-      ("isa: unknown name '" + name + "'; expected auto, portable, avx2, avx512, avx512_amx or neon")
-          .c_str());
+  throw nb::value_error(("isa: unknown name '" + name + "'; expected one of " + known).c_str());
 }
 
 }  // namespace
@@ -421,6 +425,8 @@ NB_MODULE(_core, m) {
   m.attr("DTYPE_FP8_E5M2") = static_cast<int>(ANYATTN_DTYPE_FP8_E5M2);
   m.attr("DTYPE_I8") = static_cast<int>(ANYATTN_DTYPE_I8);
   m.attr("MAX_NDIM") = static_cast<int>(ANYATTN_MAX_NDIM);
+  m.attr("MAX_HEAD_DIM") = static_cast<int>(ANYATTN_MAX_HEAD_DIM);
+  m.attr("MAX_HEAD_DIM_V") = static_cast<int>(ANYATTN_MAX_HEAD_DIM_V);
 
   m.def("version", &anyattn_version, "The loaded library's version, major*10000+minor*100+patch.");
   m.def("version_string", []() { return std::string(anyattn_version_string()); },

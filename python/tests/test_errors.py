@@ -28,7 +28,7 @@ def _qkv(dtype="float32", q_heads=4, k_heads=2, d=16):
          ValueError, r"^k: nheads_k must divide"),
         (lambda q, k, v: (q, k, v[:, :4]), {}, ValueError, r"^v: seqlen_k and nheads_k"),
         (lambda q, k, v: (q, k[..., :8], v), {}, ValueError, r"^k: head dimension must match"),
-        (lambda q, k, v: (np.zeros((1, 2, 2, 300), np.float32),) * 3, {}, ValueError, r"^q: head dimension"),
+        (lambda q, k, v: (np.zeros((1, 2, 2, 577), np.float32),) * 3, {}, ValueError, r"^q: head dimension"),
         (lambda q, k, v: (q, list(k), v), {}, TypeError, r"^k: expected a numpy.ndarray"),
         (lambda q, k, v: ("q", k, v), {}, TypeError, r"^q: expected a torch.Tensor or numpy.ndarray"),
         (lambda q, k, v: (q, k, v), {"window_size": (-2, 0)}, ValueError, r"^window_size"),

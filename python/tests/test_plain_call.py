@@ -96,7 +96,7 @@ def _declined_cases():
     yield "mixed dtypes", (q, k.half(), v), {}
     yield "float64", (q.double(), k.double(), v.double()), {}
     yield "3-D q", (q[0], k, v), {}
-    yield "head dim the library rejects", _qkv(d=300), {}
+    yield "head dim the library rejects", _qkv(d=577), {}
     yield "heads that do not divide", _qkv(hq=3, hk=2), {}
     yield "batch mismatch", (q[:1], k, v), {}
 
@@ -117,8 +117,8 @@ def test_flash_attn_func_takes_the_fast_path_for_plain_calls(monkeypatch):
 
 
 def test_declined_calls_still_raise_the_ordinary_errors():
-    q, k, v = _qkv(d=300)
-    with pytest.raises(ValueError, match=r"q: head dimension must be in \[0, 256\], got 300"):
+    q, k, v = _qkv(d=577)
+    with pytest.raises(ValueError, match=r"q: head dimension must be in \[0, 576\], got 577"):
         anyattn.flash_attn_func(q, k, v)
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=r"window_size: entries must be >= -1"):

@@ -12,8 +12,9 @@ namespace {
 // What a dim must satisfy besides agreeing across tensors.
 enum class DimRule : uint8_t {
   kNone,
-  kHeadDim,       // 0..kMaxHeadDim, else ANYATTN_E_INVALID_ARGUMENT
-  kMergeHeadDim,  // up to kMaxHeadDim, else ANYATTN_E_UNSUPPORTED
+  kHeadDim,       // D: 0..kMaxHeadDim, else ANYATTN_E_INVALID_ARGUMENT
+  kHeadDimV,      // Dv: 0..kMaxHeadDimV, else ANYATTN_E_INVALID_ARGUMENT
+  kMergeHeadDim,  // the merged states' Dv: up to kMaxHeadDimV, else ANYATTN_E_UNSUPPORTED
   kExtent,        // up to kMaxExtent (int32), else ANYATTN_E_UNSUPPORTED
 };
 
@@ -31,7 +32,7 @@ constexpr DimInfo kDimInfo[] = {
     {"Hq", DimRule::kExtent},
     {"Hk", DimRule::kNone},  // divides Hq
     {"D", DimRule::kHeadDim},
-    {"Dv", DimRule::kHeadDim},
+    {"Dv", DimRule::kHeadDimV},
     {"total_q", DimRule::kNone},
     {"total_k", DimRule::kNone},
     {"B_cache", DimRule::kNone},
@@ -51,6 +52,19 @@ static_assert(sizeof(kDimInfo) / sizeof(kDimInfo[0]) == static_cast<size_t>(Dim:
 static_assert(static_cast<int>(Dim::kCount) <= 32, "new-dim masks are 32 bits");
 
 DimRule dim_rule(Dim dim) { return kDimInfo[static_cast<int>(dim)].rule; }
+
+// The largest value a head dim of `rule` may take; kMaxExtent for the other rules.
+int64_t head_dim_limit(DimRule rule) {
+  switch (rule) {
+    case DimRule::kHeadDim:
+      return kMaxHeadDim;
+    case DimRule::kHeadDimV:
+    case DimRule::kMergeHeadDim:
+      return kMaxHeadDimV;
+    default:
+      return kMaxExtent;
+  }
+}
 
 uint32_t bit(Dim dim) { return uint32_t{1} << static_cast<int>(dim); }
 
@@ -195,14 +209,16 @@ void CallCheck::check_head_dims(uint32_t new_dims) const {
   for (int d = 0; d < static_cast<int>(Dim::kCount); ++d) {
     const Dim dim = static_cast<Dim>(d);
     const Binding& b = bindings_[d];
-    if (!(new_dims & bit(dim)) || b.value <= kMaxHeadDim) continue;
-    if (dim_rule(dim) == DimRule::kHeadDim) {
+    const DimRule rule = dim_rule(dim);
+    const int64_t limit = head_dim_limit(rule);
+    if (!(new_dims & bit(dim)) || b.value <= limit) continue;
+    if (rule == DimRule::kHeadDim || rule == DimRule::kHeadDimV) {
       fail_invalid(function_, ": ", b.source->name, ".shape[", b.axis, "] (head dim ",
-                   dim_name(dim), ") is ", b.value, "; supported: 0..", kMaxHeadDim);
+                   dim_name(dim), ") is ", b.value, "; supported: 0..", limit);
     }
-    if (dim_rule(dim) == DimRule::kMergeHeadDim) {
+    if (rule == DimRule::kMergeHeadDim) {
       fail_unsupported(function_, ": the head dim (", b.source->name, ".shape[", b.axis,
-                       "], the last dimension) is ", b.value, "; supported: up to ", kMaxHeadDim);
+                       "], the last dimension) is ", b.value, "; supported: up to ", limit);
     }
   }
 }

@@ -6,7 +6,8 @@
 //   - the dtype shared by the floating-point tensors of the call;
 //   - the shapes against the table's symbolic dims (B, Sq, Hq, D, ...): a dim takes its value
 //     from the first tensor that has it, and every later tensor must agree;
-//   - the rules of the dims themselves: head dims up to 256, Hq a multiple of Hk, sizes that fit
+//   - the rules of the dims themselves: D up to 576 and Dv up to 512
+//     (common/head_dims.h), Hq a multiple of Hk, sizes that fit
 //     int32;
 //   - memory: a written tensor addresses each element once and shares no byte with any other
 //     tensor of the call, except an in-place output that is exactly the view of its input.

@@ -147,6 +147,19 @@ void check_no_self_overlap(const char* function, const char* name, const anyattn
   }
 }
 
+bool is_column_prefix(const anyattn_tensor* prefix, const anyattn_tensor* whole) {
+  if (prefix->data != whole->data || prefix->dtype != whole->dtype || prefix->ndim != whole->ndim ||
+      prefix->ndim < 1) {
+    return false;
+  }
+  const int last = prefix->ndim - 1;
+  for (int d = 0; d < last; ++d) {
+    if (prefix->shape[d] != whole->shape[d]) return false;
+    if (prefix->shape[d] > 1 && prefix->strides[d] != whole->strides[d]) return false;
+  }
+  return prefix->shape[last] <= whole->shape[last];
+}
+
 void check_disjoint(const char* function, const char* out_name, const TensorExtent& out,
                     const char* in_name, const TensorExtent& in) {
   if (out.empty() || in.empty()) return;

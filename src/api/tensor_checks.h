@@ -10,11 +10,13 @@
 #include <vector>
 
 #include "anyattn/anyattn.h"
+#include "common/head_dims.h"
 
 namespace anyattn::api {
 
-// Largest head dim (D and Dv) any entry point accepts.
-constexpr int64_t kMaxHeadDim = 256;
+// The head-dim limits every entry point checks (common/head_dims.h).
+using anyattn::kMaxHeadDim;
+using anyattn::kMaxHeadDimV;
 // Sequence lengths, batch and head counts are limited to int32, so that every index product the
 // kernels form stays far from int64 overflow and the dropout counters stay exact.
 constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
@@ -70,6 +72,12 @@ void check_no_self_overlap(const char* function, const char* name, const anyattn
 // Throws if the written tensor `out_name` shares any byte range with `in_name`.
 void check_disjoint(const char* function, const char* out_name, const TensorExtent& out,
                     const char* in_name, const TensorExtent& in);
+
+// True when `prefix` is a column prefix view of `whole`: the same data pointer, dtype and rank,
+// the same shape and strides in every dimension but the last, and no more columns. Both must
+// have passed check_layout. (The shared latent cache of absorbed MLA passes v_cache as such a
+// view of k_cache: docs/semantics.md, "Shared latent cache".)
+bool is_column_prefix(const anyattn_tensor* prefix, const anyattn_tensor* whole);
 
 // Validates `t` as a 1-D int32 tensor of `length` elements and returns a copy of its values.
 std::vector<int32_t> read_int32_vector(const char* function, const char* name,

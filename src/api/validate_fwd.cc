@@ -7,7 +7,7 @@
 
 namespace anyattn::api {
 
-static_assert(cpu::kMaxStagedColumns >= kMaxHeadDim, "an output row must fit the staging row");
+static_assert(cpu::kMaxStagedColumns >= kMaxHeadDimV, "an output row must fit the staging row");
 
 cpu::FwdArgs check_dense_attention(CallCheck* call, const TensorTable& table,
                                    const AttentionTensors& t, const anyattn_fwd_params& params) {

@@ -50,8 +50,12 @@ const TensorTable& cache_table(bool varlen, bool paged) {
 
 // The new keys and values (B, S_new, Hk, D[v]), which must not overlap the caches they are
 // written into; the caches must not overlap each other either, or writing one would change the
-// other. Sets call->new_tokens and the append's pointers and strides.
-void check_new_keys(CallCheck* check, CacheCall* call, cpu::CacheAppend* append) {
+// other, unless they are one shared latent cache (v_cache a column prefix view of k_cache, as
+// absorbed MLA passes it): the append then writes each row once, from k_new, so v_new must be the
+// same view of k_new, and rotary (which would rotate V's columns as K's) is not supported. Sets
+// call->new_tokens and the append's pointers and strides.
+void check_new_keys(CallCheck* check, CacheCall* call, const AttentionTensors& t,
+                    cpu::CacheAppend* append) {
   const anyattn_kvcache_params& cache = call->cache;
   if ((cache.k_new == nullptr) != (cache.v_new == nullptr)) {
     fail_invalid(call->fn, ": cache->k_new and cache->v_new must be given together");
@@ -63,7 +67,17 @@ void check_new_keys(CallCheck* check, CacheCall* call, cpu::CacheAppend* append)
     check->require_disjoint(written, "cache->k_new");
     check->require_disjoint(written, "cache->v_new");
   }
-  check->require_disjoint("k_cache", "v_cache");
+  if (!is_column_prefix(t.v, t.k)) {
+    check->require_disjoint("k_cache", "v_cache");
+  } else if (!is_column_prefix(cache.v_new, cache.k_new)) {
+    fail_invalid(call->fn,
+                 ": v_cache is a column view of k_cache (a shared latent cache), so cache->v_new "
+                 "must be the same view of cache->k_new: the append writes each shared row once");
+  } else if (cache.rotary_cos != nullptr) {
+    fail_unsupported(call->fn,
+                     ": rotary embedding with a shared latent cache (v_cache a column view of "
+                     "k_cache) would rotate v's columns with k's; rotate k_new before the call");
+  }
   call->new_tokens = (*check)[Dim::kNewTokens];
   append->new_tokens = call->new_tokens;
   read_strides(cache.k_new, true, &append->k_new, &append->k_new_batch_stride,
@@ -319,7 +333,7 @@ ValidatedKvcache validate_cache_call(const char* fn, const AttentionTensors& t,
   ValidatedKvcache result;
   ValidatedFwd& attention = result.attention;
   cpu::FwdArgs& a = attention.args;
-  check_new_keys(&check, &call, &result.append);
+  check_new_keys(&check, &call, t, &result.append);
   const int64_t capacity = locate_sequences(call, &attention);
   const int64_t max_keys = read_key_ranges(call, capacity, &result);
   check_appends_distinct(call, result);

@@ -76,6 +76,12 @@ void check_cache_scales(CallCheck* check, const anyattn_kvcache_params& cache, i
     }
     return;
   }
+  if (args->v_is_k_prefix()) {
+    fail_unsupported(fn, ": v_cache is a column prefix of k_cache (a shared latent cache) of dtype ",
+                     dtype_name(cache_dtype),
+                     "; a shared latent cache must be f32, f16 or bf16 (8-bit caches keep K and V "
+                     "apart)");
+  }
   const int64_t heads_k = (*check)[Dim::kHk];
   if (cache.k_descale != nullptr) {
     read_descale(fn, "cache->k_descale", cache.k_descale, batch, heads_k, appending, &attention->k_descale);

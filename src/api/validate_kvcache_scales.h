@@ -16,6 +16,7 @@ namespace anyattn::api {
 // Checks the four scale tensors of `cache` for a call with `batch` sequences whose caches
 // (already checked by `check`, binding Hk and the cache dims) have dtype `cache_dtype`:
 //   - scales given for an f32/f16/bf16 cache: ANYATTN_E_INVALID_ARGUMENT;
+//   - an 8-bit shared latent cache (v a column prefix of k): ANYATTN_E_UNSUPPORTED;
 //   - a descale: f32 of shape (1), (Hk) or (B, Hk); every entry finite and >= 0, and when
 //     `appending` a normal positive number (the append divides by it);
 //   - token scales: both or neither, f32 (B_cache, S_cache, Hk) or (num_blocks, page_size, Hk)

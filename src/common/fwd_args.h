@@ -33,8 +33,8 @@ struct FwdArgs {
   // or rewrite those (cpu/shared/unit_head_dims.h), so the kernels see the ranges below.
   int64_t heads_q = 0;     // Hq >= 1
   int64_t heads_k = 0;     // Hk >= 1, Hq % Hk == 0
-  int64_t head_dim = 0;    // D in [1, 256]
-  int64_t head_dim_v = 0;  // Dv in [1, 256]
+  int64_t head_dim = 0;    // D in [1, kMaxHeadDim] (common/head_dims.h)
+  int64_t head_dim_v = 0;  // Dv in [1, kMaxHeadDimV]
 
   // q[b][i][h][d] = q_data[b*q_batch_stride + i*q_row_stride + h*q_head_stride + d]; likewise k,
   // v and out. lse[b][h][i] = lse_data[b*lse_batch_stride + h*lse_head_stride + i*lse_row_stride].
@@ -123,6 +123,14 @@ struct FwdArgs {
   }
   float v_descale_of(int64_t b, int64_t h) const {
     return v_descale ? v_descale[b * v_descale_batch_stride + h * v_descale_head_stride] : 1.f;
+  }
+
+  // True when v is a column prefix of k: the same memory, strides and (paged) pages, Dv <= D.
+  // This is the shared latent cache of absorbed MLA (docs/semantics.md, "Shared latent cache"):
+  // V row j is the first Dv values of K row j, so a kernel that has read K row j has V row j too.
+  bool v_is_k_prefix() const {
+    return v == k && head_dim_v <= head_dim && v_batch_stride == k_batch_stride &&
+           v_row_stride == k_row_stride && v_head_stride == k_head_stride;
   }
 };
 

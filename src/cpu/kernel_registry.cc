@@ -9,10 +9,11 @@ namespace anyattn::cpu {
 
 // The forward kernels of every path this build compiles, declared from the ISA table, with the
 // path's run-time check.
-#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name, bwd_tiles) \
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name)         \
   ANYATTN_IF_ARCH_##arch(namespace id {                                                  \
     void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, \
-                    int64_t head_k, int64_t block, float* dst, uint8_t* block_flags);    \
+                    int64_t head_k, int64_t block, float* dst, uint8_t* block_flags,     \
+                    float* staging);                                                     \
     void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task, \
                 const Scratch& scratch);                                                 \
     void attend_direct(const FwdArgs& args, const PackedLayout& layout,                  \
@@ -28,7 +29,7 @@ namespace anyattn::cpu {
 
 namespace {
 
-#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name, bwd_tiles)      \
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name)                \
   ANYATTN_IF_ARCH_##arch(FwdKernel{isa, fwd_name, lanes, rows, keys, &id::cpu_supports,         \
                                    &id::pack_block, &id::attend, &id::attend_direct}, )
 const FwdKernel kKernels[] = {

@@ -15,9 +15,11 @@ namespace anyattn::cpu {
 
 // Packs key block `block` of sequence `seq`, kv head `head_k`, into `dst`
 // (PackedLayout::block_floats floats, 64-byte aligned, in the path's own packed format) and sets
-// *block_flags to what it found (kBlockVNonfinite, kBlockSubnormal; 0 for neither).
+// *block_flags to what it found (kBlockVNonfinite, kBlockSubnormal; 0 for neither). `staging`:
+// the calling thread's Scratch::staging (Scratch::staging_floats(layout, 1) floats).
 using PackBlockFn = void (*)(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
-                             int64_t head_k, int64_t block, float* dst, uint8_t* block_flags);
+                             int64_t head_k, int64_t block, float* dst, uint8_t* block_flags,
+                             float* staging);
 
 // Runs one AttendTask with the given scratch. Writes only the task's own rows of out/lse (or of
 // its partial output).

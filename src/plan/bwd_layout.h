@@ -80,10 +80,14 @@ struct BwdLayout {
   // 32-bit words (bf16 pairs) per row of D or Dv rounded up to the tiles' 32-element chunks.
   int64_t d_words() const { return (d_pad + 31) / 32 * 16; }
   int64_t dv_words() const { return (dv_pad + 31) / 32 * 16; }
+  // Floats per row of BwdScratch::staging: a key row of D or Dv in words, at least 128.
+  int64_t staging_row_floats() const {
+    return std::max<int64_t>({d_words(), dv_words(), 128});
+  }
   int64_t tile_floats() const {
     return chunk_keys * (d_words() + dv_words()) + chunk_keys / 2 * d_pad +
            kBwdBlock * (d_words() + dv_words()) + kBwdBlock / 2 * (d_pad + dv_pad) +
-           kBwdBlock * 128 + (chunk_keys / kBwdBlock + 15) / 16 * 16;
+           kBwdBlock * staging_row_floats() + (chunk_keys / kBwdBlock + 15) / 16 * 16;
   }
 
   // Key blocks [first, end) of chunk c of a sequence with `blocks` key blocks: an even split.
@@ -117,8 +121,9 @@ struct BwdLayout {
 //   q_words [64][w], dout_words [64][wv]   Q and dout rows as the left operand of S and dP
 //   q_pairs [32][d_pad], dout_pairs [32][dv_pad]   Q and dout as the right operands of dK and dV
 //            (word (t, n): dim n of rows 2t and 2t + 1)
-//   staging [64][128]   key rows in words before they are transposed (while packing), then
-//            the split, transposed P Z or dX of a tile ([64][64])
+//   staging [64][max(w, wv, 128)]   key rows in words before they are transposed (while
+//            packing), then the split, transposed P Z or dX of a tile ([64][64]); 128 words
+//            (D = 256) at least, the layout of every D <= 256
 //   key_flags [chunk blocks] bytes   kKeySubnormal / kValueSubnormal per key block
 struct BwdScratch {
   float* kt = nullptr;
@@ -179,7 +184,7 @@ struct BwdScratch {
       s.dout_pairs = reinterpret_cast<uint32_t*>(next);
       next += kBwdBlock / 2 * layout.dv_pad;
       s.staging = next;
-      next += kBwdBlock * 128;
+      next += kBwdBlock * layout.staging_row_floats();
       s.key_flags = reinterpret_cast<uint8_t*>(next);
     }
     return s;

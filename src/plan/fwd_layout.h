@@ -13,6 +13,7 @@
 #ifndef ANYATTN_PLAN_FWD_LAYOUT_H_
 #define ANYATTN_PLAN_FWD_LAYOUT_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/fwd_args.h"
@@ -131,13 +132,16 @@ struct Scratch {
   float* o = nullptr;  // [row][dv_pad] output accumulators
   float* m = nullptr;  // [row] running max (natural units)
   float* l = nullptr;  // [row][kRowSumSlots] running denominator, one partial sum per lane
-  // Streaming tasks: one packed block per kv head of the task, then the K staging rows.
+  // Streaming tasks: one packed block per kv head of the task. Then the K staging rows of
+  // pack_block (for packed calls one kv head's, for streaming tasks the task's kv heads'): in
+  // the workspace rather than on the stack, whose frame they would grow to 36 KiB at D = 576.
   float* panel = nullptr;
   float* staging = nullptr;
 
-  // Staging floats for `heads_k` heads: 16 key rows per head, each padded to a multiple of 16.
+  // Staging floats for `heads_k` heads (at least one): 16 key rows per head, each padded to a
+  // multiple of 16.
   static int64_t staging_floats(const PackedLayout& layout, int64_t heads_k) {
-    return heads_k * 16 * round_up(layout.head_dim, 16);
+    return std::max<int64_t>(heads_k, 1) * 16 * round_up(layout.head_dim, 16);
   }
   // With `panel_heads_k` packed panels (streaming tasks that pack; 0 otherwise).
   static int64_t floats_needed(const PackedLayout& layout, int64_t panel_heads_k) {

@@ -160,8 +160,13 @@ TEST_F(BwdErrors, HqNotMultipleOfHk) {
 }
 
 TEST_F(BwdErrors, HeadDimTooLarge) {
-  for (anyattn_tensor* t : {&q_, &k_, &dq_, &dk_}) t->shape[3] = 257;
-  expect_rejected(ANYATTN_E_INVALID_ARGUMENT, {"D", "256"});
+  for (anyattn_tensor* t : {&q_, &k_, &dq_, &dk_}) t->shape[3] = 577;
+  expect_rejected(ANYATTN_E_INVALID_ARGUMENT, {"(head dim D) is 577", "supported: 0..576"});
+}
+
+TEST_F(BwdErrors, ValueHeadDimTooLarge) {
+  for (anyattn_tensor* t : {&v_, &out_, &dout_, &dv_}) t->shape[3] = 513;
+  expect_rejected(ANYATTN_E_INVALID_ARGUMENT, {"(head dim Dv) is 513", "supported: 0..512"});
 }
 
 TEST_F(BwdErrors, GradientAliasesAnInput) {

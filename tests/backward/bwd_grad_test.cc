@@ -222,6 +222,32 @@ TEST(BwdGrad, EveryIsaPath) {
   }
 }
 
+// D = 576 and Dv = 512 (the limits) and dims just past the tuned ones, on every ISA path, f32
+// and bf16, with several key chunks and query blocks.
+TEST(BwdGrad, LargestHeadDims) {
+  const int64_t dims[][2] = {{576, 512}, {257, 511}, {512, 33}};
+  int64_t n = 0;
+  for (anyattn_isa isa : supported_isas()) {
+    for (anyattn_dtype dtype : {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_BF16}) {
+      for (const auto& d : dims) {
+        Case c = base_case();
+        c.isa = isa;
+        c.dtype = dtype;
+        c.Hq = 2;
+        c.Hk = 1;
+        c.Sq = 33;
+        c.Sk = 70;
+        c.D = d[0];
+        c.Dv = d[1];
+        c.causal = n % 2 == 1;
+        c.sinks = n % 3 == 0;
+        c.seed = static_cast<uint64_t>(++n);
+        EXPECT_TRUE(run_and_check_bwd(with(c))) << anyattn_isa_name(isa);
+      }
+    }
+  }
+}
+
 TEST(BwdGrad, StridedLayouts) {
   for (Layout layout : {Layout::kPacked, Layout::kTransposedBatch, Layout::kPaddedStrides,
                         Layout::kBroadcast, Layout::kNegativeStrides}) {

@@ -308,6 +308,17 @@ TEST(BwdVarlen, FeaturesPerSequence) {
   expect_varlen(c, kMixedLens, true);
 }
 
+// D = 576 and Dv = 512, the limits.
+TEST(BwdVarlen, LargestHeadDims) {
+  Case c = varlen_base();
+  c.Hq = 2;
+  c.Hk = 1;
+  c.D = 576;
+  c.Dv = 512;
+  c.causal = true;
+  expect_varlen(c, {{3, 70, 70}, {0, 5, 5}, {33, 18, 20}}, true);
+}
+
 TEST(BwdVarlen, WithoutSequsedK) {
   std::vector<SeqLens> lens = kMixedLens;
   for (SeqLens& l : lens) l.sk_present = l.sk_used;
@@ -462,6 +473,12 @@ TEST_F(BwdVarlenErrors, LseIsRequired) {
 TEST_F(BwdVarlenErrors, ForwardChecksNameTheBackward) {
   Int32s bad({0, 5, 4});
   expect_error(call(&dq_.t, &lse_, &bad.t), "cu_seqlens_q is not non-decreasing");
+}
+
+TEST_F(BwdVarlenErrors, HeadDimsPastTheLimits) {
+  Packed wide_q(ANYATTN_DTYPE_F32, 10, 2, 577, 0);
+  q_ = wide_q;
+  expect_error(call(&dq_.t, &lse_), "q.shape[2] (head dim D) is 577; supported: 0..576");
 }
 
 TEST_F(BwdVarlenErrors, GradientShape) {

@@ -413,6 +413,20 @@ TEST(Kvcache8bit, EveryStoredCodeConvertsOnEveryPath) {
   }
 }
 
+// Head dims of 0: the rows without columns have no cache bytes, but their token scales are
+// written (0, as for an all-zero row) and read.
+TEST(Kvcache8bit, EmptyHeadDimsWriteZeroTokenScales) {
+  for (int64_t empty : {0, 1}) {
+    Q8Case c;
+    c.kv_dtype = ANYATTN_DTYPE_I8;
+    c.scales = Scales::kTokenDescale;
+    c.S_new = 2;
+    (empty == 0 ? c.D : c.Dv) = 0;
+    Q8Problem p(c);
+    for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2));
+  }
+}
+
 // ---- anyattn_fwd_kvcache_varlen -----------------------------------------------------------------
 
 TEST(Kvcache8bit, VarlenMixesDecodeAndPrefill) {
@@ -631,6 +645,23 @@ TEST(Kvcache8bit, DtypeRulesAreChecked) {
     p.k_new.t.dtype = ANYATTN_DTYPE_I8;
     expect_rejected(&p, {"cache->k_new.dtype is i8"});
   }
+}
+
+// Absorbed MLA's shared latent cache (v_cache a column prefix of k_cache) stays float-only.
+TEST(Kvcache8bit, SharedLatentCacheIsUnsupported) {
+  Q8Case c;
+  c.Hk = 1;
+  c.Hq = 4;
+  c.D = 32;
+  c.Dv = 16;
+  Q8Problem p(c);
+  p.v_cache.t = p.k_cache.t;
+  p.v_cache.t.shape[3] = c.Dv;
+  p.restore();
+  EXPECT_EQ(p.run(), ANYATTN_E_UNSUPPORTED);
+  const std::string message = anyattn_last_error();
+  EXPECT_NE(message.find("shared latent cache"), std::string::npos) << message;
+  EXPECT_TRUE(p.untouched()) << message;
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 // anyattn_fwd_kvcache against the f64 reference (reference_cache.h) by the 2x rule
 // (tests/README.md):
 // contiguous and paged caches, cache_batch_idx, cache_seqlens as a tensor or a scalar,
-// cache_leftpad, in-place append with and without rotary, every score option, num_splits, LSE.
-// Every call also checks the cache: the appended rows hold exactly the (rotated) new keys and
+// cache_leftpad, in-place append with and without rotary, every score option, num_splits, LSE;
+// the largest head dims (D = 576, Dv = 512) with append and rotary, and the shared latent cache
+// of absorbed MLA (Hk = 1, v_cache a column view of k_cache, v_new of k_new): decode and a few
+// causal queries, contiguous and paged, f32 and bf16, 16 and 128 query heads, with and without
+// an append. Every call also checks the cache: the appended rows hold exactly the (rotated) new keys and
 // values, and no other byte of either cache changed. Then the error paths of issue 5 item 5, each
 // checking that neither the cache nor out was touched.
 #include <gtest/gtest.h>
@@ -48,6 +51,9 @@ struct KvCase {
   bool with_lse = true;
   int32_t num_splits = 0;
   uint64_t seed = 1;
+  // The shared latent cache of absorbed MLA: v_cache is the first Dv columns of k_cache (same
+  // data and strides), v_new likewise of k_new. Needs Dv <= D.
+  bool shared_latent = false;
 
   std::string describe() const {
     std::string s = "B=" + std::to_string(B) + " Sq=" + std::to_string(Sq) +
@@ -62,7 +68,7 @@ struct KvCase {
          " window=(" + std::to_string(window_left) + "," + std::to_string(window_right) +
          ") softcap=" + std::to_string(softcap) +
          " alibi=" + std::to_string(static_cast<int>(alibi)) + " sinks=" + std::to_string(sinks) +
-         " splits=" + std::to_string(num_splits);
+         " splits=" + std::to_string(num_splits) + (shared_latent ? " shared_latent" : "");
     return s;
   }
 };
@@ -149,6 +155,16 @@ struct KvProblem {
       cache.rotary_cos = &rotary_cos.t;
       cache.rotary_sin = &rotary_sin.t;
       cache.rotary_interleaved = c.interleaved;
+    }
+    if (c.shared_latent) {
+      // v_cache's and v_new's own buffers stay allocated (and unchanged: untouched() and
+      // check_cache compare them), but the call and the reference see the views.
+      v_cache.t = k_cache.t;
+      v_cache.t.shape[3] = c.Dv;
+      if (c.S_new > 0) {
+        v_new.t = k_new.t;
+        v_new.t.shape[3] = c.Dv;
+      }
     }
     out = OwnedTensor(c.dtype, {c.B, c.Sq, c.Hq, c.Dv});
     lse = OwnedTensor(ANYATTN_DTYPE_F32, {c.B, c.Hq, c.Sq});
@@ -395,6 +411,76 @@ TEST(Kvcache, AppendWithRotary) {
       }
     }
   }
+}
+
+// D = 576 and Dv = 512 (the limits) through every step of the call: append, rotary of q and of
+// the new keys, contiguous and paged caches, decode and a few causal queries.
+TEST(Kvcache, LargestHeadDimsWithAppendAndRotary) {
+  for (int64_t page_size : {0, 16}) {
+    for (anyattn_dtype dtype : {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_BF16}) {
+      KvCase c;
+      c.B = 2;
+      c.Hq = 4;
+      c.Hk = 2;
+      c.D = 576;
+      c.Dv = 512;
+      c.seqlens = {70, 9};
+      c.capacity = 80;
+      c.page_size = page_size;
+      c.S_new = page_size > 0 ? 1 : 4;
+      c.Sq = c.S_new;
+      c.causal = true;
+      c.rotary_dim = 64;
+      c.dtype = dtype;
+      c.rotary_dtype = dtype;
+      EXPECT_TRUE(run_and_check_kv(c));
+    }
+  }
+}
+
+// Absorbed MLA decode: many query heads against one latent kv head (D = 576 = 512 latent + 64
+// rotary dims), V the latent's first 512 columns, the cache passed as both k_cache and v_cache.
+KvCase shared_latent_case(int64_t hq, int64_t sq, int64_t s_new, int64_t page_size,
+                          anyattn_dtype dtype) {
+  KvCase c;
+  c.B = 2;
+  c.Hq = hq;
+  c.Hk = 1;
+  c.D = 576;
+  c.Dv = 512;
+  c.Sq = sq;
+  c.causal = sq > 1;
+  c.S_new = s_new;
+  c.seqlens = {70, 129};
+  c.capacity = 144;
+  c.page_size = page_size;
+  c.dtype = dtype;
+  c.shared_latent = true;
+  return c;
+}
+
+TEST(Kvcache, SharedLatentCacheMla) {
+  uint64_t seed = 1;
+  for (int64_t page_size : {0, 16}) {
+    for (anyattn_dtype dtype : {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_BF16}) {
+      for (int64_t sq : {1, 4}) {
+        for (bool append : {false, true}) {
+          KvCase c = shared_latent_case(16, sq, append ? sq : 0, page_size, dtype);
+          c.seed = seed++;
+          EXPECT_TRUE(run_and_check_kv(c));
+        }
+      }
+    }
+  }
+  // 128 query heads (the packed path rather than streaming tasks), and a split key range.
+  for (int64_t page_size : {0, 16}) {
+    KvCase c = shared_latent_case(128, 1, 1, page_size, ANYATTN_DTYPE_BF16);
+    c.seed = seed++;
+    EXPECT_TRUE(run_and_check_kv(c));
+  }
+  KvCase split = shared_latent_case(16, 1, 1, 16, ANYATTN_DTYPE_F32);
+  split.num_splits = 3;
+  EXPECT_TRUE(run_and_check_kv(split));
 }
 
 TEST(Kvcache, RotaryWithWindowPagedAndLeftpad) {
@@ -651,6 +737,50 @@ TEST(KvcacheErrors, CacheBatchIdx) {
   KvProblem repeated(c);
   repeated.batch_idx.set(2, static_cast<const int32_t*>(repeated.batch_idx.t.data)[0]);
   expect_error(&repeated, {"cache_batch_idx", "repeats"});
+}
+
+TEST(KvcacheErrors, HeadDimsPastTheLimits) {
+  KvCase c = appending_case();
+  c.D = 577;
+  KvProblem wide_k(c);
+  expect_error(&wide_k, {"q.shape[3] (head dim D) is 577; supported: 0..576"});
+  c.D = 32;
+  c.Dv = 513;
+  KvProblem wide_v(c);
+  expect_error(&wide_v, {"v_cache.shape[3] (head dim Dv) is 513; supported: 0..512"});
+}
+
+// A shared latent cache appends each row once, from k_new: v_new must be the same view of k_new.
+TEST(KvcacheErrors, SharedLatentCacheWithSeparateNewValues) {
+  KvCase c = shared_latent_case(16, 1, 1, 16, ANYATTN_DTYPE_F32);
+  KvProblem separate(c);
+  separate.v_new = OwnedTensor(c.dtype, {c.B, c.S_new, c.Hk, c.Dv});  // not a view of k_new
+  separate.cache.v_new = &separate.v_new.t;
+  expect_error(&separate, {"cache->v_new must be the same view of cache->k_new"});
+}
+
+TEST(KvcacheErrors, SharedLatentCacheWithRotary) {
+  KvCase c = shared_latent_case(16, 1, 1, 0, ANYATTN_DTYPE_F32);
+  c.rotary_dim = 64;
+  KvProblem p(c);
+  EXPECT_EQ(p.run(), ANYATTN_E_UNSUPPORTED);
+  const std::string message = anyattn_last_error();
+  EXPECT_NE(message.find("rotary embedding with a shared latent cache"), std::string::npos)
+      << message;
+  EXPECT_TRUE(p.untouched()) << message;
+}
+
+// Caches that overlap other than as a column view (v_cache 64 columns into k_cache) would change
+// each other when appended to: still rejected. So is an out that overlaps the shared cache.
+TEST(KvcacheErrors, CachesOverlappingOtherwiseOrOutOverlappingTheCache) {
+  KvCase c = shared_latent_case(16, 1, 1, 0, ANYATTN_DTYPE_F32);
+  c.Dv = 256;
+  KvProblem shifted(c);
+  shifted.v_cache.t.data = static_cast<float*>(shifted.k_cache.t.data) + 64;
+  expect_error(&shifted, {"k_cache overlaps v_cache"});
+  KvProblem out_in_cache(shared_latent_case(1, 1, 0, 0, ANYATTN_DTYPE_F32));
+  out_in_cache.out.t.data = out_in_cache.k_cache.t.data;
+  expect_error(&out_in_cache, {"out overlaps k_cache"});
 }
 
 TEST(KvcacheErrors, OnlyOneOfKnewVnew) {

@@ -280,6 +280,20 @@ TEST(KvcacheVarlen, ContiguousPagedAndBatchIndex) {
   EXPECT_TRUE(run_and_check(indexed));
 }
 
+// D = 576 and Dv = 512 (the limits), contiguous and paged, decode steps and a prefill chunk.
+TEST(KvcacheVarlen, LargestHeadDims) {
+  for (int64_t page : {0, 16}) {
+    for (anyattn_dtype dtype : {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_BF16}) {
+      KvVarlenCase c;
+      c.Hq = 4, c.Hk = 1, c.D = 576, c.Dv = 512;
+      c.page_size = page;
+      c.causal = true;
+      c.dtype = dtype;
+      EXPECT_TRUE(run_and_check(c));
+    }
+  }
+}
+
 TEST(KvcacheVarlen, ChunkedPrefillAmongDecodeSteps) {
   // One long prefill chunk (its queries the last 96 of 300 keys) among decode steps.
   KvVarlenCase c;
@@ -466,6 +480,19 @@ TEST(KvcacheVarlenErrors, CacheBounds) {
   KvVarlenProblem negative(c);
   negative.cache_seqlens.set(2, -1);
   expect_error(&negative, ANYATTN_E_INVALID_ARGUMENT, {"cache_seqlens[2]", "-1"});
+}
+
+TEST(KvcacheVarlenErrors, HeadDimsPastTheLimits) {
+  KvVarlenCase c;
+  c.D = 577;
+  KvVarlenProblem wide_k(c);
+  expect_error(&wide_k, ANYATTN_E_INVALID_ARGUMENT,
+               {"q.shape[2] (head dim D) is 577; supported: 0..576"});
+  c.D = 32;
+  c.Dv = 513;
+  KvVarlenProblem wide_v(c);
+  expect_error(&wide_v, ANYATTN_E_INVALID_ARGUMENT,
+               {"v_cache.shape[3] (head dim Dv) is 513; supported: 0..512"});
 }
 
 TEST(KvcacheVarlenErrors, Shapes) {

@@ -116,7 +116,8 @@ struct MergeProblem {
 TEST(Merge, AgainstReferenceBothRanksAllDtypes) {
   for (anyattn_dtype dtype : {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_DTYPE_BF16}) {
     for (const std::vector<int64_t>& shape :
-         {std::vector<int64_t>{37, 4, 64}, {5, 3, 1}, {2, 19, 3, 128}, {3, 1, 8, 256}}) {
+         {std::vector<int64_t>{37, 4, 64}, {5, 3, 1}, {2, 19, 3, 128}, {3, 1, 8, 256},
+          {2, 5, 2, 512}}) {
       MergeProblem p(dtype, shape, 7);
       ASSERT_EQ(p.run(&p.out.t, &p.lse_out.t), ANYATTN_OK) << anyattn_last_error();
       EXPECT_TRUE(check_merge(p, p.out.values(), p.lse_out.values()))
@@ -268,6 +269,17 @@ void expect_merge_error(MergeProblem* p, const anyattn_tensor* lse_out,
         << "message \"" << message << "\" lacks \"" << needle << "\"";
   }
   EXPECT_TRUE(p->out.bytes == out_before && p->lse_out.bytes == lse_before) << message;
+}
+
+// Past the largest Dv (512): unsupported, with the tensor, the value and the limit; nothing written.
+TEST(MergeErrors, HeadDimPastTheLimit) {
+  MergeProblem p(ANYATTN_DTYPE_F32, {3, 2, 513}, 1);
+  const std::vector<unsigned char> out_before = p.out.bytes, lse_before = p.lse_out.bytes;
+  EXPECT_EQ(p.run(&p.out.t, &p.lse_out.t), ANYATTN_E_UNSUPPORTED);
+  EXPECT_STREQ(anyattn_last_error(),
+               "anyattn_merge_attention_states: the head dim (out_a.shape[2], the last dimension) "
+               "is 513; supported: up to 512");
+  EXPECT_TRUE(p.out.bytes == out_before && p.lse_out.bytes == lse_before);
 }
 
 TEST(MergeErrors, ShapeMismatch) {

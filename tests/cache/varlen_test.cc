@@ -231,6 +231,7 @@ TEST(Varlen, HeadDimsAndGqa) {
                                {8, 8, 8, 128},
                                {6, 3, 128, 64},
                                {4, 1, 256, 256},
+                               {4, 1, 576, 512},
                                {2, 2, 1, 3}}) {
     VarlenCase c = mixed_lengths();
     c.Hq = hq, c.Hk = hk, c.D = d, c.Dv = dv;
@@ -391,6 +392,19 @@ VarlenCase small_case() {
   c.lens_q = {3, 4, 5};
   c.lens_k = {3, 4, 5};
   return c;
+}
+
+TEST(VarlenErrors, HeadDimsPastTheLimits) {
+  VarlenCase c = small_case();
+  c.D = 577;
+  VarlenProblem wide_k(c);
+  expect_error(&wide_k, ANYATTN_E_INVALID_ARGUMENT,
+               {"anyattn_fwd_varlen: q.shape[2] (head dim D) is 577; supported: 0..576"});
+  c.D = 32;
+  c.Dv = 513;
+  VarlenProblem wide_v(c);
+  expect_error(&wide_v, ANYATTN_E_INVALID_ARGUMENT,
+               {"anyattn_fwd_varlen: v.shape[2] (head dim Dv) is 513; supported: 0..512"});
 }
 
 TEST(VarlenErrors, NonMonotonicCuSeqlensQ) {

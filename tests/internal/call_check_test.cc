@@ -139,11 +139,19 @@ TEST(CallCheck, AnInPlaceOutputMayBeExactlyItsInputButNotPartly) {
 }
 
 TEST(CallCheck, DimRules) {
-  std::vector<float> x(257), y(1);
-  anyattn_tensor tx = view(x, {1, 1, 257}), ty = view(y, {1, 1, 1});
+  std::vector<float> x(577), y(513);
+  anyattn_tensor tx = view(x, {1, 1, 577}), ty = view(y, {1, 1, 1});
   const anyattn_tensor* head_dim[] = {&tx, &ty, nullptr};
   EXPECT_EQ(message_of([&] { CallCheck("f").check(kPair, head_dim); }),
-            "f: x.shape[2] (head dim D) is 257; supported: 0..256");
+            "f: x.shape[2] (head dim D) is 577; supported: 0..576");
+  // The largest head dims pass: D = 576 and Dv = 512 (absorbed MLA's).
+  anyattn_tensor widest_x = view(x, {1, 1, 576}), widest_y = view(y, {1, 1, 512});
+  const anyattn_tensor* widest[] = {&widest_x, &widest_y, nullptr};
+  EXPECT_EQ(message_of([&] { CallCheck("f").check(kPair, widest); }), "");
+  anyattn_tensor wide_y = view(y, {1, 1, 513});
+  const anyattn_tensor* value_head_dim[] = {&widest_x, &wide_y, nullptr};
+  EXPECT_EQ(message_of([&] { CallCheck("f").check(kPair, value_head_dim); }),
+            "f: y.shape[2] (head dim Dv) is 513; supported: 0..512");
   // B = 2^31 rows, all at one address: fits memory, but not the int32 the kernels count in.
   anyattn_tensor many = view(y, {1, 1, 1}), many_out = view(x, {1, 1, 1});
   many.shape[0] = many_out.shape[0] = int64_t{1} << 31;

@@ -356,17 +356,18 @@ TEST(ReliabilityConcurrency, ManyThreadsKeepTheirOwnErrorMessages) {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      std::vector<float> q(4 * (300 + t)), out(4 * (300 + t));
+      const int64_t bad_dim = ANYATTN_MAX_HEAD_DIM + 1 + t;
+      std::vector<float> q(4 * bad_dim), out(4 * bad_dim);
       for (int call = 0; call < 5; ++call) {
-        // D = 300 + t is out of range: the message must name this thread's value.
-        const anyattn_tensor bad_q = tensor(q.data(), ANYATTN_DTYPE_F32, {1, 2, 2, 300 + t});
-        const anyattn_tensor bad_out = tensor(out.data(), ANYATTN_DTYPE_F32, {1, 2, 2, 300 + t});
+        // D = 577 + t is out of range: the message must name this thread's value.
+        const anyattn_tensor bad_q = tensor(q.data(), ANYATTN_DTYPE_F32, {1, 2, 2, bad_dim});
+        const anyattn_tensor bad_out = tensor(out.data(), ANYATTN_DTYPE_F32, {1, 2, 2, bad_dim});
         if (anyattn_fwd(&bad_q, &bad_q, &bad_q, &bad_out, nullptr, nullptr) !=
             ANYATTN_E_INVALID_ARGUMENT) {
           ++failures;
         }
         std::this_thread::yield();
-        if (std::string(anyattn_last_error()).find(std::to_string(300 + t)) == std::string::npos) {
+        if (std::string(anyattn_last_error()).find(std::to_string(bad_dim)) == std::string::npos) {
           ++failures;
         }
         if (small() != expected) ++failures;

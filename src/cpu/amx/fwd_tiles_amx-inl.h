@@ -458,9 +458,9 @@ class TileProducts {
   alignas(64) uint16_t gathered_p_[kMaxDeferredBlocks][kMaxQBlockRows * kKeyBlock * 2];
 };
 
+// `staging` holds kLanes * round_up(D, 16) floats: pack_head_tiles' 8 * tile_head_dim(D) fit too.
 void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, int64_t head_k,
-                int64_t block, float* dst, uint8_t* block_flags) {
-  alignas(64) float staging[kLanes * 256];
+                int64_t block, float* dst, uint8_t* block_flags, float* staging) {
   if (uses_tiles(args)) {
     pack_head_tiles(args, layout, seq, head_k, block, dst, staging, block_flags);
   } else {

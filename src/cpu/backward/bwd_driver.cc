@@ -16,8 +16,9 @@
 namespace anyattn::cpu {
 
 // The backward kernels of every path this build compiles, declared from the ISA table.
-#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name, bwd_tiles)       \
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name)               \
   ANYATTN_IF_ARCH_##arch(namespace bwd_##id {                                                  \
+    extern const bool kBf16Tiles;                                                              \
     void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta);              \
     void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,           \
                   const float* delta, float* scratch);                                         \
@@ -35,14 +36,14 @@ struct BwdKernel {
   decltype(&bwd_portable::row_dots) row_dots;
   decltype(&bwd_portable::bwd_task) bwd_task;
   decltype(&bwd_portable::reduce_dq) reduce_dq;
-  bool bf16_tiles;  // the products of bf16 calls on AMX tiles (BwdLayout::bf16_tiles)
+  const bool* bf16_tiles;  // the products of bf16 calls on AMX tiles (BwdLayout::bf16_tiles)
 };
 
 // Whether the CPU can run a path is the forward registry's answer for the same isa: both are
 // compiled for the same target features.
-#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name, bwd_tiles) \
-  ANYATTN_IF_ARCH_##arch(BwdKernel{isa, bwd_name, &bwd_##id::row_dots, &bwd_##id::bwd_task,  \
-                                   &bwd_##id::reduce_dq, bwd_tiles}, )
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name)            \
+  ANYATTN_IF_ARCH_##arch(BwdKernel{isa, bwd_name, &bwd_##id::row_dots, &bwd_##id::bwd_task, \
+                                   &bwd_##id::reduce_dq, &bwd_##id::kBf16Tiles}, )
 const BwdKernel kBwdKernels[] = {
 #include "cpu/isa_table.inc"
 };
@@ -108,7 +109,7 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
     return;
   }
   const BwdKernel* kernel = find_bwd_kernel(isa);
-  plan::BwdPlan plan = plan::make_bwd_plan(args, kernel->bf16_tiles && f.dtype == DType::kBF16);
+  plan::BwdPlan plan = plan::make_bwd_plan(args, *kernel->bf16_tiles && f.dtype == DType::kBF16);
   const std::vector<BwdSeq>& seqs = plan.seqs;
 
   const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());

@@ -13,13 +13,14 @@
 //                                 in place of bwd_philox.h's portable dropout_keep_factors64
 //     ANYATTN_BWD_BF16_TILES      the products of bf16 calls on AMX tiles
 //                                 (amx/bwd_tiles_amx-inl.h)
-// Defines row_dots, bwd_task and reduce_dq (registered by backward/bwd_driver.cc).
+// Defines row_dots, bwd_task, reduce_dq and kBf16Tiles (registered by backward/bwd_driver.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include "common/bwd_args.h"
+#include "common/head_dims.h"
 #include "cpu/backward/bwd_philox.h"
 #include "cpu/shared/half.h"
 #include "cpu/shared/prefetch.h"
@@ -60,6 +61,14 @@ inline void dropout_row_factors(PhiloxKey key, int64_t b, int64_t h, int64_t i, 
 #include "cpu/amx/amx_tiles-inl.h"
 #endif
 #include "cpu/backward/bwd_kernel-inl.h"
+
+// Whether bf16 calls run their products on AMX tiles (BwdLayout::bf16_tiles): the driver sizes the
+// scratch from it, so it is stated once, by the path's traits.
+#if defined(ANYATTN_BWD_BF16_TILES)
+extern const bool kBf16Tiles = true;
+#else
+extern const bool kBf16Tiles = false;
+#endif
 
 }  // namespace anyattn::cpu::ANYATTN_PATH_BWD_NAMESPACE
 ANYATTN_PATH_TARGET_END()

@@ -315,8 +315,8 @@ void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta) {
   const FwdArgs& f = args.fwd;
   const int64_t dv = f.head_dim_v;
   const int64_t dv_pad = (dv + 15) / 16 * 16;
-  alignas(64) float out_row[256];
-  alignas(64) float dout_row[256];
+  alignas(64) float out_row[kMaxHeadDimV];  // dv_pad <= kMaxHeadDimV, a multiple of 16
+  alignas(64) float dout_row[kMaxHeadDimV];
   for (int64_t i = 0; i < s.seq.seqlen_q; ++i) {
     load_row(element_address(f.out, f.dtype,
                              s.seq.out_offset + i * f.out_row_stride + h * f.out_head_stride),
@@ -556,7 +556,7 @@ void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, in
                const float* partials, int64_t chunk_stride, int64_t chunks) {
   const FwdArgs& f = args.fwd;
   const int64_t d_pad = layout.d_pad;
-  alignas(64) float sum[256];
+  alignas(64) float sum[kMaxHeadDim];  // d_pad <= kMaxHeadDim, a multiple of 16
   for (int64_t i = 0; i < s.seq.seqlen_q; ++i) {
     const int64_t row = (s.row_first + h * s.seq.seqlen_q + i) * d_pad;
     for (int64_t c = 0; c < d_pad; c += kLanes) {

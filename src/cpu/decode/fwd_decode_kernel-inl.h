@@ -52,7 +52,7 @@ template <DType kDtype>
 constexpr int64_t kRowElementBytes = kDtype == DType::kF32 ? 4 : is_kv8(kDtype) ? 1 : 2;
 
 // Vector `index / lanes` of a row of kDtype values, as f32 (an 8-bit cache: the stored values,
-// whose scales the loop applies to the scores and probabilities instead).
+// e4m3 times 2^-8, whose scales the loop applies to the scores and probabilities instead).
 template <DType kDtype>
 inline Vec load_converted(const void* row, int64_t index) {
   if constexpr (kDtype == DType::kF32) {
@@ -71,11 +71,12 @@ inline Vec load_converted(const void* row, int64_t index) {
 }
 
 // Elements [index, count) of a row of kDtype values as f32, zero in the lanes past `count`; never
-// reads past element count - 1.
+// reads past element count - 1. e4m3 values come times 2^-8, as from load_converted.
 template <DType kDtype>
 inline Vec load_converted_tail(const void* row, int64_t index, int64_t count) {
   alignas(64) float lanes[kLanes] = {};
-  for (int64_t i = index; i < count; ++i) lanes[i - index] = load_element(row, kDtype, i);
+  constexpr float kUnscale = kDtype == DType::kFp8E4M3 ? 0x1p-8f : 1.f;  // exact
+  for (int64_t i = index; i < count; ++i) lanes[i - index] = load_element(row, kDtype, i) * kUnscale;
   return Vec::load(lanes);
 }
 
@@ -462,10 +463,12 @@ struct KeyScales {
   bool active() const { return is_kv8(args.kv_dtype); }
 
   // The factor of key j of the block (rows located in `rows`) for kv head head_k + h.
+  // Times 2^8 for e4m3, whose loads give values times 2^-8 (kv_load_scale).
   float factor(const BlockRows& rows, int64_t j, int64_t h, KvStream stream) const {
     const bool k = stream == KvStream::kK;
     float scale = k ? args.k_descale_of(seq.batch, head_k + h)
                     : args.v_descale_of(seq.batch, head_k + h);
+    scale *= kv_load_scale(args.kv_dtype);
     if (args.k_token_scale != nullptr) {
       scale *= k ? args.k_token_scale[rows.k_scale[j] + h * args.k_scale_head_stride]
                  : args.v_token_scale[rows.v_scale[j] + h * args.v_scale_head_stride];

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "common/fwd_args.h"
+#include "common/head_dims.h"
 #include "cpu/shared/half.h"
 
 namespace anyattn::cpu {
@@ -33,8 +34,8 @@ struct RowPartials {
 
 // Most partials one row can have (the split-KV limit).
 constexpr int64_t kMaxRowPartials = 64;
-// Most output columns of a row (the API's head-dim limit).
-constexpr int64_t kMaxStagedColumns = 256;
+// Most output columns of a row (the API's limit on Dv).
+constexpr int64_t kMaxStagedColumns = kMaxHeadDimV;
 
 // Combines the partials (and `sink`, natural-log score units, when `has_sink`) and writes
 // head_dim_v values of `dtype` to out_row and, if lse is non-null, the row's LSE. A row that saw

@@ -317,7 +317,7 @@ void run_part(const FwdArgs& args, const FwdKernel& kernel, const runtime::PoolL
   const Workspace& ws = part.ws;
   for (const Group& group : part.groups) {
     if (!plan.streaming) {
-      lease.run_each(group.packed_blocks, [&](int64_t t, int) {
+      lease.run_each(group.packed_blocks, [&](int64_t t, int worker) {
         // The pair that owns packed block t: the last one whose first block is <= t.
         const auto first = pairs.begin() + group.first_pair;
         const auto owner = std::upper_bound(first + 1, first + group.pairs, t,
@@ -326,8 +326,11 @@ void run_part(const FwdArgs& args, const FwdKernel& kernel, const runtime::PoolL
                                             }) -
                            1;
         const Pair& pair = *owner;
+        const Scratch scratch = Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout,
+                                               plan.panel_heads_k());
         kernel.pack_block(args, layout, pair.seq, pair.head_k, t - pair.packed_first,
-                          ws.packed + t * layout.block_floats, ws.block_flags + t);
+                          ws.packed + t * layout.block_floats, ws.block_flags + t,
+                          scratch.staging);
       });
     }
     lease.run_each(static_cast<int64_t>(group.tasks.size()), [&](int64_t t, int worker) {

@@ -496,7 +496,7 @@ inline void convert_kv_row(const void* tensor, DType kv_dtype, int64_t offset, i
     return;
   }
   const uint8_t* from = static_cast<const uint8_t*>(src);
-  const Vec factor = Vec::broadcast(scale);
+  const Vec factor = Vec::broadcast(scale * kv_load_scale(kv_dtype));
   int64_t i = 0;
   if (kv_dtype == DType::kI8) {
     for (; i + kLanes <= n; i += kLanes) (Vec::load_i8(from + i) * factor).store(dst + i);
@@ -543,6 +543,9 @@ inline void prefetch_rows_ahead(const FwdArgs& args, const SeqInfo& seq, const v
 // Hk * D elements apart, rows of all heads are contiguous), so a multi-head call sweeps memory
 // sequentially. K rows are converted into `staging` (heads_k * lanes rows of round_up(D, 16)
 // floats) one chunk of `lanes` keys at a time and transposed tile by tile into kt[d][j].
+//
+// A shared latent cache (FwdArgs::v_is_k_prefix: absorbed MLA) has V row j at the start of K row
+// j: V is then copied from the staged K rows, so the block's rows are read from memory once.
 void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
                       int64_t head_k, int64_t heads_k, int64_t block, float* panels, float* staging,
                       uint8_t* block_flags) {
@@ -553,6 +556,22 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
   const int64_t dv_pad = layout.dv_pad;
   const int64_t d_pad = round_up(head_dim, kLanes);
   const int64_t stage_stride = round_up(head_dim, 16);
+
+  // Every product x * 0 is 0 for finite x and NaN for NaN or +-inf.
+  Vec finite_check[kMaxQBlockRows];
+  for (int64_t h = 0; h < heads_k; ++h) finite_check[h] = Vec::zero();
+  auto v_row_of = [&](int64_t h, int64_t j) {
+    return panels + h * layout.block_floats + layout.kt_floats + j * dv_pad;
+  };
+  // Zeroes V row j of head h past Dv (or the whole row past the block's keys) and checks it.
+  auto finish_v_row = [&](int64_t h, int64_t j) {
+    float* v_row = v_row_of(h, j);
+    for (int64_t c = j < keys ? head_dim_v : 0; c < dv_pad; ++c) v_row[c] = 0.f;
+    for (int64_t c = 0; c < dv_pad; c += kLanes) {
+      finite_check[h] = finite_check[h] + Vec::load(v_row + c) * Vec::zero();
+    }
+  };
+  const bool v_from_k = args.v_is_k_prefix();
 
   alignas(64) float transposed[kLanes * kLanes];
   for (int64_t chunk = 0; chunk < kKeyBlock; chunk += kLanes) {
@@ -572,6 +591,10 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
         } else {
           for (int64_t d = 0; d < d_pad; d += kLanes) Vec::zero().store(staged + d);
         }
+        if (v_from_k) {
+          if (j < keys) std::copy(staged, staged + head_dim_v, v_row_of(h, j));
+          finish_v_row(h, j);
+        }
       }
     }
     for (int64_t h = 0; h < heads_k; ++h) {
@@ -590,27 +613,18 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
     }
   }
 
-  // Every product x * 0 is 0 for finite x and NaN for NaN or +-inf.
-  Vec finite_check[kMaxQBlockRows];
-  for (int64_t h = 0; h < heads_k; ++h) finite_check[h] = Vec::zero();
-  for (int64_t j = 0; j < kKeyBlock; ++j) {
+  for (int64_t j = 0; j < kKeyBlock && !v_from_k; ++j) {
     for (int64_t h = 0; h < heads_k; ++h) {
-      float* v_row = panels + h * layout.block_floats + layout.kt_floats + j * dv_pad;
-      if (j >= keys) {
-        for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::zero().store(v_row + c);
-        continue;
+      if (j < keys) {
+        prefetch_rows_ahead(args, seq, args.v, args.v_batch_stride, args.v_row_stride,
+                            args.v_head_stride, j0 + j, head_k + h,
+                            head_dim_v * element_size(args.kv_dtype));
+        const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.v_batch_stride,
+                                              args.v_row_stride, args.v_head_stride);
+        convert_kv_row(args.v, args.kv_dtype, offset, head_dim_v,
+                       key_scale(args, seq, j0 + j, head_k + h, KvStream::kV), v_row_of(h, j));
       }
-      prefetch_rows_ahead(args, seq, args.v, args.v_batch_stride, args.v_row_stride,
-                          args.v_head_stride, j0 + j, head_k + h,
-                          head_dim_v * element_size(args.kv_dtype));
-      const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.v_batch_stride,
-                                            args.v_row_stride, args.v_head_stride);
-      convert_kv_row(args.v, args.kv_dtype, offset, head_dim_v,
-                     key_scale(args, seq, j0 + j, head_k + h, KvStream::kV), v_row);
-      for (int64_t c = head_dim_v; c < dv_pad; ++c) v_row[c] = 0.f;
-      for (int64_t c = 0; c < dv_pad; c += kLanes) {
-        finite_check[h] = finite_check[h] + Vec::load(v_row + c) * Vec::zero();
-      }
+      finish_v_row(h, j);
     }
   }
   for (int64_t h = 0; h < heads_k; ++h) {
@@ -865,8 +879,7 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
 #include "cpu/amx/fwd_tiles_amx-inl.h"
 #else
 void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, int64_t head_k,
-                int64_t block, float* dst, uint8_t* block_flags) {
-  alignas(64) float staging[kLanes * 256];
+                int64_t block, float* dst, uint8_t* block_flags, float* staging) {
   pack_block_heads(args, layout, seq, head_k, 1, block, dst, staging, block_flags);
 }
 

@@ -1,5 +1,6 @@
 #include "cpu/ops/kvcache_append.h"
 
+#include "common/head_dims.h"
 #include "cpu/shared/half.h"
 #include "cpu/shared/rotary.h"
 #include "runtime/num_threads.h"
@@ -23,7 +24,7 @@ struct RowTarget {
 void write_row(const void* src, DType dtype, const RowTarget& target, DType kv_dtype,
                int64_t count, const float* cos, const float* sin, int64_t rotary_dim,
                bool interleaved) {
-  float row[256];
+  float row[kMaxHeadDim];
   for (int64_t c = 0; c < count; ++c) row[c] = load_element(src, dtype, c);
   if (cos != nullptr) apply_rotary(cos, sin, rotary_dim, interleaved, row);
   if (is_kv8(kv_dtype)) {
@@ -53,6 +54,16 @@ void append_to_cache(const FwdArgs& args, const CacheAppend& append,
     const float* sin = rotary ? append.rotary_sin.data() + task * half : nullptr;
     // A cache without columns (D or Dv = 0) may have no memory at all: it is not addressed.
     for (int64_t head = 0; head < args.heads_k; ++head) {
+      // A row without columns has no cache memory, but its token scale does: an empty row's
+      // scale is 0, as for an all-zero row.
+      if (args.head_dim == 0 && args.k_token_scale != nullptr) {
+        args.k_token_scale[key_row_offset(args, seq, key, head, args.k_scale_batch_stride,
+                                          args.k_scale_row_stride, args.k_scale_head_stride)] = 0.f;
+      }
+      if (args.head_dim_v == 0 && args.v_token_scale != nullptr) {
+        args.v_token_scale[key_row_offset(args, seq, key, head, args.v_scale_batch_stride,
+                                          args.v_scale_row_stride, args.v_scale_head_stride)] = 0.f;
+      }
       if (args.head_dim > 0) {
         const int64_t k_src = b * append.k_new_batch_stride + t * append.k_new_row_stride +
                               head * append.k_new_head_stride;
@@ -70,7 +81,9 @@ void append_to_cache(const FwdArgs& args, const CacheAppend& append,
                   args.kv_dtype, args.head_dim, cos, sin, args.rotary_dim,
                   args.rotary_interleaved);
       }
-      if (args.head_dim_v > 0) {
+      // A shared latent cache (v a column prefix of k; validate_kvcache.cc made v_new the same
+      // view of k_new) already holds the row written as k's.
+      if (args.head_dim_v > 0 && !args.v_is_k_prefix()) {
         const int64_t v_src = b * append.v_new_batch_stride + t * append.v_new_row_stride +
                               head * append.v_new_head_stride;
         const int64_t v_dst = key_row_offset(args, seq, key, head, args.v_batch_stride,

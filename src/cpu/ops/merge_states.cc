@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/head_dims.h"
 #include "cpu/shared/half.h"
 #include "runtime/num_threads.h"
 #include "runtime/thread_pool.h"
@@ -17,7 +18,7 @@ void merge_states(const MergeArgs& m) {
   constexpr int64_t kRowsPerTask = 64;
   lease.run_each((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task, int) {
     const int64_t end = std::min(rows, (task + 1) * kRowsPerTask);
-    float merged[256];
+    float merged[kMaxHeadDimV];
     for (int64_t row = task * kRowsPerTask; row < end; ++row) {
       const int64_t n = row / (m.tokens * m.heads);
       const int64_t t = row / m.heads % m.tokens;

@@ -54,6 +54,11 @@ inline void store_element(void* row, DType dtype, int64_t i, float value) {
   }
 }
 
+// The per-ISA vector loads of an 8-bit cache (Vec::load_fp8_e4m3) give e4m3 values times 2^-8 (the
+// f16 they map to exactly); the kernels multiply each key's scale factor by this instead of every
+// element. 1 for the other dtypes.
+inline float kv_load_scale(DType dtype) { return dtype == DType::kFp8E4M3 ? 256.f : 1.f; }
+
 inline int64_t element_size(DType dtype) {
   return dtype == DType::kF32 ? 4 : is_kv8(dtype) ? 1 : 2;
 }

@@ -15,11 +15,12 @@
 
 #include "common/bwd_args.h"
 #include "common/fwd_args.h"
+#include "common/head_dims.h"
 
 namespace anyattn::cpu {
 
 // Zeros: one row of the largest head dim in any dtype, for kernels that read a whole row.
-alignas(64) inline constexpr float kZeroRow[256] = {};
+alignas(64) inline constexpr float kZeroRow[kMaxHeadDim] = {};
 
 // A read tensor whose every element is the zero at kZeroRow.
 inline void read_zeros(const void** data, int64_t* batch_stride, int64_t* row_stride,

@@ -20,8 +20,8 @@
 #undef ANYATTN_PATH_DIRECT_KEY_GROUP
 #undef ANYATTN_DIRECT_BF16_DOT
 
-// Backward: the five products of bf16 calls on AMX tiles (amx/bwd_tiles_amx-inl.h); isa_table.inc's
-// bwd_bf16_tiles says the same to the driver.
+// Backward: the five products of bf16 calls on AMX tiles (amx/bwd_tiles_amx-inl.h); the unit
+// tells the driver through bwd_avx512_amx::kBf16Tiles.
 #define ANYATTN_BWD_BF16_TILES 1
 
 #endif  // ANYATTN_CPU_SIMD_TRAITS_AVX512_AMX_H_

@@ -23,9 +23,11 @@ struct Vec {
     odd->v = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(~0xFFFF)));
   }
   // 8 stored 8-bit cache values as f32 (exact; the cache's scales are applied by the caller):
-  // int8 sign-extended and converted; e5m2 is the top byte of an f16; e4m3 placed into f16 bits
-  // (sign to bit 15, exponent and mantissa to bits 13..7) is its value times 2^-8, so F16C and a
-  // multiply by 2^8 give it exactly, and S.1111.111 (its NaN) is replaced by a NaN.
+  // int8 sign-extended and converted; e5m2 is the top byte of an f16. e4m3 comes back as its
+  // value times 2^-8 (kFp8E4M3LoadScale: callers fold 2^8 into their scale factor): its bits
+  // placed into f16 bits (sign-extended and shifted by 7, bit 14 cleared: sign to bit 15,
+  // exponent and mantissa to bits 13..7) are exactly that f16, which F16C widens; S.1111.111,
+  // its NaN, has bits 13..7 all set, and gets the f16 exponent's top bit too (a NaN).
   static Vec load_i8(const uint8_t* p) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))};
@@ -35,16 +37,13 @@ struct Vec {
     return {_mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), b))};
   }
   static Vec load_fp8_e4m3(const uint8_t* p) {
-    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m128i magnitude = _mm_and_si128(w, _mm_set1_epi16(0x7F));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8),
-                                   _mm_slli_epi16(magnitude, 7));
-    const __m256 value = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
-    const __m256 nan_lanes = _mm256_castsi256_ps(
-        _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(magnitude, _mm_set1_epi16(0x7F))));
-    const __m256 nan = _mm256_or_ps(_mm256_and_ps(value, _mm256_set1_ps(-0.f)),
-                                    _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
-    return {_mm256_blendv_ps(value, nan, nan_lanes)};
+    const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i h = _mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(-16512));  // 0xBF80
+    // (bits 13..7) + 1 carries into bit 14 exactly for the NaN pattern.
+    const __m128i carry = _mm_add_epi16(_mm_and_si128(h, _mm_set1_epi16(0x3F80)),
+                                        _mm_set1_epi16(0x0080));
+    const __m128i f16 = _mm_or_si128(h, _mm_and_si128(carry, _mm_set1_epi16(0x4000)));
+    return {_mm256_cvtph_ps(f16)};
   }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
 };

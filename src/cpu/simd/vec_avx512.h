@@ -30,8 +30,8 @@ struct Vec {
     odd->v = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(~0xFFFF)));
   }
   // 16 stored 8-bit cache values as f32 (exact; the cache's scales are applied by the caller),
-  // as in vec_avx2.h: int8 sign-extended, e5m2 as the top byte of an f16, e4m3 placed into f16
-  // bits (its value times 2^-8) and multiplied by 2^8, its NaN pattern S.1111.111 made a NaN.
+  // as in vec_avx2.h: int8 sign-extended, e5m2 as the top byte of an f16, e4m3 as its value
+  // times 2^-8 (kFp8E4M3LoadScale) through f16 bits, its NaN pattern S.1111.111 made a NaN.
   static Vec load_i8(const uint8_t* p) {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))};
@@ -41,16 +41,13 @@ struct Vec {
     return {_mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8))};
   }
   static Vec load_fp8_e4m3(const uint8_t* p) {
-    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i magnitude = _mm256_and_si256(w, _mm256_set1_epi16(0x7F));
+    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     const __m256i h =
-        _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
-                        _mm256_slli_epi16(magnitude, 7));
-    const __m512 value = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
-    const __mmask16 nan_lanes = _mm256_cmpeq_epi16_mask(magnitude, _mm256_set1_epi16(0x7F));
-    const __m512 nan = _mm512_or_ps(_mm512_and_ps(value, _mm512_set1_ps(-0.f)),
-                                    _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
-    return {_mm512_mask_mov_ps(value, nan_lanes, nan)};
+        _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(-16512));  // 0xBF80
+    const __m256i carry = _mm256_add_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x3F80)),
+                                           _mm256_set1_epi16(0x0080));
+    const __m256i f16 = _mm256_or_si256(h, _mm256_and_si256(carry, _mm256_set1_epi16(0x4000)));
+    return {_mm512_cvtph_ps(f16)};
   }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
 };

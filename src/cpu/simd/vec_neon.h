@@ -29,8 +29,9 @@ struct Vec {
     odd->v = vreinterpretq_f32_u32(vandq_u32(pairs, vdupq_n_u32(0xFFFF0000u)));
   }
   // 4 stored 8-bit cache values as f32 (exact; scales are the caller's), as in vec_avx2.h: int8
-  // sign-extended, e5m2 as the top byte of an f16, e4m3 placed into f16 bits (its value times
-  // 2^-8) and multiplied by 2^8, its NaN pattern S.1111.111 made a NaN. Reads exactly 4 bytes.
+  // sign-extended, e5m2 as the top byte of an f16, e4m3 as its value times 2^-8
+  // (kFp8E4M3LoadScale) through f16 bits, its NaN pattern S.1111.111 made a NaN. Reads exactly 4
+  // bytes.
   static uint8x8_t load_4_bytes(const uint8_t* p) {
     uint32_t word;
     std::memcpy(&word, p, sizeof(word));
@@ -47,15 +48,11 @@ struct Vec {
   static Vec load_fp8_e4m3(const uint8_t* p) {
     const uint16x4_t w = vget_low_u16(vmovl_u8(load_4_bytes(p)));
     const uint16x4_t magnitude = vand_u16(w, vdup_n_u16(0x7F));
-    const uint16x4_t h =
+    uint16x4_t h =
         vorr_u16(vshl_n_u16(vand_u16(w, vdup_n_u16(0x80)), 8), vshl_n_u16(magnitude, 7));
-    const float32x4_t value =
-        vmulq_n_f32(vcvt_f32_f16(vreinterpret_f16_u16(h)), 256.f);
-    const uint32x4_t nan_lanes = vreinterpretq_u32_s32(
-        vmovl_s16(vreinterpret_s16_u16(vceq_u16(magnitude, vdup_n_u16(0x7F)))));
-    const uint32x4_t nan = vorrq_u32(vandq_u32(vreinterpretq_u32_f32(value), vdupq_n_u32(0x80000000u)),
-                                     vdupq_n_u32(0x7fc00000u));
-    return {vbslq_f32(nan_lanes, vreinterpretq_f32_u32(nan), value)};
+    // The NaN pattern gets the f16 exponent's top bit: an f16 NaN.
+    h = vorr_u16(h, vand_u16(vceq_u16(magnitude, vdup_n_u16(0x7F)), vdup_n_u16(0x4000)));
+    return {vcvt_f32_f16(vreinterpret_f16_u16(h))};
   }
   void store(float* p) const { vst1q_f32(p, v); }
 };

@@ -39,7 +39,8 @@ struct Vec {
     }
   }
   // kLanes stored 8-bit cache values as f32 (exact; scales are the caller's), through the shared
-  // scalar conversions (common/kv8_convert.h).
+  // scalar conversions (common/kv8_convert.h); e4m3 as its value times 2^-8, as every path
+  // (kFp8E4M3LoadScale).
   static Vec load_i8(const uint8_t* p) {
     Vec r;
     for (int i = 0; i < kLanes; ++i) r.v[i] = convert::i8_to_f32(p[i]);
@@ -52,7 +53,7 @@ struct Vec {
   }
   static Vec load_fp8_e4m3(const uint8_t* p) {
     Vec r;
-    for (int i = 0; i < kLanes; ++i) r.v[i] = convert::fp8_e4m3_to_f32(p[i]);
+    for (int i = 0; i < kLanes; ++i) r.v[i] = convert::fp8_e4m3_to_f32(p[i]) * 0x1p-8f;
     return r;
   }
   void store(float* p) const {
