@@ -24,11 +24,13 @@
 #ifndef ANYATTN_ANYATTN_HPP_
 #define ANYATTN_ANYATTN_HPP_
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -85,6 +87,11 @@ enum class DType : int32_t {
   kF16 = ANYATTN_DTYPE_F16,
   kBF16 = ANYATTN_DTYPE_BF16,
   kI32 = ANYATTN_DTYPE_I32,
+  // 8-bit KV-cache storage (k_cache/v_cache of fwd_kvcache only), dequantized as
+  // stored * descale * token_scale: see KvCacheOptions.
+  kFP8E4M3 = ANYATTN_DTYPE_FP8_E4M3,
+  kFP8E5M2 = ANYATTN_DTYPE_FP8_E5M2,
+  kI8 = ANYATTN_DTYPE_I8,
 };
 
 // IEEE 754 binary16 storage: 16 raw bits, no arithmetic. Conversions round to nearest even.
@@ -168,8 +175,88 @@ struct BFloat16 {
 
 static_assert(sizeof(Float16) == 2 && sizeof(BFloat16) == 2, "storage types must be 2 bytes");
 
-// dtype_of<T>::value is the DType of element type T; defined for float, Float16, BFloat16 and
-// int32_t only, so a pointer of any other type does not compile into a TensorView.
+// The 8-bit float storage types of a KV cache: raw bits, no arithmetic. to_float is exact;
+// from_float rounds to nearest even and saturates to the largest finite value, infinities included
+// (as the library's in-place append does); NaN stays NaN. Float8E4M3 follows torch.float8_e4m3fn
+// (no infinities, largest finite 448, NaN S.1111.111), Float8E5M2 follows torch.float8_e5m2
+// (IEEE-like, largest finite 57344).
+namespace detail {
+
+// The float value of an 8-bit float with kMant mantissa bits and exponent bias kBias.
+template <int kMant, int kBias>
+inline float fp8_to_float(uint8_t bits) noexcept {
+  constexpr int kExpBits = 7 - kMant;
+  const int exp = (bits >> kMant) & ((1 << kExpBits) - 1);
+  const int mant = bits & ((1 << kMant) - 1);
+  float magnitude;
+  if (exp == 0) {
+    magnitude = static_cast<float>(mant) * std::ldexp(1.0f, 1 - kBias - kMant);
+  } else {
+    magnitude = (1.0f + static_cast<float>(mant) / (1 << kMant)) * std::ldexp(1.0f, exp - kBias);
+  }
+  return (bits & 0x80u) ? -magnitude : magnitude;
+}
+
+// The 8-bit float nearest to `x` (ties to even) with kMant mantissa bits and bias kBias, whose
+// largest finite magnitude has the bit pattern kMaxBits; larger magnitudes and infinities saturate
+// to it. NaN becomes S.1111111 (a NaN in both formats), keeping the sign.
+template <int kMant, int kBias, uint8_t kMaxBits>
+inline uint8_t fp8_from_float(float x) noexcept {
+  const uint8_t sign = std::signbit(x) ? 0x80u : 0x00u;
+  if (std::isnan(x)) return static_cast<uint8_t>(sign | 0x7Fu);  // all exponent and mantissa bits
+  const float a = std::fabs(x);
+  const float max_finite = fp8_to_float<kMant, kBias>(kMaxBits);
+  if (a >= max_finite) return static_cast<uint8_t>(sign | kMaxBits);  // infinities included
+  // Values are multiples of the spacing 2^(e - kMant) of a's binade (subnormals: the smallest).
+  int e = a > 0.0f ? std::ilogb(a) : 1 - kBias;
+  if (e < 1 - kBias) e = 1 - kBias;
+  const float unit = std::ldexp(1.0f, e - kMant);
+  const float units = std::nearbyint(a / unit);  // the default rounding mode: nearest even
+  const float rounded = units * unit;
+  if (rounded >= max_finite) return static_cast<uint8_t>(sign | kMaxBits);
+  // Encode `rounded`, exactly representable: it may have carried into the next binade.
+  if (rounded == 0.0f) return sign;
+  int re = std::ilogb(rounded);
+  if (re < 1 - kBias) {  // subnormal
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(rounded / std::ldexp(1.0f, 1 - kBias - kMant)));
+  }
+  const int mant = static_cast<int>(rounded / std::ldexp(1.0f, re - kMant)) - (1 << kMant);
+  return static_cast<uint8_t>(sign | ((re + kBias) << kMant) | mant);
+}
+
+}  // namespace detail
+
+struct Float8E4M3 {
+  uint8_t bits;
+  static Float8E4M3 from_float(float x) noexcept {
+    return {detail::fp8_from_float<3, 7, 0x7E>(x)};
+  }
+  float to_float() const noexcept {
+    if ((bits & 0x7Fu) == 0x7Fu) return std::numeric_limits<float>::quiet_NaN();
+    return detail::fp8_to_float<3, 7>(bits);
+  }
+};
+
+struct Float8E5M2 {
+  uint8_t bits;
+  static Float8E5M2 from_float(float x) noexcept {
+    return {detail::fp8_from_float<2, 15, 0x7B>(x)};
+  }
+  float to_float() const noexcept {
+    if ((bits & 0x7Cu) == 0x7Cu) {
+      if ((bits & 0x03u) != 0) return std::numeric_limits<float>::quiet_NaN();
+      return (bits & 0x80u) ? -std::numeric_limits<float>::infinity()
+                            : std::numeric_limits<float>::infinity();
+    }
+    return detail::fp8_to_float<2, 15>(bits);
+  }
+};
+
+static_assert(sizeof(Float8E4M3) == 1 && sizeof(Float8E5M2) == 1, "fp8 types must be 1 byte");
+
+// dtype_of<T>::value is the DType of element type T; defined for float, Float16, BFloat16,
+// int32_t, Float8E4M3, Float8E5M2 and int8_t only, so a pointer of any other type does not compile
+// into a TensorView.
 template <typename T>
 struct dtype_of;
 template <>
@@ -180,6 +267,12 @@ template <>
 struct dtype_of<BFloat16> : std::integral_constant<DType, DType::kBF16> {};
 template <>
 struct dtype_of<int32_t> : std::integral_constant<DType, DType::kI32> {};
+template <>
+struct dtype_of<Float8E4M3> : std::integral_constant<DType, DType::kFP8E4M3> {};
+template <>
+struct dtype_of<Float8E5M2> : std::integral_constant<DType, DType::kFP8E5M2> {};
+template <>
+struct dtype_of<int8_t> : std::integral_constant<DType, DType::kI8> {};
 
 // ------------------------------------------------------------------------------------------------
 // Shapes and tensor views
@@ -252,8 +345,8 @@ class TensorView {
     }
   }
 
-  // Typed forms: the dtype is deduced from T (float, Float16, BFloat16 or int32_t); other pointer
-  // types (void*, uint16_t*, double*) need the explicit-dtype forms above or do not compile.
+  // Typed forms: the dtype is deduced from T (see dtype_of); other pointer types (void*,
+  // uint16_t*, double*) need the explicit-dtype forms above or do not compile.
   template <typename T, typename = decltype(dtype_of<T>::value)>
   TensorView(const T* data, Dims shape) : TensorView(data, dtype_of<T>::value, shape) {}
   template <typename T, typename = decltype(dtype_of<T>::value)>
@@ -441,6 +534,12 @@ struct KvCacheOptions {
   std::optional<TensorView> rotary_cos;       // (S_rotary, rotary_dim / 2)
   std::optional<TensorView> rotary_sin;
   bool rotary_interleaved = false;
+  // 8-bit caches (k_cache/v_cache of dtype kFP8E4M3, kFP8E5M2 or kI8) are read as
+  // stored * descale * token_scale. Each is f32 and optional (absent = 1):
+  std::optional<TensorView> k_descale;      // (1), (Hk) or (B, Hk): per tensor / kv head / seq
+  std::optional<TensorView> v_descale;
+  std::optional<TensorView> k_token_scale;  // (B_cache, S_cache, Hk) or paged (num_blocks,
+  std::optional<TensorView> v_token_scale;  // page_size, Hk); written by the in-place append
 
   // The equivalent C struct; its pointers point into this object.
   anyattn_kvcache_params to_c() const {
@@ -459,6 +558,10 @@ struct KvCacheOptions {
     c.rotary_cos = ptr(rotary_cos);
     c.rotary_sin = ptr(rotary_sin);
     c.rotary_interleaved = rotary_interleaved ? 1 : 0;
+    c.k_descale = ptr(k_descale);
+    c.v_descale = ptr(v_descale);
+    c.k_token_scale = ptr(k_token_scale);
+    c.v_token_scale = ptr(v_token_scale);
     return c;
   }
 };

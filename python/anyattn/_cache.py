@@ -13,7 +13,8 @@ import numpy as np
 
 from . import _core
 from ._kernel_options import KernelOptions, binding_options
-from ._tensors import numpy_dtype_code, numpy_spec, torch_dtype_code, torch_module, torch_spec
+from ._tensors import (numpy_dtype_code, numpy_spec, torch_cache_dtype_code, torch_dtype_code,
+                       torch_module, torch_spec)
 
 
 def _is_numpy(x: Any) -> bool:
@@ -27,6 +28,23 @@ def float_code(x: Any, name: str) -> int:
         raise TypeError(f"{name}: dtype {x.dtype} is not supported; use float32, float16 or "
                         "bfloat16 (bfloat16 only as a torch tensor)")
     return code
+
+
+def cache_code(cache: Any, q_code: int) -> int:
+    """The dtype code k_cache/v_cache are passed with: their own code for an 8-bit torch cache
+    (int8, float8), else q's code (a float cache is read in q's dtype)."""
+    if _is_numpy(cache):
+        return q_code
+    code = torch_cache_dtype_code(cache.dtype)
+    return q_code if code is None else code
+
+
+def _scale_specs(specs: "_Specs", scales) -> Any:
+    """The (k_descale, v_descale, k_token_scale, v_token_scale) specs of an 8-bit cache call, or
+    None; ``scales`` is _kv_scales.CacheScales or None."""
+    if scales is None:
+        return None
+    return tuple(None if s is None else specs(s, _core.DTYPE_F32) for s in scales)
 
 
 class _Specs:
@@ -118,10 +136,12 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused
 
 def kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_seqlen: int, cache_batch_idx, cache_leftpad, block_table,
-                    rotary_interleaved: bool, options: KernelOptions, num_splits: int):
+                    rotary_interleaved: bool, options: KernelOptions, num_splits: int,
+                    scales=None):
     """anyattn_fwd_kvcache: appends k/v (when given) into the caches in place and returns
     (out (B, Sq, Hq, Dv) in q's dtype, lse (B, Hq, Sq) f32). The caches are never copied: a cache
-    whose last dimension is not unit-stride is rejected by the caller."""
+    whose last dimension is not unit-stride is rejected by the caller. ``scales``: the checked
+    _kv_scales.CacheScales of an 8-bit cache (its token scales written by the append), or None."""
     specs = _Specs()
     code = float_code(q, "q")
     b, sq, hq, _ = q.shape
@@ -129,18 +149,21 @@ def kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
     lse = _empty(q, (b, hq, sq), f32=True)
     rotary_code = None if rotary_cos is None else float_code(rotary_cos, "rotary_cos")
     _core.fwd_kvcache(
-        specs(q, code), specs(k_cache, code), specs(v_cache, code), specs(out, code),
+        specs(q, code), specs(k_cache, cache_code(k_cache, code)),
+        specs(v_cache, cache_code(v_cache, code)), specs(out, code),
         specs(lse, _core.DTYPE_F32), specs(k, code), specs(v, code), specs.i32(cache_seqlens),
         int(cache_seqlen), specs.i32(cache_batch_idx), specs.i32(cache_leftpad),
         specs.i32(block_table), specs(rotary_cos, rotary_code), specs(rotary_sin, rotary_code),
-        bool(rotary_interleaved), binding_options(options, specs.f32, num_splits))
+        bool(rotary_interleaved), binding_options(options, specs.f32, num_splits),
+        _scale_specs(specs, scales))
     return out, lse
 
 
 def kvcache_varlen_forward(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q: int, cache_seqlens,
                            cache_seqlen: int, cache_batch_idx, cache_leftpad, block_table,
-                           options: KernelOptions, num_splits: int):
-    """anyattn_fwd_kvcache_varlen: packed queries (total_q, Hq, D) against a cache it only reads.
+                           options: KernelOptions, num_splits: int, scales=None):
+    """anyattn_fwd_kvcache_varlen: packed queries (total_q, Hq, D) against a cache it only reads
+    (an 8-bit one with ``scales`` as in kvcache_forward).
 
     Returns (out (total_q, Hq, Dv) in q's dtype, lse (Hq, total_q) f32); rows of q outside every
     sequence are 0 in out and -inf in lse, as in varlen_forward.
@@ -153,11 +176,12 @@ def kvcache_varlen_forward(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q: int,
     out[...] = 0
     lse[...] = -np.inf
     _core.fwd_kvcache_varlen(
-        specs(q, code), specs(k_cache, code), specs(v_cache, code), specs(out, code),
+        specs(q, code), specs(k_cache, cache_code(k_cache, code)),
+        specs(v_cache, cache_code(v_cache, code)), specs(out, code),
         specs(lse, _core.DTYPE_F32), specs.i32(cu_seqlens_q), int(max_seqlen_q),
         specs.i32(cache_seqlens), int(cache_seqlen), specs.i32(cache_batch_idx),
         specs.i32(cache_leftpad), specs.i32(block_table),
-        binding_options(options, specs.f32, num_splits))
+        binding_options(options, specs.f32, num_splits), _scale_specs(specs, scales))
     return out, lse
 
 

@@ -3,9 +3,13 @@
     anyattn::fwd_varlen             -> (out (total_q, Hq, Dv), lse (Hq, total_q))
     anyattn::bwd_varlen             -> (dq, dk, dv, dsinks (Hq,) f32 or (0,) without sinks)
     anyattn::fwd_kvcache            mutates k_cache and v_cache (declared ``Tensor(a!)``,
-                                    ``Tensor(b!)``) -> (out (B, Sq, Hq, Dv), lse (B, Hq, Sq))
+                                    ``Tensor(b!)``) and, for an 8-bit cache, the token scales
+                                    -> (out (B, Sq, Hq, Dv), lse (B, Hq, Sq))
     anyattn::fwd_kvcache_varlen     reads k_cache and v_cache (paged varlen)
                                     -> (out (total_q, Hq, Dv), lse (Hq, total_q))
+
+Both cache ops end with the optional scales of an 8-bit cache (k_descale, v_descale,
+k_token_scale, v_token_scale; float32, see kv_quant.py), None for a float cache.
     anyattn::merge_attention_states -> (out, lse)
     anyattn::merge_attention_states_ mutates out_a and lse_a -> ()
 
@@ -27,6 +31,7 @@ import torch
 from ._cache import (kvcache_forward, kvcache_varlen_forward, merge_states, varlen_backward,
                      varlen_forward)
 from ._kernel_options import KernelOptions
+from ._kv_scales import CacheScales
 
 _LIB = torch.library.Library("anyattn", "FRAGMENT")
 _LIB.define(
@@ -47,14 +52,17 @@ _LIB.define(
     "Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, int cache_seqlen, "
     "Tensor? cache_batch_idx, Tensor? cache_leftpad, Tensor? block_table, "
     "bool rotary_interleaved, float softmax_scale, float softcap, bool causal, int window_left, "
-    "int window_right, Tensor? alibi_slopes, Tensor? sinks, int num_splits) -> (Tensor, Tensor)"
+    "int window_right, Tensor? alibi_slopes, Tensor? sinks, int num_splits, "
+    "Tensor? k_descale=None, Tensor? v_descale=None, Tensor(c!)? k_token_scale=None, "
+    "Tensor(d!)? v_token_scale=None) -> (Tensor, Tensor)"
 )
 _LIB.define(
     "fwd_kvcache_varlen(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, "
     "int max_seqlen_q, Tensor? cache_seqlens, int cache_seqlen, Tensor? cache_batch_idx, "
     "Tensor? cache_leftpad, Tensor? block_table, float softmax_scale, float softcap, bool causal, "
-    "int window_left, int window_right, Tensor? alibi_slopes, Tensor? sinks, int num_splits) "
-    "-> (Tensor, Tensor)"
+    "int window_left, int window_right, Tensor? alibi_slopes, Tensor? sinks, int num_splits, "
+    "Tensor? k_descale=None, Tensor? v_descale=None, Tensor? k_token_scale=None, "
+    "Tensor? v_token_scale=None) -> (Tensor, Tensor)"
 )
 _LIB.define(
     "merge_attention_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) "
@@ -84,7 +92,8 @@ def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sequse
 
 def _kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
                   cache_batch_idx, cache_leftpad, block_table, rotary_interleaved, softmax_scale,
-                  softcap, causal, window_left, window_right, alibi_slopes, sinks, num_splits):
+                  softcap, causal, window_left, window_right, alibi_slopes, sinks, num_splits,
+                  k_descale=None, v_descale=None, k_token_scale=None, v_token_scale=None):
     """out (B, Sq, Hq, Dv) in q's dtype, lse (B, Hq, Sq) float32; the caches are mutated."""
     b, sq, hq, _ = q.shape
     return (q.new_empty((b, sq, hq, v_cache.shape[-1])),
@@ -94,7 +103,8 @@ def _kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 def _kvcache_varlen_fake(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q, cache_seqlens,
                          cache_seqlen, cache_batch_idx, cache_leftpad, block_table, softmax_scale,
                          softcap, causal, window_left, window_right, alibi_slopes, sinks,
-                         num_splits):
+                         num_splits, k_descale=None, v_descale=None, k_token_scale=None,
+                         v_token_scale=None):
     """out (total_q, Hq, Dv) in q's dtype, lse (Hq, total_q) float32."""
     total_q, hq, _ = q.shape
     return (q.new_empty((total_q, hq, v_cache.shape[-1])),
@@ -128,14 +138,25 @@ def _bwd_varlen_cpu(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k
                            KernelOptions(*options))
 
 
+def _scales(scale_args):
+    """CacheScales of the trailing scale arguments (the dispatcher drops trailing defaults, so
+    fewer than four may arrive), or None when all are None."""
+    if all(s is None for s in scale_args):
+        return None
+    return CacheScales(*scale_args, *(None,) * (4 - len(scale_args)))
+
+
 def _kvcache_cpu(*args):
-    """args: the 13 cache arguments (q .. rotary_interleaved), 7 score arguments, num_splits."""
-    return kvcache_forward(*args[:13], KernelOptions(*args[13:20]), args[20])
+    """args: the 13 cache arguments (q .. rotary_interleaved), 7 score arguments, num_splits,
+    the 4 scales."""
+    return kvcache_forward(*args[:13], KernelOptions(*args[13:20]), args[20], _scales(args[21:25]))
 
 
 def _kvcache_varlen_cpu(*args):
-    """args: the 10 cache arguments (q .. block_table), 7 score arguments, num_splits."""
-    return kvcache_varlen_forward(*args[:10], KernelOptions(*args[10:17]), args[17])
+    """args: the 10 cache arguments (q .. block_table), 7 score arguments, num_splits, the 4
+    scales."""
+    return kvcache_varlen_forward(*args[:10], KernelOptions(*args[10:17]), args[17],
+                                  _scales(args[18:22]))
 
 
 _LIB.impl("fwd_varlen", _varlen_cpu, "CPU")

@@ -59,6 +59,19 @@ def torch_dtype_code(dtype: Any) -> Optional[int]:
     return None
 
 
+def torch_cache_dtype_code(dtype: Any) -> Optional[int]:
+    """The anyattn dtype code of an 8-bit KV-cache torch dtype (float8_e4m3fn, float8_e5m2,
+    int8), or None for any other dtype."""
+    torch = torch_module()
+    if dtype == torch.float8_e4m3fn:
+        return _core.DTYPE_FP8_E4M3
+    if dtype == torch.float8_e5m2:
+        return _core.DTYPE_FP8_E5M2
+    if dtype == torch.int8:
+        return _core.DTYPE_I8
+    return None
+
+
 def _unit_last(shape: Tuple[int, ...], strides: Tuple[int, ...]) -> Tuple[int, ...]:
     """Strides with the last one forced to 1 when the last dimension has at most one element.
 

@@ -19,7 +19,9 @@ anyattn's flash-attn 2.x functions:
 - Performance hints are accepted and change nothing: ``num_splits``, ``pack_gqa``, ``sm_margin``,
   ``deterministic`` (anyattn is always deterministic), ``scheduler_metadata``.
 - What a CPU cannot honour raises NotImplementedError naming the parameter, only when it is given
-  a non-default value: ``qv`` and the FP8 ``q_descale``/``k_descale``/``v_descale``.
+  a non-default value: ``qv`` and the FP8 ``q_descale``/``k_descale``/``v_descale`` of FP8 q/k/v
+  inputs. ``flash_attn_with_kvcache`` takes ``k_descale``/``v_descale`` of an 8-bit KV cache
+  (anyattn.kv_quant); its ``q_descale`` stays unsupported (q is f32/f16/bf16).
 - The LSE is float32, natural log, not differentiable (as in FA3).
 
 The machinery lives in _fa_arguments.py, _fa_plan.py and _fa3_cache.py, shared with
@@ -36,6 +38,7 @@ from ._fa3_cache import empty_accumulators, kvcache_general
 from ._fa_arguments import (as_int, check_hints, chunk_size, fa3_options, pick_sinks,
                             reject_unsupported)
 from ._fa_plan import combine_partials, dense_attention, varlen_attention
+from ._kv_scales import is_8bit, reject_q_descale
 from .kvcache import flash_attn_with_kvcache as _fa2_kvcache
 
 
@@ -261,6 +264,8 @@ def flash_attn_with_kvcache(
     *,
     sinks=None,
     learnable_sink=None,
+    k_token_scale=None,
+    v_token_scale=None,
 ):
     """Attention of q against a KV cache, with optional in-place append, FA3 call style.
 
@@ -284,7 +289,13 @@ def flash_attn_with_kvcache(
             as in flash_attn_func, aligned to each sequence's keys cache_leftpad[b] ..
             cache_seqlens[b] + seqlen_new - 1.
         scheduler_metadata, num_splits, pack_gqa, sm_margin: accepted performance hints.
-        qv, q_descale, k_descale, v_descale: raise NotImplementedError unless None.
+        k_descale, v_descale: float32 (1,), (nheads_k,) or (batch, nheads_k) scales of an 8-bit
+            cache (k_cache/v_cache torch.float8_e4m3fn, torch.float8_e5m2 or torch.int8; CPU),
+            read as stored * descale * token_scale; k_token_scale, v_token_scale (keyword-only,
+            anyattn's) float32 k_cache.shape[:3] per-position scales, written by the append. As
+            in anyattn.flash_attn_with_kvcache; not combined with cu_seqlens_q,
+            cu_seqlens_k_new, rotary_seqlens or attention_chunk (NotImplementedError).
+        qv, q_descale: raise NotImplementedError unless None.
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) (or (total_q, ...) for packed q); with
         return_softmax_lse, FA3's 4-tuple (out, softmax_lse (batch, nheads, seqlen_q) or
@@ -293,7 +304,8 @@ def flash_attn_with_kvcache(
     Raises:
         ValueError naming the argument for indices out of range (checked before any write).
     """
-    reject_unsupported(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    reject_unsupported(qv=qv)
+    reject_q_descale(q_descale)
     check_hints(num_splits=num_splits, sm_margin=sm_margin, max_seqlen_q=max_seqlen_q)
     options = fa3_options(softmax_scale, causal, window_size, softcap, False)
     chunk = chunk_size(attention_chunk)
@@ -306,7 +318,15 @@ def flash_attn_with_kvcache(
             cache_leftpad, page_table, softmax_scale=options.softmax_scale,
             causal=options.causal, window_size=options.window_size, softcap=options.softcap,
             rotary_interleaved=rotary_interleaved, num_splits=splits, return_softmax_lse=True,
-            sinks=sinks)
+            sinks=sinks, k_descale=k_descale, v_descale=v_descale, k_token_scale=k_token_scale,
+            v_token_scale=v_token_scale)
+    elif is_8bit(k_cache) or any(x is not None for x in (k_descale, v_descale, k_token_scale,
+                                                          v_token_scale)):
+        raise NotImplementedError(
+            "k_cache: an 8-bit cache (or k_descale/v_descale/k_token_scale/v_token_scale) is not "
+            "supported together with cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens or "
+            "attention_chunk; call with batched q and k/v, or anyattn.flash_attn_varlen_func "
+            "with block_table for packed queries")
     else:
         out, lse = kvcache_general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                    cache_seqlens, cache_batch_idx, cache_leftpad, page_table,

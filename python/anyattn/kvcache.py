@@ -14,6 +14,7 @@ from . import _core
 from ._arguments import _check_rank, _f32, _f32_on, _index_tensor, _kind, _on_cpu
 from ._cache import kvcache_forward
 from ._kernel_options import kernel_options, kernel_query
+from ._kv_scales import cache_scales, reject_off_cpu, reject_q_descale
 from ._options import make_options
 from ._plain_call import tracing
 from ._tensors import torch_module
@@ -29,6 +30,7 @@ def flash_attn_with_kvcache(
     softmax_scale: Optional[float] = None, causal: bool = False,
     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, rotary_interleaved: bool = True,
     alibi_slopes=None, num_splits: int = 0, return_softmax_lse: bool = False, sinks=None,
+    q_descale=None, k_descale=None, v_descale=None, k_token_scale=None, v_token_scale=None,
 ):
     """Attention of q against a KV cache, with optional in-place append; flash-attn 2.x compatible.
 
@@ -49,10 +51,24 @@ def flash_attn_with_kvcache(
             with the mask bottom-right aligned to cache_seqlens[b] + seqlen_new - cache_leftpad[b].
         num_splits: key-dimension splits; 0 chooses automatically (never from the thread count).
         return_softmax_lse: also return the LSE (batch, nheads, seqlen_q) float32.
+        k_descale, v_descale, k_token_scale, v_token_scale (CPU torch tensors): the scales of an
+            8-bit cache (k_cache/v_cache of one dtype: torch.float8_e4m3fn,
+            torch.float8_e5m2 or torch.int8), whose elements read as stored * descale *
+            token_scale. descale: float32 (1,), (nheads_k,) or (batch, nheads_k) (FlashAttention
+            3's names and layout), or a float; None = 1. token_scale: float32 (batch_cache,
+            seqlen_cache, nheads_k) or paged (num_blocks, page_size, nheads_k), both or neither;
+            the append writes the new positions' scales. New k/v are quantized as described in
+            anyattn.kv_quant (round to nearest even, saturate); quantize_kv_cache makes such a
+            cache from a float one.
+        q_descale: accepted as None only (q stays float32/float16/bfloat16).
     Returns:
         out (batch, seqlen_q, nheads, headdim_v), or (out, softmax_lse) with return_softmax_lse.
     """
-    if not tracing():  # a plain CPU torch call runs in one C function (_plain_call.py)
+    reject_q_descale(q_descale)
+    scaled = not (k_descale is None and v_descale is None and k_token_scale is None
+                  and v_token_scale is None)
+    # A plain CPU torch call runs in one C function (_plain_call.py); it declines 8-bit caches.
+    if not scaled and not tracing():
         out = _core.fwd_kvcache_torch_plain(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
@@ -67,6 +83,15 @@ def flash_attn_with_kvcache(
     _check_rank(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
     _check_rank(k_cache, "k_cache", 4, "(batch_cache, seqlen_cache, nheads_k, headdim)")
     _check_rank(v_cache, "v_cache", 4, "(batch_cache, seqlen_cache, nheads_k, headdim_v)")
+    if kind == "numpy":
+        if scaled:
+            raise TypeError("k_descale, v_descale, k_token_scale, v_token_scale: 8-bit caches "
+                            "take torch tensors; numpy calls have float caches only")
+        scales = None
+    else:
+        scales = cache_scales(k_cache, v_cache, q.shape[0], k_descale, v_descale, k_token_scale,
+                              v_token_scale)
+        reject_off_cpu(q, k_cache)
     if (k is None) != (v is None):
         raise ValueError("k, v: give both new keys and new values, or neither")
     if k is not None:
@@ -96,7 +121,8 @@ def flash_attn_with_kvcache(
             out, lse = _cache_ops.call(
                 torch.ops.anyattn.fwd_kvcache, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                 _index_tensor(torch, cache_seqlens), cache_seqlen, *index,
-                bool(rotary_interleaved), *kopts.score_args(), int(num_splits))
+                bool(rotary_interleaved), *kopts.score_args(), int(num_splits),
+                *(scales or (None,) * 4))
     else:
         call = CacheCall(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_seqlen, cache_batch_idx, cache_leftpad, block_table,

@@ -19,6 +19,7 @@ from ._arguments import (_check_rank, _empty_s_dmask, _f32, _f32_on, _index_tens
 from ._cache import kvcache_varlen_forward, varlen_forward
 from ._cpu import reject_numpy_dropout
 from ._kernel_options import kernel_options, kernel_query
+from ._kv_scales import cache_scales, reject_off_cpu, reject_q_descale
 from ._options import make_options
 from ._tensors import torch_module
 
@@ -115,8 +116,9 @@ def _paged_key_lengths(kind: str, cu_seqlens_q, cu_seqlens_k, seqused_k, block_t
 
 
 def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                  block_table, options, alibi_slopes, sinks, return_attn_probs):
-    """flash_attn_varlen_func with block_table: packed queries against a paged cache."""
+                  block_table, options, alibi_slopes, sinks, return_attn_probs, scale_args):
+    """flash_attn_varlen_func with block_table: packed queries against a paged cache (an 8-bit
+    one with ``scale_args`` = (k_descale, v_descale, k_token_scale, v_token_scale))."""
     kind = _kind(q, "q")
     for name, x in (("k", k_cache), ("v", v_cache), ("block_table", block_table)):
         if _kind(x, name) != kind:
@@ -130,6 +132,14 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
         raise NotImplementedError(
             f"flash_attn_varlen_func: dropout_p is {options.dropout_p}; with block_table (paged "
             "KV, an inference path) only dropout_p=0.0 is supported")
+    if kind == "numpy":
+        if any(s is not None for s in scale_args):
+            raise TypeError("k_descale, v_descale, k_token_scale, v_token_scale: 8-bit caches "
+                            "take torch tensors; numpy calls have float caches only")
+        scales = None
+    else:
+        scales = cache_scales(k_cache, v_cache, block_table.shape[0], *scale_args)
+        reject_off_cpu(q, k_cache)
     lengths = _paged_key_lengths(kind, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
                                  k_cache.shape[1])
     if _on_cpu(q):
@@ -145,7 +155,7 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
                 torch.ops.anyattn.fwd_kvcache_varlen, q, k_cache, v_cache,
                 _index_tensor(torch, cu_seqlens_q), int(max_seqlen_q),
                 _index_tensor(torch, lengths), -1, None, None, _index_tensor(torch, block_table),
-                *kopts.score_args(), 0)
+                *kopts.score_args(), 0, *(scales or (None,) * 4))
     else:
         out, lse = _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q,
                                            lengths, block_table, options, alibi_slopes, sinks,
@@ -175,7 +185,8 @@ def flash_attn_varlen_func(
     softmax_scale: Optional[float] = None, causal: bool = False,
     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
     deterministic: bool = False, return_attn_probs: bool = False, block_table=None, sinks=None,
-    seqused_k=None,
+    seqused_k=None, q_descale=None, k_descale=None, v_descale=None, k_token_scale=None,
+    v_token_scale=None,
 ):
     """Attention over packed sequences of different lengths, flash-attn 2.x compatible.
 
@@ -193,6 +204,10 @@ def flash_attn_varlen_func(
             seqused_k[b] if given, else cu_seqlens_k[b+1] - cu_seqlens_k[b] (cu_seqlens_k may
             then be None). The caches are only read; no dropout and no backward on this path.
         seqused_k: optional (batch,) int32: sequence b uses only its first seqused_k[b] keys.
+        k_descale, v_descale, k_token_scale, v_token_scale (with block_table only):
+            the scales of an 8-bit paged cache (torch.float8_e4m3fn, torch.float8_e5m2 or
+            torch.int8), as in flash_attn_with_kvcache; (batch, nheads_k) descales are indexed
+            by sequence. q_descale: None only.
         dropout_p: as in flash_attn_func (torch tensors only); sequence b uses batch index b's
             mask with positions counted within the sequence. return_attn_probs with dropout raises
             NotImplementedError.
@@ -203,9 +218,17 @@ def flash_attn_varlen_func(
         (nheads, total_q) float32, None).
     """
     options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    reject_q_descale(q_descale)
+    scale_args = (k_descale, v_descale, k_token_scale, v_token_scale)
     if block_table is not None:
         return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                             block_table, options, alibi_slopes, sinks, return_attn_probs)
+                             block_table, options, alibi_slopes, sinks, return_attn_probs,
+                             scale_args)
+    for name, value in zip(("k_descale", "v_descale", "k_token_scale", "v_token_scale"),
+                           scale_args):
+        if value is not None:
+            raise ValueError(f"{name}: given without block_table; 8-bit keys/values are read "
+                             "from a paged KV cache only (pass block_table)")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options,
                    alibi_slopes, sinks, return_attn_probs, seqused_k)
 

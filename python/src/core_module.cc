@@ -4,7 +4,8 @@
 //   - a "spec": a tuple (data_pointer, dtype_code, shape, strides) with strides in elements, used
 //     for torch tensors. The Python caller owns the memory and keeps it alive during the call.
 //   - any object exporting the buffer protocol with format 'f' (f32), 'e' (f16) or 'i' (i32),
-//     used for numpy arrays; its byte strides must be whole elements.
+//     used for numpy arrays; its byte strides must be whole elements. (8-bit caches come as
+//     torch tensors, hence as specs.)
 // Both are far cheaper than DLPack capsules (a torch __dlpack__ export costs about 2 us per
 // tensor, numpy's ctypes.data about 1 us), which matters for small, latency-bound calls.
 //
@@ -232,6 +233,27 @@ struct CacheLayoutArgs {
   }
 };
 
+// The 8-bit cache scales of anyattn_kvcache_params, from the one tuple _cache.py builds:
+//   (k_descale, v_descale, k_token_scale, v_token_scale), each a spec or None,
+// or None for a cache without scales. The token scales are written when the call appends.
+struct CacheScaleArgs {
+  BufferView k_descale_buf, v_descale_buf, k_token_buf, v_token_buf;
+  anyattn_tensor k_descale{}, v_descale{}, k_token{}, v_token{};
+
+  void fill(nb::handle scales, bool appends, anyattn_kvcache_params* c) {
+    if (scales.is_none()) return;
+    const nb::tuple t = nb::borrow<nb::tuple>(scales);
+    if (t.size() != 4) {
+      throw nb::value_error("scales: expected (k_descale, v_descale, k_token_scale, "
+                            "v_token_scale)");
+    }
+    c->k_descale = optional_tensor(t[0], "k_descale", k_descale_buf, k_descale);
+    c->v_descale = optional_tensor(t[1], "v_descale", v_descale_buf, v_descale);
+    c->k_token_scale = optional_tensor(t[2], "k_token_scale", k_token_buf, k_token, appends);
+    c->v_token_scale = optional_tensor(t[3], "v_token_scale", v_token_buf, v_token, appends);
+  }
+};
+
 // KV-cache forward with optional in-place append. See anyattn_fwd_kvcache in anyattn.h.
 // k_cache / v_cache are written when k_new / v_new are given; every optional tensor may be None.
 // cache_seqlen is used when cache_seqlens is None (-1 = the whole cache).
@@ -239,7 +261,7 @@ void fwd_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handl
                  nb::handle lse, nb::handle k_new, nb::handle v_new, nb::handle cache_seqlens,
                  int64_t cache_seqlen, nb::handle cache_batch_idx, nb::handle cache_leftpad,
                  nb::handle block_table, nb::handle rotary_cos, nb::handle rotary_sin,
-                 bool rotary_interleaved, nb::handle options) {
+                 bool rotary_interleaved, nb::handle options, nb::handle scales) {
   BufferView bq, bkc, bvc, bout, blse, bkn, bvn, bcos, bsin;
   const anyattn_tensor tq = to_tensor(q, "q", bq);
   const bool appends = !k_new.is_none();
@@ -257,6 +279,8 @@ void fwd_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handl
   cache.rotary_cos = optional_tensor(rotary_cos, "rotary_cos", bcos, tcos);
   cache.rotary_sin = optional_tensor(rotary_sin, "rotary_sin", bsin, tsin);
   cache.rotary_interleaved = rotary_interleaved ? 1 : 0;
+  CacheScaleArgs scale_args;
+  scale_args.fill(scales, appends, &cache);
   const ScoreParams params(options);
   anyattn_status status;
   {
@@ -271,7 +295,8 @@ void fwd_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handl
 void fwd_kvcache_varlen(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle out,
                         nb::handle lse, nb::handle cu_seqlens_q, int64_t max_seqlen_q,
                         nb::handle cache_seqlens, int64_t cache_seqlen, nb::handle cache_batch_idx,
-                        nb::handle cache_leftpad, nb::handle block_table, nb::handle options) {
+                        nb::handle cache_leftpad, nb::handle block_table, nb::handle options,
+                        nb::handle scales) {
   BufferView bq, bkc, bvc, bout, blse, bcq;
   const anyattn_tensor tq = to_tensor(q, "q", bq);
   const anyattn_tensor tkc = to_tensor(k_cache, "k_cache", bkc);
@@ -284,6 +309,8 @@ void fwd_kvcache_varlen(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb
   anyattn_kvcache_params_init(&cache);
   CacheLayoutArgs layout;
   layout.fill(cache_seqlens, cache_seqlen, cache_batch_idx, cache_leftpad, block_table, &cache);
+  CacheScaleArgs scale_args;
+  scale_args.fill(scales, /*appends=*/false, &cache);
   const ScoreParams params(options);
   anyattn_status status;
   {
@@ -394,6 +421,9 @@ NB_MODULE(_core, m) {
   m.attr("DTYPE_F16") = static_cast<int>(ANYATTN_DTYPE_F16);
   m.attr("DTYPE_BF16") = static_cast<int>(ANYATTN_DTYPE_BF16);
   m.attr("DTYPE_I32") = static_cast<int>(ANYATTN_DTYPE_I32);
+  m.attr("DTYPE_FP8_E4M3") = static_cast<int>(ANYATTN_DTYPE_FP8_E4M3);
+  m.attr("DTYPE_FP8_E5M2") = static_cast<int>(ANYATTN_DTYPE_FP8_E5M2);
+  m.attr("DTYPE_I8") = static_cast<int>(ANYATTN_DTYPE_I8);
   m.attr("MAX_NDIM") = static_cast<int>(ANYATTN_MAX_NDIM);
   m.attr("MAX_HEAD_DIM") = static_cast<int>(ANYATTN_MAX_HEAD_DIM);
   m.attr("MAX_HEAD_DIM_V") = static_cast<int>(ANYATTN_MAX_HEAD_DIM_V);
@@ -424,15 +454,17 @@ NB_MODULE(_core, m) {
         nb::arg("cache_seqlens").none(), nb::arg("cache_seqlen"),
         nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
         nb::arg("block_table").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
-        nb::arg("rotary_interleaved"), nb::arg("options"),
-        "KV-cache forward attention with in-place append (anyattn_fwd_kvcache). Releases the GIL.");
+        nb::arg("rotary_interleaved"), nb::arg("options"), nb::arg("scales").none() = nb::none(),
+        "KV-cache forward attention with in-place append (anyattn_fwd_kvcache); `scales` is None "
+        "or (k_descale, v_descale, k_token_scale, v_token_scale) for an 8-bit cache. Releases the "
+        "GIL.");
   m.def("fwd_kvcache_varlen", &fwd_kvcache_varlen, nb::arg("q"), nb::arg("k_cache"),
         nb::arg("v_cache"), nb::arg("out"), nb::arg("lse").none(), nb::arg("cu_seqlens_q"),
         nb::arg("max_seqlen_q"), nb::arg("cache_seqlens").none(), nb::arg("cache_seqlen"),
         nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
-        nb::arg("block_table").none(), nb::arg("options"),
-        "Packed varlen queries against a KV cache (anyattn_fwd_kvcache_varlen). Releases the "
-        "GIL.");
+        nb::arg("block_table").none(), nb::arg("options"), nb::arg("scales").none() = nb::none(),
+        "Packed varlen queries against a KV cache (anyattn_fwd_kvcache_varlen); `scales` as in "
+        "fwd_kvcache. Releases the GIL.");
   m.def("merge_attention_states", &merge_attention_states, nb::arg("out_a"), nb::arg("lse_a"),
         nb::arg("out_b"), nb::arg("lse_b"), nb::arg("out"), nb::arg("lse_out").none(),
         "Merges two partial attentions (anyattn_merge_attention_states). Releases the GIL.");

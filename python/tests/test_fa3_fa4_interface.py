@@ -584,12 +584,26 @@ FA3_CALLS = {
 }
 
 
-@pytest.mark.parametrize("fn", sorted(FA3_CALLS))
-@pytest.mark.parametrize("name", ["qv", "q_descale", "k_descale", "v_descale"])
+# The cache call takes k_descale/v_descale of 8-bit caches: see
+# test_fa3_kvcache_descale_of_a_float_cache_is_rejected and test_kvcache_8bit.py.
+FA3_UNSUPPORTED = [(fn, name) for fn in sorted(FA3_CALLS)
+                   for name in ("qv", "q_descale", "k_descale", "v_descale")
+                   if not (fn == "flash_attn_with_kvcache" and name in ("k_descale", "v_descale"))]
+
+
+@pytest.mark.parametrize("fn, name", FA3_UNSUPPORTED)
 def test_fa3_unsupported_parameters_raise_naming_them(fn, name):
     call = FA3_CALLS[fn]
     call(**{name: None})  # the default is accepted
     with pytest.raises(NotImplementedError, match=rf"^{name}: not supported by anyattn"):
+        call(**{name: torch.ones(1, 2)})
+
+
+@pytest.mark.parametrize("name", ["k_descale", "v_descale"])
+def test_fa3_kvcache_descale_of_a_float_cache_is_rejected(name):
+    call = FA3_CALLS["flash_attn_with_kvcache"]
+    with pytest.raises(ValueError, match=rf"^{name}: given for a float32 KV cache; scales read "
+                                         "8-bit caches only"):
         call(**{name: torch.ones(1, 2)})
 
 

@@ -51,6 +51,10 @@ static const anyattn_sys_field kFields[] = {
     FIELD(anyattn_kvcache_params, rotary_cos),
     FIELD(anyattn_kvcache_params, rotary_sin),
     FIELD(anyattn_kvcache_params, rotary_interleaved),
+    FIELD(anyattn_kvcache_params, k_descale),
+    FIELD(anyattn_kvcache_params, v_descale),
+    FIELD(anyattn_kvcache_params, k_token_scale),
+    FIELD(anyattn_kvcache_params, v_token_scale),
 };
 
 size_t anyattn_sys_abi_field_count(void) { return sizeof(kFields) / sizeof(kFields[0]); }
@@ -94,6 +98,9 @@ static const anyattn_sys_constant kConstants[] = {
     CONSTANT(ANYATTN_DTYPE_F16),
     CONSTANT(ANYATTN_DTYPE_BF16),
     CONSTANT(ANYATTN_DTYPE_I32),
+    CONSTANT(ANYATTN_DTYPE_FP8_E4M3),
+    CONSTANT(ANYATTN_DTYPE_FP8_E5M2),
+    CONSTANT(ANYATTN_DTYPE_I8),
     CONSTANT(ANYATTN_MAX_NDIM),
     CONSTANT(ANYATTN_ISA_AUTO),
     CONSTANT(ANYATTN_ISA_PORTABLE),

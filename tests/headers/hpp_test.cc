@@ -467,6 +467,78 @@ TEST(HppCacheAndVarlen, KvCacheVarlenMatchesOneSequenceCalls) {
   EXPECT_EQ(out, before) << "a rejected call wrote out";
 }
 
+TEST(HppStorage, Float8RoundTripsEveryPatternAndRoundsToNearestEvenWithSaturation) {
+  for (int b = 0; b < 256; ++b) {
+    const anyattn::Float8E4M3 e4{static_cast<uint8_t>(b)};
+    const anyattn::Float8E5M2 e5{static_cast<uint8_t>(b)};
+    if (!std::isnan(e4.to_float())) {
+      EXPECT_EQ(anyattn::Float8E4M3::from_float(e4.to_float()).bits, b) << b;
+    }
+    if (std::isfinite(e5.to_float())) {
+      EXPECT_EQ(anyattn::Float8E5M2::from_float(e5.to_float()).bits, b) << b;
+    }
+  }
+  EXPECT_EQ(anyattn::Float8E4M3{0x7E}.to_float(), 448.f);
+  EXPECT_EQ(anyattn::Float8E5M2{0x7B}.to_float(), 57344.f);
+  // Ties go to the even mantissa: 1.0625 lies between 1.0 (0x38) and 1.125 (0x39).
+  EXPECT_EQ(anyattn::Float8E4M3::from_float(1.0625f).bits, 0x38);
+  EXPECT_EQ(anyattn::Float8E4M3::from_float(1.1875f).bits, 0x3A);
+  // Saturation instead of NaN/inf; NaN stays NaN.
+  EXPECT_EQ(anyattn::Float8E4M3::from_float(1e6f).bits, 0x7E);
+  EXPECT_EQ(anyattn::Float8E4M3::from_float(-INFINITY).bits, 0xFE);
+  EXPECT_EQ(anyattn::Float8E5M2::from_float(1e9f).bits, 0x7B);
+  EXPECT_TRUE(std::isnan(anyattn::Float8E4M3::from_float(NAN).to_float()));
+  // The smallest subnormal of e4m3 is 2^-9; half of it rounds to zero (even).
+  EXPECT_EQ(anyattn::Float8E4M3::from_float(std::ldexp(1.f, -9)).bits, 0x01);
+  EXPECT_EQ(anyattn::Float8E4M3::from_float(std::ldexp(1.f, -10)).bits, 0x00);
+  const anyattn::Float8E4M3 f8[2] = {};
+  const int8_t i8[2] = {};
+  EXPECT_EQ(TensorView(f8, {2}).dtype(), DType::kFP8E4M3);
+  EXPECT_EQ(TensorView(i8, {2}).dtype(), DType::kI8);
+  EXPECT_EQ(TensorView(f8, {2}).c_tensor().dtype, ANYATTN_DTYPE_FP8_E4M3);
+}
+
+TEST(HppCacheAndVarlen, Int8CacheWithDescaleMatchesTheDequantizedF32Cache) {
+  // Two keys/values per head, two kv heads; per-head descales read the int8 cache as f32.
+  const int64_t hk = 2, s = 2, d = 4;
+  std::vector<int8_t> k8(s * hk * d), v8(s * hk * d);
+  for (size_t i = 0; i < k8.size(); ++i) k8[i] = static_cast<int8_t>(int(i * 37 % 255) - 127);
+  for (size_t i = 0; i < v8.size(); ++i) v8[i] = static_cast<int8_t>(int(i * 91 % 255) - 127);
+  std::vector<float> k_descale{0.01f, 0.02f}, v_descale{0.5f, 0.25f};
+  std::vector<float> kf(k8.size()), vf(v8.size());
+  for (size_t i = 0; i < kf.size(); ++i) kf[i] = k8[i] * k_descale[(i / d) % hk];
+  for (size_t i = 0; i < vf.size(); ++i) vf[i] = v8[i] * v_descale[(i / d) % hk];
+  std::vector<float> q(hk * d), out8(hk * d), outf(hk * d);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::cos(0.9f * i);
+  anyattn::KvCacheOptions quantized;
+  quantized.k_descale = TensorView(k_descale.data(), {hk});
+  quantized.v_descale = TensorView(v_descale.data(), {hk});
+  anyattn::fwd_kvcache({q.data(), {1, 1, hk, d}}, {k8.data(), {1, s, hk, d}},
+                       {v8.data(), {1, s, hk, d}}, {out8.data(), {1, 1, hk, d}}, quantized);
+  anyattn::fwd_kvcache({q.data(), {1, 1, hk, d}}, {kf.data(), {1, s, hk, d}},
+                       {vf.data(), {1, s, hk, d}}, {outf.data(), {1, 1, hk, d}}, {});
+  for (size_t i = 0; i < out8.size(); ++i) EXPECT_NEAR(out8[i], outf[i], 1e-5f) << i;
+}
+
+TEST(HppCacheAndVarlen, Fp8AppendStoresTheRoundedKeysOverTheDescale) {
+  const int64_t d = 4;
+  std::vector<anyattn::Float8E4M3> k_cache(3 * d, {0}), v_cache(3 * d, {0});
+  std::vector<float> q(d, 0.25f), out(d), k_new{0.3f, -1.7f, 500.f, 0.001f}, v_new{1, 2, 3, 4};
+  std::vector<float> descale{0.5f};
+  anyattn::KvCacheOptions cache;
+  cache.k_new = TensorView(k_new.data(), {1, 1, 1, d});
+  cache.v_new = TensorView(v_new.data(), {1, 1, 1, d});
+  cache.cache_seqlen = 1;
+  cache.k_descale = TensorView(descale.data(), {1});
+  anyattn::fwd_kvcache({q.data(), {1, 1, 1, d}}, {k_cache.data(), {1, 3, 1, d}},
+                       {v_cache.data(), {1, 3, 1, d}}, {out.data(), {1, 1, 1, d}}, cache);
+  for (int64_t i = 0; i < d; ++i) {
+    EXPECT_EQ(k_cache[d + i].bits, anyattn::Float8E4M3::from_float(k_new[i] / 0.5f).bits) << i;
+    EXPECT_EQ(v_cache[d + i].bits, anyattn::Float8E4M3::from_float(v_new[i]).bits) << i;
+  }
+  EXPECT_EQ(k_cache[2 * d].bits, 0) << "the append wrote past its position";
+}
+
 TEST(HppCacheAndVarlen, MergeInPlace) {
   std::vector<float> a{1.f, 2.f}, b{3.f, 4.f}, lse_a{0.f}, lse_b{0.f}, lse_out{0.f};
   anyattn::merge_attention_states(

@@ -15,6 +15,10 @@ takes the calls transformers makes to flash-attention and answers them the same 
   produces), detected by transformers' own rule: one varlen call;
 * otherwise one dense call.
 
+With an 8-bit ``KV8Cache`` (transformers_kv8.py) as ``past_key_values``, the key it receives is
+the cache itself, tagged by the cache layer's update: one ``flash_attn_with_kvcache`` call
+appends the new states and attends over it.
+
 A 4-D mask (a pattern varlen cannot express, or a model that builds its own) is computed exactly by
 ``masked_attention``, which materialises the score matrix and warns once per process.
 
@@ -59,6 +63,19 @@ def _longest(cu_seqlens: torch.Tensor) -> int:
     return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
 
 
+def _options(module, dropout, scaling, sliding_window, softcap, is_causal, s_aux) -> dict:
+    """The flash-attn keyword arguments of one transformers attention call."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    return dict(
+        dropout_p=dropout,
+        softmax_scale=scaling,
+        causal=bool(causal),
+        window_size=_window(sliding_window),
+        softcap=float(softcap) if softcap is not None else 0.0,
+        sinks=s_aux,
+    )
+
+
 def anyattention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -80,26 +97,24 @@ def anyattention_forward(
     ``sliding_window``, ``softcap``, ``is_causal`` (default: ``module.is_causal``) and ``s_aux``
     (gpt-oss sinks); reads ``position_ids`` and ``cu_seq_lens_q/k``, ``max_length_q/k`` from
     kwargs (the maxima are derived from the boundaries when absent). Paged calls
-    (``block_table``) raise ValueError.
+    (``block_table``) raise ValueError. A key from a KV8Cache layer goes to kv8_attention.
     """
     if kwargs.get("block_table") is not None:
         raise ValueError("block_table: paged (continuous-batching) calls are not supported by "
                          "attn_implementation='anyattn'; use generate() or the model's forward")
+    pending = getattr(key, "anyattn_kv8", None)  # the layer's update of a KV8Cache
+    if pending is not None:
+        from .transformers_kv8 import kv8_attention  # noqa: PLC0415 - imports transformers
+
+        return kv8_attention(pending, query, attention_mask, _options(
+            module, dropout, scaling, sliding_window, softcap, is_causal, s_aux)), None
     if attention_mask is not None and attention_mask.dim() != 2:
         out = masked_attention(query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                softcap=softcap, s_aux=s_aux)
         return out, None
 
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-    options = dict(
-        dropout_p=dropout,
-        softmax_scale=scaling,
-        causal=bool(causal),
-        window_size=_window(sliding_window),
-        softcap=float(softcap) if softcap is not None else 0.0,
-        sinks=s_aux,
-    )
+    options = _options(module, dropout, scaling, sliding_window, softcap, is_causal, s_aux)
     if attention_mask is not None:
         return padded_attention(q, k, v, attention_mask, **options), None
 

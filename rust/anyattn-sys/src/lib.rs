@@ -49,6 +49,12 @@ pub const ANYATTN_DTYPE_F16: anyattn_dtype = 1;
 pub const ANYATTN_DTYPE_BF16: anyattn_dtype = 2;
 /// 32-bit signed integer (sequence lengths, block tables).
 pub const ANYATTN_DTYPE_I32: anyattn_dtype = 3;
+/// float8 e4m3 (`torch.float8_e4m3fn`: no infinities, largest finite 448): 8-bit KV caches only.
+pub const ANYATTN_DTYPE_FP8_E4M3: anyattn_dtype = 4;
+/// float8 e5m2 (`torch.float8_e5m2`, IEEE-style, largest finite 57344): 8-bit KV caches only.
+pub const ANYATTN_DTYPE_FP8_E5M2: anyattn_dtype = 5;
+/// Signed int8: 8-bit KV caches only.
+pub const ANYATTN_DTYPE_I8: anyattn_dtype = 6;
 
 /// `ANYATTN_MAX_NDIM`: the largest rank an `anyattn_tensor` can describe.
 pub const ANYATTN_MAX_NDIM: usize = 4;
@@ -133,6 +139,15 @@ pub struct anyattn_kvcache_params {
     pub rotary_sin: *const anyattn_tensor,
     /// Non-zero: GPT-J interleaved pairs; zero: GPT-NeoX halves.
     pub rotary_interleaved: i32,
+    /// f32 (1), (Hk) or (B, Hk) descale of an 8-bit key cache; null = 1.
+    pub k_descale: *const anyattn_tensor,
+    /// f32 descale of an 8-bit value cache, shaped like `k_descale`; null = 1.
+    pub v_descale: *const anyattn_tensor,
+    /// f32 (B_cache, S_cache, Hk) or paged (num_blocks, page_size, Hk) per-position key scales;
+    /// written by the append. Null = none; both or neither.
+    pub k_token_scale: *const anyattn_tensor,
+    /// f32 per-position value scales, shaped like `k_token_scale`.
+    pub v_token_scale: *const anyattn_tensor,
 }
 
 /// `anyattn_fwd_params`: options of a forward call. Initialise with [`anyattn_fwd_params_init`].
@@ -339,6 +354,9 @@ pub const DECLARED_CONSTANTS: &[(&str, i64)] = &[
     ("ANYATTN_DTYPE_F16", ANYATTN_DTYPE_F16 as i64),
     ("ANYATTN_DTYPE_BF16", ANYATTN_DTYPE_BF16 as i64),
     ("ANYATTN_DTYPE_I32", ANYATTN_DTYPE_I32 as i64),
+    ("ANYATTN_DTYPE_FP8_E4M3", ANYATTN_DTYPE_FP8_E4M3 as i64),
+    ("ANYATTN_DTYPE_FP8_E5M2", ANYATTN_DTYPE_FP8_E5M2 as i64),
+    ("ANYATTN_DTYPE_I8", ANYATTN_DTYPE_I8 as i64),
     ("ANYATTN_MAX_NDIM", ANYATTN_MAX_NDIM as i64),
     ("ANYATTN_ISA_AUTO", ANYATTN_ISA_AUTO as i64),
     ("ANYATTN_ISA_PORTABLE", ANYATTN_ISA_PORTABLE as i64),

@@ -89,6 +89,10 @@ fn rust_fields() -> BTreeMap<&'static str, (usize, usize)> {
     field!(m, anyattn_kvcache_params, rotary_cos, *const anyattn_tensor);
     field!(m, anyattn_kvcache_params, rotary_sin, *const anyattn_tensor);
     field!(m, anyattn_kvcache_params, rotary_interleaved, i32);
+    field!(m, anyattn_kvcache_params, k_descale, *const anyattn_tensor);
+    field!(m, anyattn_kvcache_params, v_descale, *const anyattn_tensor);
+    field!(m, anyattn_kvcache_params, k_token_scale, *const anyattn_tensor);
+    field!(m, anyattn_kvcache_params, v_token_scale, *const anyattn_tensor);
     m
 }
 

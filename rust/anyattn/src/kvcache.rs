@@ -6,7 +6,7 @@ use anyattn_sys as sys;
 
 use crate::error::{check, Error, Result};
 use crate::fwd::{c_params, i32_tensor, FwdOptions};
-use crate::view::{Element, View, ViewMut};
+use crate::view::{Element, Quantized, View, ViewMut};
 
 /// How many keys each sequence already has in the cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -112,6 +112,16 @@ struct CacheDescriptors {
     cos: Option<sys::anyattn_tensor>,
     sin: Option<sys::anyattn_tensor>,
     interleaved: bool,
+    scales: ScaleDescriptors,
+}
+
+/// The C descriptors of an 8-bit cache's scales (all `None` for a float cache).
+#[derive(Default)]
+struct ScaleDescriptors {
+    k_descale: Option<sys::anyattn_tensor>,
+    v_descale: Option<sys::anyattn_tensor>,
+    k_token_scale: Option<sys::anyattn_tensor>,
+    v_token_scale: Option<sys::anyattn_tensor>,
 }
 
 impl CacheDescriptors {
@@ -144,6 +154,7 @@ impl CacheDescriptors {
             cos: cache.rotary.as_ref().map(|r| r.cos.raw()),
             sin: cache.rotary.as_ref().map(|r| r.sin.raw()),
             interleaved: cache.rotary.is_some_and(|r| r.interleaved),
+            scales: ScaleDescriptors::default(),
         })
     }
 
@@ -168,6 +179,10 @@ impl CacheDescriptors {
         c.rotary_cos = ptr(&self.cos);
         c.rotary_sin = ptr(&self.sin);
         c.rotary_interleaved = i32::from(self.interleaved);
+        c.k_descale = ptr(&self.scales.k_descale);
+        c.v_descale = ptr(&self.scales.v_descale);
+        c.k_token_scale = ptr(&self.scales.k_token_scale);
+        c.v_token_scale = ptr(&self.scales.v_token_scale);
         c
     }
 }
@@ -194,22 +209,35 @@ pub fn fwd_kvcache<T: Element>(
     cache: &KvCacheOptions<'_, T>,
     opts: &FwdOptions<'_>,
 ) -> Result<()> {
+    let descriptors = CacheDescriptors::new(cache)?;
+    call_kvcache(q, k_cache.raw(), v_cache.raw(), out, lse, descriptors, opts)
+}
+
+/// anyattn_fwd_kvcache over cache descriptors made from exclusive borrows (or, without an
+/// append, from any borrows: the library then only reads them).
+fn call_kvcache<T: Element>(
+    q: &View<'_, T>,
+    tkc: sys::anyattn_tensor,
+    tvc: sys::anyattn_tensor,
+    out: &mut ViewMut<'_, T>,
+    lse: Option<&mut ViewMut<'_, f32>>,
+    descriptors: CacheDescriptors,
+    opts: &FwdOptions<'_>,
+) -> Result<()> {
     let alibi = opts.alibi_slopes.as_ref().map(View::raw);
     let sinks = opts.sinks.as_ref().map(View::raw);
     let params = c_params(opts, alibi.as_ref(), sinks.as_ref())?;
-    let descriptors = CacheDescriptors::new(cache)?;
     let c = descriptors.params();
 
     let tq = q.raw();
-    let (tkc, tvc) = (k_cache.raw(), v_cache.raw());
     let to = out.raw();
     let tl = lse.map(|l| l.raw());
-    // SAFETY: every view lies inside its slice; the caches, out and lse are distinct exclusive
-    // borrows, so they overlap neither each other nor the shared inputs (q, k_new, v_new, the
-    // tables), and address no element twice. The library validates every index it reads from the
-    // i32 tables (cache lengths, batch indices, left padding, block table entries) against the
-    // cache shapes before touching memory. The descriptors and both parameter structs outlive
-    // the call.
+    // SAFETY: every view lies inside its slice; the caches (and token scales), out and lse are
+    // distinct exclusive borrows, so they overlap neither each other nor the shared inputs (q,
+    // k_new, v_new, the tables, the descales), and address no element twice. The library
+    // validates every index it reads from the i32 tables (cache lengths, batch indices, left
+    // padding, block table entries) against the cache shapes before touching memory. The
+    // descriptors and both parameter structs outlive the call.
     let status = unsafe {
         sys::anyattn_fwd_kvcache(
             &tq,
@@ -250,6 +278,24 @@ pub fn fwd_kvcache_varlen<T: Element>(
     cache: &KvCacheOptions<'_, T>,
     opts: &FwdOptions<'_>,
 ) -> Result<()> {
+    let descriptors = CacheDescriptors::new(cache)?;
+    let (tkc, tvc) = (k_cache.raw(), v_cache.raw());
+    call_kvcache_varlen(q, tkc, tvc, out, lse, cu_seqlens_q, max_seqlen_q, descriptors, opts)
+}
+
+/// anyattn_fwd_kvcache_varlen over cache descriptors, which the library only reads.
+#[allow(clippy::too_many_arguments)]
+fn call_kvcache_varlen<T: Element>(
+    q: &View<'_, T>,
+    tkc: sys::anyattn_tensor,
+    tvc: sys::anyattn_tensor,
+    out: &mut ViewMut<'_, T>,
+    lse: Option<&mut ViewMut<'_, f32>>,
+    cu_seqlens_q: &[i32],
+    max_seqlen_q: usize,
+    descriptors: CacheDescriptors,
+    opts: &FwdOptions<'_>,
+) -> Result<()> {
     let max_seqlen_q = i64::try_from(max_seqlen_q).map_err(|_| {
         Error::invalid(format!(
             "max_seqlen_q: {max_seqlen_q} given, supported 0 to {}",
@@ -259,10 +305,9 @@ pub fn fwd_kvcache_varlen<T: Element>(
     let alibi = opts.alibi_slopes.as_ref().map(View::raw);
     let sinks = opts.sinks.as_ref().map(View::raw);
     let params = c_params(opts, alibi.as_ref(), sinks.as_ref())?;
-    let descriptors = CacheDescriptors::new(cache)?;
     let c = descriptors.params();
 
-    let (tq, tkc, tvc) = (q.raw(), k_cache.raw(), v_cache.raw());
+    let tq = q.raw();
     let to = out.raw();
     let tl = lse.map(|l| l.raw());
     let tcq = i32_tensor(cu_seqlens_q);
@@ -286,4 +331,99 @@ pub fn fwd_kvcache_varlen<T: Element>(
         )
     };
     check(status)
+}
+
+/// An 8-bit KV cache with the scales that read it: a cached element's value is
+/// `stored * descale * token_scale`, a missing factor being 1. Keys and values share one
+/// [`Quantized`] type; q, the new keys/values and out stay `f32`/`f16`/`bf16`.
+#[derive(Debug)]
+pub struct QuantizedKvCache<'a, C: Quantized> {
+    /// Keys `(B_cache, S_cache, Hk, D)`, or paged `(num_blocks, page_size, Hk, D)`.
+    pub k: ViewMut<'a, C>,
+    /// Values `(B_cache, S_cache, Hk, Dv)`, or paged `(num_blocks, page_size, Hk, Dv)`.
+    pub v: ViewMut<'a, C>,
+    /// f32 `(1)` per tensor, `(Hk)` per kv head, or `(B, Hk)` per sequence (the query's batch
+    /// index, FlashAttention 3's layout) and kv head. Finite and >= 0; when appending, normal
+    /// and positive.
+    pub k_descale: Option<View<'a, f32>>,
+    /// f32 descale of the values, shaped like `k_descale`.
+    pub v_descale: Option<View<'a, f32>>,
+    /// f32 per-(cache position, kv head) scales of keys and values: `(B_cache, S_cache, Hk)`
+    /// or paged `(num_blocks, page_size, Hk)`. The append writes the new positions' scales.
+    pub token_scales: Option<TokenScales<'a>>,
+}
+
+/// The per-position scales of a [`QuantizedKvCache`], keys and values.
+#[derive(Debug)]
+pub struct TokenScales<'a> {
+    /// Key scales, `(B_cache, S_cache, Hk)` or `(num_blocks, page_size, Hk)`.
+    pub k: ViewMut<'a, f32>,
+    /// Value scales, shaped like `k`.
+    pub v: ViewMut<'a, f32>,
+}
+
+impl<C: Quantized> QuantizedKvCache<'_, C> {
+    /// The scale descriptors, for a call that writes the token scales.
+    fn scales_for_write(&mut self) -> ScaleDescriptors {
+        let (k_token_scale, v_token_scale) = match self.token_scales.as_mut() {
+            Some(t) => (Some(t.k.raw()), Some(t.v.raw())),
+            None => (None, None),
+        };
+        ScaleDescriptors {
+            k_descale: self.k_descale.as_ref().map(View::raw),
+            v_descale: self.v_descale.as_ref().map(View::raw),
+            k_token_scale,
+            v_token_scale,
+        }
+    }
+
+    /// The scale descriptors, for a call that only reads them.
+    fn scales_for_read(&self) -> ScaleDescriptors {
+        ScaleDescriptors {
+            k_descale: self.k_descale.as_ref().map(View::raw),
+            v_descale: self.v_descale.as_ref().map(View::raw),
+            k_token_scale: self.token_scales.as_ref().map(|t| t.k.raw_read()),
+            v_token_scale: self.token_scales.as_ref().map(|t| t.v.raw_read()),
+        }
+    }
+}
+
+/// [`fwd_kvcache`] against an 8-bit cache: attention over the dequantized cache
+/// (`stored * descale * token_scale`, f32 accumulation), with the optional in-place append of
+/// `cache.k_new`/`cache.v_new` (after rotary) quantized by the library: per (position, kv head)
+/// row, with token scales `token_scale = min(amax / (C::QMAX * descale), f32::MAX)` (0 and a
+/// zero row for a row without a finite non-zero element) and `stored = round(x / (descale *
+/// token_scale))`, without them `stored = round(x / descale)`, rounding to nearest (ties to
+/// even) and saturating ([`Quantized::quantize`]). Everything is validated before anything is
+/// written.
+pub fn fwd_kvcache_quantized<T: Element, C: Quantized>(
+    q: &View<'_, T>,
+    kv: &mut QuantizedKvCache<'_, C>,
+    out: &mut ViewMut<'_, T>,
+    lse: Option<&mut ViewMut<'_, f32>>,
+    cache: &KvCacheOptions<'_, T>,
+    opts: &FwdOptions<'_>,
+) -> Result<()> {
+    let mut descriptors = CacheDescriptors::new(cache)?;
+    descriptors.scales = kv.scales_for_write();
+    call_kvcache(q, kv.k.raw(), kv.v.raw(), out, lse, descriptors, opts)
+}
+
+/// [`fwd_kvcache_varlen`] against an 8-bit cache, which the call only reads; `(B, Hk)`
+/// descales are indexed by sequence.
+#[allow(clippy::too_many_arguments)]
+pub fn fwd_kvcache_varlen_quantized<T: Element, C: Quantized>(
+    q: &View<'_, T>,
+    kv: &QuantizedKvCache<'_, C>,
+    out: &mut ViewMut<'_, T>,
+    lse: Option<&mut ViewMut<'_, f32>>,
+    cu_seqlens_q: &[i32],
+    max_seqlen_q: usize,
+    cache: &KvCacheOptions<'_, T>,
+    opts: &FwdOptions<'_>,
+) -> Result<()> {
+    let mut descriptors = CacheDescriptors::new(cache)?;
+    descriptors.scales = kv.scales_for_read();
+    let (tkc, tvc) = (kv.k.raw_read(), kv.v.raw_read());
+    call_kvcache_varlen(q, tkc, tvc, out, lse, cu_seqlens_q, max_seqlen_q, descriptors, opts)
 }

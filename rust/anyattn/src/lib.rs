@@ -9,7 +9,9 @@
 //! - [`fwd_varlen`] and [`bwd_varlen`]: packed variable-length sequences (`cu_seqlens`).
 //! - [`fwd_kvcache`]: attention against a contiguous or paged KV cache with in-place append and
 //!   rotary embedding ([`KvCacheOptions`]); [`fwd_kvcache_varlen`]: packed variable-length
-//!   queries against such a cache (paged varlen).
+//!   queries against such a cache (paged varlen). [`fwd_kvcache_quantized`] and
+//!   [`fwd_kvcache_varlen_quantized`] do the same over an 8-bit cache ([`QuantizedKvCache`]:
+//!   [`F8E4M3`], [`F8E5M2`] or `i8` with descales and per-token scales).
 //! - [`merge_attention_states`] (and its in-place form): merging partial attentions over
 //!   disjoint key sets.
 //! - [`kernels`]: the forward kernel registry.
@@ -41,6 +43,7 @@
 #![warn(missing_docs)]
 
 mod error;
+mod fp8;
 mod fwd;
 mod kvcache;
 mod merge;
@@ -53,11 +56,13 @@ use anyattn_sys as sys;
 pub use error::{Error, Result, Status};
 pub use fwd::{bwd, bwd_varlen, fwd, fwd_varlen, Dropout, FwdOptions, VarlenSeqs};
 pub use half::{bf16, f16};
+pub use fp8::{F8E4M3, F8E5M2};
 pub use kvcache::{
-    fwd_kvcache, fwd_kvcache_varlen, BlockTable, CacheSeqlens, KvCacheOptions, Rotary,
+    fwd_kvcache, fwd_kvcache_quantized, fwd_kvcache_varlen, fwd_kvcache_varlen_quantized,
+    BlockTable, CacheSeqlens, KvCacheOptions, QuantizedKvCache, Rotary, TokenScales,
 };
 pub use merge::{merge_attention_states, merge_attention_states_in_place};
-pub use view::{contiguous_strides, DType, Element, View, ViewMut, MAX_NDIM};
+pub use view::{contiguous_strides, DType, Element, Quantized, Storage, View, ViewMut, MAX_NDIM};
 
 /// The version of the linked C library as `(major, minor, patch)`.
 pub fn version() -> (u32, u32, u32) {

@@ -11,9 +11,12 @@ mod sealed {
     impl Sealed for f32 {}
     impl Sealed for half::f16 {}
     impl Sealed for half::bf16 {}
+    impl Sealed for crate::fp8::F8E4M3 {}
+    impl Sealed for crate::fp8::F8E5M2 {}
+    impl Sealed for i8 {}
 }
 
-/// The element types anyattn computes with.
+/// The element types of anyattn's tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DType {
     /// IEEE binary32 (`f32`).
@@ -22,6 +25,12 @@ pub enum DType {
     F16,
     /// bfloat16 (`half::bf16`).
     BF16,
+    /// float8 e4m3 ([`F8E4M3`](crate::F8E4M3)): quantized KV caches only.
+    FP8E4M3,
+    /// float8 e5m2 ([`F8E5M2`](crate::F8E5M2)): quantized KV caches only.
+    FP8E5M2,
+    /// int8 (`i8`): quantized KV caches only.
+    I8,
 }
 
 impl DType {
@@ -30,25 +39,82 @@ impl DType {
             DType::F32 => sys::ANYATTN_DTYPE_F32,
             DType::F16 => sys::ANYATTN_DTYPE_F16,
             DType::BF16 => sys::ANYATTN_DTYPE_BF16,
+            DType::FP8E4M3 => sys::ANYATTN_DTYPE_FP8_E4M3,
+            DType::FP8E5M2 => sys::ANYATTN_DTYPE_FP8_E5M2,
+            DType::I8 => sys::ANYATTN_DTYPE_I8,
         }
     }
 }
 
-/// A Rust type whose values anyattn reads and writes: `f32`, `half::f16` or `half::bf16`.
-/// Sealed: no other type can implement it.
-pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
+/// A Rust type a [`View`] can hold: the compute types ([`Element`]) and the quantized KV-cache
+/// types ([`Quantized`]). Sealed: no other type can implement it.
+pub trait Storage: sealed::Sealed + Copy + Send + Sync + 'static {
     /// The anyattn dtype of this type.
     const DTYPE: DType;
 }
 
-impl Element for f32 {
+/// A type anyattn computes with: `f32`, `half::f16` or `half::bf16` (q, k, v, out, new keys).
+pub trait Element: Storage {}
+
+/// An 8-bit KV-cache element: [`F8E4M3`](crate::F8E4M3), [`F8E5M2`](crate::F8E5M2) or `i8`,
+/// read as `stored * descale * token_scale` (see [`QuantizedKvCache`](crate::QuantizedKvCache)).
+pub trait Quantized: Storage {
+    /// The largest magnitude the library's append stores (int8: the symmetric 127).
+    const QMAX: f32;
+    /// `x` rounded to nearest (ties to even) and saturated, as the library's append stores it.
+    fn quantize(x: f32) -> Self;
+    /// The stored value.
+    fn to_f32(self) -> f32;
+}
+
+impl Storage for f32 {
     const DTYPE: DType = DType::F32;
 }
-impl Element for half::f16 {
+impl Storage for half::f16 {
     const DTYPE: DType = DType::F16;
 }
-impl Element for half::bf16 {
+impl Storage for half::bf16 {
     const DTYPE: DType = DType::BF16;
+}
+impl Storage for crate::fp8::F8E4M3 {
+    const DTYPE: DType = DType::FP8E4M3;
+}
+impl Storage for crate::fp8::F8E5M2 {
+    const DTYPE: DType = DType::FP8E5M2;
+}
+impl Storage for i8 {
+    const DTYPE: DType = DType::I8;
+}
+impl Element for f32 {}
+impl Element for half::f16 {}
+impl Element for half::bf16 {}
+
+impl Quantized for crate::fp8::F8E4M3 {
+    const QMAX: f32 = crate::fp8::F8E4M3::MAX;
+    fn quantize(x: f32) -> Self {
+        crate::fp8::F8E4M3::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        crate::fp8::F8E4M3::to_f32(self)
+    }
+}
+impl Quantized for crate::fp8::F8E5M2 {
+    const QMAX: f32 = crate::fp8::F8E5M2::MAX;
+    fn quantize(x: f32) -> Self {
+        crate::fp8::F8E5M2::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        crate::fp8::F8E5M2::to_f32(self)
+    }
+}
+impl Quantized for i8 {
+    const QMAX: f32 = 127.0;
+    fn quantize(x: f32) -> Self {
+        crate::fp8::i8_from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        f32::from(self)
+    }
 }
 
 /// The largest rank a view can have (`ANYATTN_MAX_NDIM`).
@@ -173,14 +239,14 @@ fn describe(
 /// reads outside it. Strides are non-negative; the last dimension must have stride 1 for anyattn
 /// to accept the view (the library checks that and says so).
 #[derive(Debug, Clone, Copy)]
-pub struct View<'a, T: Element> {
+pub struct View<'a, T: Storage> {
     data: &'a [T],
     ndim: usize,
     shape: [usize; MAX_NDIM],
     strides: [usize; MAX_NDIM],
 }
 
-impl<'a, T: Element> View<'a, T> {
+impl<'a, T: Storage> View<'a, T> {
     /// A view with the given shape and element strides over `data`.
     pub fn new(data: &'a [T], shape: &[usize], strides: &[usize]) -> Result<Self> {
         let ndim = check_fits(shape, strides, data.len())?;
@@ -230,14 +296,14 @@ impl<'a, T: Element> View<'a, T> {
 /// A writable strided view of a slice. Like [`View`], and in addition no two indices may address
 /// the same element.
 #[derive(Debug)]
-pub struct ViewMut<'a, T: Element> {
+pub struct ViewMut<'a, T: Storage> {
     data: &'a mut [T],
     ndim: usize,
     shape: [usize; MAX_NDIM],
     strides: [usize; MAX_NDIM],
 }
 
-impl<'a, T: Element> ViewMut<'a, T> {
+impl<'a, T: Storage> ViewMut<'a, T> {
     /// A writable view with the given shape and element strides over `data`.
     pub fn new(data: &'a mut [T], shape: &[usize], strides: &[usize]) -> Result<Self> {
         let ndim = check_fits(shape, strides, data.len())?;
@@ -268,6 +334,22 @@ impl<'a, T: Element> ViewMut<'a, T> {
     /// The stride of each dimension, in elements.
     pub fn strides(&self) -> &[usize] {
         &self.strides[..self.ndim]
+    }
+
+    /// The slice the view starts at.
+    pub fn data(&self) -> &[T] {
+        self.data
+    }
+
+    /// A descriptor for a call that only reads the view.
+    pub(crate) fn raw_read(&self) -> sys::anyattn_tensor {
+        describe(
+            self.data.as_ptr() as *mut c_void,
+            T::DTYPE.raw(),
+            self.ndim,
+            &self.shape[..self.ndim],
+            &self.strides[..self.ndim],
+        )
     }
 
     pub(crate) fn raw(&mut self) -> sys::anyattn_tensor {

@@ -1,0 +1,127 @@
+"""The 8-bit cache arguments of the cache calls: which cache dtypes they take, and the checks and
+conversions of k_descale / v_descale / k_token_scale / v_token_scale before the C call.
+
+The C library validates everything again (values included); the checks here exist to name the
+Python argument, its value and what is supported before any tensor reaches the C ABI, and to put
+the scales in the form the ABI reads (float32 CPU tensors). The quantization rule itself lives in
+kv_quant.py and in the C library.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+from ._tensors import torch_module
+
+
+class CacheScales(NamedTuple):
+    """The checked scales of an 8-bit cache call (float32 CPU tensors or None)."""
+
+    k_descale: Any
+    v_descale: Any
+    k_token_scale: Any
+    v_token_scale: Any
+
+
+def is_8bit(x: Any) -> bool:
+    """True if ``x`` is a torch tensor of an 8-bit cache dtype."""
+    torch = torch_module()
+    if torch is None or not isinstance(x, torch.Tensor):
+        return False
+    from .kv_quant import QMAX  # noqa: PLC0415 - kv_quant needs torch
+    return x.dtype in QMAX
+
+
+def reject_q_descale(q_descale: Any) -> None:
+    """q_descale must be None: queries stay float32/float16/bfloat16."""
+    if q_descale is not None:
+        raise NotImplementedError(
+            "q_descale: not supported by anyattn (q, the new keys/values and out stay float32, "
+            "float16 or bfloat16; only the KV cache may be 8-bit, read through "
+            "k_descale/v_descale); got "
+            f"{_describe(q_descale)}, pass q_descale=None")
+
+
+def _describe(value: Any) -> str:
+    torch = torch_module()
+    if torch is not None and isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def _descale(x: Any, name: str, hk: int, batch: int):
+    """A descale as a float32 CPU tensor (1,), (Hk,) or (B, Hk); floats become (1,)."""
+    torch = torch_module()
+    if x is None:
+        return None
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        x = torch.tensor([float(x)], dtype=torch.float32)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a float32 tensor or a float, got {_describe(x)}")
+    if not x.is_floating_point() or x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported; descales are float32 "
+                        "(float16/bfloat16/float64 are converted)")
+    if x.dim() == 0:
+        x = x.reshape(1)
+    if tuple(x.shape) not in ((1,), (hk,), (batch, hk)):
+        raise ValueError(f"{name}: shape {tuple(x.shape)} is not supported; expected (1,) per "
+                         f"tensor, (Hk,) = ({hk},) per kv head or (B, Hk) = ({batch}, {hk}) per "
+                         "sequence and kv head")
+    return x.detach().to(device="cpu", dtype=torch.float32).contiguous()
+
+
+def _token_scale(x: Any, name: str, cache: Any, cache_name: str):
+    """A token scale: float32 of shape cache.shape[:3] on the cache's device, used in place."""
+    torch = torch_module()
+    if x is None:
+        return None
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a float32 tensor, got {_describe(x)}")
+    if x.dtype != torch.float32:
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported; token scales are float32 "
+                        "(the call writes the new positions' scales into them in place)")
+    expected = tuple(cache.shape[:3])
+    if tuple(x.shape) != expected:
+        raise ValueError(f"{name}: shape {tuple(x.shape)} does not match {cache_name}: expected "
+                         f"{expected}, one scale per (cache position, kv head)")
+    if x.device != cache.device:
+        raise ValueError(f"{name}: on {x.device}, but {cache_name} is on {cache.device}")
+    return x
+
+
+def cache_scales(k_cache, v_cache, batch: int, k_descale=None, v_descale=None,
+                 k_token_scale=None, v_token_scale=None) -> Optional[CacheScales]:
+    """The checked scales of a cache call, or None for a float cache without any.
+
+    ``batch`` is the number of sequences (q's batch), which indexes (B, Hk) descales.
+    Raises TypeError/ValueError naming the argument, its value and what is supported.
+    """
+    given = {"k_descale": k_descale, "v_descale": v_descale, "k_token_scale": k_token_scale,
+             "v_token_scale": v_token_scale}
+    if not is_8bit(k_cache) and not is_8bit(v_cache):
+        for name, value in given.items():
+            if value is not None:
+                raise ValueError(
+                    f"{name}: given for a {str(k_cache.dtype).replace('torch.', '')} KV cache; "
+                    "scales read 8-bit caches only (torch.float8_e4m3fn, torch.float8_e5m2, "
+                    "torch.int8)")
+        return None
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"k_cache, v_cache: an 8-bit cache needs one dtype for both; got "
+                        f"{k_cache.dtype} and {v_cache.dtype}")
+    if (k_token_scale is None) != (v_token_scale is None):
+        raise ValueError("k_token_scale, v_token_scale: give both or neither")
+    hk = k_cache.shape[2]
+    return CacheScales(_descale(k_descale, "k_descale", hk, batch),
+                       _descale(v_descale, "v_descale", hk, batch),
+                       _token_scale(k_token_scale, "k_token_scale", k_cache, "k_cache"),
+                       _token_scale(v_token_scale, "v_token_scale", v_cache, "v_cache"))
+
+
+def reject_off_cpu(q, k_cache) -> None:
+    """8-bit caches run on anyattn's CPU kernels only."""
+    if is_8bit(k_cache) and q.device.type != "cpu":
+        raise NotImplementedError(
+            f"k_cache: 8-bit caches ({k_cache.dtype}) run on CPU tensors only; q is on "
+            f"{q.device}. Use a float cache there, or dequantize it with "
+            "anyattn.dequantize_kv_cache")
