@@ -119,7 +119,7 @@ pub(crate) fn c_params(
 ///
 /// Shapes: `q (B, Sq, Hq, D)`, `k (B, Sk, Hk, D)`, `v (B, Sk, Hk, Dv)`, `out (B, Sq, Hq, Dv)`,
 /// `lse (B, Hq, Sq)` (f32, natural log, optional). `Hq % Hk == 0`; query head `h` reads kv head
-/// `h / (Hq / Hk)`. `0 <= D, Dv <= 256` (0: docs/semantics.md, section 6). Every view's last dimension must have stride 1; other
+/// `h / (Hq / Hk)`. `0 <= D <= 576`, `0 <= Dv <= 512` (0: docs/semantics.md, section 6). Every view's last dimension must have stride 1; other
 /// strides are arbitrary. Accumulation is in f32 whatever `T` is.
 ///
 /// Fully masked rows (and `Sk == 0`) give `out = 0` and `lse = -inf` (or the sink's logit).

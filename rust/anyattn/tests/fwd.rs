@@ -497,25 +497,26 @@ fn views_that_do_not_fit_are_rejected() {
 
 #[test]
 fn library_errors_carry_its_message() {
-    let q = [0f32; 2 * 600];
-    let mut out = [0f32; 2 * 600];
-    let view = View::contiguous(&q, &[1, 2, 1, 600]).unwrap();
+    let q = [0f32; 2 * 577];
+    let mut out = [0f32; 2 * 577];
+    let view = View::contiguous(&q, &[1, 2, 1, 577]).unwrap();
     let e = fwd(
         &view,
         &view,
         &view,
-        &mut ViewMut::contiguous(&mut out, &[1, 2, 1, 600]).unwrap(),
+        &mut ViewMut::contiguous(&mut out, &[1, 2, 1, 577]).unwrap(),
         None,
         &FwdOptions::default(),
     )
     .unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument);
     assert!(
-        e.message().contains("576"),
-        "message should say what is supported: {e}"
+        e.message()
+            .contains("q.shape[3] (head dim D) is 577; supported: 0..576"),
+        "message should name the tensor, the value and what is supported: {e}"
     );
     assert!(e.to_string().starts_with("ANYATTN_E_INVALID_ARGUMENT: "));
-    assert_eq!(out, [0f32; 1200], "nothing written on error");
+    assert_eq!(out, [0f32; 2 * 577], "nothing written on error");
 
     let small = [0f32; 8];
     let mut o = [0f32; 8];

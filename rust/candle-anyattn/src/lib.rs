@@ -28,8 +28,8 @@
 //!
 //! Everything `candle-flash-attn` accepts is accepted, with the same result, except as listed:
 //!
-//! - More is accepted: f32 as well as f16/bf16; any head size from 1 to 256 (not only multiples
-//!   of 8, but not up to 512); `v` with a head size different from `q`'s; ALiBi slopes of shape
+//! - More is accepted: f32 as well as f16/bf16; any head size from 1 to 512, and up to 576 for
+//!   `q` and `k` (not only multiples of 8); `v` with a head size different from `q`'s; ALiBi slopes of shape
 //!   `(num_heads_q)` or `(batch, num_heads_q)`; tensors whose last dimension is not contiguous
 //!   (copied first; every other stride is used in place).
 //! - A `None` window side is exactly unbounded. flash-attn's CUDA kernels replace it by

@@ -57,11 +57,17 @@ fn dense_argument_errors() {
         &["flash-attn (anyattn)", "ANYATTN_E_INVALID_ARGUMENT"],
     );
 
-    // Head size above 256.
-    let qb = randn(5, &[1, 2, 1, 300], DType::F32);
+    // Head size above 576 (q, k) and 512 (v).
+    let qb = randn(5, &[1, 2, 1, 577], DType::F32);
     assert_has(
         &err(fa::flash_attn(&qb, &qb, &qb, 0.1, false)),
-        &["ANYATTN_E_INVALID_ARGUMENT", "256"],
+        &["ANYATTN_E_INVALID_ARGUMENT", "(head dim D) is 577; supported: 0..576"],
+    );
+    let qm = randn(5, &[1, 2, 1, 576], DType::F32);
+    let vb = randn(6, &[1, 2, 1, 513], DType::F32);
+    assert_has(
+        &err(fa::flash_attn(&qm, &qm, &vb, 0.1, false)),
+        &["ANYATTN_E_INVALID_ARGUMENT", "(head dim Dv) is 513; supported: 0..512"],
     );
 
     // Batch mismatch between q and k.
