@@ -30,13 +30,15 @@ def float_code(x: Any, name: str) -> int:
     return code
 
 
-def cache_code(cache: Any, q_code: int) -> int:
-    """The dtype code k_cache/v_cache are passed with: their own code for an 8-bit torch cache
-    (int8, float8), else q's code (a float cache is read in q's dtype)."""
-    if _is_numpy(cache):
-        return q_code
-    code = torch_cache_dtype_code(cache.dtype)
-    return q_code if code is None else code
+def cache_code(cache: Any, name: str) -> int:
+    """The dtype code a cache tensor (or new keys/values) is passed with: always its own, so that
+    the library checks it against q's (a float cache shares q's dtype) and never reads one dtype's
+    memory as another's. 8-bit torch caches (int8, float8) get their cache codes."""
+    if not _is_numpy(cache):
+        code = torch_cache_dtype_code(cache.dtype)
+        if code is not None:
+            return code
+    return float_code(cache, name)
 
 
 def _scale_specs(specs: "_Specs", scales) -> Any:
@@ -149,9 +151,10 @@ def kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
     lse = _empty(q, (b, hq, sq), f32=True)
     rotary_code = None if rotary_cos is None else float_code(rotary_cos, "rotary_cos")
     _core.fwd_kvcache(
-        specs(q, code), specs(k_cache, cache_code(k_cache, code)),
-        specs(v_cache, cache_code(v_cache, code)), specs(out, code),
-        specs(lse, _core.DTYPE_F32), specs(k, code), specs(v, code), specs.i32(cache_seqlens),
+        specs(q, code), specs(k_cache, cache_code(k_cache, "k_cache")),
+        specs(v_cache, cache_code(v_cache, "v_cache")), specs(out, code),
+        specs(lse, _core.DTYPE_F32), specs(k, None if k is None else float_code(k, "k")),
+        specs(v, None if v is None else float_code(v, "v")), specs.i32(cache_seqlens),
         int(cache_seqlen), specs.i32(cache_batch_idx), specs.i32(cache_leftpad),
         specs.i32(block_table), specs(rotary_cos, rotary_code), specs(rotary_sin, rotary_code),
         bool(rotary_interleaved), binding_options(options, specs.f32, num_splits),
@@ -176,8 +179,8 @@ def kvcache_varlen_forward(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q: int,
     out[...] = 0
     lse[...] = -np.inf
     _core.fwd_kvcache_varlen(
-        specs(q, code), specs(k_cache, cache_code(k_cache, code)),
-        specs(v_cache, cache_code(v_cache, code)), specs(out, code),
+        specs(q, code), specs(k_cache, cache_code(k_cache, "k_cache")),
+        specs(v_cache, cache_code(v_cache, "v_cache")), specs(out, code),
         specs(lse, _core.DTYPE_F32), specs.i32(cu_seqlens_q), int(max_seqlen_q),
         specs.i32(cache_seqlens), int(cache_seqlen), specs.i32(cache_batch_idx),
         specs.i32(cache_leftpad), specs.i32(block_table),

@@ -81,3 +81,34 @@ def test_torch_errors_name_the_argument():
         anyattn.flash_attn_func(q, q, q, alibi_slopes=torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"^dropout_p: must be in \[0, 1\)"):
         anyattn.flash_attn_func(q, q, q, dropout_p=1.0)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("wrong", ["cache", "new"])
+def test_kvcache_float_dtypes_must_match_q(requires_grad, wrong):
+    # A float cache (or new keys) of another dtype than q is rejected by the library, never read
+    # as q's dtype; the cache is left untouched.
+    torch = pytest.importorskip("torch")
+    q = torch.randn(1, 1, 2, 8, requires_grad=requires_grad)
+    cache_dtype = torch.float16 if wrong == "cache" else torch.float32
+    k_cache = torch.randn(1, 16, 2, 8).to(cache_dtype)
+    v_cache = torch.randn(1, 16, 2, 8).to(cache_dtype)
+    before = k_cache.clone()
+    k_new = torch.randn(1, 1, 2, 8).to(torch.float16 if wrong == "new" else torch.float32)
+    seqlens = torch.tensor([3], dtype=torch.int32)
+    name = "k_cache" if wrong == "cache" else r"cache->k_new"
+    with pytest.raises(ValueError, match=rf"{name}\.dtype is f16 but q\.dtype is f32"):
+        anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=k_new.clone(),
+                                        cache_seqlens=seqlens)
+    assert torch.equal(k_cache, before)
+
+
+def test_paged_varlen_cache_dtype_must_match_q():
+    torch = pytest.importorskip("torch")
+    q = torch.randn(4, 2, 8)
+    pages = torch.randn(2, 16, 2, 8).half()
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"k_cache\.dtype is f16 but q\.dtype is f32"):
+        anyattn.flash_attn_varlen_func(q, pages, pages.clone(), cu, cu, 4, 4, causal=True,
+                                       seqused_k=torch.tensor([4], dtype=torch.int32),
+                                       block_table=torch.tensor([[0, 1]], dtype=torch.int32))
