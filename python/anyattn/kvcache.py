@@ -74,6 +74,8 @@ def flash_attn_with_kvcache(
             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
             rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, sinks)
         if out is not None:
+            if k is not None:
+                _mark_written(k_cache, v_cache)
             return out
     options = make_options(0.0, softmax_scale, causal, window_size, softcap, False)
     kind = _kind(q, "q")
@@ -123,6 +125,8 @@ def flash_attn_with_kvcache(
                 _index_tensor(torch, cache_seqlens), cache_seqlen, *index,
                 bool(rotary_interleaved), *kopts.score_args(), int(num_splits),
                 *(scales or (None,) * 4))
+            if k is not None and not tracing():
+                _mark_written(k_cache, v_cache, *(scales or ())[2:])
     else:
         call = CacheCall(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_seqlen, cache_batch_idx, cache_leftpad, block_table,
@@ -130,3 +134,12 @@ def flash_attn_with_kvcache(
         out, lse = kvcache_on_device(q, call, options, _f32_on(q, alibi_slopes),
                                      _f32_on(q, sinks), int(num_splits), bool(return_softmax_lse))
     return (out, lse) if return_softmax_lse else out
+
+
+def _mark_written(*tensors) -> None:
+    """Bumps the version counters of the torch tensors the library's append wrote in place (the
+    caches, and the token scales of an 8-bit cache), as torch's own in-place ops do, so that
+    autograd's saved-tensor checks and anything else that tracks in-place writes see the change."""
+    from torch.autograd.graph import increment_version
+
+    increment_version([t for t in tensors if t is not None])

@@ -160,3 +160,22 @@ def test_kvcache_op_declares_cache_mutation_and_traces():
     out = step(q, kc, vc, kn, kn, torch.tensor([1], dtype=torch.int32))
     assert torch.equal(kc[0, 1], kn[0, 0])
     assert out.shape == (1, 1, 2, 8)
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_append_bumps_the_caches_version_counters(plain):
+    # The append writes the caches in place, so torch must see them as modified: autograd then
+    # refuses a backward through a value saved from the cache before the append.
+    torch = pytest.importorskip("torch")
+    q = torch.randn(1, 1, 2, 8, requires_grad=not plain)
+    k_cache, v_cache = torch.zeros(1, 8, 2, 8), torch.zeros(1, 8, 2, 8)
+    k_new = torch.randn(1, 1, 2, 8)
+    versions = (k_cache._version, v_cache._version)
+    anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=k_new.clone(),
+                                    cache_seqlens=torch.tensor([2], dtype=torch.int32))
+    assert k_cache._version > versions[0] and v_cache._version > versions[1]
+    # A call that only reads leaves them alone.
+    versions = (k_cache._version, v_cache._version)
+    anyattn.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                    cache_seqlens=torch.tensor([3], dtype=torch.int32))
+    assert (k_cache._version, v_cache._version) == versions
