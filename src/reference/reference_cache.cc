@@ -217,11 +217,13 @@ KvcacheInputs gather_kvcache(const anyattn_tensor& q, const anyattn_tensor& k_ca
     for (int64_t d = 0; d < count; ++d) x[d] = convert::kv8_to_f32(format, bytes[d]);
     if (token_scale != nullptr) *token_scale = scale;
   };
+  // Row starts by pointer arithmetic: a cache without columns (head dim 0) is an empty vector,
+  // which must not be indexed.
   auto k_at = [&](int64_t n, int64_t r, int64_t h) {
-    return &result.k_cache[((n * rows_per_entry + r) * heads_k + h) * head_dim];
+    return result.k_cache.data() + ((n * rows_per_entry + r) * heads_k + h) * head_dim;
   };
   auto v_at = [&](int64_t n, int64_t r, int64_t h) {
-    return &result.v_cache[((n * rows_per_entry + r) * heads_k + h) * head_dim_v];
+    return result.v_cache.data() + ((n * rows_per_entry + r) * heads_k + h) * head_dim_v;
   };
   // The cos / sin row of one position.
   std::vector<double> cos_row(static_cast<size_t>(rotary_dim / 2));
