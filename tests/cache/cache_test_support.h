@@ -146,14 +146,14 @@ inline void naive_gathered(const reference::GatheredSequence& seq,
     const float slope = seq.alibi_slopes.empty() ? 0.0f : static_cast<float>(seq.alibi_slopes[h]);
     const float sink = seq.sinks.empty() ? minus_inf : static_cast<float>(seq.sinks[h]);
     for (int64_t i = 0; i < Sq; ++i) {
-      const double* qi = &seq.q[(i * Hq + h) * D];
+      const double* qi = seq.q.data() + (i * Hq + h) * D;  // no indexing: D may be 0
       float row_max = sink;
       bool any = false;
       for (int64_t j = 0; j < Sk; ++j) {
         visible[j] = reference::key_visible(i, j, Sq, Sk, opt);
         if (!visible[j]) continue;
         any = true;
-        const double* kj = &seq.k[(j * Hk + hk) * D];
+        const double* kj = seq.k.data() + (j * Hk + hk) * D;
         float dot = 0.0f;
         for (int64_t d = 0; d < D; ++d)
           dot += static_cast<float>(qi[d]) * static_cast<float>(kj[d]);
@@ -178,7 +178,7 @@ inline void naive_gathered(const reference::GatheredSequence& seq,
       for (int64_t j = 0; j < Sk; ++j) {
         if (!visible[j]) continue;
         const float pj = round(p[j] / sum);
-        const double* vj = &seq.v[(j * Hk + hk) * Dv];
+        const double* vj = seq.v.data() + (j * Hk + hk) * Dv;
         for (int64_t d = 0; d < Dv; ++d) acc[d] += pj * static_cast<float>(vj[d]);
       }
       for (int64_t d = 0; d < Dv; ++d) out_i[d] = round(acc[d]);
