@@ -333,9 +333,9 @@ typedef struct anyattn_kvcache_params {
  *                      (0 for an all-zero row); stored = Q(x / (descale * token_scale)),
  *                      and a row whose token_scale is 0 stores zeros;
  *   without:           stored = Q(x / descale).
- * Each quotient is formed in f64 and rounded to f32 (after clamping to +-2 qmax); Q rounds to nearest, ties to even, and saturates to the finite range: I8 to [-127, 127]
- * (symmetric; a stored -128 is still read as -128), E4M3 to +-448, E5M2 to +-57344; +-inf
- * saturate too. NaN stays NaN in fp8 (E4M3 S.1111.111, E5M2 S.11111.11) and becomes 0 in I8. */
+ * Each quotient is formed in f64 and rounded to f32 (after clamping to +-2 qmax); Q rounds to
+ * nearest, ties to even, and saturates to the finite range: I8 to [-127, 127] (symmetric; a
+ * stored -128 is still read as -128), E4M3 to +-448, E5M2 to +-57344; +-inf saturate too. NaN stays NaN in fp8 (E4M3 S.1111.111, E5M2 S.11111.11) and becomes 0 in I8. */
 
 /* Fills `cache` with defaults (no new keys, whole cache, no paging, no rotary). */
 ANYATTN_API void anyattn_kvcache_params_init(anyattn_kvcache_params* cache);
