@@ -380,8 +380,6 @@ class TileProducts {
                       staging, block_flags + h);
     }
   }
-  // S is the raw q . k (bf16 q unscaled): the softmax multiplies it by softmax_scale.
-  static float score_scale(const FwdArgs& args) { return args.softmax_scale; }
   // S (raw q . k) for `rows` rows; rows of s up to a multiple of 16 are written too. Notes the
   // rows' maxima, which the softmax that follows may move.
   void scores(const FwdArgs& args, const PackedLayout& /*layout*/, const float* q, int64_t rows,

@@ -1,6 +1,7 @@
 // Vector exp2 and tanh written once against the Vec interface. Include inside an ISA namespace
 // after that ISA's vec_*.h. Coefficients are least-squares fits (Chebyshev nodes, relative error)
-// computed for this library; scripts/fit_polynomials.py regenerates them.
+// computed for this library; tests/internal/vec_math_test.cc checks the error bounds stated here
+// on every path.
 
 // 2^x for x <= 128 (or NaN): exp2 without the clamp from above, for arguments known not to exceed
 // it, such as the online softmax's exponents once it has checked that none is above 8. Same
