@@ -1,7 +1,7 @@
 """anyattn's C ABI (include/anyattn/anyattn.h) through ctypes, for the benchmark scripts.
 
-Only what the benchmarks need: contiguous tensors, the forward and backward calls, thread control
-and the error message. The structs mirror the header field by field; `AnyattnLibrary` checks that
+Only what the benchmarks need: contiguous tensors, the dense and varlen forward calls, the backward
+call, thread control and the error message. The structs mirror the header field by field; `AnyattnLibrary` checks that
 the library's own anyattn_fwd_params_init agrees with the size ctypes computes, so a header change
 that is not mirrored here fails loudly instead of corrupting memory.
 """
@@ -12,6 +12,7 @@ import os
 DTYPE_F32 = 0
 DTYPE_F16 = 1
 DTYPE_BF16 = 2
+DTYPE_I32 = 3
 MAX_NDIM = 4
 STATUS_OK = 0
 
@@ -81,6 +82,9 @@ class AnyattnLibrary:
         lib.anyattn_fwd.argtypes = [pointer, pointer, pointer, pointer, pointer,
                                     ctypes.POINTER(AnyattnFwdParams)]
         lib.anyattn_fwd.restype = ctypes.c_int
+        lib.anyattn_fwd_varlen.argtypes = [pointer] * 8 + [ctypes.c_int64, ctypes.c_int64,
+                                                           ctypes.POINTER(AnyattnFwdParams)]
+        lib.anyattn_fwd_varlen.restype = ctypes.c_int
         lib.anyattn_bwd.argtypes = [pointer] * 10 + [ctypes.POINTER(AnyattnFwdParams)]
         lib.anyattn_bwd.restype = ctypes.c_int
         probe = AnyattnFwdParams()
@@ -133,6 +137,23 @@ class AnyattnLibrary:
         refs = (ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out),
                 ctypes.byref(lse) if lse is not None else None, ctypes.byref(params))
         return self._checked(self._lib.anyattn_fwd, refs, (q, k, v, out, lse, params))
+
+    def fwd_varlen_call(self, q_ptr, k_ptr, v_ptr, out_ptr, cu_seqlens_ptr, dtype, batch, total,
+                        max_seqlen, heads_q, heads_k, head_dim, causal):
+        """A zero-argument function that runs one varlen forward call (anyattn_fwd_varlen) on
+        packed contiguous (total, H, D) buffers whose `batch` sequences are given by the i32
+        (batch + 1) cu_seqlens at cu_seqlens_ptr, the same for queries and keys; raises
+        RuntimeError with anyattn's message on failure."""
+        q = contiguous_tensor(q_ptr, dtype, (total, heads_q, head_dim))
+        k = contiguous_tensor(k_ptr, dtype, (total, heads_k, head_dim))
+        v = contiguous_tensor(v_ptr, dtype, (total, heads_k, head_dim))
+        out = contiguous_tensor(out_ptr, dtype, (total, heads_q, head_dim))
+        cu_seqlens = contiguous_tensor(cu_seqlens_ptr, DTYPE_I32, (batch + 1,))
+        params = self._params(causal)
+        refs = (ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out), None,
+                ctypes.byref(cu_seqlens), ctypes.byref(cu_seqlens), None, max_seqlen, max_seqlen,
+                ctypes.byref(params))
+        return self._checked(self._lib.anyattn_fwd_varlen, refs, (q, k, v, out, cu_seqlens, params))
 
     def bwd_call(self, dout_ptr, q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, dq_ptr, dk_ptr, dv_ptr,
                  dtype, batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, causal):

@@ -26,6 +26,10 @@ Both get the same values. `max|diff|` compares the outputs (ggml writes f32; any
 dtype). ggml converts q to the K type for its dot products and, for f16 V, accumulates the output
 in f16, so its f16 rows differ from anyattn's by more than rounding.
 
+With --sweep the script runs the never-slower sweep's dense shapes instead
+(peer_timing.sweep_shapes: tiny S, D 1-32 and 257-512; ggml has no varlen call) and ends with the
+worst ratio.
+
 If ggml-python is not importable the script says so and exits 0.
 """
 
@@ -42,7 +46,8 @@ sys.path.insert(0, SCRIPT_DIR)
 
 from anyattn_ctypes import DTYPE_BF16, DTYPE_F16, DTYPE_F32  # noqa: E402
 from peer_timing import (decode_shapes, flops, format_row, forward_shapes, matches,  # noqa: E402
-                         open_library, peer_parser, record_timings, row_key, time_interleaved)
+                         open_library, peer_parser, print_worst_ratio, record_timings, row_key,
+                         sweep_shapes, time_interleaved)
 
 ABI_DTYPES = {"f32": DTYPE_F32, "f16": DTYPE_F16, "bf16": DTYPE_BF16}
 
@@ -188,9 +193,12 @@ def main():
     if opened is None:
         return 1
     lib, thread_counts, timing = opened
-    shapes = forward_shapes(args.quick, args.dtypes)
-    if not args.no_decode:
-        shapes += decode_shapes(args.quick, args.dtypes)
+    if args.sweep:
+        shapes = sweep_shapes(args.dtypes, varlen=False)
+    else:
+        shapes = forward_shapes(args.quick, args.dtypes)
+        if not args.no_decode:
+            shapes += decode_shapes(args.quick, args.dtypes)
     shapes = [s for s in shapes if matches(row_key(s), args.filter)]
 
     features = ", ".join(name for name, probe in (("avx2", ggml.ggml_cpu_has_avx2),
@@ -213,6 +221,7 @@ def main():
             rows.append(row)
             print(format_row(row, "ggml"), flush=True)
     lib.set_num_threads(0)
+    print_worst_ratio(rows, "ggml")
 
     report = dict(schema="anyattn-ggml-fa/1",
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

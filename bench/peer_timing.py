@@ -43,12 +43,44 @@ def decode_shapes(quick, dtypes=("bf16", "f32")):
     return shapes
 
 
+def varlen_lengths(count):
+    """`count` sequence lengths spread over 8-128 tokens in a fixed scrambled order."""
+    return [8 + (37 * i) % 121 for i in range(count)]
+
+
+def sweep_shapes(dtypes=("f32", "bf16"), varlen=True):
+    """The never-slower sweep (issue 35): shapes where fixed costs, padding and short loops weigh
+    more than the FMA peak. Tiny sequences (S 16-256 at D 64 and 128, B1 H8), head dims of 1-32
+    and above 256 (S 256 and 1024, B1 H8), and, with `varlen`, one varlen batch of 64 sequences of
+    8-128 tokens (H8, D 64 and 128); every shape causal and not, for each of `dtypes`."""
+    shapes = []
+
+    def dense(dtype, seqlen, head_dim, causal):
+        return dict(kind="fwd", dtype=dtype, batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=8,
+                    heads_k=8, head_dim=head_dim, causal=causal)
+
+    for dtype in dtypes:
+        for causal in (False, True):
+            shapes += [dense(dtype, s, d, causal) for s in (16, 64, 256) for d in (64, 128)]
+            shapes += [dense(dtype, s, d, causal) for d in (1, 8, 16, 32, 257, 320, 512)
+                       for s in (256, 1024)]
+            if varlen:
+                lengths = varlen_lengths(64)
+                shapes += [dict(kind="varlen", dtype=dtype, batch=len(lengths),
+                                seqlen_q=max(lengths), seqlen_k=max(lengths), seqlens=lengths,
+                                heads_q=8, heads_k=8, head_dim=d, causal=causal) for d in (64, 128)]
+    return shapes
+
+
 def row_key(shape):
     """The row key anyattn_bench uses for the same shape (what --filter matches)."""
     if shape["kind"] == "decode":
         return (f"decode/{shape['dtype']}/B{shape['batch']}/Hq{shape['heads_q']}"
                 f"/Hk{shape['heads_k']}/D{shape['head_dim']}/Sk{shape['seqlen_k']}")
     mask = "causal" if shape["causal"] else "full"
+    if shape["kind"] == "varlen":
+        return (f"varlen/{shape['dtype']}/{mask}/B{shape['batch']}/Hq{shape['heads_q']}"
+                f"/Hk{shape['heads_k']}/D{shape['head_dim']}/Smax{shape['seqlen_q']}")
     return (f"{shape['kind']}/{shape['dtype']}/{mask}/B{shape['batch']}/Hq{shape['heads_q']}"
             f"/Hk{shape['heads_k']}/D{shape['head_dim']}/S{shape['seqlen_q']}")
 
@@ -68,7 +100,11 @@ def visible_pairs(seqlen_q, seqlen_k, causal):
 
 
 def flops(shape):
-    """Forward FLOPs (docs/design.md, section 1): 4 * B * Hq * D * visible pairs."""
+    """Forward FLOPs (docs/design.md, section 1): 4 * B * Hq * D * visible pairs (summed over the
+    sequences of a varlen shape)."""
+    if shape["kind"] == "varlen":
+        return 4.0 * shape["heads_q"] * shape["head_dim"] * sum(
+            visible_pairs(n, n, shape["causal"]) for n in shape["seqlens"])
     return 4.0 * shape["batch"] * shape["heads_q"] * shape["head_dim"] * visible_pairs(
         shape["seqlen_q"], shape["seqlen_k"], shape["causal"])
 
@@ -152,8 +188,8 @@ def format_row(row, peer):
     else:
         label = f"B{row['batch']} H{row['heads_q']}/{row['heads_k']} D{row['head_dim']} " \
                 f"S{row['seqlen_q']}"
-    if row["kind"] == "bwd":
-        label = "bwd " + label
+    if row["kind"] in ("bwd", "varlen"):
+        label = row["kind"] + " " + label
     mask = "causal" if row["causal"] else "none"
     cells = [f"{label:<26} {row['dtype']:<5} {mask:<6} {row['threads']:>3}"]
     for name in ("anyattn", peer):
@@ -172,6 +208,18 @@ def format_row(row, peer):
     return " | ".join(cells) + ("  " + "; ".join(errors) if errors else "")
 
 
+def print_worst_ratio(rows, peer):
+    """Prints the row with the lowest peer time / anyattn time (the worst for anyattn), if any row
+    has both times."""
+    timed = [row for row in rows if "speedup_vs_" + peer in row]
+    if not timed:
+        return
+    worst = min(timed, key=lambda row: row["speedup_vs_" + peer])
+    verdict = "anyattn slower" if worst["speedup_vs_" + peer] < 1 else "anyattn never slower"
+    print(f"\nworst ratio over {len(timed)} rows: {worst['speedup_vs_' + peer]:.2f}x {peer} at "
+          f"{worst['key']} ({worst['threads']} thread(s)); {verdict}")
+
+
 def peer_parser(description, json_name):
     """An argument parser with the options every comparison takes; results go to
     bench/results/<json_name> by default."""
@@ -186,6 +234,10 @@ def peer_parser(description, json_name):
                         help="run rows whose key contains every comma-separated term (keys as in "
                         "anyattn_bench); repeat to run the rows matching any")
     parser.add_argument("--no-decode", action="store_true", help="skip the decode shapes")
+    parser.add_argument("--sweep", action="store_true",
+                        help="run the never-slower sweep (tiny S, D 1-32 and 257-512, many short "
+                        "varlen sequences) instead of the standard tables, and print the worst "
+                        "ratio")
     parser.add_argument("--json", default=os.path.join("bench", "results", json_name),
                         help=f"results file (default bench/results/{json_name})")
     parser.add_argument("--target-seconds", type=float, default=None,

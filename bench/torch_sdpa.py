@@ -21,6 +21,11 @@ retain_graph, so every call reuses one recorded forward): each gets out (and any
 one untimed forward call, as anyattn_bench's backward table does. GF/s there = 2.5 x the forward's
 FLOPs (docs/design.md, section 1); max|diff| compares dq, dk and dv.
 
+With --sweep the script runs the never-slower sweep instead (peer_timing.sweep_shapes: tiny S,
+D 1-32 and 257-512, many short varlen sequences) and ends with the worst ratio. torch has no varlen
+attention, so its side of a varlen row is what a user writes instead: one SDPA call per sequence,
+each on that sequence's own (1, H, S, D) tensors, prepared outside the timing.
+
 If torch is not importable the script says so and exits 0.
 """
 
@@ -34,7 +39,8 @@ sys.path.insert(0, SCRIPT_DIR)
 
 from anyattn_ctypes import DTYPE_BF16, DTYPE_F32  # noqa: E402
 from peer_timing import (decode_shapes, flops, format_row, forward_shapes, matches,  # noqa: E402
-                         open_library, peer_parser, record_timings, row_key, time_interleaved)
+                         open_library, peer_parser, print_worst_ratio, record_timings, row_key,
+                         sweep_shapes, time_interleaved)
 from plot_results import plot_gflops  # noqa: E402
 
 
@@ -114,6 +120,44 @@ def run_row(torch, functional, lib, shape, threads, timing, use_gqa):
     return row
 
 
+def run_varlen_row(torch, functional, lib, shape, threads, timing, use_gqa):
+    """Times one anyattn_fwd_varlen call against one SDPA call per sequence; returns the row."""
+    dtype = torch.float32 if shape["dtype"] == "f32" else torch.bfloat16
+    abi_dtype = DTYPE_F32 if shape["dtype"] == "f32" else DTYPE_BF16
+    hq, hk, d = shape["heads_q"], shape["heads_k"], shape["head_dim"]
+    lengths = shape["seqlens"]
+    total = sum(lengths)
+    generator = torch.Generator().manual_seed(3)
+    q = (torch.rand(total, hq, d, generator=generator) * 2 - 1).to(dtype)
+    k = (torch.rand(total, hk, d, generator=generator) * 2 - 1).to(dtype)
+    v = (torch.rand(total, hk, d, generator=generator) * 2 - 1).to(dtype)
+    out = torch.zeros(total, hq, d, dtype=dtype)
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    cu_seqlens = torch.tensor(starts, dtype=torch.int32)
+    row = dict(shape, key=row_key(shape), threads=threads, flops=flops(shape))
+
+    anyattn_run = lib.fwd_varlen_call(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                      cu_seqlens.data_ptr(), abi_dtype, len(lengths), total,
+                                      max(lengths), hq, hk, d, shape["causal"])
+    sequences = [tuple(x[a:b].transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v))
+                 for a, b in zip(starts, starts[1:])]
+    calls = [make_torch_call(torch, functional, *tensors, shape["causal"], use_gqa)
+             for tensors in sequences]
+
+    def torch_run():
+        return [call() for call in calls]
+
+    with torch.inference_mode():
+        record_timings(row, time_interleaved([anyattn_run, torch_run], **timing), "torch_sdpa")
+        if row["torch_sdpa"]:
+            torch_out = torch.cat([o[0].transpose(0, 1) for o in torch_run()])
+            row["max_abs_diff_vs_torch_sdpa"] = float(
+                (out.float() - torch_out.float()).abs().max().item())
+    return row
+
+
 def run_backward_row(torch, functional, lib, shape, threads, timing, use_gqa):
     """Times both backward passes on one shape; returns the row dict."""
     dtype = torch.float32 if shape["dtype"] == "f32" else torch.bfloat16
@@ -171,8 +215,12 @@ def main():
         return 1
     lib, thread_counts, timing = opened
     use_gqa = gqa_supported(torch, functional)
-    shapes = (forward_shapes(args.quick) + ([] if args.no_decode else decode_shapes(args.quick))
-              + ([] if args.no_backward else backward_shapes(args.quick)))
+    if args.sweep:
+        shapes = sweep_shapes()
+    else:
+        shapes = (forward_shapes(args.quick)
+                  + ([] if args.no_decode else decode_shapes(args.quick))
+                  + ([] if args.no_backward else backward_shapes(args.quick)))
     shapes = [s for s in shapes if matches(row_key(s), args.filter)]
 
     print(f"anyattn {lib.version()} ({lib.path}) vs torch {torch.__version__} SDPA on CPU; "
@@ -189,11 +237,12 @@ def main():
         print(f"{'shape':<26} {'dtype':<5} {'mask':<6} {'thr':>3} | {'anyattn ms':>10} "
               f"{'rate':>12} | {'torch ms':>10} {'rate':>12} | {'x torch':>7} {'max|diff|':>9}")
         for shape in shapes:
-            run = run_backward_row if shape["kind"] == "bwd" else run_row
+            run = {"bwd": run_backward_row, "varlen": run_varlen_row}.get(shape["kind"], run_row)
             row = run(torch, functional, lib, shape, threads, timing, use_gqa)
             rows.append(row)
             print(format_row(row, "torch_sdpa"), flush=True)
     lib.set_num_threads(0)
+    print_worst_ratio(rows, "torch_sdpa")
 
     report = dict(schema="anyattn-torch-sdpa/1",
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
