@@ -380,10 +380,12 @@ class TileProducts {
                       staging, block_flags + h);
     }
   }
-  // S (raw q . k) for `rows` rows; rows of s up to a multiple of 16 are written too. Notes the
-  // rows' maxima, which the softmax that follows may move.
+  // S (raw q . k) for `rows` rows against the whole block (the tiles score all 64 keys, `keys` or
+  // not); rows of s up to a multiple of 16 are written too. Notes the rows' maxima, which the
+  // softmax that follows may move.
   void scores(const FwdArgs& args, const PackedLayout& /*layout*/, const float* q, int64_t rows,
-              const float* kt, uint8_t block_flags, float* s, const float* /*next_panel*/) {
+              const float* kt, int64_t /*keys*/, uint8_t block_flags, float* s,
+              const float* /*next_panel*/) {
     for (int64_t r = 0; r < rows_; ++r) max_before_[r] = m_[r];
     if (q_subnormal_ || (block_flags & kBlockSubnormal) != 0) {
       compute_scores_exact_tiles(args, q, rows, kt, s);

@@ -87,33 +87,33 @@ class NextPanelPrefetch {
   PanelPrefetch idle_;
 };
 
-// s[r][0..kScoreKeys) = sum_d q[r][d] * kt[d][0..kScoreKeys) for R rows, prefetching one line of
+// s[r][0..NV * lanes) = sum_d q[r][d] * kt[d][0..NV * lanes) for R rows, prefetching one line of
 // `ahead` per d. q: R rows, stride ldq. kt: head_dim rows of kKeyBlock floats. s: R rows, stride
-// kKeyBlock.
+// kKeyBlock. NV is kScoreVecs except for the last tile of a block with fewer keys.
 #if defined(ANYATTN_FWD_LANE_PRODUCTS)
 // Head-dim indices d0 + L .. d0 + kLanes - 1 of score_tile (their prefetches issued by the caller),
-// with q[r][d0 .. d0 + kLanes) in q_rows[r]: per index, the kScoreVecs key vectors times lane L of
-// each row (fma_lane).
-template <int R, int L>
+// with q[r][d0 .. d0 + kLanes) in q_rows[r]: per index, the NV key vectors times lane L of each row
+// (fma_lane).
+template <int R, int NV, int L>
 __attribute__((always_inline)) inline void score_lanes(const Vec (&q_rows)[R], const float* kt_d0,
-                                                       Vec (&acc)[R][kScoreVecs]) {
+                                                       Vec (&acc)[R][NV]) {
   if constexpr (L < kLanes) {
-    Vec keys[kScoreVecs];
-    for (int n = 0; n < kScoreVecs; ++n) keys[n] = Vec::load(kt_d0 + L * kKeyBlock + n * kLanes);
+    Vec keys[NV];
+    for (int n = 0; n < NV; ++n) keys[n] = Vec::load(kt_d0 + L * kKeyBlock + n * kLanes);
     for (int r = 0; r < R; ++r) {
-      for (int n = 0; n < kScoreVecs; ++n) acc[r][n] = fma_lane<L>(q_rows[r], keys[n], acc[r][n]);
+      for (int n = 0; n < NV; ++n) acc[r][n] = fma_lane<L>(q_rows[r], keys[n], acc[r][n]);
     }
-    score_lanes<R, L + 1>(q_rows, kt_d0, acc);
+    score_lanes<R, NV, L + 1>(q_rows, kt_d0, acc);
   }
 }
 #endif
 
-template <int R>
+template <int R, int NV>
 inline void score_tile(const float* q, int64_t ldq, const float* kt, int64_t head_dim, float* s,
                        PanelPrefetch ahead) {
-  Vec acc[R][kScoreVecs];
+  Vec acc[R][NV];
   for (int r = 0; r < R; ++r) {
-    for (int n = 0; n < kScoreVecs; ++n) acc[r][n] = Vec::zero();
+    for (int n = 0; n < NV; ++n) acc[r][n] = Vec::zero();
   }
   int64_t d = 0;
 #if defined(ANYATTN_FWD_LANE_PRODUCTS)
@@ -126,55 +126,79 @@ inline void score_tile(const float* q, int64_t ldq, const float* kt, int64_t hea
     }
     Vec q_rows[R];
     for (int r = 0; r < R; ++r) q_rows[r] = Vec::load(q + r * ldq + d);
-    score_lanes<R, 0>(q_rows, kt + d * kKeyBlock, acc);
+    score_lanes<R, NV, 0>(q_rows, kt + d * kKeyBlock, acc);
   }
 #endif
   for (; d < head_dim; ++d) {
     prefetch_line_l2(ahead.line);
     ahead.line += ahead.step;
-    Vec keys[kScoreVecs];
-    for (int n = 0; n < kScoreVecs; ++n) keys[n] = Vec::load(kt + d * kKeyBlock + n * kLanes);
+    Vec keys[NV];
+    for (int n = 0; n < NV; ++n) keys[n] = Vec::load(kt + d * kKeyBlock + n * kLanes);
     for (int r = 0; r < R; ++r) {
       const Vec q_rd = Vec::broadcast(q[r * ldq + d]);
-      for (int n = 0; n < kScoreVecs; ++n) acc[r][n] = fma(q_rd, keys[n], acc[r][n]);
+      for (int n = 0; n < NV; ++n) acc[r][n] = fma(q_rd, keys[n], acc[r][n]);
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int n = 0; n < kScoreVecs; ++n) acc[r][n].store(s + r * kKeyBlock + n * kLanes);
+    for (int n = 0; n < NV; ++n) acc[r][n].store(s + r * kKeyBlock + n * kLanes);
   }
 }
 
+// The last tile of a block with fewer keys than a whole tile: score_tile with the `vectors` key
+// vectors (1 <= vectors <= NV) that hold them.
+template <int R, int NV>
+inline void score_narrow_tile(int64_t vectors, const float* q, int64_t ldq, const float* kt,
+                              int64_t head_dim, float* s, PanelPrefetch ahead) {
+  if constexpr (NV > 1) {
+    if (vectors < NV) {
+      score_narrow_tile<R, NV - 1>(vectors, q, ldq, kt, head_dim, s, ahead);
+      return;
+    }
+  }
+  score_tile<R, NV>(q, ldq, kt, head_dim, s, ahead);
+}
+
+// Scores of the block's first `keys` keys, whole key vectors (the columns from
+// round_up(keys, lanes) on are left as they were).
 template <int R>
-inline void score_rows(const float* q, int64_t ldq, const float* kt, int64_t head_dim, float* s,
-                       NextPanelPrefetch* ahead) {
-  for (int64_t c = 0; c < kKeyBlock; c += kScoreKeys)
-    score_tile<R>(q, ldq, kt + c, head_dim, s + c, ahead->window(head_dim));
+inline void score_rows(const float* q, int64_t ldq, const float* kt, int64_t head_dim,
+                       int64_t keys, float* s, NextPanelPrefetch* ahead) {
+  int64_t c = 0;
+  for (; c + kScoreKeys <= keys; c += kScoreKeys) {
+    score_tile<R, kScoreVecs>(q, ldq, kt + c, head_dim, s + c, ahead->window(head_dim));
+  }
+  if (c < keys) {
+    score_narrow_tile<R, kScoreVecs>((keys - c + kLanes - 1) / kLanes, q, ldq, kt + c, head_dim,
+                                     s + c, ahead->window(head_dim));
+  }
 }
 
 // Rows that do not fill a whole tile: dispatch the remaining count R = rows to a fixed-size tile.
 template <int R>
 inline void score_remainder(int64_t rows, const float* q, int64_t ldq, const float* kt,
-                            int64_t head_dim, float* s, NextPanelPrefetch* ahead) {
+                            int64_t head_dim, int64_t keys, float* s, NextPanelPrefetch* ahead) {
   if constexpr (R >= 1) {
     if (rows == R) {
-      score_rows<R>(q, ldq, kt, head_dim, s, ahead);
+      score_rows<R>(q, ldq, kt, head_dim, keys, s, ahead);
     } else {
-      score_remainder<R - 1>(rows, q, ldq, kt, head_dim, s, ahead);
+      score_remainder<R - 1>(rows, q, ldq, kt, head_dim, keys, s, ahead);
     }
   }
 }
 
-// S for `rows` query rows (q stride ldq) against one packed key block, prefetching the next
-// block's panel (`next`, `next_bytes`; null for none) into L2 on the way.
+// S for `rows` query rows (q stride ldq) against the first `keys` keys of one packed key block
+// (whole key vectors; the other columns of s are left as they were, for the mask to overwrite),
+// prefetching the next block's panel (`next`, `next_bytes`; null for none) into L2 on the way.
 inline void compute_scores(const float* q, int64_t ldq, int64_t rows, const float* kt,
-                           int64_t head_dim, float* s, const float* next, int64_t next_bytes) {
+                           int64_t head_dim, int64_t keys, float* s, const float* next,
+                           int64_t next_bytes) {
   NextPanelPrefetch ahead(next, next_bytes, kt);
   int64_t r = 0;
   for (; r + kScoreRows <= rows; r += kScoreRows) {
-    score_rows<kScoreRows>(q + r * ldq, ldq, kt, head_dim, s + r * kKeyBlock, &ahead);
+    score_rows<kScoreRows>(q + r * ldq, ldq, kt, head_dim, keys, s + r * kKeyBlock, &ahead);
   }
-  score_remainder<kScoreRows - 1>(rows - r, q + r * ldq, ldq, kt, head_dim, s + r * kKeyBlock,
-                                  &ahead);
+  score_remainder<kScoreRows - 1>(rows - r, q + r * ldq, ldq, kt, head_dim, keys,
+                                  s + r * kKeyBlock, &ahead);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -545,7 +569,9 @@ inline void prefetch_rows_ahead(const FwdArgs& args, const SeqInfo& seq, const v
 // Memory order: each key row is read for all heads before the next row (rows of one head are
 // Hk * D elements apart, rows of all heads are contiguous), so a multi-head call sweeps memory
 // sequentially. K rows are converted into `staging` (heads_k * lanes rows of round_up(D, 16)
-// floats) one chunk of `lanes` keys at a time and transposed tile by tile into kt[d][j].
+// floats) one chunk of `lanes` keys at a time and transposed tile by tile into kt[d][j]. A block
+// at the end of the keys fills kt only up to its last whole key vector (zeros past its last key):
+// the score tiles read no further. V gets all 64 rows, zero past the last key.
 //
 // A shared latent cache (FwdArgs::v_is_k_prefix: absorbed MLA) has V row j at the start of K row
 // j: V is then copied from the staged K rows, so the block's rows are read from memory once.
@@ -577,7 +603,9 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
   const bool v_from_k = args.v_is_k_prefix();
 
   alignas(64) float transposed[kLanes * kLanes];
-  for (int64_t chunk = 0; chunk < kKeyBlock; chunk += kLanes) {
+  // With v_from_k the chunks also stage V, so every row of the block is visited.
+  const int64_t staged_keys = v_from_k ? kKeyBlock : round_up(keys, kLanes);
+  for (int64_t chunk = 0; chunk < staged_keys; chunk += kLanes) {
     for (int64_t jj = 0; jj < kLanes; ++jj) {
       const int64_t j = chunk + jj;
       for (int64_t h = 0; h < heads_k; ++h) {
@@ -785,10 +813,12 @@ struct VectorProducts {
                    uint8_t* block_flags) {
     pack_block_heads(args, layout, seq, head_k, heads_k, block, panels, staging, block_flags);
   }
-  // S for `rows` rows (q at q) against the packed block kt.
+  // S for `rows` rows (q at q) against the first `keys` keys of the packed block kt; the columns
+  // past them (a block at the end of the keys) are left for the mask.
   void scores(const FwdArgs& args, const PackedLayout& layout, const float* q, int64_t rows,
-              const float* kt, uint8_t /*block_flags*/, float* s, const float* next_panel) {
-    compute_scores(q, layout.q_stride, rows, kt, args.head_dim, s, next_panel,
+              const float* kt, int64_t keys, uint8_t /*block_flags*/, float* s,
+              const float* next_panel) {
+    compute_scores(q, layout.q_stride, rows, kt, args.head_dim, keys, s, next_panel,
                    layout.block_floats * 4);
   }
   // O += P V for the rows of one kv head (head_rows) and the block at j0 (`keys` keys). On
@@ -854,8 +884,8 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
       // The packed panels of a (batch, kv head) are consecutive; streamed panels are built here.
       const float* next_panel =
           !streaming && block + 1 < blocks.end ? kt + layout.block_floats : nullptr;
-      products.scores(args, layout, scratch.q + r0 * layout.q_stride, rows_per_kv, kt, block_flags,
-                      s, next_panel);
+      products.scores(args, layout, scratch.q + r0 * layout.q_stride, rows_per_kv, kt, keys,
+                      block_flags, s, next_panel);
       scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv, crosses_boundary,
                               head_rows, j0, s, scratch.m + r0, scratch.l + r0 * kRowSumSlots, o,
                               dv_pad);
