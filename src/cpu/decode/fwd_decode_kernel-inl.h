@@ -18,8 +18,9 @@
 //      accumulators of `lanes` consecutive keys are then reduced together by lane_sums, one
 //      vector of scores in about three instructions per score. bf16 calls on the avx512 path, on
 //      a CPU with AVX512_BF16, score on VDPBF16PS instead (fwd_decode_bf16_dot.h: raw bf16 q, no
-//      widening, half the instructions), except for kv heads
-//      whose q holds values that instruction would flush or lose (load_bf16_head_queries).
+//      widening, half the instructions), except for kv heads whose q holds values that
+//      instruction would flush or lose (load_bf16_head_queries). q is never scaled: the softmax
+//      applies softmax_scale.
 //   2. Softmax, kv head by kv head: softcap, ALiBi, mask, online softmax and dropout exactly as
 //      in the packed path, on the same S rows (64 floats per row, in L1).
 //   3. O += P V in the same passes, with R x kPvVecs accumulator tiles loaded from and stored to

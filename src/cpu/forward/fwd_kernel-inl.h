@@ -23,7 +23,8 @@
 //        broadcasts one q value per row, i.e. kScoreRows * kScoreVecs FMAs for
 //        kScoreRows + kScoreVecs loads. The 64-key panel (D * 256 bytes) stays in L1/L2 while all
 //        row tiles of the task pass over it; S (16 KiB for 64 rows) stays in L1. Each d step also
-//        prefetches one line of the next block's panel into L2 (PanelPrefetch).
+//        prefetches one line of the next block's panel into L2 (PanelPrefetch). A block at the end
+//        of the keys is scored (and its K packed) only up to its last whole key vector.
 //     2. Softcap (vector tanh), ALiBi and the mask, in place on S. The mask is applied only to
 //        blocks that cross a row's window boundary or the end of the keys; blocks outside every
 //        row's window were never visited (the block range is clipped first).
