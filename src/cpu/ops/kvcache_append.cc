@@ -35,6 +35,60 @@ void write_row(const void* src, DType dtype, const RowTarget& target, DType kv_d
   for (int64_t c = 0; c < count; ++c) store_element(target.row, kv_dtype, c, row[c]);
 }
 
+// One stream of the append, the keys or the values: where its new rows come from, and where its
+// cache rows and (8-bit caches) token scales go.
+struct AppendStream {
+  KvStream kind;
+  int64_t columns;  // D or Dv
+  const void* new_rows;
+  int64_t new_batch_stride, new_row_stride, new_head_stride;
+  void* cache;
+  int64_t batch_stride, row_stride, head_stride;
+  float* token_scale;  // null: none
+  int64_t scale_batch_stride, scale_row_stride, scale_head_stride;
+};
+
+AppendStream key_stream(const FwdArgs& args, const CacheAppend& append) {
+  return {KvStream::kK, args.head_dim, append.k_new, append.k_new_batch_stride,
+          append.k_new_row_stride, append.k_new_head_stride, const_cast<void*>(args.k),
+          args.k_batch_stride, args.k_row_stride, args.k_head_stride, args.k_token_scale,
+          args.k_scale_batch_stride, args.k_scale_row_stride, args.k_scale_head_stride};
+}
+
+AppendStream value_stream(const FwdArgs& args, const CacheAppend& append) {
+  return {KvStream::kV, args.head_dim_v, append.v_new, append.v_new_batch_stride,
+          append.v_new_row_stride, append.v_new_head_stride, const_cast<void*>(args.v),
+          args.v_batch_stride, args.v_row_stride, args.v_head_stride, args.v_token_scale,
+          args.v_scale_batch_stride, args.v_scale_row_stride, args.v_scale_head_stride};
+}
+
+// Writes new token t of sequence b, kv head `head`, of `stream` into cache key `key` of `seq`
+// (rotated when cos is non-null). A row without columns has no cache memory and is not
+// addressed, but its token scale is: an empty row's scale is 0, as for an all-zero row.
+void append_stream_row(const FwdArgs& args, const SeqInfo& seq, const AppendStream& stream,
+                       int64_t b, int64_t t, int64_t key, int64_t head, const float* cos,
+                       const float* sin) {
+  float* scale = stream.token_scale == nullptr
+                     ? nullptr
+                     : stream.token_scale + key_row_offset(args, seq, key, head,
+                                                           stream.scale_batch_stride,
+                                                           stream.scale_row_stride,
+                                                           stream.scale_head_stride);
+  if (stream.columns == 0) {
+    if (scale != nullptr) *scale = 0.f;
+    return;
+  }
+  const int64_t src = b * stream.new_batch_stride + t * stream.new_row_stride +
+                      head * stream.new_head_stride;
+  const int64_t dst = key_row_offset(args, seq, key, head, stream.batch_stride, stream.row_stride,
+                                     stream.head_stride);
+  const float descale =
+      stream.kind == KvStream::kK ? args.k_descale_of(b, head) : args.v_descale_of(b, head);
+  const RowTarget target{element_address(stream.cache, args.kv_dtype, dst), descale, scale};
+  write_row(element_address(stream.new_rows, args.dtype, src), args.dtype, target, args.kv_dtype,
+            stream.columns, cos, sin, args.rotary_dim, args.rotary_interleaved);
+}
+
 }  // namespace
 
 void append_to_cache(const FwdArgs& args, const CacheAppend& append,
@@ -43,61 +97,23 @@ void append_to_cache(const FwdArgs& args, const CacheAppend& append,
   const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());
   const bool rotary = !append.rotary_cos.empty();
   const int64_t half = args.rotary_dim / 2;
+  const AppendStream keys = key_stream(args, append);
+  const AppendStream values = value_stream(args, append);
   lease.run_each(args.batch * append.new_tokens, [&](int64_t task, int) {
     const int64_t b = task / append.new_tokens;
     const int64_t t = task % append.new_tokens;
     // The cache position of this token, as a key index of the sequence (key_row_offset adds the
     // sequence's first cache position).
-    SeqInfo seq = sequence_info(args, b);
+    const SeqInfo seq = sequence_info(args, b);
     const int64_t key = cache_seqlens[b] + t - seq.k_first;
     const float* cos = rotary ? append.rotary_cos.data() + task * half : nullptr;
     const float* sin = rotary ? append.rotary_sin.data() + task * half : nullptr;
-    // A cache without columns (D or Dv = 0) may have no memory at all: it is not addressed.
     for (int64_t head = 0; head < args.heads_k; ++head) {
-      // A row without columns has no cache memory, but its token scale does: an empty row's
-      // scale is 0, as for an all-zero row.
-      if (args.head_dim == 0 && args.k_token_scale != nullptr) {
-        args.k_token_scale[key_row_offset(args, seq, key, head, args.k_scale_batch_stride,
-                                          args.k_scale_row_stride, args.k_scale_head_stride)] = 0.f;
-      }
-      if (args.head_dim_v == 0 && args.v_token_scale != nullptr) {
-        args.v_token_scale[key_row_offset(args, seq, key, head, args.v_scale_batch_stride,
-                                          args.v_scale_row_stride, args.v_scale_head_stride)] = 0.f;
-      }
-      if (args.head_dim > 0) {
-        const int64_t k_src = b * append.k_new_batch_stride + t * append.k_new_row_stride +
-                              head * append.k_new_head_stride;
-        const int64_t k_dst = key_row_offset(args, seq, key, head, args.k_batch_stride,
-                                             args.k_row_stride, args.k_head_stride);
-        float* scale = args.k_token_scale == nullptr
-                           ? nullptr
-                           : args.k_token_scale + key_row_offset(args, seq, key, head,
-                                                                 args.k_scale_batch_stride,
-                                                                 args.k_scale_row_stride,
-                                                                 args.k_scale_head_stride);
-        const RowTarget target{element_address(const_cast<void*>(args.k), args.kv_dtype, k_dst),
-                               args.k_descale_of(b, head), scale};
-        write_row(element_address(append.k_new, args.dtype, k_src), args.dtype, target,
-                  args.kv_dtype, args.head_dim, cos, sin, args.rotary_dim,
-                  args.rotary_interleaved);
-      }
+      append_stream_row(args, seq, keys, b, t, key, head, cos, sin);
       // A shared latent cache (v a column prefix of k; validate_kvcache.cc made v_new the same
       // view of k_new) already holds the row written as k's.
-      if (args.head_dim_v > 0 && !args.v_is_k_prefix()) {
-        const int64_t v_src = b * append.v_new_batch_stride + t * append.v_new_row_stride +
-                              head * append.v_new_head_stride;
-        const int64_t v_dst = key_row_offset(args, seq, key, head, args.v_batch_stride,
-                                             args.v_row_stride, args.v_head_stride);
-        float* scale = args.v_token_scale == nullptr
-                           ? nullptr
-                           : args.v_token_scale + key_row_offset(args, seq, key, head,
-                                                                 args.v_scale_batch_stride,
-                                                                 args.v_scale_row_stride,
-                                                                 args.v_scale_head_stride);
-        const RowTarget target{element_address(const_cast<void*>(args.v), args.kv_dtype, v_dst),
-                               args.v_descale_of(b, head), scale};
-        write_row(element_address(append.v_new, args.dtype, v_src), args.dtype, target,
-                  args.kv_dtype, args.head_dim_v, nullptr, nullptr, 0, false);
+      if (!args.v_is_k_prefix()) {
+        append_stream_row(args, seq, values, b, t, key, head, nullptr, nullptr);
       }
     }
   });
