@@ -498,10 +498,10 @@ TEST(ReliabilityNumerics, ScoresRisingAndFallingAcrossKeyBlocksMatchTheReference
 
 // Large scores, typically +-10 to +-30 after softmax_scale (sharp attention, as in long-context
 // models), meet the 2x rule in f32 on every path, for prefill rows and decode rows: the softmax
-// scales the raw q . k itself (s * scale - max in one rounding) rather than rounding a pre-scaled
-// q, which gave up to 3.7x the naive error here. D 192 with softmax_scale 0.3, and D 64 and 128
-// with the default scale; causal and not; Sk spanning 17 key blocks, so that a row's max both
-// stays and moves.
+// scales each raw q . k, rounding the score once as the naive computation does, where a pre-scaled
+// q (each of its elements rounded) gave up to 3.7x the naive error here. D 192 with softmax_scale
+// 0.3 (issue 35's case), and D 64 and 128 with the default scale; causal and not; Sk of 16 or 17
+// key blocks, so that a row's max both stays and moves.
 TEST(ReliabilityNumerics, LargeScoresMeetTheTwoXRuleInF32) {
   struct Shape {
     int64_t D;
