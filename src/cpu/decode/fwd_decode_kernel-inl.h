@@ -463,25 +463,30 @@ struct KeyScales {
 
   bool active() const { return is_kv8(args.kv_dtype); }
 
-  // The factor of key j of the block (rows located in `rows`) for kv head head_k + h.
-  // Times 2^8 for e4m3, whose loads give values times 2^-8 (kv_load_scale).
-  float factor(const BlockRows& rows, int64_t j, int64_t h, KvStream stream) const {
+  // factors[j] = the factor of key first + j of the block (rows located in `rows`), j < count,
+  // for kv head head_k + h: descale times the load scale (2^8 for e4m3, whose loads give values
+  // times 2^-8: kv_load_scale), times the key's token scale where the cache has them.
+  void fill_factors(const BlockRows& rows, int64_t first, int64_t count, int64_t h,
+                    KvStream stream, float* factors) const {
     const bool k = stream == KvStream::kK;
-    float scale = k ? args.k_descale_of(seq.batch, head_k + h)
-                    : args.v_descale_of(seq.batch, head_k + h);
-    scale *= kv_load_scale(args.kv_dtype);
-    if (args.k_token_scale != nullptr) {
-      scale *= k ? args.k_token_scale[rows.k_scale[j] + h * args.k_scale_head_stride]
-                 : args.v_token_scale[rows.v_scale[j] + h * args.v_scale_head_stride];
+    const float per_head =
+        (k ? args.k_descale_of(seq.batch, head_k + h) : args.v_descale_of(seq.batch, head_k + h)) *
+        kv_load_scale(args.kv_dtype);
+    const float* token_scale = k ? args.k_token_scale : args.v_token_scale;
+    if (token_scale == nullptr) {
+      for (int64_t j = 0; j < count; ++j) factors[j] = per_head;
+      return;
     }
-    return scale;
+    const int64_t* offsets = (k ? rows.k_scale : rows.v_scale) + first;
+    token_scale += h * (k ? args.k_scale_head_stride : args.v_scale_head_stride);
+    for (int64_t j = 0; j < count; ++j) factors[j] = per_head * token_scale[offsets[j]];
   }
 
   // s[r][c .. c + keys) *= the K factors of those keys, for `rows_count` rows (stride 64).
   void scale_scores(const BlockRows& rows, int64_t c, int64_t keys, int64_t h, int64_t rows_count,
                     float* s) const {
     float factors[kDirectChunkKeys];
-    for (int64_t j = 0; j < keys; ++j) factors[j] = factor(rows, c + j, h, KvStream::kK);
+    fill_factors(rows, c, keys, h, KvStream::kK, factors);
     for (int64_t r = 0; r < rows_count; ++r) {
       for (int64_t j = 0; j < keys; ++j) s[r * kKeyBlock + j] *= factors[j];
     }
@@ -491,7 +496,7 @@ struct KeyScales {
   void scale_probabilities(const BlockRows& rows, int64_t keys, int64_t h, int64_t rows_count,
                            float* p) const {
     float factors[kKeyBlock];
-    for (int64_t j = 0; j < keys; ++j) factors[j] = factor(rows, j, h, KvStream::kV);
+    fill_factors(rows, 0, keys, h, KvStream::kV, factors);
     for (int64_t r = 0; r < rows_count; ++r) {
       for (int64_t j = 0; j < keys; ++j) {
         float& value = p[r * kKeyBlock + j];
