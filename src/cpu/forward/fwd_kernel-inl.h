@@ -438,9 +438,11 @@ inline void online_softmax_row(float* s_row, float score_scale, float* m, float*
   const Vec shift = Vec::broadcast(new_max);
   Vec sum = Vec::zero();
   for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
-    // Clamped exp2: a NaN lane can hide a larger score from the vector max above, so s - max may
-    // be positive here (the row is NaN then, through that NaN's probability).
-    const Vec p = exp2((score(c) - shift) * log2e);
+    // s - max is at most 0 in exact arithmetic, and the exponent is clamped there: the compiler
+    // may fuse score's multiply with the subtraction, leaving the block max's own rounding error
+    // (up to half an ulp of a max that may be ~1e31) positive; and a NaN lane can hide a larger
+    // score from the vector max above (the row is NaN then, through that NaN's probability).
+    const Vec p = exp2_not_above_128(min_keep_b_nan(Vec::zero(), (score(c) - shift) * log2e));
     p.store(s_row + c);
     sum = sum + p;
   }
