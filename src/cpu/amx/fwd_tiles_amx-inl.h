@@ -380,6 +380,8 @@ class TileProducts {
                       staging, block_flags + h);
     }
   }
+  // S is the raw q . k (bf16 q unscaled): the softmax multiplies it by softmax_scale.
+  static float score_scale(const FwdArgs& args) { return args.softmax_scale; }
   // S (raw q . k) for `rows` rows against the whole block (the tiles score all 64 keys, `keys` or
   // not); rows of s up to a multiple of 16 are written too. Notes the rows' maxima, which the
   // softmax that follows may move.

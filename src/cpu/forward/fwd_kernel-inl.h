@@ -9,11 +9,9 @@
 //
 // Design (one AttendTask = up to 64 query rows of one head against a range of 64-key blocks):
 //
-//   Q rows are converted to f32 once per task, unscaled. The softmax multiplies the raw scores by
-//   softmax_scale as it reads them (scaling q instead rounds every element of q, which at large
-//   scores gives about three times the naive error), and applies log2(e) inside the exponent,
-//   (s - max) * log2(e), never to q or to a score: folding it in earlier overflows or underflows
-//   f32 for extreme scales and softcaps.
+//   Q rows are converted to f32 and pre-scaled once per task by softmax_scale, so scores come out
+//   in natural units (log2(e) is applied inside the exponent, (s - max) * log2(e), never to q or
+//   to a score: folding it in earlier overflows or underflows f32 for extreme scales and softcaps).
 //   K and V were packed by pack_block once per (batch, kv head) and are shared by every task of
 //   that kv head, including all query heads of a GQA group.
 //
@@ -332,10 +330,9 @@ struct TaskRows {
 // (common/mask.h, held by the task's loop), and what the block products leave to do.
 struct ScoreTransform {
   const Mask& mask;
-  // The factor the block products leave to the softmax: softmax_scale, since S is the raw q . k on
-  // every path (1 once transform_scores has applied it). Applied in registers as the scores are
-  // first read, rounding each score once as the naive computation does; scaling q instead would
-  // round every element of q and, at large scores, give about three times the naive error.
+  // The factor the block products leave to the softmax: 1 where q is pre-scaled (the vector
+  // products), softmax_scale where S is the raw q . k (the tile products, whose bf16 q is kept
+  // unscaled). Applied in registers as the scores are first read.
   float score_scale = 1.f;
   const float* neg_slope = nullptr;  // per query head of the rows: -slope
 };
@@ -702,22 +699,24 @@ inline TaskRows task_rows(const AttendTask& task) {
   return TaskRows{task.q_begin, positions, task.head_q_begin, positions * task.heads};
 }
 
-// The transform of a task whose sequence's mask is `mask` (score_scale softmax_scale); neg_slopes
-// (room for kMaxQBlockRows heads) receives the negated ALiBi slope of each of the task's query
-// heads.
+// The transform of a task whose sequence's mask is `mask`, for vector products (score_scale 1);
+// neg_slopes (room for kMaxQBlockRows heads) receives the negated ALiBi slope of each of the
+// task's query heads.
 inline ScoreTransform task_transform(const Mask& mask, const AttendTask& task, float* neg_slopes) {
   for (int64_t h = 0; mask.modifiers().alibi && h < task.heads; ++h) {
     neg_slopes[h] = mask.neg_alibi_slope(task.head_q_begin + h);
   }
-  return ScoreTransform{mask, mask.modifiers().scale, neg_slopes};
+  return ScoreTransform{mask, 1.f, neg_slopes};
 }
 
-// Loads the task's query rows into scratch.q (converted to f32, rotated for a KV cache with rotary,
-// zero from D to q_stride; not scaled).
-inline void load_query_rows(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
-                            const TaskRows& rows, const Scratch& scratch) {
+// Loads the task's query rows into scratch.q (converted, rotated for a KV cache with rotary,
+// pre-scaled, zero from D to q_stride).
+inline void load_scaled_queries(const FwdArgs& args, const PackedLayout& layout,
+                                const AttendTask& task, const TaskRows& rows,
+                                const Scratch& scratch) {
   const SeqInfo& seq = task.seq;
   const int64_t head_dim = args.head_dim;
+  const float q_scale = args.softmax_scale;
   for (int64_t r = 0; r < rows.count; ++r) {
     const int64_t offset =
         seq.q_offset + rows.position(r) * args.q_row_stride + rows.head(r) * args.q_head_stride;
@@ -731,6 +730,10 @@ inline void load_query_rows(const FwdArgs& args, const PackedLayout& layout, con
                    args.rotary_interleaved, q_row);
     }
     for (int64_t d = head_dim; d < layout.q_stride; ++d) q_row[d] = 0.f;
+    const Vec scale = Vec::broadcast(q_scale);
+    for (int64_t d = 0; d < layout.q_stride; d += kLanes) {
+      (Vec::load(q_row + d) * scale).store(q_row + d);
+    }
   }
 }
 
@@ -802,20 +805,22 @@ inline void boundary_row_keys(const Mask& mask, const TaskRows& rows, int64_t j0
   }
 }
 
-// The two block products and what they need, as the vector micro-kernels above compute them: q in
-// f32, K and V packed as f32 panels (fwd_layout.h). attend_blocks is written against
+// The two block products and what they need, as the vector micro-kernels above compute them: q
+// pre-scaled in f32, K and V packed as f32 panels (fwd_layout.h). attend_blocks is written against
 // this interface (one object per task); a path with other products (fwd_tiles_amx-inl.h) supplies
 // its own.
 struct VectorProducts {
   void load_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                     const TaskRows& rows, const Scratch& scratch) {
-    load_query_rows(args, layout, task, rows, scratch);
+    load_scaled_queries(args, layout, task, rows, scratch);
   }
   static void pack(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
                    int64_t head_k, int64_t heads_k, int64_t block, float* panels, float* staging,
                    uint8_t* block_flags) {
     pack_block_heads(args, layout, seq, head_k, heads_k, block, panels, staging, block_flags);
   }
+  // q is pre-scaled: S needs no further factor.
+  static float score_scale(const FwdArgs& /*args*/) { return 1.f; }
   // S for `rows` rows (q at q) against the first `keys` keys of the packed block kt; the columns
   // past them (a block at the end of the keys) are left for the mask.
   void scores(const FwdArgs& args, const PackedLayout& layout, const float* q, int64_t rows,
@@ -855,7 +860,8 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
   const SeqInfo& seq = task.seq;
   const Mask mask(args, seq);
   float neg_slopes[kMaxQBlockRows];
-  const ScoreTransform transform = task_transform(mask, task, neg_slopes);
+  ScoreTransform transform = task_transform(mask, task, neg_slopes);
+  transform.score_scale = Products::score_scale(args);
   Products products;
   products.load_queries(args, layout, task, rows, scratch);
   reset_rows(layout, rows, scratch);
