@@ -35,6 +35,16 @@ def run_comparison(script, tmp_path, extra_args, stdout=None):
     return json.loads(result_path.read_text())["rows"]
 
 
+def assert_rows_ran_and_agree(rows, peer, f32_bound, other_bound):
+    """Both calls of every row ran, the ratio was computed, and the outputs differ by less than
+    f32_bound (f32 rows) or other_bound (rows of other dtypes)."""
+    for row in rows:
+        assert "anyattn_error" not in row and f"{peer}_error" not in row, row
+        assert row[f"speedup_vs_{peer}"] > 0
+        bound = f32_bound if row["dtype"] == "f32" else other_bound
+        assert row[f"max_abs_diff_vs_{peer}"] < bound, row
+
+
 @pytest.mark.skipif(not os.path.exists(LIBRARY), reason="needs the Release build's libanyattn.so")
 def test_torch_sdpa_forward_and_backward_rows(tmp_path):
     pytest.importorskip("torch")
@@ -59,13 +69,9 @@ def test_torch_sdpa_sweep_rows(tmp_path):
                            "--filter", "fwd/bf16/full/B1/Hq8/Hk8/D1/S256"], output)
     assert sorted(row["key"] for row in rows) == ["fwd/bf16/full/B1/Hq8/Hk8/D1/S256",
                                                    "varlen/f32/causal/B64/Hq8/Hk8/D64/Smax127"]
-    for row in rows:
-        assert "anyattn_error" not in row and "torch_sdpa_error" not in row, row
-        assert row["speedup_vs_torch_sdpa"] > 0
-        # Inputs in [-1, 1): f32 outputs agree to rounding, bf16 outputs to the rounding of each
-        # side's bf16 result.
-        bound = 1e-5 if row["dtype"] == "f32" else 8e-3
-        assert row["max_abs_diff_vs_torch_sdpa"] < bound, row
+    # Inputs in [-1, 1): f32 outputs agree to rounding, bf16 outputs to the rounding of each side's
+    # bf16 result.
+    assert_rows_ran_and_agree(rows, "torch_sdpa", 1e-5, 8e-3)
     worst = min(rows, key=lambda row: row["speedup_vs_torch_sdpa"])
     assert f"worst ratio over 2 rows: {worst['speedup_vs_torch_sdpa']:.2f}x torch_sdpa at " \
         f"{worst['key']}" in output[0]
@@ -80,13 +86,9 @@ def test_ggml_fa_forward_and_decode_rows(tmp_path):
                            "--filter", "decode/f16/B1/Hq32/Hk8/D128/Sk4096"])
     assert sorted(row["key"] for row in rows) == ["decode/f16/B1/Hq32/Hk8/D128/Sk4096",
                                                    "fwd/f32/causal/B1/Hq16/Hk4/D64/S1024"]
-    for row in rows:
-        assert "anyattn_error" not in row and "ggml_error" not in row, row
-        assert row["speedup_vs_ggml"] > 0
-        # Inputs in [-1, 1): f32 outputs agree to rounding; in the f16 row ggml rounds q to f16
-        # and sums its output in f16 (a few units of 2^-11), anyattn rounds its output once.
-        bound = 1e-5 if row["dtype"] == "f32" else 2e-3
-        assert row["max_abs_diff_vs_ggml"] < bound, row
+    # Inputs in [-1, 1): f32 outputs agree to rounding; in the f16 row ggml rounds q to f16 and
+    # sums its output in f16 (a few units of 2^-11), anyattn rounds its output once.
+    assert_rows_ran_and_agree(rows, "ggml", 1e-5, 2e-3)
 
 
 def test_mixed_batch_rows(tmp_path):
@@ -114,5 +116,4 @@ def test_ggml_fa_sweep_row(tmp_path):
     rows = run_comparison("ggml_fa", tmp_path, ["--sweep", "--dtypes", "f32",
                                                 "--filter", "fwd/f32/causal/B1/Hq8/Hk8/D257/S256"])
     assert [row["key"] for row in rows] == ["fwd/f32/causal/B1/Hq8/Hk8/D257/S256"]
-    assert "anyattn_error" not in rows[0] and "ggml_error" not in rows[0], rows[0]
-    assert rows[0]["max_abs_diff_vs_ggml"] < 1e-5, rows[0]
+    assert_rows_ran_and_agree(rows, "ggml", 1e-5, 1e-5)
