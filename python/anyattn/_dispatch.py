@@ -38,6 +38,7 @@ class CallFeatures(NamedTuple):
     return_lse: bool = False
     seqused_k: bool = False  # varlen keys limited per sequence (flash_attn's public API lacks it)
     paged_block_size: int = 0  # the page size of a paged KV cache, 0 when not paged
+    kv8: bool = False  # an 8-bit KV cache (float8_e4m3fn, float8_e5m2, int8) with its scales
 
 
 class Environment(NamedTuple):
@@ -79,6 +80,8 @@ def flash_attn_unsupported(call: CallFeatures, env: Environment) -> Optional[str
         return "flash_attn 2 has no attention sinks"
     if call.seqused_k:
         return "flash_attn's flash_attn_varlen_func has no seqused_k"
+    if call.kv8:
+        return "flash_attn 2 reads float16/bfloat16 KV caches only, the cache is 8-bit"
     if call.paged_block_size % 256:
         return f"flash_attn 2 needs pages of a multiple of 256 keys, the cache has {call.paged_block_size}"
     version = _version_tuple(env.flash_attn_version)

@@ -3,12 +3,14 @@ conversions of k_descale / v_descale / k_token_scale / v_token_scale before the 
 
 The C library validates everything again (values included); the checks here exist to name the
 Python argument, its value and what is supported before any tensor reaches the C ABI, and to put
-the scales in the form the ABI reads (float32 CPU tensors). The quantization rule itself lives in
-kv_quant.py and in the C library.
+the scales in the form the ABI reads (float32 CPU tensors). The device routes, which make no C
+call, check the descale values here too (check_descale_values). The quantization rule itself lives
+in kv_quant.py and in the C library.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple, Optional
 
 from ._tensors import torch_module
@@ -118,10 +120,22 @@ def cache_scales(k_cache, v_cache, batch: int, k_descale=None, v_descale=None,
                        _token_scale(v_token_scale, "v_token_scale", v_cache, "v_cache"))
 
 
-def reject_off_cpu(q, k_cache) -> None:
-    """8-bit caches run on anyattn's CPU kernels only."""
-    if is_8bit(k_cache) and q.device.type != "cpu":
-        raise NotImplementedError(
-            f"k_cache: 8-bit caches ({k_cache.dtype}) run on CPU tensors only; q is on "
-            f"{q.device}. Use a float cache there, or dequantize it with "
-            "anyattn.dequantize_kv_cache")
+def check_descale_values(scales: CacheScales, appending: bool) -> None:
+    """The descale values the C library accepts, checked in Python for the device routes (the
+    CPU calls leave this to the library, which gives the same rule): finite and >= 0 (0 reads
+    the values as 0), and when new keys are appended (which divide by it) normal positive
+    float32. Raises ValueError naming the argument, the entry and its value."""
+    torch = torch_module()
+    tiny = torch.finfo(torch.float32).tiny
+    for name, descale in (("k_descale", scales.k_descale), ("v_descale", scales.v_descale)):
+        if descale is None:
+            continue
+        bad = ~(torch.isfinite(descale) & (descale >= (tiny if appending else 0.0)))
+        if bool(bad.any()):
+            index = tuple(int(i) for i in bad.nonzero()[0])
+            value = float(descale[index])
+            rule = ("appending (k, v given) divides by the descale, so it must be a normal "
+                    f"positive float32 (>= {tiny})" if appending and math.isfinite(value)
+                    and value >= 0.0 else "a descale must be finite and >= 0 (0 reads the "
+                    "values as 0)")
+            raise ValueError(f"{name}{list(index)} is {value}; {rule}")

@@ -10,6 +10,11 @@ batch or host synchronisation:
 3. one attention runs over them with a per-sequence mask: keys cache_leftpad[b] ..
    cache_seqlens[b] + seqlen_new - 1, bottom-right aligned to that range (docs/varlen_kvcache.md),
    through SDPA when it expresses the call and no LSE is wanted, else _sdpa's f32 math path.
+An 8-bit cache (float8_e4m3fn, float8_e5m2 or int8 with k_descale/v_descale and token scales)
+takes the same steps: the new rows are quantized by the library's rule (kv_quant.quantize_rows, on
+the CPU, where float64 is always at hand; the few new rows make the copies cheap) and written with
+their token scales, and the gathered rows are dequantized to q's dtype before the attention
+(stored * (descale * token_scale), the factor formed in float32 first, as the CPU kernels read it).
 The gather copies the referenced cache rows once per call: this route serves correctness on
 devices that have no kernel, not speed.
 """
@@ -21,7 +26,9 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import _dispatch, _sdpa
+from ._kv_scales import CacheScales, check_descale_values
 from ._options import AttnOptions
+from .kv_quant import dequantize_kv_cache, quantize_rows
 
 
 class CacheCall(NamedTuple):
@@ -39,10 +46,13 @@ class CacheCall(NamedTuple):
     cache_leftpad: Optional[torch.Tensor]
     block_table: Optional[torch.Tensor]
     rotary_interleaved: bool
+    scales: Optional[CacheScales] = None  # an 8-bit cache's scales (_kv_scales.cache_scales)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """x (..., S, H, D) rotated by cos/sin (..., S, rotary_dim / 2) in float32, in x's dtype.
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+           dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """x (..., S, H, D) rotated by cos/sin (..., S, rotary_dim / 2) in float32, rounded once to
+    ``dtype`` (default: x's dtype).
 
     The first rotary_dim features rotate in pairs (GPT-J's adjacent pairs when ``interleaved``,
     else GPT-NeoX's halves); the rest pass through.
@@ -56,7 +66,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
         x0, x1 = xf[..., : rd // 2], xf[..., rd // 2: rd]
     r0, r1 = x0 * c - x1 * s, x0 * s + x1 * c
     rot = torch.stack((r0, r1), dim=-1).flatten(-2) if interleaved else torch.cat((r0, r1), -1)
-    return torch.cat((rot, xf[..., rd:]), dim=-1).to(x.dtype)
+    return torch.cat((rot, xf[..., rd:]), dim=-1).to(dtype or x.dtype)
 
 
 def _stored_lengths(call: CacheCall, batch: int, device) -> torch.Tensor:
@@ -83,28 +93,56 @@ def _cache_index(call: CacheCall, positions: torch.Tensor):
 
 
 def _append(call: CacheCall, stored: torch.Tensor) -> None:
-    """Write the new keys (rotated) and values into the caches in place."""
+    """Write the new keys (rotated) and values into the caches in place (an 8-bit cache: quantized,
+    with their token scales)."""
     s_new = call.k.shape[1]
     positions = stored[:, None] + torch.arange(s_new, device=stored.device)[None, :]
     keys = call.k
     if call.rotary_cos is not None:
+        # An 8-bit cache quantizes the rotated float32 values, as the library does.
         keys = rotate(keys, call.rotary_cos[positions], call.rotary_sin[positions],
-                      call.rotary_interleaved)
+                      call.rotary_interleaved, torch.float32 if call.scales else None)
     block, row = _cache_index(call, positions)
-    call.k_cache[block, row] = keys.to(call.k_cache.dtype)
-    call.v_cache[block, row] = call.v.to(call.v_cache.dtype)
+    if call.scales is None:
+        call.k_cache[block, row] = keys.to(call.k_cache.dtype)
+        call.v_cache[block, row] = call.v.to(call.v_cache.dtype)
+        return
+    streams = ((call.k_cache, keys, call.scales.k_descale, call.scales.k_token_scale),
+               (call.v_cache, call.v, call.scales.v_descale, call.scales.v_token_scale))
+    for cache, new, descale, token_scale in streams:
+        values, scales = quantize_rows(new.cpu(), cache.dtype, descale,
+                                       token_scales=token_scale is not None)
+        cache[block, row] = values.to(cache.device)
+        if token_scale is not None:
+            token_scale[block, row] = scales.to(token_scale.device)
 
 
-def _gathered(call: CacheCall, batch: int, device):
-    """Each sequence's cache rows: (keys, values) of shape (batch, capacity, Hk, D[v])."""
+def _gathered_rows(call: CacheCall, x: Optional[torch.Tensor], batch: int, device):
+    """Each sequence's rows of ``x`` (a cache, or its token scales): shape (batch, capacity, ...)."""
+    if x is None:
+        return None
     if call.block_table is not None:
         table = call.block_table.to(device=device, dtype=torch.int64)
-        keys, values = call.k_cache[table], call.v_cache[table]
-        return (keys.reshape(batch, -1, *keys.shape[3:]), values.reshape(batch, -1, *values.shape[3:]))
+        pages = x[table]
+        return pages.reshape(batch, -1, *pages.shape[3:])
     if call.cache_batch_idx is not None:
-        rows = call.cache_batch_idx.to(device=device, dtype=torch.int64)
-        return call.k_cache[rows], call.v_cache[rows]
-    return call.k_cache[:batch], call.v_cache[:batch]
+        return x[call.cache_batch_idx.to(device=device, dtype=torch.int64)]
+    return x[:batch]
+
+
+def _gathered(call: CacheCall, batch: int, device, dtype: torch.dtype):
+    """Each sequence's cache rows: (keys, values) of shape (batch, capacity, Hk, D[v]); an 8-bit
+    cache's dequantized to ``dtype`` (its (B, Hk) descales index the sequences, as in the
+    kernels)."""
+    keys = _gathered_rows(call, call.k_cache, batch, device)
+    values = _gathered_rows(call, call.v_cache, batch, device)
+    if call.scales is None:
+        return keys, values
+    s = call.scales
+    return (dequantize_kv_cache(keys, s.k_descale,
+                                _gathered_rows(call, s.k_token_scale, batch, device), dtype),
+            dequantize_kv_cache(values, s.v_descale,
+                                _gathered_rows(call, s.v_token_scale, batch, device), dtype))
 
 
 def _query_rotation(q, call: CacheCall, stored: torch.Tensor, options: AttnOptions):
@@ -129,18 +167,21 @@ def kvcache_on_device(q, call: CacheCall, options: AttnOptions, alibi_slopes, si
         dtype=str(q.dtype).replace("torch.", ""), head_dim=d, head_dim_v=call.v_cache.shape[-1],
         softcap=options.softcap > 0.0, alibi=alibi_slopes is not None,
         window=options.has_window(), sinks=sinks is not None, return_lse=want_lse,
-        paged_block_size=0 if call.block_table is None else call.k_cache.shape[1])
+        paged_block_size=0 if call.block_table is None else call.k_cache.shape[1],
+        kv8=call.scales is not None)
     choice = _dispatch.select_backend(q.device.type, call_features,
                                       _dispatch.probe_environment(q.device))
     _dispatch.log_fallback_once(q.device.type, choice)
     if choice.backend == _dispatch.FLASH_ATTN:
         return _flash_attn_kvcache(q, call, options, alibi_slopes, num_splits)
 
+    if call.scales is not None:
+        check_descale_values(call.scales, appending=call.k is not None)
     stored = _stored_lengths(call, b, q.device)
     if call.k is not None:
         _append(call, stored)
     q = _query_rotation(q, call, stored, options)
-    keys, values = _gathered(call, b, q.device)
+    keys, values = _gathered(call, b, q.device, q.dtype)
     s_new = 0 if call.k is None else call.k.shape[1]
     end = stored + s_new  # one past each sequence's last key
     start = (torch.zeros_like(end) if call.cache_leftpad is None

@@ -25,7 +25,7 @@ appends hold the same bytes for the same scales. Requires torch.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -155,19 +155,12 @@ def quantize_kv_cache(cache: torch.Tensor, dtype, granularity: str = "token", *,
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity: {granularity!r} is not supported; use one of "
                          f"{', '.join(repr(g) for g in GRANULARITIES)}")
-    # The C library's arithmetic: quotients in float64, clamped to +-2 qmax (saturation gives the
-    # same byte), rounded to float32, then Q.
-    x = cache.detach().to(torch.float64)
+    x = cache.detach()
     hk = x.shape[2]
     if granularity == "token":
         given = None if descale is None else _checked_descale(descale, x, "descale")
-        d = (torch.ones((1, 1, 1, 1)) if given is None else _broadcast_descale(given, hk)).double()
-        amax = _finite_amax(x, (3,))[..., None]                      # (B, S, Hk, 1)
-        token = (amax / (qmax * d)).clamp_max(_FLT_MAX).to(torch.float32)
-        token64 = token.double()
-        quotient = torch.where(token64 > 0, x / (d * token64), torch.zeros((), dtype=x.dtype))
-        stored = _stored(quotient, dtype, qmax)
-        return QuantizedKVCache(stored, given, token[..., 0].contiguous())
+        stored, token = quantize_rows(x, dtype, given, token_scales=True)
+        return QuantizedKVCache(stored, given, token)
     if descale is None:
         chosen = _group_descale(x.float(), granularity, qmax)
     else:
@@ -176,8 +169,29 @@ def quantize_kv_cache(cache: torch.Tensor, dtype, granularity: str = "token", *,
         if tuple(chosen.shape) != expected:
             raise ValueError(f"descale: shape {tuple(chosen.shape)} does not match granularity "
                              f"{granularity!r}, which expects {expected}")
-    stored = _stored(x / _broadcast_descale(chosen, hk).double(), dtype, qmax)
+    stored, _ = quantize_rows(x, dtype, chosen, token_scales=False)
     return QuantizedKVCache(stored, chosen, None)
+
+
+def quantize_rows(x: torch.Tensor, dtype, descale: Optional[torch.Tensor],
+                  token_scales: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The C library's quantization of rows x (B, S, Hk, D) (any float dtype) into an 8-bit
+    ``dtype``, as its cache append does (include/anyattn/anyattn.h): returns (stored, token scales
+    (B, S, Hk) float32, or None without ``token_scales``). descale: float32 (1,), (Hk,) or (B, Hk)
+    (indexed by x's first dimension), or None for 1. The quotients are formed in float64 (so ``x``
+    must be on a device that has it; the CPU always does), clamped to +-2 qmax (saturation gives
+    the same byte), rounded to float32, then Q (round_to_cache)."""
+    qmax = QMAX[dtype]
+    x = x.to(torch.float64)
+    d = (torch.ones((1, 1, 1, 1), dtype=torch.float64, device=x.device) if descale is None
+         else _broadcast_descale(descale.to(x.device), x.shape[2]).double())
+    if not token_scales:
+        return _stored(x / d, dtype, qmax), None
+    amax = _finite_amax(x, (3,))[..., None]                      # (B, S, Hk, 1)
+    token = (amax / (qmax * d)).clamp_max(_FLT_MAX).to(torch.float32)
+    token64 = token.double()
+    quotient = torch.where(token64 > 0, x / (d * token64), torch.zeros((), dtype=x.dtype))
+    return _stored(quotient, dtype, qmax), token[..., 0].contiguous()
 
 
 def _stored(quotient: torch.Tensor, dtype, qmax: float) -> torch.Tensor:

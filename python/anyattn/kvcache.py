@@ -14,7 +14,7 @@ from . import _core
 from ._arguments import _check_rank, _f32, _f32_on, _index_tensor, _kind, _on_cpu
 from ._cache import kvcache_forward
 from ._kernel_options import kernel_options, kernel_query
-from ._kv_scales import cache_scales, reject_off_cpu, reject_q_descale
+from ._kv_scales import cache_scales, reject_q_descale
 from ._options import make_options
 from ._plain_call import tracing
 from ._tensors import torch_module
@@ -51,15 +51,16 @@ def flash_attn_with_kvcache(
             with the mask bottom-right aligned to cache_seqlens[b] + seqlen_new - cache_leftpad[b].
         num_splits: key-dimension splits; 0 chooses automatically (never from the thread count).
         return_softmax_lse: also return the LSE (batch, nheads, seqlen_q) float32.
-        k_descale, v_descale, k_token_scale, v_token_scale (CPU torch tensors): the scales of an
-            8-bit cache (k_cache/v_cache of one dtype: torch.float8_e4m3fn,
+        k_descale, v_descale, k_token_scale, v_token_scale (torch tensors; token scales on the
+            caches' device): the scales of an 8-bit cache (k_cache/v_cache of one dtype: torch.float8_e4m3fn,
             torch.float8_e5m2 or torch.int8), whose elements read as stored * descale *
             token_scale. descale: float32 (1,), (nheads_k,) or (batch, nheads_k) (FlashAttention
             3's names and layout), or a float; None = 1. token_scale: float32 (batch_cache,
             seqlen_cache, nheads_k) or paged (num_blocks, page_size, nheads_k), both or neither;
             the append writes the new positions' scales. New k/v are quantized as described in
             anyattn.kv_quant (round to nearest even, saturate); quantize_kv_cache makes such a
-            cache from a float one.
+            cache from a float one. Off the CPU the cache is read dequantized to q's dtype
+            (docs/python.md, "Devices").
         q_descale: accepted as None only (q stays float32/float16/bfloat16).
     Returns:
         out (batch, seqlen_q, nheads, headdim_v), or (out, softmax_lse) with return_softmax_lse.
@@ -93,7 +94,6 @@ def flash_attn_with_kvcache(
     else:
         scales = cache_scales(k_cache, v_cache, q.shape[0], k_descale, v_descale, k_token_scale,
                               v_token_scale)
-        reject_off_cpu(q, k_cache)
     if (k is None) != (v is None):
         raise ValueError("k, v: give both new keys and new values, or neither")
     if k is not None:
@@ -130,7 +130,7 @@ def flash_attn_with_kvcache(
     else:
         call = CacheCall(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_seqlen, cache_batch_idx, cache_leftpad, block_table,
-                         bool(rotary_interleaved))
+                         bool(rotary_interleaved), scales)
         out, lse = kvcache_on_device(q, call, options, _f32_on(q, alibi_slopes),
                                      _f32_on(q, sinks), int(num_splits), bool(return_softmax_lse))
     return (out, lse) if return_softmax_lse else out

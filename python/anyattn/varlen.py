@@ -19,7 +19,7 @@ from ._arguments import (_check_rank, _empty_s_dmask, _f32, _f32_on, _index_tens
 from ._cache import kvcache_varlen_forward, varlen_forward
 from ._cpu import reject_numpy_dropout
 from ._kernel_options import kernel_options, kernel_query
-from ._kv_scales import cache_scales, reject_off_cpu, reject_q_descale
+from ._kv_scales import cache_scales, check_descale_values, reject_q_descale
 from ._options import make_options
 from ._tensors import torch_module
 
@@ -139,7 +139,6 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
         scales = None
     else:
         scales = cache_scales(k_cache, v_cache, block_table.shape[0], *scale_args)
-        reject_off_cpu(q, k_cache)
     lengths = _paged_key_lengths(kind, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
                                  k_cache.shape[1])
     if _on_cpu(q):
@@ -159,20 +158,30 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
     else:
         out, lse = _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q,
                                            lengths, block_table, options, alibi_slopes, sinks,
-                                           return_attn_probs)
+                                           return_attn_probs, scales)
     return (out, lse, _empty_s_dmask(q)) if return_attn_probs else out
 
 
 def _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q, lengths,
-                            block_table, options, alibi_slopes, sinks, want_lse):
+                            block_table, options, alibi_slopes, sinks, want_lse, scales):
     """Torch tensors off the CPU: each sequence's pages gathered in one indexing operation (batch
-    rows of max_blocks pages, the first lengths[b] keys in use), then one packed attention."""
+    rows of max_blocks pages, the first lengths[b] keys in use; an 8-bit cache's dequantized to
+    q's dtype, its (B, Hk) descales indexing the sequences), then one packed attention."""
     torch = torch_module()
     batch, max_blocks = block_table.shape
     page = k_cache.shape[1]
     table = block_table.to(device=k_cache.device, dtype=torch.long)
-    keys = k_cache[table].reshape(batch * max_blocks * page, *k_cache.shape[2:])
-    values = v_cache[table].reshape(batch * max_blocks * page, *v_cache.shape[2:])
+    keys = k_cache[table].reshape(batch, max_blocks * page, *k_cache.shape[2:])
+    values = v_cache[table].reshape(batch, max_blocks * page, *v_cache.shape[2:])
+    if scales is not None:
+        from .kv_quant import dequantize_kv_cache  # noqa: PLC0415 - needs torch, as this route does
+
+        check_descale_values(scales, appending=False)
+        tokens = [None if t is None else t[table].reshape(batch, max_blocks * page, -1)
+                  for t in (scales.k_token_scale, scales.v_token_scale)]
+        keys = dequantize_kv_cache(keys, scales.k_descale, tokens[0], q.dtype)
+        values = dequantize_kv_cache(values, scales.v_descale, tokens[1], q.dtype)
+    keys, values = keys.flatten(0, 1), values.flatten(0, 1)
     capacity = max_blocks * page
     cu_k = torch.arange(batch + 1, device=q.device, dtype=torch.int32) * capacity
     used = torch.as_tensor(lengths).to(device=q.device)

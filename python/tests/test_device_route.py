@@ -229,6 +229,100 @@ def test_paged_kvcache_on_device_matches_the_cpu_kernels(dtype, rotary):
         check_2x(f"{label} lse", to_numpy(lse), ref_lse, naive_lse, lse_eps(ref_lse))
 
 
+KV8_DTYPES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "int8": "int8"}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cache_dtype", sorted(KV8_DTYPES))
+def test_8bit_paged_kvcache_on_device_matches_the_cpu_kernels(cache_dtype, dtype):
+    """An 8-bit paged cache with token scales and a per-(sequence, kv head) value descale,
+    appended to with rotary: the device leaves the same bytes and scales in the caches as the CPU
+    kernels, and its output meets the 2x rule against the dequantized cache."""
+    rng = np.random.default_rng(12)
+    b, sq, hq, hk, d, page, pages, s_new = 2, 2, 4, 2, 32, 16, 3, 2
+    tdtype, cdtype = getattr(torch, dtype), getattr(torch, KV8_DTYPES[cache_dtype])
+    seqlens = torch.tensor([7, 30], dtype=torch.int32)
+    table = torch.from_numpy(rng.permutation(b * pages + 2)[:b * pages].astype(np.int32).reshape(b, pages))
+    q, k_new, v_new = (torch.from_numpy(rng.standard_normal(s)).to(tdtype)
+                       for s in ((b, sq, hq, d), (b, s_new, hk, d), (b, s_new, hk, d)))
+    k_cache, _, k_token = anyattn.quantize_kv_cache(
+        torch.from_numpy(rng.standard_normal((b * pages + 2, page, hk, d))).float(), cdtype, "token")
+    v_descale = torch.from_numpy(rng.uniform(0.02, 0.05, (b, hk)).astype(np.float32))
+    v_cache = anyattn.quantize_kv_cache(
+        torch.from_numpy(rng.standard_normal((b * pages + 2, page, hk, d))).float(), cdtype, "tensor",
+        descale=0.03).cache
+    cos, sin = _rotary_table(page * pages, 16)
+    kw = dict(cache_seqlens=seqlens, block_table=table, causal=True, return_softmax_lse=True,
+              rotary_cos=torch.from_numpy(cos), rotary_sin=torch.from_numpy(sin),
+              rotary_interleaved=False, v_descale=v_descale)
+    v_token = torch.ones(k_token.shape)  # token scales come in pairs; the values' are 1
+    dev = [x.to(DEVICE) for x in (k_cache, v_cache, k_token, v_token)]
+    dev_kw = {key: (val.to(DEVICE) if isinstance(val, torch.Tensor) else val) for key, val in kw.items()}
+    out_dev, lse_dev = anyattn.flash_attn_with_kvcache(
+        q.to(DEVICE), dev[0], dev[1], k_new.to(DEVICE), v_new.to(DEVICE), k_token_scale=dev[2],
+        v_token_scale=dev[3], **dev_kw)
+    out_cpu, lse_cpu = anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                                       k_token_scale=k_token,
+                                                       v_token_scale=v_token, **kw)
+    assert out_dev.device.type == DEVICE and out_dev.dtype == tdtype
+    # The new rows: rotated in float32 on both sides (these inputs round to the same bytes).
+    for name, got, want in (("k_cache", dev[0], k_cache), ("v_cache", dev[1], v_cache)):
+        assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8)), name
+    torch.testing.assert_close(dev[2].cpu(), k_token, rtol=2.0 ** -23, atol=0)
+    torch.testing.assert_close(dev[3].cpu(), v_token, rtol=2.0 ** -23, atol=0)
+    keys = anyattn.dequantize_kv_cache(k_cache, None, k_token, torch.float64)
+    values = anyattn.dequantize_kv_cache(v_cache, None, v_token, torch.float64)
+    ref_out, naive_out = np.zeros((b, sq, hq, d)), np.zeros((b, sq, hq, d))
+    ref_lse, naive_lse = np.zeros((b, hq, sq)), np.zeros((b, hq, sq))
+    for bi in range(b):
+        n = int(seqlens[bi]) + s_new
+        rows = [(int(table[bi, p // page]), p % page) for p in range(n)]
+        kb = np.stack([keys[i, r].numpy() for i, r in rows])
+        vb = np.stack([values[i, r].numpy() for i, r in rows]) * v_descale[bi].double().numpy()[:, None]
+        pos = np.arange(int(seqlens[bi]), int(seqlens[bi]) + sq)
+        qb = _rotate(to_numpy(q[bi]), cos[pos], sin[pos], False)
+        o, lo = attention_ref(qb[None], kb[None], vb[None], causal=True)
+        no, nl = attention_ref(qb[None], kb[None], vb[None], causal=True, dtype=dtype)
+        ref_out[bi], ref_lse[bi], naive_out[bi], naive_lse[bi] = o[0], lo[0], no[0], nl[0]
+    for label, out, lse in (("device", out_dev, lse_dev), ("cpu", out_cpu, lse_cpu)):
+        check_2x(f"{label} out", to_numpy(out), ref_out, naive_out, out_eps(dtype, ref_out))
+        check_2x(f"{label} lse", to_numpy(lse), ref_lse, naive_lse, lse_eps(ref_lse))
+
+
+@pytest.mark.parametrize("cache_dtype", sorted(KV8_DTYPES))
+def test_8bit_paged_varlen_on_device_matches_the_cpu_kernels(cache_dtype):
+    rng = np.random.default_rng(5)
+    b, hq, hk, d, page, pages = 3, 4, 2, 32, 8, 3
+    cdtype = getattr(torch, KV8_DTYPES[cache_dtype])
+    q_lens, k_lens = [3, 1, 5], [10, 24, 7]
+    table = torch.from_numpy(rng.permutation(b * pages + 1)[:b * pages].astype(np.int32).reshape(b, pages))
+    k8, k_descale, _ = anyattn.quantize_kv_cache(
+        torch.from_numpy(rng.standard_normal((b * pages + 1, page, hk, d))).float(), cdtype, "head")
+    v8, _, v_token = anyattn.quantize_kv_cache(
+        torch.from_numpy(rng.standard_normal((b * pages + 1, page, hk, d))).float(), cdtype, "token")
+    q = torch.from_numpy(rng.standard_normal((sum(q_lens), hq, d))).to(torch.bfloat16)
+    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
+    args = (q, k8, v8, cu_q, None, max(q_lens), page * pages)
+    kw = dict(causal=True, block_table=table, seqused_k=torch.tensor(k_lens, dtype=torch.int32),
+              k_descale=k_descale, v_token_scale=v_token, k_token_scale=torch.ones(v_token.shape))
+    out_cpu = anyattn.flash_attn_varlen_func(*args, **kw)
+    out_dev = anyattn.flash_attn_varlen_func(
+        *(_to_device(x) for x in args[:4]), None, *args[5:],
+        **{key: (val.to(DEVICE) if isinstance(val, torch.Tensor) else val) for key, val in kw.items()})
+    assert out_dev.device.type == DEVICE and out_dev.dtype == torch.bfloat16
+    keys = anyattn.dequantize_kv_cache(k8, k_descale, None, torch.float64)
+    values = anyattn.dequantize_kv_cache(v8, None, v_token, torch.float64)
+    for bi in range(b):
+        rows = slice(int(cu_q[bi]), int(cu_q[bi + 1]))
+        kb = torch.cat([keys[int(p)] for p in table[bi]])[:k_lens[bi]].numpy()[None]
+        vb = torch.cat([values[int(p)] for p in table[bi]])[:k_lens[bi]].numpy()[None]
+        qb = to_numpy(q[rows])[None]
+        o, _ = attention_ref(qb, kb, vb, causal=True)
+        no, _ = attention_ref(qb, kb, vb, causal=True, dtype="bfloat16")
+        for label, out in (("device", out_dev), ("cpu", out_cpu)):
+            check_2x(f"{label} out[{bi}]", to_numpy(out[rows])[None], o, no, out_eps("bfloat16", o))
+
+
 def test_merge_on_device_matches_the_cpu_kernel_including_empty_halves():
     g = torch.Generator().manual_seed(2)
     out_a, out_b = torch.randn(2, 6, 3, 16, generator=g), torch.randn(2, 6, 3, 16, generator=g)

@@ -95,3 +95,78 @@ def test_kvcache_route_choice_needs_flash_attn_page_sizes(page, expected):
     call = _dispatch.CallFeatures(dtype="float16", head_dim=128, head_dim_v=128, paged_block_size=page)
     env = _dispatch.Environment(flash_attn_version="2.8.3", cuda_capability=(8, 0))
     assert _dispatch.select_backend("cuda", call, env).backend == expected
+
+
+KV8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "int8": torch.int8}
+
+
+def _kv8_scales(granularity: str, cache_shape, g):
+    """(k_descale, v_descale, k_token_scale, v_token_scale) of an 8-bit cache: random positive
+    descales of the granularity's shape ((Hk,) per head, (B, Hk) per sequence), or token scales of
+    the cache's (rows, positions, Hk) shape."""
+    if granularity == "token":
+        return (None, None, *(torch.rand(cache_shape[:3], generator=g) + 0.25 for _ in range(2)))
+    shape = (HK,) if granularity == "head" else (B, HK)
+    return (*(torch.rand(shape, generator=g) + 0.5 for _ in range(2)), None, None)
+
+
+@pytest.mark.parametrize("granularity", ["token", "head", "sequence"])
+@pytest.mark.parametrize("rotary", [None, "neox"])
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("cache_dtype", sorted(KV8_DTYPES))
+def test_kvcache_route_reads_and_appends_an_8bit_cache_like_the_kernel(cache_dtype, layout, rotary,
+                                                                      granularity):
+    """The route quantizes the new rows into the same bytes (and token scales) as the library's
+    append, and attends over the dequantized rows as the kernel does."""
+    g = torch.Generator().manual_seed(7)
+    q, k_new, v_new, caches, kw = _problem(layout, rotary, g)
+    dtype = KV8_DTYPES[cache_dtype]
+    k_cache, v_cache = (anyattn.quantize_kv_cache(c * 2, dtype, "tensor", descale=1.0).cache
+                        for c in caches)
+    scales = _kv8_scales(granularity, k_cache.shape, g)
+    names = ("k_descale", "v_descale", "k_token_scale", "v_token_scale")
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    ref_scales = [None if s is None else s.clone() for s in scales]
+    ref, ref_lse = anyattn.flash_attn_with_kvcache(
+        q, k_ref, v_ref, k_new, v_new, causal=True, return_softmax_lse=True,
+        **dict(zip(names, ref_scales)), **kw)
+    checked = anyattn._kv_scales.cache_scales(k_cache, v_cache, B, *scales)
+    call = CacheCall(k_cache, v_cache, k_new, v_new, kw.get("rotary_cos"), kw.get("rotary_sin"),
+                     kw["cache_seqlens"], -1, kw.get("cache_batch_idx"), kw.get("cache_leftpad"),
+                     kw.get("block_table"), kw.get("rotary_interleaved", True), checked)
+    out, lse = kvcache_on_device(q, call, make_options(0.0, None, True, (-1, -1), 0.0, False),
+                                 None, None, 0, True)
+    # Rotated in float32 on both sides: these inputs round to the same bytes (an ulp's difference
+    # between the two rotations could move a value across a rounding boundary, which the fixed
+    # inputs here do not meet).
+    assert torch.equal(v_cache.view(torch.uint8), v_ref.view(torch.uint8))
+    assert torch.equal(k_cache.view(torch.uint8), k_ref.view(torch.uint8))
+    if granularity == "token":
+        assert torch.equal(scales[3], ref_scales[3])
+        assert torch.equal(scales[2], ref_scales[2])
+    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(lse, ref_lse, rtol=2e-5, atol=2e-5)
+
+
+def test_kvcache_route_checks_descale_values_before_writing():
+    g = torch.Generator().manual_seed(3)
+    q, k_new, v_new, caches, kw = _problem("contiguous", None, g)
+    k_cache, v_cache = (c.to(torch.float8_e4m3fn) for c in caches)
+    before = k_cache.clone()
+    for descale, appending, message in ((torch.tensor([0.0]), True, "normal positive"),
+                                        (torch.tensor([float("nan")]), False, "finite and >= 0")):
+        checked = anyattn._kv_scales.cache_scales(k_cache, v_cache, B, descale, None)
+        call = CacheCall(k_cache, v_cache, k_new if appending else None,
+                         v_new if appending else None, None, None, kw["cache_seqlens"], -1,
+                         kw["cache_batch_idx"], kw["cache_leftpad"], None, True, checked)
+        with pytest.raises(ValueError, match=r"^k_descale\[0\] is .*" + message):
+            kvcache_on_device(q, call, make_options(0.0, None, True, (-1, -1), 0.0, False),
+                              None, None, 0, False)
+    assert torch.equal(k_cache.view(torch.uint8), before.view(torch.uint8))
+
+
+def test_kvcache_route_choice_keeps_8bit_caches_off_flash_attn():
+    call = _dispatch.CallFeatures(dtype="bfloat16", head_dim=128, head_dim_v=128, kv8=True)
+    env = _dispatch.Environment(flash_attn_version="2.8.3", cuda_capability=(9, 0))
+    choice = _dispatch.select_backend("cuda", call, env)
+    assert choice.backend == _dispatch.SDPA and "8-bit" in choice.reason

@@ -19,7 +19,8 @@ use and fails; a second update of a layer whose append never ran raises RuntimeE
 Left-padded batches (generate's 2-D attention mask) run with ``cache_leftpad`` (a padded prompt
 as an append, then a read-only call, since the padding must already be in the cache); other
 masks (4-D, padding in the middle) raise NotImplementedError. Sliding windows, softcap and sinks are passed
-to the call. CPU tensors only, like every 8-bit anyattn cache.
+to the call. Tested on CPU tensors; off the CPU the cache call runs its device route, which
+reads the cache dequantized (docs/python.md, "Device dispatch").
 """
 
 from __future__ import annotations
