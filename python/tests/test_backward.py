@@ -86,19 +86,16 @@ def _case_data(case, dtype):
             tdtype)
 
 
-# In float32 these cases exceed flash-attn's 2x rule by a small factor (reported to the lead):
-#   backward alone (exact out and lse fed in): causal_sq_gt_sk dk 1.28e-6 > bound 1.01e-6;
-#     sinks dq 9.67e-7 > 9.37e-7;
-#   end to end (the library's forward feeding its backward): also plain dv 1.34e-6 > 1.07e-6 and
-#     window; the forward's f32 LSE is a few ulps off and P = exp(s - lse) inherits it per row.
-#   After the backward's 64-key fused rewrite and the forward's natural-unit scores (last session
-#   day): sinks_fully_masked dq 2.83e-7 > 2.79e-7 (backward alone and end to end) and gqa dq
-#   1.56e-6 > 1.44e-6 (end to end); plain now passes end to end.
+# In float32 these cases exceed flash-attn's 2x rule by a small factor. The backward recomputes P
+# as exp(s - lse): fed the exact out and an lse rounded to f32 ("bwd"), its scores are not the
+# ones that lse normalised, and sinks / sinks_fully_masked land just above the bound on the avx2
+# and portable paths. End to end ("e2e"), the forward and the backward compute every score the
+# same way (fwd_kernel-inl.h, transform_scores), so P is normalised as the forward's was and the
+# cases sit at 0.5-0.8 of the bound, except sinks_fully_masked on portable (1.01x the bound, dq).
 # The naive float32 error on these small problems is only a few ulps, so the rule is tight there;
 # bf16 and f16 pass everywhere. Marked xfail (not loosened, non-strict so a pass shows as XPASS)
 # until the library's f32 backward is tightened.
-_F32_OVER = {"bwd": {"causal_sq_gt_sk", "sinks", "sinks_fully_masked"},
-             "e2e": {"plain", "causal_sq_gt_sk", "window", "sinks", "sinks_fully_masked", "gqa"}}
+_F32_OVER = {"bwd": {"sinks", "sinks_fully_masked"}, "e2e": {"sinks_fully_masked"}}
 
 
 def _params(kind):

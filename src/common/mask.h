@@ -17,6 +17,8 @@
 #define ANYATTN_COMMON_MASK_H_
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 
 #include "common/fwd_args.h"
@@ -35,8 +37,12 @@ struct ScoreModifiers {
   float scale = 0.f;           // softmax_scale
   bool softcap = false;        // softcap > 0
   float cap = 0.f;             // softcap (0 when off)
-  float inverse_cap = 0.f;     // 1 / softcap (0 when off)
-  float scale_over_cap = 0.f;  // softmax_scale / softcap (0 when off)
+  // The softcap's tanh argument, formed the same way by the forward and the backward:
+  // (q.k * tanh_scale_first) * tanh_scale_second, which is softmax_scale / softcap as one factor
+  // (then 1) where that quotient is a normal finite f32, else softmax_scale and then 1 / softcap,
+  // so that a tiny scale over a huge softcap (1e-30 / 1e30) is not flushed to 0.
+  float tanh_scale_first = 0.f;
+  float tanh_scale_second = 1.f;
   bool alibi = false;
   bool sinks = false;
 
@@ -45,8 +51,13 @@ struct ScoreModifiers {
     m.scale = args.softmax_scale;
     m.softcap = args.softcap > 0.f;
     m.cap = args.softcap;
-    m.inverse_cap = m.softcap ? 1.f / args.softcap : 0.f;
-    m.scale_over_cap = m.softcap ? args.softmax_scale / args.softcap : 0.f;
+    if (m.softcap) {
+      const float scale_over_cap = args.softmax_scale / args.softcap;
+      const bool one_factor =
+          std::isfinite(scale_over_cap) && std::fabs(scale_over_cap) >= FLT_MIN;
+      m.tanh_scale_first = one_factor ? scale_over_cap : args.softmax_scale;
+      m.tanh_scale_second = one_factor ? 1.f : 1.f / args.softcap;
+    }
     m.alibi = args.alibi_slopes != nullptr;
     m.sinks = args.sinks != nullptr;
     m.slopes_ = args.alibi_slopes;

@@ -67,7 +67,7 @@ inline int64_t padded_dv(int64_t head_dim_v) {
 
 struct PackedLayout {
   int64_t head_dim = 0;      // D
-  int64_t q_stride = 0;      // floats per pre-scaled query row in Scratch::q: D rounded up to 16
+  int64_t q_stride = 0;      // floats per query row in Scratch::q: D rounded up to 16
   int64_t dv_pad = 0;        // padded Dv
   int64_t kt_floats = 0;     // D * 64, rounded to the alignment
   int64_t block_floats = 0;  // kt_floats + 64 * dv_pad
@@ -127,7 +127,7 @@ inline int64_t key_blocks(const SeqInfo& seq) {
 
 // Per-thread scratch, sized by the driver for kMaxQBlockRows rows.
 struct Scratch {
-  float* q = nullptr;  // [row][q_stride]  pre-scaled queries, zero past D
+  float* q = nullptr;  // [row][q_stride]  f32 queries (unscaled), zero past D
   float* s = nullptr;  // [row][64] scores, then probabilities, of one key block
   float* o = nullptr;  // [row][dv_pad] output accumulators
   float* m = nullptr;  // [row] running max (natural units)

@@ -496,6 +496,68 @@ TEST(ReliabilityNumerics, ScoresRisingAndFallingAcrossKeyBlocksMatchTheReference
   }
 }
 
+// Large scores, typically +-10 to +-30 after softmax_scale (sharp attention, as in long-context
+// models), meet the 2x rule in f32 on every path, for prefill rows and decode rows: the softmax
+// scales each raw q . k, rounding the score once as the naive computation does, where a pre-scaled
+// q (each of its elements rounded) gave up to 3.7x the naive error here. D 192 with softmax_scale
+// 0.3 (issue 35's case), and D 64 and 128 with the default scale; causal and not; Sk of 16 or 17
+// key blocks, so that a row's max both stays and moves.
+TEST(ReliabilityNumerics, LargeScoresMeetTheTwoXRuleInF32) {
+  struct Shape {
+    int64_t D;
+    float softmax_scale;
+  };
+  const Shape shapes[] = {{192, 0.3f}, {128, 0.f}, {64, 0.f}};
+  const double typical_scores[] = {10.0, 12.0, 20.0, 30.0};
+  for (anyattn_isa isa : isas_to_test()) {
+    for (const Shape& shape : shapes) {
+      for (double typical : typical_scores) {
+        for (int variant = 0; variant < 4; ++variant) {
+          Case c;
+          // Decode rows (Sq 1, in a batch of 4 so that the maximum error is over 16 rows) or
+          // prefill rows.
+          const bool decode = variant < 2;
+          c.B = decode ? 4 : 1;
+          c.Sq = decode ? 1 : 16;
+          c.Sk = decode ? 64 * 16 + 9 : 64 * 16;
+          c.Hq = decode ? 4 : 2;
+          c.Hk = 1;
+          c.D = shape.D;
+          c.Dv = 64;
+          c.softmax_scale = shape.softmax_scale;
+          c.causal = variant % 2 == 1;
+          c.isa = isa;
+          c.seed = 7 + static_cast<uint64_t>(typical);
+          SCOPED_TRACE(c.describe() + " typical |score| " + std::to_string(typical));
+          Problem p(c);
+          // q and k normal(0, a^2): a score is scale * a^2 * (a sum of D products of unit
+          // normals), whose standard deviation is scale * a^2 * sqrt(D) = `typical`.
+          const double scale = shape.softmax_scale > 0.f
+                                   ? shape.softmax_scale
+                                   : 1.0 / std::sqrt(static_cast<double>(shape.D));
+          const double a = std::sqrt(typical / (scale * std::sqrt(static_cast<double>(shape.D))));
+          for (const anyattn_tensor* t : {&p.q, &p.k}) {
+            const std::vector<double> values = reference::to_contiguous_f64(*t);
+            size_t n = 0;
+            for (int64_t b = 0; b < t->shape[0]; ++b) {
+              for (int64_t s = 0; s < t->shape[1]; ++s) {
+                for (int64_t h = 0; h < t->shape[2]; ++h) {
+                  for (int64_t d = 0; d < t->shape[3]; ++d) {
+                    const int64_t index[4] = {b, s, h, d};
+                    store(*t, index, values[n++] * a);
+                  }
+                }
+              }
+            }
+          }
+          ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+          EXPECT_TRUE(check_outputs(p, p.reference(), p.naive_same_dtype()));
+        }
+      }
+    }
+  }
+}
+
 // Regression (fuzz_fwd, 2026-11-30): a NaN score in lane 2 of a key block hid larger scores in
 // the same lane of later vectors (keys 6, 18, 34) from the block's vector max, so s - max was
 // hugely positive and the portable exp2 converted 1.6e28 to int (undefined behaviour). The row

@@ -25,7 +25,7 @@
 //   q: the task's rows as bf16, dp per row, unscaled (rounding q * scale to bf16 would lose bits);
 //   rows up to the next multiple of 16 are zero. S = Q K^T: per pair of 16-row groups and pair of
 //   16-key groups, dp / 32 passes; the softmax multiplies S by softmax_scale in f32 as it reads
-//   it (ScoreTransform::score_scale), so S is read and written once (64 x 64 floats, in L1).
+//   it (online_softmax_row), so S is read and written once (64 x 64 floats, in L1).
 //
 //   O += P V: each probability row is split in place into bf16 hi + lo (hi = p truncated to
 //   bf16, lo = bf16(p - hi), |p - hi - lo| <= 2^-16 |p|), so P V is as accurate as in f32 (bf16 P
@@ -380,8 +380,6 @@ class TileProducts {
                       staging, block_flags + h);
     }
   }
-  // S is the raw q . k (bf16 q unscaled): the softmax multiplies it by softmax_scale.
-  static float score_scale(const FwdArgs& args) { return args.softmax_scale; }
   // S (raw q . k) for `rows` rows against the whole block (the tiles score all 64 keys, `keys` or
   // not); rows of s up to a multiple of 16 are written too. Notes the rows' maxima, which the
   // softmax that follows may move.

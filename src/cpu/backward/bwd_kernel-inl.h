@@ -209,10 +209,11 @@ inline void store_row(const float* src, int64_t n, float scale, DType dtype, voi
 // score, unscaled). Columns outside [lo, hi) get 0 in both when `mask`. m: the call's score
 // modifiers (common/mask.h); neg_lse is minus the row's LSE (-inf for a row that saw no key, so
 // that its P is exactly 0), delta its rowsum(dout * out); the ALiBi distance of column c is
-// |alibi_base + c|; z_row holds the dropout factors, read only with `dropout`. s - lse is formed
-// in natural-log units with one fused multiply-add where possible (no ALiBi), and only then
-// scaled by log2(e) for exp2: P's relative error stays a few ulps even when the scores and the
-// LSE are large and nearly cancel.
+// |alibi_base + c|; z_row holds the dropout factors, read only with `dropout`. Each score is
+// formed exactly as the forward's softmax formed it (transform_scores, online_softmax_row: the
+// same factors, each product rounded once, no fused multiply-add), so P = exp(s - lse) sums to 1
+// over a row as the forward's probabilities did; s - lse is taken in natural-log units and only
+// then scaled by log2(e) for exp2.
 inline void tile_row_gradients(const ScoreModifiers& m, bool dropout, float neg_slope,
                                float* s_row, float* dp_row, const float* z_row, float neg_lse_row,
                                float delta_row, float alibi_base, bool mask, float lo, float hi) {
@@ -226,7 +227,8 @@ inline void tile_row_gradients(const ScoreModifiers& m, bool dropout, float neg_
     const Vec x = Vec::load(s_row + c);
     Vec t = zero, sech2 = zero, factor, score;
     if (m.softcap) {
-      tanh_and_sech2(x * Vec::broadcast(m.scale_over_cap), &t, &sech2);
+      tanh_and_sech2(x * Vec::broadcast(m.tanh_scale_first) * Vec::broadcast(m.tanh_scale_second),
+                     &t, &sech2);
       score = t;
       factor = Vec::broadcast(m.cap);
     } else {
@@ -239,7 +241,7 @@ inline void tile_row_gradients(const ScoreModifiers& m, bool dropout, float neg_
                         score * factor);
       centered = s + neg_lse;
     } else {
-      centered = fma(score, factor, neg_lse);
+      centered = score * factor + neg_lse;
     }
     const Vec p = exp2(centered * log2e);
     Vec dp = Vec::load(dp_row + c);

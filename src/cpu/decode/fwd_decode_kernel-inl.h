@@ -18,8 +18,9 @@
 //      accumulators of `lanes` consecutive keys are then reduced together by lane_sums, one
 //      vector of scores in about three instructions per score. bf16 calls on the avx512 path, on
 //      a CPU with AVX512_BF16, score on VDPBF16PS instead (fwd_decode_bf16_dot.h: raw bf16 q, no
-//      widening, half the instructions; the softmax applies softmax_scale), except for kv heads
-//      whose q holds values that instruction would flush or lose (load_bf16_head_queries).
+//      widening, half the instructions), except for kv heads whose q holds values that
+//      instruction would flush or lose (load_bf16_head_queries). q is never scaled: the softmax
+//      applies softmax_scale.
 //   2. Softmax, kv head by kv head: softcap, ALiBi, mask, online softmax and dropout exactly as
 //      in the packed path, on the same S rows (64 floats per row, in L1).
 //   3. O += P V in the same passes, with R x kPvVecs accumulator tiles loaded from and stored to
@@ -116,7 +117,7 @@ inline void locate_block(const FwdArgs& args, const SeqInfo& seq, int64_t head_k
 // bf16 rows are widened a pair of vectors at a time (load_bf16_pairs: even and odd elements of
 // 2 * lanes values, two instructions instead of four), over their first paired_columns(n)
 // elements. q and O hold those columns in the same order, each chunk of 2 * lanes as (even
-// elements, odd elements): split_pairs reorders q after load_scaled_queries, join_pairs restores O
+// elements, odd elements): split_pairs reorders q after load_query_rows, join_pairs restores O
 // before finish_task. Other dtypes keep the plain order.
 template <DType kDtype>
 constexpr bool kPairedWidening = kDtype == DType::kBF16;
@@ -412,7 +413,7 @@ inline bool call_takes_dot_scores(const FwdArgs& args) {
 
 // For one kv head of a bf16 task (its `count` query rows from r0): unless one of their elements
 // is subnormal or of magnitude 2^64 or more, overwrites those rows of scratch.q (as loaded by
-// load_scaled_queries) with the raw bf16 queries (unscaled, rows of 2 * q_stride elements, zero
+// load_query_rows) with the raw bf16 queries (unscaled, rows of 2 * q_stride elements, zero
 // from D) and returns true; else leaves them and returns false. Decided per kv head, never per
 // task: which kv heads share a task may depend on the thread count, and a kv head's result must
 // not.
@@ -505,14 +506,14 @@ struct KeyScales {
   }
 };
 
-// Loads the task's query rows into scratch.q for the direct loop: pre-scaled f32 in paired order
+// Loads the task's query rows into scratch.q for the direct loop: f32 in paired order
 // (split_pairs), or for kv heads that score on VDPBF16PS (dot_head[h] set here, where the CPU has
-// the instruction) raw bf16, whose softmax then applies the scale as it reads the scores.
+// the instruction) bf16. Either way the softmax applies softmax_scale as it reads the scores.
 template <DType kDtype>
 void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                          const TaskRows& rows, const Scratch& scratch, bool* dot_head) {
   const int64_t rows_per_kv = rows.count / task.heads_k;
-  load_scaled_queries(args, layout, task, rows, scratch);
+  load_query_rows(args, layout, task, rows, scratch);
 #if defined(ANYATTN_DIRECT_BF16_DOT)
   if constexpr (kDtype == DType::kBF16) {
     if (call_takes_dot_scores(args)) {
@@ -618,9 +619,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
       const int64_t r0 = h * rows_per_kv;
       const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
                                rows_per_kv};
-      ScoreTransform head_transform = transform;
-      if (dot_head[h]) head_transform.score_scale = args.softmax_scale;
-      scores_to_probabilities(args, seq, head_transform, neg_slopes + h * heads_per_kv,
+      scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv,
                               crosses_boundary, head_rows, j0, scratch.s + r0 * kKeyBlock,
                               scratch.m + r0, scratch.l + r0 * kRowSumSlots,
                               scratch.o + r0 * dv_pad, dv_pad);
@@ -672,7 +671,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
 
 void attend_direct(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                    const Scratch& scratch) {
-  switch (args.kv_dtype) {  // q's dtype is read at run time (load_scaled_queries)
+  switch (args.kv_dtype) {  // q's dtype is read at run time (load_query_rows)
     case DType::kI8:
       attend_direct_typed<DType::kI8>(args, layout, task, scratch);
       break;

@@ -9,9 +9,11 @@
 //
 // Design (one AttendTask = up to 64 query rows of one head against a range of 64-key blocks):
 //
-//   Q rows are converted to f32 and pre-scaled once per task by softmax_scale, so scores come out
-//   in natural units (log2(e) is applied inside the exponent, (s - max) * log2(e), never to q or
-//   to a score: folding it in earlier overflows or underflows f32 for extreme scales and softcaps).
+//   Q rows are converted to f32 once per task, unscaled. The softmax multiplies the raw scores by
+//   softmax_scale as it reads them (scaling q instead rounds every element of q, which at large
+//   scores gives about three times the naive error), and applies log2(e) inside the exponent,
+//   (s - max) * log2(e), never to q or to a score: folding it in earlier overflows or underflows
+//   f32 for extreme scales and softcaps.
 //   K and V were packed by pack_block once per (batch, kv head) and are shared by every task of
 //   that kv head, including all query heads of a GQA group.
 //
@@ -327,27 +329,39 @@ struct TaskRows {
 };
 
 // How one task's scores become the softmax's inputs: the mask and modifiers of its sequence
-// (common/mask.h, held by the task's loop), and what the block products leave to do.
+// (common/mask.h, held by the task's loop). S is the raw q . k on every path: q is not scaled
+// (rounding q * softmax_scale would round every element of q, which at large scores gave about
+// three times the naive error).
 struct ScoreTransform {
   const Mask& mask;
-  // The factor the block products leave to the softmax: 1 where q is pre-scaled (the vector
-  // products), softmax_scale where S is the raw q . k (the tile products, whose bf16 q is kept
-  // unscaled). Applied in registers as the scores are first read.
-  float score_scale = 1.f;
   const float* neg_slope = nullptr;  // per query head of the rows: -slope
 };
 
-// Applies transform.score_scale, softcap, ALiBi and (when `apply_mask`) the window/end-of-keys mask
-// to the scores of the task's rows for the key block starting at j0.
-inline void transform_scores(const ScoreTransform& transform, bool apply_mask, const TaskRows& rows,
-                             int64_t j0, float* s) {
+// Applies softcap, ALiBi and (when `apply_mask`) the window/end-of-keys mask to the raw scores of
+// the task's rows for the key block starting at j0, and returns the factor f left to the softmax:
+// afterwards a row holds u with score = u * f (rounded once, as the softmax forms it). The split
+// is the backward's (tile_row_gradients), so that both compute every score the same way, rounding
+// for rounding; the backward's P = exp(score - lse) then sums to 1 over a row as the forward's
+// probabilities did, which keeps its error near the naive one.
+//   the mask alone:        u = q.k,                                   f = softmax_scale
+//   softcap, no ALiBi:     u = tanh(q.k * softmax_scale / softcap),   f = softcap
+//   ALiBi:                 u = (softcap ? softcap * that tanh : q.k * softmax_scale) + ALiBi, f = 1
+// Masked keys get u = -inf, which stays -inf times a positive f; a softmax_scale <= 0 is therefore
+// applied here too (f = 1).
+inline float transform_scores(const ScoreTransform& transform, bool apply_mask,
+                              const TaskRows& rows, int64_t j0, float* s) {
   const Mask& mask = transform.mask;
   const ScoreModifiers& modifiers = mask.modifiers();
+  const bool fold_scale = !modifiers.softcap && (modifiers.alibi || !(modifiers.scale > 0.f));
+  const float factor = fold_scale || modifiers.alibi ? 1.f
+                       : modifiers.softcap          ? modifiers.cap
+                                                    : modifiers.scale;
   const Vec iota = Vec::iota();
   const Vec negative_infinity = Vec::broadcast(kNegInfinity);
   const Vec cap = Vec::broadcast(modifiers.cap);
-  const Vec inverse_cap = Vec::broadcast(modifiers.inverse_cap);
-  const Vec score_scale = Vec::broadcast(transform.score_scale);
+  const Vec scale = Vec::broadcast(modifiers.scale);
+  const Vec tanh_scale_first = Vec::broadcast(modifiers.tanh_scale_first);
+  const Vec tanh_scale_second = Vec::broadcast(modifiers.tanh_scale_second);
   for (int64_t r = 0; r < rows.count; ++r) {
     float* s_row = s + r * kKeyBlock;
     const int64_t i = rows.position(r);
@@ -360,14 +374,20 @@ inline void transform_scores(const ScoreTransform& transform, bool apply_mask, c
     // Distance origin for ALiBi: key j is at |diagonal - (j - j0)| from the diagonal.
     const Vec diagonal = Vec::broadcast(static_cast<float>(mask.diagonal(i) - j0));
     for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
-      Vec x = Vec::load(s_row + c) * score_scale;
+      Vec x = Vec::load(s_row + c);
       const Vec position = iota + Vec::broadcast(static_cast<float>(c));
-      if (modifiers.softcap) x = cap * tanh(x * inverse_cap);
+      if (modifiers.softcap) {
+        x = tanh(x * tanh_scale_first * tanh_scale_second);
+        if (modifiers.alibi) x = cap * x;
+      } else if (fold_scale) {
+        x = x * scale;
+      }
       if (modifiers.alibi) x = fma(slope, abs(diagonal - position), x);
       if (apply_mask) x = select_in_range(x, position, lo, hi, negative_infinity);
       x.store(s_row + c);
     }
   }
+  return factor;
 }
 
 // How far (in log2 units) a block's scores may rise above a row's running max before the max is
@@ -377,24 +397,23 @@ inline void transform_scores(const ScoreTransform& transform, bool apply_mask, c
 // holds, so out and lse are the same up to rounding.
 constexpr float kStaleMaxHeadroom = 8.f;
 
-// One online-softmax step for one row and one key block: s_row (64 scores, natural units once
-// multiplied by score_scale, used only with kScaled; masked = -inf) becomes probabilities relative
-// to the row's max *m, which moves to the block's max only when a score exceeds it by more than
+// One online-softmax step for one row and one key block: s_row holds 64 values u whose scores are
+// u * factor (transform_scores; masked = -inf) and becomes their probabilities relative to the
+// row's max *m, which moves to the block's max only when a score exceeds it by more than
 // kStaleMaxHeadroom (log2 units) or when the row has no max yet; o_row and the row's lane sums
 // l_lanes (kLanes partial denominators) are rescaled when it moves. NaN scores make the row NaN,
 // and so does a +inf score (an infinite input, or a product beyond the f32 range), as in exact
 // arithmetic (inf - inf).
-template <bool kScaled>
-inline void online_softmax_row(float* s_row, float score_scale, float* m, float* l_lanes,
-                               float* o_row, int64_t dv_pad) {
+inline void online_softmax_row(float* s_row, float factor, float* m, float* l_lanes, float* o_row,
+                               int64_t dv_pad) {
   constexpr int kVectors = static_cast<int>(kKeyBlock / kLanes);
   const float old_max = *m;
   const Vec log2e = Vec::broadcast(kLog2e);
-  const Vec scale = Vec::broadcast(score_scale);
-  // The scores in natural units: the multiply rounds exactly as a separate scaling pass would.
-  auto score = [&](int64_t c) {
-    return kScaled ? Vec::load(s_row + c) * scale : Vec::load(s_row + c);
-  };
+  const Vec f = Vec::broadcast(factor);
+  // The score u * f, rounded before the max is subtracted, as in the backward's s - lse (the
+  // kernels are compiled without contraction, so the product is never fused into the
+  // subtraction): the max key's exponent is exactly 0 at any magnitude.
+  auto score = [&](int64_t c) { return Vec::load(s_row + c) * f; };
   if (std::isfinite(old_max)) {
     const Vec shift = Vec::broadcast(old_max);
     Vec exponents[kVectors];
@@ -424,7 +443,7 @@ inline void online_softmax_row(float* s_row, float score_scale, float* m, float*
   if (block_max == kNegInfinity) {
     // Every lane is -inf or NaN; the vector max may have dropped a NaN, so look.
     for (int64_t j = 0; j < kKeyBlock; ++j) {
-      if (std::isnan(s_row[j])) block_max = s_row[j];
+      if (std::isnan(s_row[j] * factor)) block_max = s_row[j] * factor;
     }
   }
   const float new_max = std::isnan(block_max) || block_max > old_max ? block_max : old_max;
@@ -435,10 +454,8 @@ inline void online_softmax_row(float* s_row, float score_scale, float* m, float*
   const Vec shift = Vec::broadcast(new_max);
   Vec sum = Vec::zero();
   for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
-    // s - max is at most 0 in exact arithmetic, and the exponent is clamped there: the compiler
-    // may fuse score's multiply with the subtraction, leaving the block max's own rounding error
-    // (up to half an ulp of a max that may be ~1e31) positive; and a NaN lane can hide a larger
-    // score from the vector max above (the row is NaN then, through that NaN's probability).
+    // score - max is at most 0, but a NaN lane can hide a larger score from the vector max above
+    // (the row is NaN then, through that NaN's probability): the exponent is clamped at 0.
     const Vec p = exp2_not_above_128(min_keep_b_nan(Vec::zero(), (score(c) - shift) * log2e));
     p.store(s_row + c);
     sum = sum + p;
@@ -676,19 +693,14 @@ inline void scores_to_probabilities(const FwdArgs& args, const SeqInfo& seq,
                                     bool crosses_boundary, const TaskRows& head_rows, int64_t j0,
                                     float* s, float* m, float* l, float* o, int64_t dv_pad) {
   const ScoreModifiers& modifiers = transform.mask.modifiers();
+  float factor = modifiers.scale;  // S is the raw q . k
   if (modifiers.softcap || modifiers.alibi || crosses_boundary) {
     transform.neg_slope = neg_slopes;
-    transform_scores(transform, crosses_boundary, head_rows, j0, s);
-    transform.score_scale = 1.f;
+    factor = transform_scores(transform, crosses_boundary, head_rows, j0, s);
   }
   for (int64_t r = 0; r < head_rows.count; ++r) {
-    float* s_row = s + r * kKeyBlock;
-    float* l_row = l + r * kRowSumSlots;
-    if (transform.score_scale == 1.f) {
-      online_softmax_row<false>(s_row, 1.f, m + r, l_row, o + r * dv_pad, dv_pad);
-    } else {
-      online_softmax_row<true>(s_row, transform.score_scale, m + r, l_row, o + r * dv_pad, dv_pad);
-    }
+    online_softmax_row(s + r * kKeyBlock, factor, m + r, l + r * kRowSumSlots, o + r * dv_pad,
+                       dv_pad);
   }
   if (args.dropout_threshold != 0) apply_dropout(args, seq, head_rows, j0, s);
 }
@@ -699,24 +711,21 @@ inline TaskRows task_rows(const AttendTask& task) {
   return TaskRows{task.q_begin, positions, task.head_q_begin, positions * task.heads};
 }
 
-// The transform of a task whose sequence's mask is `mask`, for vector products (score_scale 1);
-// neg_slopes (room for kMaxQBlockRows heads) receives the negated ALiBi slope of each of the
-// task's query heads.
+// The transform of a task whose sequence's mask is `mask`; neg_slopes (room for kMaxQBlockRows
+// heads) receives the negated ALiBi slope of each of the task's query heads.
 inline ScoreTransform task_transform(const Mask& mask, const AttendTask& task, float* neg_slopes) {
   for (int64_t h = 0; mask.modifiers().alibi && h < task.heads; ++h) {
     neg_slopes[h] = mask.neg_alibi_slope(task.head_q_begin + h);
   }
-  return ScoreTransform{mask, 1.f, neg_slopes};
+  return ScoreTransform{mask, neg_slopes};
 }
 
-// Loads the task's query rows into scratch.q (converted, rotated for a KV cache with rotary,
-// pre-scaled, zero from D to q_stride).
-inline void load_scaled_queries(const FwdArgs& args, const PackedLayout& layout,
-                                const AttendTask& task, const TaskRows& rows,
-                                const Scratch& scratch) {
+// Loads the task's query rows into scratch.q (converted to f32, rotated for a KV cache with rotary,
+// zero from D to q_stride; not scaled).
+inline void load_query_rows(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                            const TaskRows& rows, const Scratch& scratch) {
   const SeqInfo& seq = task.seq;
   const int64_t head_dim = args.head_dim;
-  const float q_scale = args.softmax_scale;
   for (int64_t r = 0; r < rows.count; ++r) {
     const int64_t offset =
         seq.q_offset + rows.position(r) * args.q_row_stride + rows.head(r) * args.q_head_stride;
@@ -730,10 +739,6 @@ inline void load_scaled_queries(const FwdArgs& args, const PackedLayout& layout,
                    args.rotary_interleaved, q_row);
     }
     for (int64_t d = head_dim; d < layout.q_stride; ++d) q_row[d] = 0.f;
-    const Vec scale = Vec::broadcast(q_scale);
-    for (int64_t d = 0; d < layout.q_stride; d += kLanes) {
-      (Vec::load(q_row + d) * scale).store(q_row + d);
-    }
   }
 }
 
@@ -805,22 +810,20 @@ inline void boundary_row_keys(const Mask& mask, const TaskRows& rows, int64_t j0
   }
 }
 
-// The two block products and what they need, as the vector micro-kernels above compute them: q
-// pre-scaled in f32, K and V packed as f32 panels (fwd_layout.h). attend_blocks is written against
+// The two block products and what they need, as the vector micro-kernels above compute them: q in
+// f32, K and V packed as f32 panels (fwd_layout.h). attend_blocks is written against
 // this interface (one object per task); a path with other products (fwd_tiles_amx-inl.h) supplies
 // its own.
 struct VectorProducts {
   void load_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                     const TaskRows& rows, const Scratch& scratch) {
-    load_scaled_queries(args, layout, task, rows, scratch);
+    load_query_rows(args, layout, task, rows, scratch);
   }
   static void pack(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
                    int64_t head_k, int64_t heads_k, int64_t block, float* panels, float* staging,
                    uint8_t* block_flags) {
     pack_block_heads(args, layout, seq, head_k, heads_k, block, panels, staging, block_flags);
   }
-  // q is pre-scaled: S needs no further factor.
-  static float score_scale(const FwdArgs& /*args*/) { return 1.f; }
   // S for `rows` rows (q at q) against the first `keys` keys of the packed block kt; the columns
   // past them (a block at the end of the keys) are left for the mask.
   void scores(const FwdArgs& args, const PackedLayout& layout, const float* q, int64_t rows,
@@ -860,8 +863,7 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
   const SeqInfo& seq = task.seq;
   const Mask mask(args, seq);
   float neg_slopes[kMaxQBlockRows];
-  ScoreTransform transform = task_transform(mask, task, neg_slopes);
-  transform.score_scale = Products::score_scale(args);
+  const ScoreTransform transform = task_transform(mask, task, neg_slopes);
   Products products;
   products.load_queries(args, layout, task, rows, scratch);
   reset_rows(layout, rows, scratch);

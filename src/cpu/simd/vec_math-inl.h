@@ -42,15 +42,19 @@ inline Vec exp_minus_two_abs(Vec y) {
   return exp2(abs(y) * Vec::broadcast(-2.8853900817779268f));  // -2 * log2(e)
 }
 
+// tanh(y) from its two branches: near_zero = tanh_near_zero(y) for |y| < 0.625, else
+// (1 - e) * a with e = exp(-2|y|) and a = 1 / (1 + e), signed as y.
+inline Vec tanh_of_parts(Vec y, Vec near_zero, Vec e, Vec a) {
+  return select_abs_less(y, 0.625f, near_zero, copy_sign((Vec::broadcast(1.f) - e) * a, y));
+}
+
 // tanh(y). An odd polynomial for |y| < 0.625 (no cancellation near 0), (1 - e) / (1 + e) with
-// e = exp(-2|y|) above. Relative error below 3 ulp (tests/internal/vec_math_test.cc); +-1 for +-inf; NaN
-// for NaN.
+// e = exp(-2|y|) above, formed as tanh_and_sech2 forms it, so that both give the same bits (the
+// forward's softcap and the backward's must agree). Relative error below 3 ulp
+// (tests/internal/vec_math_test.cc); +-1 for +-inf; NaN for NaN.
 inline Vec tanh(Vec y) {
-  const Vec near_zero = tanh_near_zero(y);
   const Vec e = exp_minus_two_abs(y);
-  const Vec one = Vec::broadcast(1.f);
-  const Vec far = copy_sign((one - e) / (one + e), y);
-  return select_abs_less(y, 0.625f, near_zero, far);
+  return tanh_of_parts(y, tanh_near_zero(y), e, Vec::broadcast(1.f) / (Vec::broadcast(1.f) + e));
 }
 
 // *t = tanh(y) (within 3 ulp, as tanh) and *sech2 = 1 - tanh(y)^2, the softcap's derivative,
@@ -67,7 +71,7 @@ inline void tanh_and_sech2(Vec y, Vec* t, Vec* sech2) {
   const Vec e = exp_minus_two_abs(y);
   const Vec one = Vec::broadcast(1.f);
   const Vec a = one / (one + e);
-  *t = select_abs_less(y, 0.625f, near_zero, copy_sign((one - e) * a, y));
+  *t = tanh_of_parts(y, near_zero, e, a);
   *sech2 =
       select_abs_less(y, 0.625f, one - near_zero * near_zero, Vec::broadcast(4.f) * e * (a * a));
 }
