@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import anyattn  # noqa: E402
+from f32_accuracy_survey import problem  # noqa: E402
 from torch_reference import (  # noqa: E402
     attention_torch,
     gradients,
@@ -136,6 +137,23 @@ def test_autograd_matches_float64_autograd_by_2x_rule(case, dtype):
     for name in ("dq", "dk", "dv"):
         assert got[name].dtype == tdtype, name
     grads_2x(got, ref64, naive, dtype)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_f32_autograd_at_large_scores_meets_the_2x_rule(seed):
+    """Scores of a few units: q and k twice unit normal (standard deviation 4 after the default
+    scale), f32_accuracy_survey.py's problem with --amplitude 2. The backward's P = exp(s - lse)
+    is normalised only if it recomputes, bit for bit, the scores the forward's LSE came from;
+    before they agreed, dv broke the rule in 30 of 30 such seeds. Now 1 of 60 does (dv, 1.2x the
+    bound), so this is seeds 0-3 as drawn (bench/MEASUREMENTS.md, "Re-landed with a consistent
+    backward")."""
+    q, k, v, dout, _ = problem(seed, amplitude=2.0)
+    ins = [leaf(x, torch.float32) for x in (q, k, v)]
+    _, got = gradients(lambda q_, k_, v_: anyattn.flash_attn_func(q_, k_, v_), ins, dout)
+    ins64 = [leaf(x, torch.float64) for x in (q, k, v)]
+    ref64 = dict(zip(("dq", "dk", "dv"), torch.autograd.grad(attention_torch(*ins64), ins64, dout)))
+    naive = dict(zip(("dq", "dk", "dv"), naive_gradients(q, k, v, dout, dtype=torch.float32)))
+    grads_2x(dict(zip(("dq", "dk", "dv"), got)), ref64, naive, "float32")
 
 
 @pytest.mark.parametrize("which", ["q", "k", "v", "sinks"])
