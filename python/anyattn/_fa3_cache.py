@@ -1,18 +1,21 @@
 """FlashAttention 3's flash_attn_with_kvcache beyond FA2's: packed queries and new keys
 (cu_seqlens_q, cu_seqlens_k_new), rotary at per-sequence positions, attention_chunk and
-seqused_q. The new keys are appended in torch, then the plan runs as one read-only cache call."""
+seqused_q. The new keys are appended in torch (into an 8-bit cache by the library's quantization
+rule, kv_quant.quantize_rows), then the plan runs as one read-only cache call."""
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
 from ._fa_arguments import as_int
 from ._fa_plan import (Seqs, first_true_index, index_vector, page_table_of, plan_subsequences,
                        prefix_sums, query_extents, run_cache, unpack)
+from ._kv_scales import CacheScales, cache_scales, is_8bit
 from ._kvcache_route import rotate
 from ._options import AttnOptions
+from .kv_quant import quantize_rows
 
 
 # ---- KV cache: appending new keys outside the kernel -------------------------------------------
@@ -42,7 +45,12 @@ def _new_tokens(k, v, cu_seqlens_k_new, batch: int, k_cache, v_cache):
         if tuple(new.shape[1:]) != tuple(cache.shape[2:]):
             raise ValueError(f"{name}: heads and head dim {tuple(new.shape[1:])} differ from the "
                              f"cache's {tuple(cache.shape[2:])}")
-        if new.dtype != cache.dtype:
+        if is_8bit(cache):
+            if new.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+                raise TypeError(f"{name}: dtype {new.dtype} is not supported for an 8-bit cache; "
+                                "new keys and values are float32, float16 or bfloat16 (the call "
+                                "quantizes them)")
+        elif new.dtype != cache.dtype:
             raise TypeError(f"{name}: dtype {new.dtype} differs from the cache's {cache.dtype}")
     return counts, k, v
 
@@ -71,10 +79,12 @@ def _rotary_rows(cos, sin, positions: torch.Tensor, head_dim: int):
 
 
 def append_to_cache(k_cache, v_cache, k_new, v_new, counts, stored, table, batch_idx,
-                    rotary, rotary_base):
+                    rotary, rotary_base, scales: Optional[CacheScales] = None):
     """Write the packed new keys/values of sequence b at cache positions stored[b] + t, in place,
     rotating keys first when ``rotary`` = (cos, sin, interleaved) is given (positions
-    rotary_base[b] + t). ``table``: paged cache rows; else ``batch_idx`` picks cache batches."""
+    rotary_base[b] + t). ``table``: paged cache rows; else ``batch_idx`` picks cache batches. An
+    8-bit cache (``scales``) stores the rows quantized, with their token scales if it has them
+    (sequence b's (B, Hk) descale row for its rows)."""
     seq, t = _positions(counts)
     pos = stored[seq] + t
     if table is not None:
@@ -93,10 +103,23 @@ def append_to_cache(k_cache, v_cache, k_new, v_new, counts, stored, table, batch
         if rotary is not None:
             cos, sin, interleaved = rotary
             c, s = _rotary_rows(cos, sin, rotary_base[seq] + t, k_new.shape[-1])
-            k_new = rotate(k_new, c, s, interleaved)
+            k_new = rotate(k_new, c, s, interleaved, torch.float32 if scales else None)
         device = k_cache.device
-        k_cache[blocks.to(device), rows.to(device)] = k_new
-        v_cache[blocks.to(device), rows.to(device)] = v_new.detach()
+        blocks, rows = blocks.to(device), rows.to(device)
+        if scales is None:
+            k_cache[blocks, rows] = k_new
+            v_cache[blocks, rows] = v_new.detach()
+            return
+        for cache, new, descale, token_scale in (
+                (k_cache, k_new, scales.k_descale, scales.k_token_scale),
+                (v_cache, v_new.detach(), scales.v_descale, scales.v_token_scale)):
+            if descale is not None and descale.dim() == 2:
+                descale = descale.index_select(0, seq)
+            values, token = quantize_rows(new.cpu()[:, None], cache.dtype, descale,
+                                          token_scales=token_scale is not None)
+            cache[blocks, rows] = values[:, 0].to(device)
+            if token_scale is not None:
+                token_scale[blocks, rows] = token[:, 0].to(device)
 
 
 def _cache_geometry(k_cache, v_cache, page_table, cache_batch_idx, batch: int):
@@ -135,14 +158,16 @@ def _stored_lengths(cache_seqlens, batch: int, capacity: int, new: torch.Tensor)
 def kvcache_general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
                     rotary_seqlens, options: AttnOptions, rotary_interleaved, chunk: int, sinks,
-                    num_splits: int):
+                    num_splits: int, scale_args=(None, None, None, None)):
     """flash_attn_with_kvcache for what anyattn's own call lacks (packed q with cu_seqlens_q,
     packed new keys with cu_seqlens_k_new, rotary_seqlens, attention_chunk): the append (and its
-    rotary) in torch, then one read-only varlen cache call. Returns (out, lse) in q's layout."""
+    rotary) in torch, then one read-only varlen cache call. scale_args: (k_descale, v_descale,
+    k_token_scale, v_token_scale) of an 8-bit cache. Returns (out, lse) in q's layout."""
     pq, q0, q_used, q_span, q_end = query_extents(q, cu_seqlens_q, None)
     batch = q0.numel()
     table, batch_idx, capacity = _cache_geometry(k_cache, v_cache, page_table, cache_batch_idx,
                                                  batch)
+    scales = cache_scales(k_cache, v_cache, batch, *scale_args)
     counts, k_new, v_new = _new_tokens(k, v, cu_seqlens_k_new if k is not None else None, batch,
                                        k_cache, v_cache)
     stored = _stored_lengths(cache_seqlens, batch, capacity, counts)
@@ -166,13 +191,14 @@ def kvcache_general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
             raise ValueError(f"cache_batch_idx: repeats a cache batch ({batch_idx.tolist()[:16]}); "
                              "sequences that append need distinct cache batches")
         append_to_cache(k_cache, v_cache, k_new, v_new, counts, stored, table,
-                        torch.arange(batch) if batch_idx is None else batch_idx, rotary, base)
+                        torch.arange(batch) if batch_idx is None else batch_idx, rotary, base,
+                        scales)
     if rotary is not None:
         pq = _rotate_queries(pq, q0, q_span, q_end, base, rotary,
                              options.causal or options.has_window() or chunk > 0)
     seqs = Seqs(q0, q_used, q_span, pad, stored + counts - pad, q_end, 0)
     out, lse = run_cache(pq, k_cache, v_cache, plan_subsequences(seqs, chunk), table, batch_idx,
-                         options, sinks, num_splits)
+                         options, sinks, num_splits, scales)
     return unpack(out, lse, q, cu_seqlens_q is None)
 
 

@@ -199,18 +199,26 @@ def run_packed(q, k, v, plan: Plan, k_end: int, options: AttnOptions, sinks):
 
 
 def run_cache(q, k_cache, v_cache, plan: Plan, table, batch_idx, options: AttnOptions, sinks,
-              num_splits: int):
+              num_splits: int, scales=None):
     """The plan over packed q against a cache it only reads: paged (``table`` (batch,
     max_blocks)) or contiguous (sequence b reads cache batch ``batch_idx[b]``, default b); the
-    plan's keys are cache positions. Forward only. Returns (out (total_q, Hq, Dv), lse (Hq,
-    total_q)); tensors off the CPU are computed on CPU copies."""
-    check_same_dtype((("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
+    plan's keys are cache positions. ``scales``: an 8-bit cache's (_kv_scales.CacheScales; a
+    (B, Hk) descale row is sequence b's, repeated for each of its sub-sequences). Forward only.
+    Returns (out (total_q, Hq, Dv), lse (Hq, total_q)); tensors off the CPU are computed on CPU
+    copies."""
+    if scales is None:
+        check_same_dtype((("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     device = q.device
     if table is not None:
         block_table, cache_batch = table.index_select(0, plan.seq).to(torch.int32), None
     else:
         rows = plan.seq if batch_idx is None else batch_idx.index_select(0, plan.seq)
         block_table, cache_batch = None, rows.to(torch.int32)
+    scale_args = (None,) * 4
+    if scales is not None:
+        scale_args = tuple(None if x is None else (x.index_select(0, plan.seq) if i < 2 and
+                                                    x.dim() == 2 else x).cpu()
+                           for i, x in enumerate(scales))
     if device.type != "cpu":
         q, k_cache, v_cache = q.cpu(), k_cache.cpu(), v_cache.cpu()
     sinks = None if sinks is None else torch.as_tensor(sinks).to(device="cpu",
@@ -219,7 +227,8 @@ def run_cache(q, k_cache, v_cache, plan: Plan, table, batch_idx, options: AttnOp
     out, lse = _cache_ops.call(
         torch.ops.anyattn.fwd_kvcache_varlen, kernel_query(q, options), k_cache, v_cache,
         plan.cu_q, plan.max_q, plan.k_hi.to(torch.int32), -1, cache_batch,
-        plan.k_lo.to(torch.int32), block_table, *kopts.score_args(), max(num_splits, 0))
+        plan.k_lo.to(torch.int32), block_table, *kopts.score_args(), max(num_splits, 0),
+        *scale_args)
     return out.to(device), lse.to(device)
 
 

@@ -38,7 +38,7 @@ from ._fa3_cache import empty_accumulators, kvcache_general
 from ._fa_arguments import (as_int, check_hints, chunk_size, fa3_options, pick_sinks,
                             reject_unsupported)
 from ._fa_plan import combine_partials, dense_attention, varlen_attention
-from ._kv_scales import is_8bit, reject_q_descale
+from ._kv_scales import reject_q_descale
 from .kvcache import flash_attn_with_kvcache as _fa2_kvcache
 
 
@@ -290,11 +290,11 @@ def flash_attn_with_kvcache(
             cache_seqlens[b] + seqlen_new - 1.
         scheduler_metadata, num_splits, pack_gqa, sm_margin: accepted performance hints.
         k_descale, v_descale: float32 (1,), (nheads_k,) or (batch, nheads_k) scales of an 8-bit
-            cache (k_cache/v_cache torch.float8_e4m3fn, torch.float8_e5m2 or torch.int8; CPU),
+            cache (k_cache/v_cache torch.float8_e4m3fn, torch.float8_e5m2 or torch.int8),
             read as stored * descale * token_scale; k_token_scale, v_token_scale (keyword-only,
             anyattn's) float32 k_cache.shape[:3] per-position scales, written by the append. As
-            in anyattn.flash_attn_with_kvcache; not combined with cu_seqlens_q,
-            cu_seqlens_k_new, rotary_seqlens or attention_chunk (NotImplementedError).
+            in anyattn.flash_attn_with_kvcache, also with cu_seqlens_q, cu_seqlens_k_new,
+            rotary_seqlens and attention_chunk ((batch, nheads_k) descales indexed by sequence).
         qv, q_descale: raise NotImplementedError unless None.
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) (or (total_q, ...) for packed q); with
@@ -320,18 +320,12 @@ def flash_attn_with_kvcache(
             rotary_interleaved=rotary_interleaved, num_splits=splits, return_softmax_lse=True,
             sinks=sinks, k_descale=k_descale, v_descale=v_descale, k_token_scale=k_token_scale,
             v_token_scale=v_token_scale)
-    elif is_8bit(k_cache) or any(x is not None for x in (k_descale, v_descale, k_token_scale,
-                                                          v_token_scale)):
-        raise NotImplementedError(
-            "k_cache: an 8-bit cache (or k_descale/v_descale/k_token_scale/v_token_scale) is not "
-            "supported together with cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens or "
-            "attention_chunk; call with batched q and k/v, or anyattn.flash_attn_varlen_func "
-            "with block_table for packed queries")
     else:
         out, lse = kvcache_general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                    cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
                                    cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, options,
-                                   rotary_interleaved, chunk, sinks, splits)
+                                   rotary_interleaved, chunk, sinks, splits,
+                                   (k_descale, v_descale, k_token_scale, v_token_scale))
     if return_softmax_lse:
         return (out, lse) + empty_accumulators(out)
     return out

@@ -163,7 +163,7 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
 
 
 def _paged_varlen_on_device(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q, lengths,
-                            block_table, options, alibi_slopes, sinks, want_lse, scales):
+                            block_table, options, alibi_slopes, sinks, want_lse, scales=None):
     """Torch tensors off the CPU: each sequence's pages gathered in one indexing operation (batch
     rows of max_blocks pages, the first lengths[b] keys in use; an 8-bit cache's dequantized to
     q's dtype, its (B, Hk) descales indexing the sequences), then one packed attention."""

@@ -323,6 +323,43 @@ def test_8bit_paged_varlen_on_device_matches_the_cpu_kernels(cache_dtype):
             check_2x(f"{label} out[{bi}]", to_numpy(out[rows])[None], o, no, out_eps("bfloat16", o))
 
 
+@pytest.mark.parametrize("cache_dtype", sorted(KV8_DTYPES))
+def test_fa3_packed_call_with_an_8bit_cache_on_device_matches_the_cpu(cache_dtype):
+    """FA3's flash_attn_with_kvcache with packed queries and new keys (cu_seqlens_q,
+    cu_seqlens_k_new) into a paged 8-bit cache: device tensors leave the same bytes and scales
+    and give the same output as CPU tensors."""
+    fa3 = pytest.importorskip("anyattn.fa3_interface")
+    g = torch.Generator().manual_seed(4)
+    cdtype = getattr(torch, KV8_DTYPES[cache_dtype])
+    b, hq, hk, d, page, pages = 2, 4, 2, 32, 8, 3
+    table = torch.randperm(b * pages + 1, generator=g)[:b * pages].reshape(b, pages).int()
+    k8, k_descale, _ = anyattn.quantize_kv_cache(torch.randn(b * pages + 1, page, hk, d,
+                                                             generator=g), cdtype, "head")
+    v8, _, v_token = anyattn.quantize_kv_cache(torch.randn(b * pages + 1, page, hk, d,
+                                                           generator=g), cdtype, "token")
+    k_token = torch.ones(v_token.shape)
+    q = torch.randn(5, hq, d, generator=g, dtype=torch.float64).to(torch.bfloat16)
+    k_new, v_new = (torch.randn(3, hk, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    kw = dict(cache_seqlens=torch.tensor([4, 9], dtype=torch.int32), page_table=table,
+              cu_seqlens_q=torch.tensor([0, 2, 5], dtype=torch.int32),
+              cu_seqlens_k_new=torch.tensor([0, 1, 3], dtype=torch.int32), max_seqlen_q=3,
+              causal=True, k_descale=k_descale * 2, return_softmax_lse=True)
+    cpu = [x.clone() for x in (k8, v8, k_token, v_token)]
+    out_cpu, lse_cpu, *_ = fa3.flash_attn_with_kvcache(
+        q, cpu[0], cpu[1], k_new, v_new, k_token_scale=cpu[2], v_token_scale=cpu[3], **kw)
+    dev = [x.to(DEVICE) for x in (k8, v8, k_token, v_token)]
+    dev_kw = {key: (val.to(DEVICE) if isinstance(val, torch.Tensor) else val) for key, val in kw.items()}
+    out_dev, lse_dev, *_ = fa3.flash_attn_with_kvcache(
+        q.to(DEVICE), dev[0], dev[1], k_new.to(DEVICE), v_new.to(DEVICE), k_token_scale=dev[2],
+        v_token_scale=dev[3], **dev_kw)
+    assert out_dev.device.type == DEVICE and out_dev.dtype == torch.bfloat16
+    for name, x, y in zip(("k_cache", "v_cache"), dev, cpu):
+        assert torch.equal(x.cpu().view(torch.uint8), y.view(torch.uint8)), name
+    assert torch.equal(dev[3].cpu(), cpu[3]) and torch.equal(dev[2].cpu(), cpu[2])
+    torch.testing.assert_close(out_dev.cpu(), out_cpu, rtol=0, atol=0)
+    torch.testing.assert_close(lse_dev.cpu(), lse_cpu, rtol=0, atol=0)
+
+
 def test_merge_on_device_matches_the_cpu_kernel_including_empty_halves():
     g = torch.Generator().manual_seed(2)
     out_a, out_b = torch.randn(2, 6, 3, 16, generator=g), torch.randn(2, 6, 3, 16, generator=g)

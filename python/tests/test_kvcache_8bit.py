@@ -291,9 +291,53 @@ def test_fa3_cache_call_takes_descales_and_matches_the_fa2_call():
     assert torch.equal(k8.view(torch.uint8), k8b.view(torch.uint8))
     with pytest.raises(NotImplementedError, match="^q_descale: not supported by anyattn"):
         fa3.flash_attn_with_kvcache(q, k8, v8, q_descale=torch.ones(b, hk))
-    with pytest.raises(NotImplementedError, match="^k_cache: an 8-bit cache"):
-        fa3.flash_attn_with_kvcache(q[:, 0], k8, v8, cu_seqlens_q=torch.tensor(
-            [0, 1, 2], dtype=torch.int32), max_seqlen_q=1, k_descale=k_descale)
+
+
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=_name)
+def test_fa3_packed_cache_call_appends_and_reads_an_8bit_cache_as_fa2_calls_do(cache_dtype):
+    """FA3's call with packed queries and new keys (cu_seqlens_q, cu_seqlens_k_new), rotary and a
+    paged 8-bit cache (per-sequence K descales, V token scales): the same cache bytes, token
+    scales and outputs as one FA2 call per sequence."""
+    rng = np.random.default_rng(9)
+    b, hq, hk, d, cap, page = 3, 4, 2, 32, 24, 8
+    q_lens, new_lens, stored = [2, 1, 3], [1, 2, 1], [5, 0, 11]
+    paging = Paging(rng, b, cap, page)
+    k_log, k_descale, _ = anyattn.quantize_kv_cache(torch.randn(b, cap, hk, d), cache_dtype,
+                                                    "sequence")
+    k_descale = k_descale * 2  # headroom for the appended keys
+    v_log, _, v_tok = anyattn.quantize_kv_cache(torch.randn(b, cap, hk, d), cache_dtype, "token")
+    k_cache, v_cache, v_token = paging.scatter(k_log), paging.scatter(v_log), paging.scatter(v_tok)
+    k_token = torch.ones(v_token.shape)
+    q = torch.randn(sum(q_lens), hq, d)
+    k_new, v_new = torch.randn(sum(new_lens), hk, d), torch.randn(sum(new_lens), hk, d)
+    cos, sin = _rotary_table(cap, 16)
+    seqlens = torch.tensor(stored, dtype=torch.int32)
+
+    def cu(lengths):
+        return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+
+    caches3 = [x.clone() for x in (k_cache, v_cache, k_token, v_token)]
+    out3, lse3, *_ = fa3.flash_attn_with_kvcache(
+        q, caches3[0], caches3[1], k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+        cache_seqlens=seqlens, page_table=paging.table, cu_seqlens_q=cu(q_lens),
+        cu_seqlens_k_new=cu(new_lens), max_seqlen_q=max(q_lens), rotary_interleaved=False,
+        causal=True, k_descale=k_descale, k_token_scale=caches3[2], v_token_scale=caches3[3],
+        return_softmax_lse=True)
+    caches2 = [x.clone() for x in (k_cache, v_cache, k_token, v_token)]
+    qs, ks, vs = (torch.split(x, n) for x, n in ((q, q_lens), (k_new, new_lens), (v_new, new_lens)))
+    for i in range(b):
+        out2, lse2 = anyattn.flash_attn_with_kvcache(
+            qs[i][None], caches2[0], caches2[1], ks[i][None], vs[i][None], rotary_cos=cos,
+            rotary_sin=sin,
+            cache_seqlens=seqlens[i:i + 1], block_table=paging.table[i:i + 1],
+            rotary_interleaved=False, causal=True, k_descale=k_descale[i:i + 1],
+            k_token_scale=caches2[2], v_token_scale=caches2[3], return_softmax_lse=True)
+        rows = slice(sum(q_lens[:i]), sum(q_lens[:i + 1]))
+        torch.testing.assert_close(out3[rows], out2[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lse3[:, rows], lse2[0], rtol=1e-6, atol=1e-6)
+    for name, x3, x2 in zip(("k_cache", "v_cache"), caches3, caches2):
+        assert torch.equal(x3.view(torch.uint8), x2.view(torch.uint8)), name
+    assert torch.equal(caches3[3], caches2[3]) and torch.equal(caches3[2], caches2[2])
 
 
 def test_quantize_kv_cache_granularities_bound_the_error():

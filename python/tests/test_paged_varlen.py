@@ -197,3 +197,29 @@ def test_device_route_gathers_the_same_keys():
                                                      block_table=table, return_attn_probs=True)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache_dtype", ["float8_e4m3fn", "float8_e5m2", "int8"])
+def test_device_route_reads_an_8bit_cache_as_the_kernel_does(cache_dtype):
+    """The off-CPU path on CPU tensors with an 8-bit paged cache (per-sequence K descales, V token
+    scales): the gathered pages are dequantized as the kernel reads them."""
+    torch = pytest.importorskip("torch")
+    from anyattn._kv_scales import cache_scales
+
+    q, kc, vc, cu_q, cu_k, table, lens_k = (torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+                                            for x in _small_case(5))
+    dtype = getattr(torch, cache_dtype)
+    k8 = anyattn.quantize_kv_cache(kc, dtype, "tensor", descale=1.0).cache
+    v8, _, v_token = anyattn.quantize_kv_cache(vc, dtype, "token")
+    g = torch.Generator().manual_seed(1)
+    k_descale = torch.rand(2, kc.shape[2], generator=g) + 0.5
+    scale_args = (k_descale, None, torch.ones(v_token.shape), v_token)
+    options = make_options(0.0, None, True, (-1, -1), 0.0, False)
+    lengths = torch.tensor(lens_k, dtype=torch.int32)
+    out, lse = varlen._paged_varlen_on_device(q, k8, v8, cu_q, 3, lengths, table, options, None,
+                                              None, True, cache_scales(k8, v8, 2, *scale_args))
+    ref, ref_lse, _ = anyattn.flash_attn_varlen_func(
+        q, k8, v8, cu_q, cu_k, 3, 7, causal=True, block_table=table, return_attn_probs=True,
+        k_descale=k_descale, k_token_scale=scale_args[2], v_token_scale=v_token)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
