@@ -32,9 +32,10 @@
 //        accumulators are rescaled only when the row max moves, and the max moves only when a
 //        block's scores rise more than 2^8 above it (kStaleMaxHeadroom).
 //     4. O[rows][dv_pad] += P V with a kPvRows x (kPvVecs * lanes) register tile over the packed
-//        V rows. O (64 rows x dv_pad floats) stays in L1/L2 for the whole task. On boundary blocks
-//        each row tile stops after the last key its rows may see: on a causal diagonal block that
-//        skips about half of the products.
+//        V rows, over the vectors that hold Dv's columns (pv_columns; the zero padding up to
+//        dv_pad is skipped). O (64 rows x dv_pad floats) stays in L1/L2 for the whole task. On
+//        boundary blocks each row tile stops after the last key its rows may see: on a causal
+//        diagonal block that skips about half of the products.
 //   Memory traffic per task: Q rows once, each visited K/V block once from L2/L3, out/lse once.
 //   Nothing of size Sq x Sk exists anywhere.
 
@@ -270,22 +271,26 @@ inline void pv_column_remainder(int64_t vectors, const float* p, const float* v,
   }
 }
 
+// Columns [0, columns) of R rows (columns: a multiple of kLanes, at most dv_pad, the rows'
+// stride in V and O).
 template <int R>
-inline void pv_rows(const float* p, const float* v, int64_t keys, float* o, int64_t dv_pad) {
+inline void pv_rows(const float* p, const float* v, int64_t keys, float* o, int64_t dv_pad,
+                    int64_t columns) {
   int64_t c = 0;
-  for (; c + kPvCols <= dv_pad; c += kPvCols)
+  for (; c + kPvCols <= columns; c += kPvCols)
     pv_tile<R, kPvVecs>(p, v + c, dv_pad, keys, o + c, dv_pad);
-  pv_column_remainder<R, kPvVecs - 1>((dv_pad - c) / kLanes, p, v + c, dv_pad, keys, o + c, dv_pad);
+  pv_column_remainder<R, kPvVecs - 1>((columns - c) / kLanes, p, v + c, dv_pad, keys, o + c,
+                                      dv_pad);
 }
 
 template <int R>
 inline void pv_remainder(int64_t rows, const float* p, const float* v, int64_t keys, float* o,
-                         int64_t dv_pad) {
+                         int64_t dv_pad, int64_t columns) {
   if constexpr (R >= 1) {
     if (rows == R) {
-      pv_rows<R>(p, v, keys, o, dv_pad);
+      pv_rows<R>(p, v, keys, o, dv_pad, columns);
     } else {
-      pv_remainder<R - 1>(rows, p, v, keys, o, dv_pad);
+      pv_remainder<R - 1>(rows, p, v, keys, o, dv_pad, columns);
     }
   }
 }
@@ -299,18 +304,26 @@ inline int64_t tile_keys(const int64_t* row_keys, int64_t r0, int64_t count, int
   return std::min(most, keys);
 }
 
-// O[rows][dv_pad] += P[rows][0..keys) V[0..keys)[dv_pad]. row_keys (or null): per row, where its
-// probabilities become zero for good (the mask's right edge in a boundary block); each row tile
-// stops at the largest of its rows, which on a causal diagonal block halves the work.
+// The columns of O that P V must update: Dv rounded up to whole vectors. The rest of dv_pad
+// (Dv rounded up to 16) holds zeros in V and stays 0 in O: on 8-lane paths a small Dv (1 to 8)
+// costs one vector per key instead of two.
+inline int64_t pv_columns(int64_t head_dim_v) {
+  return (head_dim_v + kLanes - 1) / kLanes * kLanes;
+}
+
+// O[rows][0..columns) += P[rows][0..keys) V[0..keys)[0..columns) (rows of V and O dv_pad apart).
+// row_keys (or null): per row, where its probabilities become zero for good (the mask's right
+// edge in a boundary block); each row tile stops at the largest of its rows, which on a causal
+// diagonal block halves the work.
 inline void accumulate_pv(const float* p, int64_t rows, const float* v, int64_t keys, float* o,
-                          int64_t dv_pad, const int64_t* row_keys) {
+                          int64_t dv_pad, int64_t columns, const int64_t* row_keys) {
   int64_t r = 0;
   for (; r + kPvRows <= rows; r += kPvRows) {
     pv_rows<kPvRows>(p + r * kKeyBlock, v, tile_keys(row_keys, r, kPvRows, keys), o + r * dv_pad,
-                     dv_pad);
+                     dv_pad, columns);
   }
   pv_remainder<kPvRows - 1>(rows - r, p + r * kKeyBlock, v, tile_keys(row_keys, r, rows - r, keys),
-                            o + r * dv_pad, dv_pad);
+                            o + r * dv_pad, dv_pad, columns);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -496,13 +509,13 @@ inline void apply_dropout(const FwdArgs& args, const SeqInfo& seq, const TaskRow
 // O += P V restricted, per row, to the keys the row may see. Used for boundary blocks whose V
 // holds NaN or infinity, where 0 * inf from a masked key would otherwise leak NaN into the row.
 inline void accumulate_pv_visible_only(const Mask& mask, const TaskRows& rows, int64_t j0,
-                                       const float* p, const float* v, float* o,
-                                       int64_t dv_pad) {
+                                       const float* p, const float* v, float* o, int64_t dv_pad,
+                                       int64_t columns) {
   for (int64_t r = 0; r < rows.count; ++r) {
     const KeyRange range = mask.row_keys_in_block(rows.position(r), j0, kKeyBlock);
     for (int64_t j = range.begin; j < range.end; ++j) {
       const Vec p_rj = Vec::broadcast(p[r * kKeyBlock + j]);
-      for (int64_t c = 0; c < dv_pad; c += kLanes) {
+      for (int64_t c = 0; c < columns; c += kLanes) {
         fma(p_rj, Vec::load(v + j * dv_pad + c), Vec::load(o + r * dv_pad + c))
             .store(o + r * dv_pad + c);
       }
@@ -836,17 +849,18 @@ struct VectorProducts {
   // boundary blocks each row tile stops after its rows' last visible key; boundary blocks whose
   // V holds NaN or infinity take the visible keys only (a masked key's P = 0 times infinity would
   // be NaN); elsewhere every probability multiplied belongs to a visible key.
-  void pv(const FwdArgs& /*args*/, const SeqInfo& /*seq*/, const Mask& mask,
+  void pv(const FwdArgs& args, const SeqInfo& /*seq*/, const Mask& mask,
           const TaskRows& head_rows, int64_t j0, int64_t keys, bool crosses_boundary,
           uint8_t block_flags, float* p, const float* v, float* o, int64_t dv_pad) const {
+    const int64_t columns = pv_columns(args.head_dim_v);
     if (crosses_boundary && (block_flags & kBlockVNonfinite) != 0) {
-      accumulate_pv_visible_only(mask, head_rows, j0, p, v, o, dv_pad);
+      accumulate_pv_visible_only(mask, head_rows, j0, p, v, o, dv_pad, columns);
     } else if (crosses_boundary) {
       int64_t row_keys[kMaxQBlockRows];
       boundary_row_keys(mask, head_rows, j0, row_keys);
-      accumulate_pv(p, head_rows.count, v, keys, o, dv_pad, row_keys);
+      accumulate_pv(p, head_rows.count, v, keys, o, dv_pad, columns, row_keys);
     } else {
-      accumulate_pv(p, head_rows.count, v, keys, o, dv_pad, nullptr);
+      accumulate_pv(p, head_rows.count, v, keys, o, dv_pad, columns, nullptr);
     }
   }
   // Nothing is deferred: every pv call has updated O when it returns.
