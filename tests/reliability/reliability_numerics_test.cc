@@ -363,8 +363,8 @@ TEST(ReliabilityNumerics, DenormalInputsAreComputedNotFlushed) {
   }
 }
 
-// Extreme but finite parameters whose scores stay within f32 range after the kernel's
-// scale * log2(e) pre-scaling (|s| <= 1e33 here): tiny and huge scales, softcaps, ALiBi slopes and
+// Extreme but finite parameters whose scores stay within f32 range after softmax_scale and
+// log2(e) are applied (|s| <= 1e33 here): tiny and huge scales, softcaps, ALiBi slopes and
 // sinks, with inputs from 0 to 1e12 and subnormals. Every output is finite (no NaN, no inf) and
 // matches the f64 reference.
 TEST(ReliabilityNumerics, ExtremeFiniteParametersNeverGiveNan) {
@@ -593,8 +593,8 @@ TEST(ReliabilityNumerics, NanScoreHidingLargerScoresFromTheBlockMaxGivesANanRow)
   }
 }
 
-// softmax_scale / softcap below the f32 range (1e-30 / 1e30): the kernels scale q by
-// softmax_scale and divide the score by softcap separately, so
+// softmax_scale / softcap below the f32 range (1e-30 / 1e30): the kernels then multiply the score
+// by softmax_scale and by 1 / softcap separately (ScoreModifiers::tanh_scale_first/second), so
 // softcap * tanh(scale * <q, k> / softcap) (~1e-5 here) is kept rather than flushed to 0.
 TEST(ReliabilityNumerics, TinyScaleOverHugeSoftcapKeepsScores) {
   Case c;
