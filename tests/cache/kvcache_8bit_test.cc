@@ -413,6 +413,34 @@ TEST(Kvcache8bit, EveryStoredCodeConvertsOnEveryPath) {
   }
 }
 
+// A stored NaN code (e4m3 S.1111.111, e5m2 S.11111.xx with xx != 0) in a visible key's K row, and
+// in another key's V row, makes the rows that see them NaN on every path, as in the reference.
+TEST(Kvcache8bit, StoredNanCodesGiveNanRowsOnEveryPath) {
+  for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2}) {
+    for (uint8_t nan_code : {uint8_t{0x7F}, uint8_t{0xFF}}) {
+      for (int64_t sq : {1, 20}) {
+        Q8Case c;
+        c.kv_dtype = kv;
+        c.Sq = sq;
+        c.B = 1;
+        c.Hq = c.Hk = 1;
+        c.D = c.Dv = 64;
+        c.seqlens = {40};
+        c.capacity = 48;
+        Q8Problem p(c);
+        for (size_t i = 0; i < p.k_cache.bytes.size(); ++i) {
+          p.k_cache.bytes[i] = static_cast<uint8_t>(0x30 + i % 7);  // moderate finite codes
+          p.v_cache.bytes[i] = static_cast<uint8_t>(0x28 + i % 5);
+        }
+        p.k_cache.bytes[5 * 64 + 17] = nan_code;  // key 5, dim 17
+        p.v_cache.bytes[30 * 64 + 40] = nan_code;  // key 30, column 40
+        p.pristine = {p.k_cache.bytes, p.v_cache.bytes, p.k_scale.bytes, p.v_scale.bytes};
+        for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2));
+      }
+    }
+  }
+}
+
 // Head dims of 0: the rows without columns have no cache bytes, but their token scales are
 // written (0, as for an all-zero row) and read.
 TEST(Kvcache8bit, EmptyHeadDimsWriteZeroTokenScales) {

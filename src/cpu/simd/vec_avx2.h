@@ -39,9 +39,8 @@ struct Vec {
   static Vec load_fp8_e4m3(const uint8_t* p) {
     const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     const __m128i h = _mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(-16512));  // 0xBF80
-    // (bits 13..7) + 1 carries into bit 14 exactly for the NaN pattern.
-    const __m128i carry = _mm_add_epi16(_mm_and_si128(h, _mm_set1_epi16(0x3F80)),
-                                        _mm_set1_epi16(0x0080));
+    // (bits 13..7) + 1 carries into bit 14 (0 in h) exactly for the NaN pattern, and no further.
+    const __m128i carry = _mm_add_epi16(h, _mm_set1_epi16(0x0080));
     const __m128i f16 = _mm_or_si128(h, _mm_and_si128(carry, _mm_set1_epi16(0x4000)));
     return {_mm256_cvtph_ps(f16)};
   }

@@ -44,8 +44,8 @@ struct Vec {
     const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     const __m256i h =
         _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(-16512));  // 0xBF80
-    const __m256i carry = _mm256_add_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x3F80)),
-                                           _mm256_set1_epi16(0x0080));
+    // (bits 13..7) + 1 carries into bit 14 (0 in h) exactly for the NaN pattern, and no further.
+    const __m256i carry = _mm256_add_epi16(h, _mm256_set1_epi16(0x0080));
     const __m256i f16 = _mm256_or_si256(h, _mm256_and_si256(carry, _mm256_set1_epi16(0x4000)));
     return {_mm512_cvtph_ps(f16)};
   }
