@@ -13,9 +13,8 @@ from ._fa_arguments import as_int
 from ._fa_plan import (Seqs, first_true_index, index_vector, page_table_of, plan_subsequences,
                        prefix_sums, query_extents, run_cache, unpack)
 from ._kv_scales import CacheScales, cache_scales, is_8bit
-from ._kvcache_route import rotate
+from ._kvcache_route import rotate, store_quantized
 from ._options import AttnOptions
-from .kv_quant import quantize_rows
 
 
 # ---- KV cache: appending new keys outside the kernel -------------------------------------------
@@ -110,16 +109,12 @@ def append_to_cache(k_cache, v_cache, k_new, v_new, counts, stored, table, batch
             k_cache[blocks, rows] = k_new
             v_cache[blocks, rows] = v_new.detach()
             return
-        for cache, new, descale, token_scale in (
-                (k_cache, k_new, scales.k_descale, scales.k_token_scale),
-                (v_cache, v_new.detach(), scales.v_descale, scales.v_token_scale)):
-            if descale is not None and descale.dim() == 2:
-                descale = descale.index_select(0, seq)
-            values, token = quantize_rows(new.cpu()[:, None], cache.dtype, descale,
-                                          token_scales=token_scale is not None)
-            cache[blocks, rows] = values[:, 0].to(device)
-            if token_scale is not None:
-                token_scale[blocks, rows] = token[:, 0].to(device)
+        # Each packed row is its own (sequence) row of the quantizer: (B, Hk) descales by `seq`.
+        per_row = scales._replace(**{name: d.index_select(0, seq) for name, d in (
+            ("k_descale", scales.k_descale), ("v_descale", scales.v_descale))
+            if d is not None and d.dim() == 2})
+        store_quantized((blocks[:, None], rows[:, None]), k_new[:, None], v_new[:, None], per_row,
+                        k_cache, v_cache)
 
 
 def _cache_geometry(k_cache, v_cache, page_table, cache_batch_idx, batch: int):

@@ -106,15 +106,24 @@ def _append(call: CacheCall, stored: torch.Tensor) -> None:
     if call.scales is None:
         call.k_cache[block, row] = keys.to(call.k_cache.dtype)
         call.v_cache[block, row] = call.v.to(call.v_cache.dtype)
-        return
-    streams = ((call.k_cache, keys, call.scales.k_descale, call.scales.k_token_scale),
-               (call.v_cache, call.v, call.scales.v_descale, call.scales.v_token_scale))
-    for cache, new, descale, token_scale in streams:
-        values, scales = quantize_rows(new.cpu(), cache.dtype, descale,
-                                       token_scales=token_scale is not None)
-        cache[block, row] = values.to(cache.device)
+    else:
+        store_quantized((block, row), keys, call.v, call.scales, call.k_cache, call.v_cache)
+
+
+def store_quantized(index, keys: torch.Tensor, values: torch.Tensor, scales: CacheScales,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Quantize new rows (N, S, Hk, D) into 8-bit caches at ``index`` (a (block, row) pair of
+    (N, S) index tensors on the caches' device), writing their token scales too where the cache
+    has them; a (B, Hk) descale's rows are the N rows'. The library's rule
+    (kv_quant.quantize_rows) runs on the CPU, where float64 is always at hand."""
+    for cache, new, descale, token_scale in (
+            (k_cache, keys, scales.k_descale, scales.k_token_scale),
+            (v_cache, values, scales.v_descale, scales.v_token_scale)):
+        stored, token = quantize_rows(new.detach().cpu(), cache.dtype, descale,
+                                      token_scales=token_scale is not None)
+        cache[index] = stored.to(cache.device)
         if token_scale is not None:
-            token_scale[block, row] = scales.to(token_scale.device)
+            token_scale[index] = token.to(token_scale.device)
 
 
 def _gathered_rows(call: CacheCall, x: Optional[torch.Tensor], batch: int, device):
