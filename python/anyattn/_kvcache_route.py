@@ -127,7 +127,7 @@ def store_quantized(index, keys: torch.Tensor, values: torch.Tensor, scales: Cac
 
 
 def _gathered_rows(call: CacheCall, x: Optional[torch.Tensor], batch: int, device):
-    """Each sequence's rows of ``x`` (a cache, or its token scales): shape (batch, capacity, ...)."""
+    """Each sequence's rows of ``x`` (a cache, or its token scales): (batch, capacity, ...)."""
     if x is None:
         return None
     if call.block_table is not None:

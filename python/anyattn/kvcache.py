@@ -52,15 +52,15 @@ def flash_attn_with_kvcache(
         num_splits: key-dimension splits; 0 chooses automatically (never from the thread count).
         return_softmax_lse: also return the LSE (batch, nheads, seqlen_q) float32.
         k_descale, v_descale, k_token_scale, v_token_scale (torch tensors; token scales on the
-            caches' device): the scales of an 8-bit cache (k_cache/v_cache of one dtype: torch.float8_e4m3fn,
-            torch.float8_e5m2 or torch.int8), whose elements read as stored * descale *
-            token_scale. descale: float32 (1,), (nheads_k,) or (batch, nheads_k) (FlashAttention
-            3's names and layout), or a float; None = 1. token_scale: float32 (batch_cache,
-            seqlen_cache, nheads_k) or paged (num_blocks, page_size, nheads_k), both or neither;
-            the append writes the new positions' scales. New k/v are quantized as described in
-            anyattn.kv_quant (round to nearest even, saturate); quantize_kv_cache makes such a
-            cache from a float one. Off the CPU the cache is read dequantized to q's dtype
-            (docs/python.md, "Devices").
+            caches' device): the scales of an 8-bit cache (k_cache/v_cache of one dtype:
+            torch.float8_e4m3fn, torch.float8_e5m2 or torch.int8), whose elements read as
+            stored * descale * token_scale. descale: float32 (1,), (nheads_k,) or (batch,
+            nheads_k) (FlashAttention 3's names and layout), or a float; None = 1. token_scale:
+            float32 (batch_cache, seqlen_cache, nheads_k) or paged (num_blocks, page_size,
+            nheads_k), both or neither; the append writes the new positions' scales. New k/v are
+            quantized as described in anyattn.kv_quant (round to nearest even, saturate);
+            quantize_kv_cache makes such a cache from a float one. Off the CPU the cache is read
+            dequantized to q's dtype (docs/python.md, "Device dispatch").
         q_descale: accepted as None only (q stays float32/float16/bfloat16).
     Returns:
         out (batch, seqlen_q, nheads, headdim_v), or (out, softmax_lse) with return_softmax_lse.

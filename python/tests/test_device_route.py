@@ -87,6 +87,22 @@ def _to_device(x):
     return None if x is None else torch.as_tensor(x).to(DEVICE)
 
 
+def _kwargs_on_device(kw):
+    """The keyword arguments with every tensor moved to the device."""
+    return {key: (val.to(DEVICE) if isinstance(val, torch.Tensor) else val)
+            for key, val in kw.items()}
+
+
+def _page_table(rng, batch, pages, spare):
+    """(batch, pages) int32 block table: a shuffled choice of batch * pages + spare blocks."""
+    blocks = rng.permutation(batch * pages + spare)[:batch * pages]
+    return torch.from_numpy(blocks.astype(np.int32).reshape(batch, pages))
+
+
+def _normal(rng, shape):
+    return torch.from_numpy(rng.standard_normal(shape)).float()
+
+
 def _ref_kwargs(opts, alibi, sinks):
     return dict(softmax_scale=opts.get("softmax_scale"), causal=opts.get("causal", False),
                 window=opts.get("window_size", (-1, -1)), softcap=opts.get("softcap", 0.0),
@@ -242,25 +258,23 @@ def test_8bit_paged_kvcache_on_device_matches_the_cpu_kernels(cache_dtype, dtype
     b, sq, hq, hk, d, page, pages, s_new = 2, 2, 4, 2, 32, 16, 3, 2
     tdtype, cdtype = getattr(torch, dtype), getattr(torch, KV8_DTYPES[cache_dtype])
     seqlens = torch.tensor([7, 30], dtype=torch.int32)
-    table = torch.from_numpy(rng.permutation(b * pages + 2)[:b * pages].astype(np.int32).reshape(b, pages))
+    table = _page_table(rng, b, pages, 2)
     q, k_new, v_new = (torch.from_numpy(rng.standard_normal(s)).to(tdtype)
                        for s in ((b, sq, hq, d), (b, s_new, hk, d), (b, s_new, hk, d)))
-    k_cache, _, k_token = anyattn.quantize_kv_cache(
-        torch.from_numpy(rng.standard_normal((b * pages + 2, page, hk, d))).float(), cdtype, "token")
+    k_cache, _, k_token = anyattn.quantize_kv_cache(_normal(rng, (b * pages + 2, page, hk, d)),
+                                                    cdtype, "token")
     v_descale = torch.from_numpy(rng.uniform(0.02, 0.05, (b, hk)).astype(np.float32))
-    v_cache = anyattn.quantize_kv_cache(
-        torch.from_numpy(rng.standard_normal((b * pages + 2, page, hk, d))).float(), cdtype, "tensor",
-        descale=0.03).cache
+    v_cache = anyattn.quantize_kv_cache(_normal(rng, (b * pages + 2, page, hk, d)), cdtype,
+                                        "tensor", descale=0.03).cache
     cos, sin = _rotary_table(page * pages, 16)
     kw = dict(cache_seqlens=seqlens, block_table=table, causal=True, return_softmax_lse=True,
               rotary_cos=torch.from_numpy(cos), rotary_sin=torch.from_numpy(sin),
               rotary_interleaved=False, v_descale=v_descale)
     v_token = torch.ones(k_token.shape)  # token scales come in pairs; the values' are 1
     dev = [x.to(DEVICE) for x in (k_cache, v_cache, k_token, v_token)]
-    dev_kw = {key: (val.to(DEVICE) if isinstance(val, torch.Tensor) else val) for key, val in kw.items()}
     out_dev, lse_dev = anyattn.flash_attn_with_kvcache(
         q.to(DEVICE), dev[0], dev[1], k_new.to(DEVICE), v_new.to(DEVICE), k_token_scale=dev[2],
-        v_token_scale=dev[3], **dev_kw)
+        v_token_scale=dev[3], **_kwargs_on_device(kw))
     out_cpu, lse_cpu = anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
                                                        k_token_scale=k_token,
                                                        v_token_scale=v_token, **kw)
@@ -278,7 +292,8 @@ def test_8bit_paged_kvcache_on_device_matches_the_cpu_kernels(cache_dtype, dtype
         n = int(seqlens[bi]) + s_new
         rows = [(int(table[bi, p // page]), p % page) for p in range(n)]
         kb = np.stack([keys[i, r].numpy() for i, r in rows])
-        vb = np.stack([values[i, r].numpy() for i, r in rows]) * v_descale[bi].double().numpy()[:, None]
+        vb = np.stack([values[i, r].numpy() for i, r in rows])
+        vb = vb * v_descale[bi].double().numpy()[:, None]
         pos = np.arange(int(seqlens[bi]), int(seqlens[bi]) + sq)
         qb = _rotate(to_numpy(q[bi]), cos[pos], sin[pos], False)
         o, lo = attention_ref(qb[None], kb[None], vb[None], causal=True)
@@ -295,20 +310,19 @@ def test_8bit_paged_varlen_on_device_matches_the_cpu_kernels(cache_dtype):
     b, hq, hk, d, page, pages = 3, 4, 2, 32, 8, 3
     cdtype = getattr(torch, KV8_DTYPES[cache_dtype])
     q_lens, k_lens = [3, 1, 5], [10, 24, 7]
-    table = torch.from_numpy(rng.permutation(b * pages + 1)[:b * pages].astype(np.int32).reshape(b, pages))
-    k8, k_descale, _ = anyattn.quantize_kv_cache(
-        torch.from_numpy(rng.standard_normal((b * pages + 1, page, hk, d))).float(), cdtype, "head")
-    v8, _, v_token = anyattn.quantize_kv_cache(
-        torch.from_numpy(rng.standard_normal((b * pages + 1, page, hk, d))).float(), cdtype, "token")
+    table = _page_table(rng, b, pages, 1)
+    k8, k_descale, _ = anyattn.quantize_kv_cache(_normal(rng, (b * pages + 1, page, hk, d)),
+                                                 cdtype, "head")
+    v8, _, v_token = anyattn.quantize_kv_cache(_normal(rng, (b * pages + 1, page, hk, d)),
+                                               cdtype, "token")
     q = torch.from_numpy(rng.standard_normal((sum(q_lens), hq, d))).to(torch.bfloat16)
     cu_q = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
     args = (q, k8, v8, cu_q, None, max(q_lens), page * pages)
     kw = dict(causal=True, block_table=table, seqused_k=torch.tensor(k_lens, dtype=torch.int32),
               k_descale=k_descale, v_token_scale=v_token, k_token_scale=torch.ones(v_token.shape))
     out_cpu = anyattn.flash_attn_varlen_func(*args, **kw)
-    out_dev = anyattn.flash_attn_varlen_func(
-        *(_to_device(x) for x in args[:4]), None, *args[5:],
-        **{key: (val.to(DEVICE) if isinstance(val, torch.Tensor) else val) for key, val in kw.items()})
+    out_dev = anyattn.flash_attn_varlen_func(*(_to_device(x) for x in args[:4]), None, *args[5:],
+                                             **_kwargs_on_device(kw))
     assert out_dev.device.type == DEVICE and out_dev.dtype == torch.bfloat16
     keys = anyattn.dequantize_kv_cache(k8, k_descale, None, torch.float64)
     values = anyattn.dequantize_kv_cache(v8, None, v_token, torch.float64)
@@ -348,10 +362,9 @@ def test_fa3_packed_call_with_an_8bit_cache_on_device_matches_the_cpu(cache_dtyp
     out_cpu, lse_cpu, *_ = fa3.flash_attn_with_kvcache(
         q, cpu[0], cpu[1], k_new, v_new, k_token_scale=cpu[2], v_token_scale=cpu[3], **kw)
     dev = [x.to(DEVICE) for x in (k8, v8, k_token, v_token)]
-    dev_kw = {key: (val.to(DEVICE) if isinstance(val, torch.Tensor) else val) for key, val in kw.items()}
     out_dev, lse_dev, *_ = fa3.flash_attn_with_kvcache(
         q.to(DEVICE), dev[0], dev[1], k_new.to(DEVICE), v_new.to(DEVICE), k_token_scale=dev[2],
-        v_token_scale=dev[3], **dev_kw)
+        v_token_scale=dev[3], **_kwargs_on_device(kw))
     assert out_dev.device.type == DEVICE and out_dev.dtype == torch.bfloat16
     for name, x, y in zip(("k_cache", "v_cache"), dev, cpu):
         assert torch.equal(x.cpu().view(torch.uint8), y.view(torch.uint8)), name
