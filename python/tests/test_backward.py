@@ -144,9 +144,9 @@ def test_f32_autograd_at_large_scores_meets_the_2x_rule(seed):
     """Scores of a few units: q and k twice unit normal (standard deviation 4 after the default
     scale), f32_accuracy_survey.py's problem with --amplitude 2. The backward's P = exp(s - lse)
     is normalised only if it recomputes, bit for bit, the scores the forward's LSE came from;
-    before they agreed, dv broke the rule in 30 of 30 such seeds. Now 1 of 60 does (dv, 1.2x the
-    bound), so this is seeds 0-3 as drawn (bench/MEASUREMENTS.md, "Re-landed with a consistent
-    backward")."""
+    before they agreed, dv broke the rule in 30 of 30 such seeds. Now 1 of 60 does (1.03x the
+    bound on avx2); seeds 0-3, as drawn, sit at 0.5-0.65 of the bound on avx2 and portable
+    (bench/MEASUREMENTS.md, "Re-landed with a consistent backward")."""
     q, k, v, dout, _ = problem(seed, amplitude=2.0)
     ins = [leaf(x, torch.float32) for x in (q, k, v)]
     _, got = gradients(lambda q_, k_, v_: anyattn.flash_attn_func(q_, k_, v_), ins, dout)
