@@ -601,7 +601,8 @@ inline void prefetch_rows_ahead(const FwdArgs& args, const SeqInfo& seq, const v
 // sequentially. K rows are converted into `staging` (heads_k * lanes rows of round_up(D, 16)
 // floats) one chunk of `lanes` keys at a time and transposed tile by tile into kt[d][j]. A block
 // at the end of the keys fills kt only up to its last whole key vector (zeros past its last key):
-// the score tiles read no further. V gets all 64 rows, zero past the last key.
+// the score tiles read no further. V gets the block's rows only: P V stops at its last key, so
+// the rows past it are never read (nor written: a 16-key call would otherwise zero 48 rows).
 //
 // A shared latent cache (FwdArgs::v_is_k_prefix: absorbed MLA) has V row j at the start of K row
 // j: V is then copied from the staged K rows, so the block's rows are read from memory once.
@@ -622,10 +623,10 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
   auto v_row_of = [&](int64_t h, int64_t j) {
     return panels + h * layout.block_floats + layout.kt_floats + j * dv_pad;
   };
-  // Zeroes V row j of head h past Dv (or the whole row past the block's keys) and checks it.
+  // Zeroes V row j < keys of head h past Dv and checks it.
   auto finish_v_row = [&](int64_t h, int64_t j) {
     float* v_row = v_row_of(h, j);
-    for (int64_t c = j < keys ? head_dim_v : 0; c < dv_pad; ++c) v_row[c] = 0.f;
+    for (int64_t c = head_dim_v; c < dv_pad; ++c) v_row[c] = 0.f;
     for (int64_t c = 0; c < dv_pad; c += kLanes) {
       finite_check[h] = finite_check[h] + Vec::load(v_row + c) * Vec::zero();
     }
@@ -633,8 +634,7 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
   const bool v_from_k = args.v_is_k_prefix();
 
   alignas(64) float transposed[kLanes * kLanes];
-  // With v_from_k the chunks also stage V, so every row of the block is visited.
-  const int64_t staged_keys = v_from_k ? kKeyBlock : round_up(keys, kLanes);
+  const int64_t staged_keys = round_up(keys, kLanes);
   for (int64_t chunk = 0; chunk < staged_keys; chunk += kLanes) {
     for (int64_t jj = 0; jj < kLanes; ++jj) {
       const int64_t j = chunk + jj;
@@ -652,8 +652,8 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
         } else {
           for (int64_t d = 0; d < d_pad; d += kLanes) Vec::zero().store(staged + d);
         }
-        if (v_from_k) {
-          if (j < keys) std::copy(staged, staged + head_dim_v, v_row_of(h, j));
+        if (v_from_k && j < keys) {
+          std::copy(staged, staged + head_dim_v, v_row_of(h, j));
           finish_v_row(h, j);
         }
       }
@@ -674,17 +674,15 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
     }
   }
 
-  for (int64_t j = 0; j < kKeyBlock && !v_from_k; ++j) {
+  for (int64_t j = 0; j < keys && !v_from_k; ++j) {
     for (int64_t h = 0; h < heads_k; ++h) {
-      if (j < keys) {
-        prefetch_rows_ahead(args, seq, args.v, args.v_batch_stride, args.v_row_stride,
-                            args.v_head_stride, j0 + j, head_k + h,
-                            head_dim_v * element_size(args.kv_dtype));
-        const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.v_batch_stride,
-                                              args.v_row_stride, args.v_head_stride);
-        convert_kv_row(args.v, args.kv_dtype, offset, head_dim_v,
-                       key_scale(args, seq, j0 + j, head_k + h, KvStream::kV), v_row_of(h, j));
-      }
+      prefetch_rows_ahead(args, seq, args.v, args.v_batch_stride, args.v_row_stride,
+                          args.v_head_stride, j0 + j, head_k + h,
+                          head_dim_v * element_size(args.kv_dtype));
+      const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.v_batch_stride,
+                                            args.v_row_stride, args.v_head_stride);
+      convert_kv_row(args.v, args.kv_dtype, offset, head_dim_v,
+                     key_scale(args, seq, j0 + j, head_k + h, KvStream::kV), v_row_of(h, j));
       finish_v_row(h, j);
     }
   }
