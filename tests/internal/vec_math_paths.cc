@@ -11,6 +11,7 @@ namespace anyattn::cpu::vec_math_test {
     void exp2_array(const float* x, int64_t n, float* y);       \
     void tanh_array(const float* x, int64_t n, float* y);       \
     void sech2_array(const float* x, int64_t n, float* y);      \
+    void f16_array(const float* x, int64_t n, uint16_t* y);     \
   })
 #include "cpu/isa_table.inc"
 #undef ANYATTN_ISA
@@ -18,7 +19,8 @@ namespace anyattn::cpu::vec_math_test {
 namespace {
 
 #define ANYATTN_ISA(id, isa, arch, ...) \
-  ANYATTN_IF_ARCH_##arch(VecMathPath{isa, &id::exp2_array, &id::tanh_array, &id::sech2_array}, )
+  ANYATTN_IF_ARCH_##arch(                                                           \
+      VecMathPath{isa, &id::exp2_array, &id::tanh_array, &id::sech2_array, &id::f16_array}, )
 const VecMathPath kPaths[] = {
 #include "cpu/isa_table.inc"
 };

@@ -1,4 +1,4 @@
-// The vector exp2, tanh and 1 - tanh^2 of every instruction-set path (src/cpu/simd/), compiled
+// The vector exp2, tanh, 1 - tanh^2 and f16 narrowing of every instruction-set path (src/cpu/simd/), compiled
 // for the tests only (vec_math_paths.cc): the library's kernel table carries no test hooks.
 #ifndef ANYATTN_TESTS_VEC_MATH_PATHS_H_
 #define ANYATTN_TESTS_VEC_MATH_PATHS_H_
@@ -11,12 +11,15 @@ namespace anyattn::cpu::vec_math_test {
 
 // y[i] = f(x[i]) for i < n, with one path's vector function f.
 using ElementwiseFn = void (*)(const float* x, int64_t n, float* y);
+// y[i] = the f16 bits of x[i] for i < n, with one path's Vec::store_f16.
+using NarrowFn = void (*)(const float* x, int64_t n, uint16_t* y);
 
 struct VecMathPath {
   anyattn_isa isa;
   ElementwiseFn exp2_array;   // exp2 (simd/vec_math-inl.h)
   ElementwiseFn tanh_array;   // tanh (simd/vec_math-inl.h)
   ElementwiseFn sech2_array;  // the backward's 1 - tanh^2 (tanh_and_sech2)
+  NarrowFn f16_array;         // Vec::store_f16 (the forward's f16 output rows)
 };
 
 // The vector math compiled for `isa` with that path's target features, or nullptr if this build

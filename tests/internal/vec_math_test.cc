@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/half_convert.h"
 #include "cpu/kernel_registry.h"
 #include "internal/vec_math_paths.h"
 
@@ -183,6 +184,37 @@ TEST(VecMath, TanhSpecialValues) {
     EXPECT_EQ(y[3], 1.f) << path.name;
     EXPECT_EQ(y[4], -1.f) << path.name;
     EXPECT_TRUE(std::isnan(y[5])) << path.name;
+  }
+}
+
+// Vec::store_f16 gives convert::f32_to_f16's bits on every path: around every f16 rounding tie
+// (each exponent, normal and subnormal), at the overflow threshold, for zeros, infinities and
+// NaN payloads, and for f32 subnormals.
+TEST(VecMath, F16NarrowingMatchesTheScalarConversionBitForBit) {
+  std::vector<float> x;
+  for (uint32_t h = 0; h < 0x7c00u; h += 7) {  // every 7th positive finite f16 and its neighbours
+    const float value = convert::f16_to_f32(static_cast<uint16_t>(h));
+    const float next = convert::f16_to_f32(static_cast<uint16_t>(h + 1));
+    const float tie = value + (next - value) / 2;
+    for (float v : {value, tie, std::nextafter(tie, 0.f), std::nextafter(tie, 1e9f)}) {
+      x.push_back(v);
+      x.push_back(-v);
+    }
+  }
+  for (uint32_t bits : {0x00000001u, 0x00400000u, 0x007fffffu, 0x33000000u, 0x33000001u,
+                        0x477fefffu, 0x477ff000u, 0x7f7fffffu, 0x7f800000u, 0x7fc00000u,
+                        0x7f800001u, 0x7fa5a5a5u, 0xffc12345u}) {
+    x.push_back(convert::bits_float(bits));
+  }
+  std::vector<uint16_t> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = convert::f32_to_f16(x[i]);
+  for (const RunnablePath& path : runnable_paths()) {
+    std::vector<uint16_t> got(x.size());
+    path.math->f16_array(x.data(), static_cast<int64_t>(x.size()), got.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << path.name << " at f32 bits " << std::hex
+                                 << convert::float_bits(x[i]);
+    }
   }
 }
 

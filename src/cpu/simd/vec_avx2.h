@@ -45,6 +45,13 @@ struct Vec {
     return {_mm256_cvtph_ps(f16)};
   }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
+  // The lanes narrowed to f16 bits, rounded to nearest even: convert::f32_to_f16's bits (NaN
+  // quieted with its payload's top bits, overflow to inf, subnormals rounded), as F16C rounds
+  // with its own rounding mode, not MXCSR's.
+  void store_f16(uint16_t* p) const {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
 };
 
 inline Vec operator+(Vec a, Vec b) {

@@ -50,6 +50,11 @@ struct Vec {
     return {_mm512_cvtph_ps(f16)};
   }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
+  // The lanes narrowed to f16 bits, rounded to nearest even, as in vec_avx2.h.
+  void store_f16(uint16_t* p) const {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
 };
 
 inline Vec operator+(Vec a, Vec b) {

@@ -55,6 +55,9 @@ struct Vec {
     return {vcvt_f32_f16(vreinterpret_f16_u16(h))};
   }
   void store(float* p) const { vst1q_f32(p, v); }
+  // The lanes narrowed to f16 bits (FCVTN, round to nearest even under the default FPCR), as
+  // convert::f32_to_f16 gives them.
+  void store_f16(uint16_t* p) const { vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(v))); }
 };
 
 inline Vec operator+(Vec a, Vec b) {

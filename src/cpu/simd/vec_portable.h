@@ -59,6 +59,9 @@ struct Vec {
   void store(float* p) const {
     for (int i = 0; i < kLanes; ++i) p[i] = v[i];
   }
+  void store_f16(uint16_t* p) const {
+    for (int i = 0; i < kLanes; ++i) p[i] = f32_to_f16(v[i]);
+  }
 };
 
 #define ANYATTN_PORTABLE_LANEWISE(expression)                  \
