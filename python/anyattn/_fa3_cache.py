@@ -12,7 +12,7 @@ import torch
 from ._fa_arguments import as_int
 from ._fa_plan import (Seqs, first_true_index, index_vector, page_table_of, plan_subsequences,
                        prefix_sums, query_extents, run_cache, unpack)
-from ._kv_scales import CacheScales, cache_scales, is_8bit
+from ._kv_scales import CacheScales, cache_scales, descales_by_sequence, is_8bit
 from ._kvcache_route import rotate, store_quantized
 from ._options import AttnOptions
 
@@ -109,12 +109,9 @@ def append_to_cache(k_cache, v_cache, k_new, v_new, counts, stored, table, batch
             k_cache[blocks, rows] = k_new
             v_cache[blocks, rows] = v_new.detach()
             return
-        # Each packed row is its own (sequence) row of the quantizer: (B, Hk) descales by `seq`.
-        per_row = scales._replace(**{name: d.index_select(0, seq) for name, d in (
-            ("k_descale", scales.k_descale), ("v_descale", scales.v_descale))
-            if d is not None and d.dim() == 2})
-        store_quantized((blocks[:, None], rows[:, None]), k_new[:, None], v_new[:, None], per_row,
-                        k_cache, v_cache)
+        # Each packed row is its own (sequence) row of the quantizer.
+        store_quantized((blocks[:, None], rows[:, None]), k_new[:, None], v_new[:, None],
+                        descales_by_sequence(scales, seq), k_cache, v_cache)
 
 
 def _cache_geometry(k_cache, v_cache, page_table, cache_batch_idx, batch: int):

@@ -14,6 +14,7 @@ from . import _cache_ops
 from ._checks import check_dense_shapes, check_same_dtype
 from ._fa_arguments import describe_value
 from ._kernel_options import kernel_options, kernel_query
+from ._kv_scales import descales_by_sequence
 from ._options import AttnOptions
 from .flash_attn_interface import flash_attn_func as _fa2_func
 from .varlen import flash_attn_varlen_func as _fa2_varlen_func
@@ -216,9 +217,8 @@ def run_cache(q, k_cache, v_cache, plan: Plan, table, batch_idx, options: AttnOp
         block_table, cache_batch = None, rows.to(torch.int32)
     scale_args = (None,) * 4
     if scales is not None:
-        scale_args = tuple(None if x is None else (x.index_select(0, plan.seq) if i < 2 and
-                                                    x.dim() == 2 else x).cpu()
-                           for i, x in enumerate(scales))
+        scale_args = tuple(None if x is None else x.cpu()
+                           for x in descales_by_sequence(scales, plan.seq))
     if device.type != "cpu":
         q, k_cache, v_cache = q.cpu(), k_cache.cpu(), v_cache.cpu()
     sinks = None if sinks is None else torch.as_tensor(sinks).to(device="cpu",

@@ -120,6 +120,16 @@ def cache_scales(k_cache, v_cache, batch: int, k_descale=None, v_descale=None,
                        _token_scale(v_token_scale, "v_token_scale", v_cache, "v_cache"))
 
 
+def descales_by_sequence(scales: CacheScales, seq) -> CacheScales:
+    """``scales`` with each (B, Hk) descale's rows picked by ``seq`` (a CPU index tensor: row i
+    belongs to sequence seq[i]); per-tensor and per-head descales and token scales unchanged."""
+    def pick(descale):
+        if descale is None or descale.dim() != 2:
+            return descale
+        return descale.index_select(0, seq)
+    return scales._replace(k_descale=pick(scales.k_descale), v_descale=pick(scales.v_descale))
+
+
 def check_descale_values(scales: CacheScales, appending: bool) -> None:
     """The descale values the C library accepts, checked in Python for the device routes (the
     CPU calls leave this to the library, which gives the same rule): finite and >= 0 (0 reads

@@ -103,6 +103,20 @@ def _normal(rng, shape):
     return torch.from_numpy(rng.standard_normal(shape)).float()
 
 
+def _check_cache_outputs(sequences, dtype, results):
+    """The 2x rule for each (label, out (B, Sq, Hq, Dv), lse (B, Hq, Sq)) of ``results``, against
+    the float64 reference and the naive ``dtype`` run of causal attention over ``sequences``:
+    per batch row, (q (Sq, Hq, D) as the kernels see it, keys (n, Hk, D), values (n, Hk, Dv))."""
+    ref = [attention_ref(q[None], k[None], v[None], causal=True) for q, k, v in sequences]
+    naive = [attention_ref(q[None], k[None], v[None], causal=True, dtype=dtype)
+             for q, k, v in sequences]
+    ref_out, ref_lse = (np.concatenate([r[i] for r in ref]) for i in (0, 1))
+    naive_out, naive_lse = (np.concatenate([r[i] for r in naive]) for i in (0, 1))
+    for label, out, lse in results:
+        check_2x(f"{label} out", to_numpy(out), ref_out, naive_out, out_eps(dtype, ref_out))
+        check_2x(f"{label} lse", to_numpy(lse), ref_lse, naive_lse, lse_eps(ref_lse))
+
+
 def _ref_kwargs(opts, alibi, sinks):
     return dict(softmax_scale=opts.get("softmax_scale"), causal=opts.get("causal", False),
                 window=opts.get("window_size", (-1, -1)), softcap=opts.get("softcap", 0.0),
@@ -226,8 +240,7 @@ def test_paged_kvcache_on_device_matches_the_cpu_kernels(dtype, rotary):
     tol = ulp * 2 * float(k_new.float().abs().max())
     torch.testing.assert_close(dev_caches[0].cpu().float(), k_cache.float(), rtol=0, atol=tol)
     # The reference: each sequence's logical cache (as the CPU call left it) against rotated q.
-    ref_out, naive_out = np.zeros((b, sq, hq, d)), np.zeros((b, sq, hq, d))
-    ref_lse, naive_lse = np.zeros((b, hq, sq)), np.zeros((b, hq, sq))
+    sequences = []
     for bi in range(b):
         n = int(seqlens[bi]) + s_new
         rows = [(int(table[bi, p // page]), p % page) for p in range(n)]
@@ -237,12 +250,9 @@ def test_paged_kvcache_on_device_matches_the_cpu_kernels(dtype, rotary):
         if rotary:
             pos = np.arange(int(seqlens[bi]), int(seqlens[bi]) + sq)
             qb = _rotate(qb, cos[pos], sin[pos], rotary == "interleaved")
-        o, lo = attention_ref(qb[None], keys[None], vals[None], causal=True)
-        no, nl = attention_ref(qb[None], keys[None], vals[None], causal=True, dtype=dtype)
-        ref_out[bi], ref_lse[bi], naive_out[bi], naive_lse[bi] = o[0], lo[0], no[0], nl[0]
-    for label, out, lse in (("device", out_dev, lse_dev), ("cpu", out_cpu, lse_cpu)):
-        check_2x(f"{label} out", to_numpy(out), ref_out, naive_out, out_eps(dtype, ref_out))
-        check_2x(f"{label} lse", to_numpy(lse), ref_lse, naive_lse, lse_eps(ref_lse))
+        sequences.append((qb, keys, vals))
+    _check_cache_outputs(sequences, dtype,
+                         (("device", out_dev, lse_dev), ("cpu", out_cpu, lse_cpu)))
 
 
 KV8_DTYPES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "int8": "int8"}
@@ -286,8 +296,7 @@ def test_8bit_paged_kvcache_on_device_matches_the_cpu_kernels(cache_dtype, dtype
     torch.testing.assert_close(dev[3].cpu(), v_token, rtol=2.0 ** -23, atol=0)
     keys = anyattn.dequantize_kv_cache(k_cache, None, k_token, torch.float64)
     values = anyattn.dequantize_kv_cache(v_cache, None, v_token, torch.float64)
-    ref_out, naive_out = np.zeros((b, sq, hq, d)), np.zeros((b, sq, hq, d))
-    ref_lse, naive_lse = np.zeros((b, hq, sq)), np.zeros((b, hq, sq))
+    sequences = []
     for bi in range(b):
         n = int(seqlens[bi]) + s_new
         rows = [(int(table[bi, p // page]), p % page) for p in range(n)]
@@ -295,13 +304,9 @@ def test_8bit_paged_kvcache_on_device_matches_the_cpu_kernels(cache_dtype, dtype
         vb = np.stack([values[i, r].numpy() for i, r in rows])
         vb = vb * v_descale[bi].double().numpy()[:, None]
         pos = np.arange(int(seqlens[bi]), int(seqlens[bi]) + sq)
-        qb = _rotate(to_numpy(q[bi]), cos[pos], sin[pos], False)
-        o, lo = attention_ref(qb[None], kb[None], vb[None], causal=True)
-        no, nl = attention_ref(qb[None], kb[None], vb[None], causal=True, dtype=dtype)
-        ref_out[bi], ref_lse[bi], naive_out[bi], naive_lse[bi] = o[0], lo[0], no[0], nl[0]
-    for label, out, lse in (("device", out_dev, lse_dev), ("cpu", out_cpu, lse_cpu)):
-        check_2x(f"{label} out", to_numpy(out), ref_out, naive_out, out_eps(dtype, ref_out))
-        check_2x(f"{label} lse", to_numpy(lse), ref_lse, naive_lse, lse_eps(ref_lse))
+        sequences.append((_rotate(to_numpy(q[bi]), cos[pos], sin[pos], False), kb, vb))
+    _check_cache_outputs(sequences, dtype,
+                         (("device", out_dev, lse_dev), ("cpu", out_cpu, lse_cpu)))
 
 
 @pytest.mark.parametrize("cache_dtype", sorted(KV8_DTYPES))

@@ -371,20 +371,26 @@ TEST(Kvcache8bit, LongCachesDecodeAndChunkedPrefill) {
   }
 }
 
+// One sequence of `stored` keys in a cache of `capacity`, one head, D = Dv = head_dim, no scales:
+// the cases whose stored bytes the tests write themselves.
+Q8Case one_head_case(int32_t kv, int64_t sq, int64_t head_dim, int32_t stored, int64_t capacity) {
+  Q8Case c;
+  c.kv_dtype = kv;
+  c.Sq = sq;
+  c.B = 1;
+  c.Hq = c.Hk = 1;
+  c.D = c.Dv = head_dim;
+  c.seqlens = {stored};
+  c.capacity = capacity;
+  return c;
+}
+
 // Every stored code (NaN patterns excepted) in the rows, so that each path's vector conversion of
 // every byte value is compared with the reference's scalar one.
 TEST(Kvcache8bit, EveryStoredCodeConvertsOnEveryPath) {
   for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2, ANYATTN_DTYPE_I8}) {
     for (int64_t sq : {1, 20}) {
-      Q8Case c;
-      c.kv_dtype = kv;
-      c.Sq = sq;
-      c.B = 1;
-      c.Hq = c.Hk = 1;
-      c.D = c.Dv = 256;
-      c.seqlens = {3};
-      c.capacity = 4;
-      Q8Problem p(c);
+      Q8Problem p(one_head_case(kv, sq, 256, 3, 4));
       // Scale the codes so that every value, e5m2's 57344 included, is a moderate score.
       const double largest = convert::kv8_max(static_cast<convert::Kv8>(kv));
       const float descale = static_cast<float>(1.0 / largest);
@@ -419,15 +425,7 @@ TEST(Kvcache8bit, StoredNanCodesGiveNanRowsOnEveryPath) {
   for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2}) {
     for (uint8_t nan_code : {uint8_t{0x7F}, uint8_t{0xFF}}) {
       for (int64_t sq : {1, 20}) {
-        Q8Case c;
-        c.kv_dtype = kv;
-        c.Sq = sq;
-        c.B = 1;
-        c.Hq = c.Hk = 1;
-        c.D = c.Dv = 64;
-        c.seqlens = {40};
-        c.capacity = 48;
-        Q8Problem p(c);
+        Q8Problem p(one_head_case(kv, sq, 64, 40, 48));
         for (size_t i = 0; i < p.k_cache.bytes.size(); ++i) {
           p.k_cache.bytes[i] = static_cast<uint8_t>(0x30 + i % 7);  // moderate finite codes
           p.v_cache.bytes[i] = static_cast<uint8_t>(0x28 + i % 5);

@@ -182,21 +182,23 @@ inline void transpose_to_columns(const float* src, int64_t cols, float* dst) {
   }
 }
 
-// Writes n values of src times `scale` as `dtype` to dst (rounded to nearest even). One loop per
-// dtype, so that the compiler vectorises the half-precision roundings too.
+// Writes n values of src times `scale` as `dtype` to dst (rounded to nearest even). f16 is
+// narrowed a vector at a time by Vec::store_f16 (convert::f32_to_f16's bits, without the scalar
+// conversion's branches), bf16 by the scalar conversion (integer operations only).
 inline void store_row(const float* src, int64_t n, float scale, DType dtype, void* dst) {
+  const Vec factor = Vec::broadcast(scale);
+  int64_t c = 0;
   if (dtype == DType::kF32) {
     float* to = static_cast<float*>(dst);
-    const Vec factor = Vec::broadcast(scale);
-    int64_t c = 0;
     for (; c + kLanes <= n; c += kLanes) (Vec::load(src + c) * factor).store(to + c);
     for (; c < n; ++c) to[c] = src[c] * scale;
   } else if (dtype == DType::kBF16) {
     uint16_t* to = static_cast<uint16_t*>(dst);
-    for (int64_t c = 0; c < n; ++c) to[c] = f32_to_bf16(src[c] * scale);
+    for (; c < n; ++c) to[c] = f32_to_bf16(src[c] * scale);
   } else {
     uint16_t* to = static_cast<uint16_t*>(dst);
-    for (int64_t c = 0; c < n; ++c) to[c] = f32_to_f16(src[c] * scale);
+    for (; c + kLanes <= n; c += kLanes) (Vec::load(src + c) * factor).store_f16(to + c);
+    for (; c < n; ++c) to[c] = f32_to_f16(src[c] * scale);
   }
 }
 
