@@ -3,7 +3,8 @@
 //
 //   anyattn_ab_probe --lib OLD.so --lib NEW.so [--batch B] [--seqlen S] [--seqlen-q SQ]
 //                    [--heads-q H] [--heads-k HK] [--head-dim D] [--dtype f32|bf16] [--causal]
-//                    [--backward] [--huge-pages] [--kv-copies N] [--threads T] [--runs N]
+//                    [--backward] [--huge-pages] [--kv-copies N] [--kv8 e4m3|i8]
+//                    [--threads T] [--runs N]
 //
 // --seqlen is the key length, and the query length too unless --seqlen-q gives it: --seqlen-q 1
 // --batch 8 --heads-q 32 --heads-k 8 --seqlen 32768 --dtype bf16 times decode, for which the
@@ -11,7 +12,10 @@
 // of K and V in turn (default 1, reused: a shape smaller than the last-level cache then runs
 // from cache); N copies whose bytes together exceed twice the last-level cache time a small
 // shape from memory, as anyattn_bench's decode table does. --huge-pages asks for 2 MiB pages for
-// K and V (bench/tensors.h, Pages::kHuge).
+// K and V (bench/tensors.h, Pages::kHuge). --kv8 stores K and V as an 8-bit cache and calls
+// anyattn_fwd_kvcache on it (the whole cache): e4m3 with one descale of 1/256, or i8 with token
+// scales of 1/127 per (key, kv head), the bytes spread over the finite codes as anyattn_bench's
+// decode rows have them.
 // With --backward each call is anyattn_bwd, on out and lse from one untimed forward of the
 // first library (every build differentiates the same out), GFLOP/s counting 2.5 times the
 // forward's FLOPs as anyattn_bench does.
@@ -47,6 +51,8 @@ struct LibraryBuild {
   std::string path;
   void* handle = nullptr;
   decltype(&anyattn_fwd) fwd = nullptr;
+  decltype(&anyattn_fwd_kvcache) fwd_kvcache = nullptr;
+  decltype(&anyattn_kvcache_params_init) kvcache_params_init = nullptr;
   decltype(&anyattn_bwd) bwd = nullptr;
   decltype(&anyattn_fwd_params_init) params_init = nullptr;
   decltype(&anyattn_tensor_init_contiguous) tensor_init = nullptr;
@@ -72,7 +78,9 @@ bool OpenBuild(const std::string& path, LibraryBuild* build) {
       !Resolve(h, "anyattn_fwd_params_init", &build->params_init) ||
       !Resolve(h, "anyattn_tensor_init_contiguous", &build->tensor_init) ||
       !Resolve(h, "anyattn_set_num_threads", &build->set_num_threads) ||
-      !Resolve(h, "anyattn_last_error", &build->last_error)) {
+      !Resolve(h, "anyattn_last_error", &build->last_error) ||
+      !Resolve(h, "anyattn_fwd_kvcache", &build->fwd_kvcache) ||
+      !Resolve(h, "anyattn_kvcache_params_init", &build->kvcache_params_init)) {
     std::fprintf(stderr, "anyattn_ab_probe: %s lacks an anyattn entry point\n", path.c_str());
     return false;
   }
@@ -91,6 +99,7 @@ struct AbOptions {
   bool causal = false;
   bool backward = false;
   bool huge_pages = false;
+  anyattn_dtype kv8 = ANYATTN_DTYPE_F32;  // F32: K and V in the dtype of q; else the 8-bit cache's
   int kv_copies = 1;
   int threads = 1;
   int rounds = 10;
@@ -133,6 +142,9 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
     } else if (name == "--dtype" &&
                (std::strcmp(value, "f32") == 0 || std::strcmp(value, "bf16") == 0)) {
       options->dtype = std::strcmp(value, "f32") == 0 ? DType::kF32 : DType::kBf16;
+    } else if (name == "--kv8" &&
+               (std::strcmp(value, "e4m3") == 0 || std::strcmp(value, "i8") == 0)) {
+      options->kv8 = std::strcmp(value, "e4m3") == 0 ? ANYATTN_DTYPE_FP8_E4M3 : ANYATTN_DTYPE_I8;
     } else if (name == "--kv-copies") {
       options->kv_copies = std::atoi(value);
     } else if (name == "--threads") {
@@ -154,10 +166,11 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
   if (options->batch < 1 || options->seqlen < 1 || options->seqlen_q < 1 || options->heads_q < 1 ||
       options->heads_k < 1 || options->heads_q % options->heads_k != 0 || options->head_dim < 1 ||
       options->head_dim > 256 || options->kv_copies < 1 || options->threads < 1 ||
-      options->rounds < 1) {
+      options->rounds < 1 || (options->kv8 != ANYATTN_DTYPE_F32 && options->backward)) {
     std::fprintf(stderr,
                  "anyattn_ab_probe: need batch, seqlens, heads, kv-copies, threads, runs >= 1, "
-                 "heads-q a multiple of heads-k and head-dim in [1, 256]\n");
+                 "heads-q a multiple of heads-k, head-dim in [1, 256] and no --kv8 with "
+                 "--backward\n");
     return false;
   }
   return true;
@@ -183,6 +196,8 @@ int RunAb(const AbOptions& options) {
 
   const anyattn_dtype dtype = options.dtype == DType::kF32 ? ANYATTN_DTYPE_F32 : ANYATTN_DTYPE_BF16;
   const size_t element_bytes = DTypeBytes(options.dtype);
+  const bool kv8 = options.kv8 != ANYATTN_DTYPE_F32;
+  const size_t kv_element_bytes = kv8 ? 1 : element_bytes;
   const int64_t batch = options.batch;
   const int64_t seqlen_q = options.seqlen_q;
   const size_t q_elements = batch * seqlen_q * options.heads_q * options.head_dim;
@@ -192,8 +207,8 @@ int RunAb(const AbOptions& options) {
   const Pages kv_pages = options.huge_pages ? Pages::kHuge : Pages::kDefault;
   std::vector<AlignedBuffer> k_copies, v_copies;
   for (int c = 0; c < options.kv_copies; ++c) {
-    k_copies.emplace_back(kv_elements * element_bytes, kv_pages);
-    v_copies.emplace_back(kv_elements * element_bytes, kv_pages);
+    k_copies.emplace_back(kv_elements * kv_element_bytes, kv_pages);
+    v_copies.emplace_back(kv_elements * kv_element_bytes, kv_pages);
   }
   const auto all_allocated = [](const std::vector<AlignedBuffer>& buffers) {
     return std::all_of(buffers.begin(), buffers.end(),
@@ -216,9 +231,28 @@ int RunAb(const AbOptions& options) {
   }
   FillUniform(q.data(), options.dtype, q_elements, 21);
   for (int c = 0; c < options.kv_copies; ++c) {
-    FillUniform(k_copies[c].data(), options.dtype, kv_elements, 22);
-    FillUniform(v_copies[c].data(), options.dtype, kv_elements, 23);
+    if (kv8) {
+      // Finite codes only (no e4m3 NaN pattern S.1111.111).
+      auto* k_bytes = static_cast<uint8_t*>(k_copies[c].data());
+      auto* v_bytes = static_cast<uint8_t*>(v_copies[c].data());
+      for (size_t i = 0; i < kv_elements; ++i) {
+        const uint8_t code = static_cast<uint8_t>((i * 37 + 11) % 251);
+        k_bytes[i] = code & 0xF7;
+        v_bytes[i] = (code ^ 0x5A) & 0xF7;
+      }
+    } else {
+      FillUniform(k_copies[c].data(), options.dtype, kv_elements, 22);
+      FillUniform(v_copies[c].data(), options.dtype, kv_elements, 23);
+    }
   }
+  // --kv8: a descale of 1/256 (e4m3) or token scales of 1/127 (i8) for K and V.
+  const float descale_value = 1.f / 256;
+  const int64_t one[1] = {1};
+  const int64_t token_scale_shape[3] = {batch, options.seqlen, options.heads_k};
+  // K's token scales, then V's (two tensors that must not overlap).
+  const size_t token_scale_count =
+      options.kv8 == ANYATTN_DTYPE_I8 ? batch * options.seqlen * options.heads_k : 0;
+  std::vector<float> token_scales(2 * token_scale_count, 1.f / 127);
   const int64_t q_shape[4] = {batch, seqlen_q, options.heads_q, options.head_dim};
   const int64_t kv_shape[4] = {batch, options.seqlen, options.heads_k, options.head_dim};
   const int64_t lse_shape[3] = {batch, options.heads_q, seqlen_q};
@@ -226,13 +260,30 @@ int RunAb(const AbOptions& options) {
   // gradient tensors only with --backward).
   struct Call {
     anyattn_tensor q, k, v, out, lse, dout, dq, dk, dv;
+    anyattn_tensor descale, k_token_scale, v_token_scale;
     anyattn_fwd_params params;
+    anyattn_kvcache_params cache;
   };
   auto describe = [&](const LibraryBuild& build, size_t copy) {
     Call call;
     build.tensor_init(&call.q, q.data(), dtype, 4, q_shape);
-    build.tensor_init(&call.k, k_copies[copy].data(), dtype, 4, kv_shape);
-    build.tensor_init(&call.v, v_copies[copy].data(), dtype, 4, kv_shape);
+    const anyattn_dtype kv_dtype = kv8 ? options.kv8 : dtype;
+    build.tensor_init(&call.k, k_copies[copy].data(), kv_dtype, 4, kv_shape);
+    build.tensor_init(&call.v, v_copies[copy].data(), kv_dtype, 4, kv_shape);
+    build.kvcache_params_init(&call.cache);
+    if (options.kv8 == ANYATTN_DTYPE_I8) {
+      build.tensor_init(&call.k_token_scale, token_scales.data(), ANYATTN_DTYPE_F32, 3,
+                        token_scale_shape);
+      build.tensor_init(&call.v_token_scale, token_scales.data() + token_scale_count,
+                        ANYATTN_DTYPE_F32, 3, token_scale_shape);
+      call.cache.k_token_scale = &call.k_token_scale;
+      call.cache.v_token_scale = &call.v_token_scale;
+    } else if (kv8) {
+      build.tensor_init(&call.descale, const_cast<float*>(&descale_value), ANYATTN_DTYPE_F32, 1,
+                        one);
+      call.cache.k_descale = &call.descale;
+      call.cache.v_descale = &call.descale;
+    }
     build.tensor_init(&call.out, out.data(), dtype, 4, q_shape);
     if (options.backward) {
       build.tensor_init(&call.lse, lse.data(), ANYATTN_DTYPE_F32, 3, lse_shape);
@@ -269,7 +320,9 @@ int RunAb(const AbOptions& options) {
       const anyattn_status status =
           options.backward ? build.bwd(&call.dout, &call.q, &call.k, &call.v, &call.out, &call.lse,
                                        &call.dq, &call.dk, &call.dv, nullptr, &call.params)
-                           : build.fwd(&call.q, &call.k, &call.v, &call.out, nullptr, &call.params);
+          : kv8    ? build.fwd_kvcache(&call.q, &call.k, &call.v, &call.out, nullptr, &call.cache,
+                                       &call.params)
+                   : build.fwd(&call.q, &call.k, &call.v, &call.out, nullptr, &call.params);
       const double elapsed = NowSeconds() - start;
       if (status != ANYATTN_OK) {
         std::fprintf(stderr, "anyattn_ab_probe: %s: %s\n", build.path.c_str(), build.last_error());
@@ -289,15 +342,16 @@ int RunAb(const AbOptions& options) {
   }
   const double flops =
       (options.backward ? 2.5 : 1.0) * 4.0 * batch * options.heads_q * options.head_dim * pairs;
-  const double kv_bytes = 2.0 * kv_elements * element_bytes;
+  const double kv_bytes =
+      2.0 * kv_elements * kv_element_bytes + token_scales.size() * sizeof(float);
   std::printf(
-      "%sB%lld Sq%lld Sk%lld Hq%lld/Hk%lld D%lld %s %s, %d thread(s), %d rounds, %d K/V "
+      "%sB%lld Sq%lld Sk%lld Hq%lld/Hk%lld D%lld %s%s %s, %d thread(s), %d rounds, %d K/V "
       "cop%s\n",
       options.backward ? "backward " : "", static_cast<long long>(batch),
       static_cast<long long>(seqlen_q), static_cast<long long>(options.seqlen),
       static_cast<long long>(options.heads_q), static_cast<long long>(options.heads_k),
       static_cast<long long>(options.head_dim), DTypeName(options.dtype),
-      options.causal ? "causal" : "no mask", options.threads, options.rounds, options.kv_copies,
+      options.kv8 == ANYATTN_DTYPE_I8 ? " (i8 cache)" : kv8 ? " (e4m3 cache)" : "", options.causal ? "causal" : "no mask", options.threads, options.rounds, options.kv_copies,
       options.kv_copies == 1 ? "y" : "ies");
   for (size_t i = 0; i < count; ++i) {
     std::vector<double> ratios;

@@ -53,7 +53,9 @@ template <DType kDtype>
 constexpr int64_t kRowElementBytes = kDtype == DType::kF32 ? 4 : is_kv8(kDtype) ? 1 : 2;
 
 // Vector `index / lanes` of a row of kDtype values, as f32 (an 8-bit cache: the stored values,
-// e4m3 times 2^-8, whose scales the loop applies to the scores and probabilities instead).
+// e4m3 times 2^-8, whose scales the loop applies to the scores and probabilities instead). e4m3's
+// NaN code comes back finite (load_fp8_e4m3_finite); the loop restores NaN where it was
+// (restore_e4m3_nan_scores, restore_e4m3_nan_outputs).
 template <DType kDtype>
 inline Vec load_converted(const void* row, int64_t index) {
   if constexpr (kDtype == DType::kF32) {
@@ -63,7 +65,7 @@ inline Vec load_converted(const void* row, int64_t index) {
   } else if constexpr (kDtype == DType::kFp8E5M2) {
     return Vec::load_fp8_e5m2(static_cast<const uint8_t*>(row) + index);
   } else if constexpr (kDtype == DType::kFp8E4M3) {
-    return Vec::load_fp8_e4m3(static_cast<const uint8_t*>(row) + index);
+    return Vec::load_fp8_e4m3_finite(static_cast<const uint8_t*>(row) + index);
   } else if constexpr (kDtype == DType::kBF16) {
     return Vec::load_bf16(static_cast<const uint16_t*>(row) + index);
   } else {
@@ -77,8 +79,52 @@ template <DType kDtype>
 inline Vec load_converted_tail(const void* row, int64_t index, int64_t count) {
   alignas(64) float lanes[kLanes] = {};
   constexpr float kUnscale = kDtype == DType::kFp8E4M3 ? 0x1p-8f : 1.f;  // exact
-  for (int64_t i = index; i < count; ++i) lanes[i - index] = load_element(row, kDtype, i) * kUnscale;
+  for (int64_t i = index; i < count; ++i) {
+    lanes[i - index] = load_element(row, kDtype, i) * kUnscale;
+  }
   return Vec::load(lanes);
+}
+
+// e4m3 rows are read with load_fp8_e4m3_finite, which gives the format's NaN code S.1111.111 a
+// finite value and saves three instructions per vector. After each pass the loop checks the
+// pass's rows for that code (a byte compare per element, on rows still in L1; none is found in a
+// cache of finite values) and writes NaN where the exact reads would have given it: the scores of
+// every query row for a key whose K row holds the code, and the output columns where a V row holds
+// it, in every query row that multiplied that V row (probability 0 included: 0 times NaN is NaN).
+
+// Whether the n bytes at `row` hold the e4m3 NaN code: (b & 0x7F) + 1 reaches bit 7 only for it.
+// OR-ed with no early exit, so that the compiler vectorises it.
+inline bool e4m3_row_has_nan(const void* row, int64_t n) {
+  const uint8_t* bytes = static_cast<const uint8_t*>(row);
+  uint8_t carries = 0;
+  for (int64_t i = 0; i < n; ++i) carries |= static_cast<uint8_t>((bytes[i] & 0x7F) + 1);
+  return (carries & 0x80) != 0;
+}
+
+// s[r][j] = NaN for r < rows (stride kKeyBlock) and the keys j < keys whose K row (head_dim
+// bytes at k_rows[j]) holds the NaN code.
+inline void restore_e4m3_nan_scores(const void* const* k_rows, int64_t keys, int64_t head_dim,
+                                    int64_t rows, float* s) {
+  for (int64_t j = 0; j < keys; ++j) {
+    if (!e4m3_row_has_nan(k_rows[j], head_dim)) continue;
+    for (int64_t r = 0; r < rows; ++r) {
+      s[r * kKeyBlock + j] = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+}
+
+// o[r][c] = NaN for r < rows (stride ldo) and the columns c < head_dim_v where one of the V rows
+// v_rows[0 .. keys) holds the NaN code.
+inline void restore_e4m3_nan_outputs(const void* const* v_rows, int64_t keys, int64_t head_dim_v,
+                                     int64_t rows, float* o, int64_t ldo) {
+  for (int64_t j = 0; j < keys; ++j) {
+    if (!e4m3_row_has_nan(v_rows[j], head_dim_v)) continue;
+    const uint8_t* bytes = static_cast<const uint8_t*>(v_rows[j]);
+    for (int64_t c = 0; c < head_dim_v; ++c) {
+      if ((bytes[c] & 0x7F) != 0x7F) continue;
+      for (int64_t r = 0; r < rows; ++r) o[r * ldo + c] = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
 }
 
 // Byte offsets, from k and v, of the rows of one key block for the task's first kv head; head h
@@ -256,7 +302,7 @@ inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k
 // o stride ldo). kPaired: the columns lie in the paired region, NV is even and each pair of
 // vectors is one load_bf16_pairs. kTail: one vector whose columns end at head_dim_v (read no
 // further). With `prefetch`, each key's loads come with the hints of the row lines that start in
-// these columns (PassPrefetcher::bytes_of). Always inlined: once the far-order variants doubled
+// these columns (PassPrefetcher::tile_lines). Always inlined: once the far-order variants doubled
 // the instantiations GCC stopped inlining it, and the call stored the tile's accumulators to the
 // stack on every key.
 template <DType kDtype, int R, int NV, bool kPaired, bool kTail, bool kFarInMemoryOrder>
@@ -271,11 +317,14 @@ __attribute__((always_inline)) inline void direct_pv_tile(const float* p, const 
     for (int n = 0; n < NV; ++n) acc[r][n] = Vec::load(o + r * ldo + col + n * kLanes);
   }
   constexpr int64_t kElementBytes = kRowElementBytes<kDtype>;
+  // The row lines that start in these columns: none in most tiles of a narrow row (an 8-bit row's
+  // 64-byte line spans four AVX2 tiles), and then the key loop issues no hint at all.
+  const PassPrefetcher::LineRange lines =
+      prefetch != nullptr
+          ? prefetch->lines_in(col * kElementBytes, (col + NV * kLanes) * kElementBytes)
+          : PassPrefetcher::LineRange{};
   for (int64_t j = 0; j < keys; ++j) {
-    if (prefetch != nullptr) {
-      prefetch->bytes_of<kFarInMemoryOrder>(j, col * kElementBytes,
-                                            (col + NV * kLanes) * kElementBytes);
-    }
+    if (lines.first < lines.end) prefetch->tile_lines<kFarInMemoryOrder>(j, lines);
     Vec values[NV];
     for (int n = 0; n < NV; ++n) {
       if constexpr (kPaired) {
@@ -608,6 +657,9 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
 #endif
         direct_scores<kDtype>(scratch.q + h * rows_per_kv * layout.q_stride, layout.q_stride,
                               rows_per_kv, k_rows, present, args.head_dim, &prefetch, s);
+        if constexpr (kDtype == DType::kFp8E4M3) {
+          restore_e4m3_nan_scores(k_rows, present, args.head_dim, rows_per_kv, s);
+        }
         if constexpr (is_kv8(kDtype)) {
           key_scales.scale_scores(this_block, c, present, h, rows_per_kv, s);
         }
@@ -644,6 +696,10 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
                                            v_rows + range.begin, range.end - range.begin,
                                            args.head_dim_v, nullptr, scratch.o + row * dv_pad,
                                            dv_pad);
+          if constexpr (kDtype == DType::kFp8E4M3) {
+            restore_e4m3_nan_outputs(v_rows + range.begin, range.end - range.begin,
+                                     args.head_dim_v, 1, scratch.o + row * dv_pad, dv_pad);
+          }
         }
       }
     } else {
@@ -657,6 +713,10 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
           const int64_t r0 = h * rows_per_kv;
           direct_pv<kDtype>(scratch.s + r0 * kKeyBlock + c, rows_per_kv, v_rows, present,
                             args.head_dim_v, &prefetch, scratch.o + r0 * dv_pad, dv_pad);
+          if constexpr (kDtype == DType::kFp8E4M3) {
+            restore_e4m3_nan_outputs(v_rows, present, args.head_dim_v, rows_per_kv,
+                                     scratch.o + r0 * dv_pad, dv_pad);
+          }
         }
       }
     }

@@ -137,18 +137,27 @@ class PassPrefetcher {
     }
   }
 
-  // The hints for the lines that start within bytes [begin, end) of key j's row (clipped to the
-  // row), loaded by a column tile of the pass: each line once, however many tiles share it (a
-  // 32-byte tile of AVX2 covers half a line). The tiles cover the row in ascending order, each
-  // over the pass's 16 keys, so the tile whose lines start from line L0 to L1 loads the pass's
-  // lines from 16 L0 on, key j's from there j (L1 - L0) on (tile_line_number).
+  // The lines of a key row that start within its bytes [begin, end) (clipped to the row): the
+  // lines a column tile of the pass loads first. Depends on the tile's columns only, so a tile
+  // computes it once for all its keys.
+  struct LineRange {
+    int64_t first = 0;
+    int64_t end = 0;  // exclusive
+  };
+  __attribute__((always_inline)) LineRange lines_in(int64_t begin, int64_t end) const {
+    return {(begin + 63) / 64, (std::min(end, row_bytes_) + 63) / 64};
+  }
+
+  // The hints for the lines of key j's row in `lines` (lines_in), loaded by a column tile of the
+  // pass: each line once, however many tiles share it (a 32-byte tile of AVX2 covers half a
+  // line). The tiles cover the row in ascending order, each over the pass's 16 keys, so the tile
+  // whose lines start from line L0 to L1 loads the pass's lines from 16 L0 on, key j's from there
+  // j (L1 - L0) on (tile_line_number).
   template <bool kFarInMemoryOrder>
-  __attribute__((always_inline)) void bytes_of(int64_t j, int64_t begin, int64_t end) const {
-    const int64_t first_line = (begin + 63) / 64;
-    const int64_t end_line = (std::min(end, row_bytes_) + 63) / 64;
-    for (int64_t row_line = first_line; row_line < end_line; ++row_line) {
+  __attribute__((always_inline)) void tile_lines(int64_t j, LineRange lines) const {
+    for (int64_t row_line = lines.first; row_line < lines.end; ++row_line) {
       line<kFarInMemoryOrder>(j, row_line * 64,
-                              tile_line_number(j, first_line, end_line, row_line));
+                              tile_line_number(j, lines.first, lines.end, row_line));
     }
   }
 

@@ -31,7 +31,8 @@ struct Vec {
   }
   // 16 stored 8-bit cache values as f32 (exact; the cache's scales are applied by the caller),
   // as in vec_avx2.h: int8 sign-extended, e5m2 as the top byte of an f16, e4m3 as its value
-  // times 2^-8 (kFp8E4M3LoadScale) through f16 bits, its NaN pattern S.1111.111 made a NaN.
+  // times 2^-8 (kFp8E4M3LoadScale) through f16 bits, its NaN pattern S.1111.111 made a NaN (a
+  // finite value from load_fp8_e4m3_finite).
   static Vec load_i8(const uint8_t* p) {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))};
@@ -41,13 +42,18 @@ struct Vec {
     return {_mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8))};
   }
   static Vec load_fp8_e4m3(const uint8_t* p) {
-    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i h =
-        _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(-16512));  // 0xBF80
+    const __m256i h = fp8_e4m3_f16_bits(p);
     // (bits 13..7) + 1 carries into bit 14 (0 in h) exactly for the NaN pattern, and no further.
     const __m256i carry = _mm256_add_epi16(h, _mm256_set1_epi16(0x0080));
-    const __m256i f16 = _mm256_or_si256(h, _mm256_and_si256(carry, _mm256_set1_epi16(0x4000)));
-    return {_mm512_cvtph_ps(f16)};
+    const __m256i nan_bit = _mm256_and_si256(carry, _mm256_set1_epi16(0x4000));
+    return {_mm512_cvtph_ps(_mm256_or_si256(h, nan_bit))};
+  }
+  static Vec load_fp8_e4m3_finite(const uint8_t* p) {
+    return {_mm512_cvtph_ps(fp8_e4m3_f16_bits(p))};
+  }
+  static __m256i fp8_e4m3_f16_bits(const uint8_t* p) {
+    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(-16512));  // 0xBF80
   }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   // The lanes narrowed to f16 bits, rounded to nearest even, as in vec_avx2.h.

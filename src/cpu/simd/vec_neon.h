@@ -30,8 +30,8 @@ struct Vec {
   }
   // 4 stored 8-bit cache values as f32 (exact; scales are the caller's), as in vec_avx2.h: int8
   // sign-extended, e5m2 as the top byte of an f16, e4m3 as its value times 2^-8
-  // (kFp8E4M3LoadScale) through f16 bits, its NaN pattern S.1111.111 made a NaN. Reads exactly 4
-  // bytes.
+  // (kFp8E4M3LoadScale) through f16 bits, its NaN pattern S.1111.111 made a NaN (a finite value
+  // from load_fp8_e4m3_finite). Reads exactly 4 bytes.
   static uint8x8_t load_4_bytes(const uint8_t* p) {
     uint32_t word;
     std::memcpy(&word, p, sizeof(word));
@@ -46,13 +46,19 @@ struct Vec {
     return {vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h)))};
   }
   static Vec load_fp8_e4m3(const uint8_t* p) {
-    const uint16x4_t w = vget_low_u16(vmovl_u8(load_4_bytes(p)));
-    const uint16x4_t magnitude = vand_u16(w, vdup_n_u16(0x7F));
-    uint16x4_t h =
-        vorr_u16(vshl_n_u16(vand_u16(w, vdup_n_u16(0x80)), 8), vshl_n_u16(magnitude, 7));
-    // The NaN pattern gets the f16 exponent's top bit: an f16 NaN.
-    h = vorr_u16(h, vand_u16(vceq_u16(magnitude, vdup_n_u16(0x7F)), vdup_n_u16(0x4000)));
-    return {vcvt_f32_f16(vreinterpret_f16_u16(h))};
+    const uint16x4_t h = fp8_e4m3_f16_bits(p);
+    // The NaN pattern (bits 13..7 all set) gets the f16 exponent's top bit: an f16 NaN.
+    const uint16x4_t nan = vceq_u16(vand_u16(h, vdup_n_u16(0x3F80)), vdup_n_u16(0x3F80));
+    return {vcvt_f32_f16(vreinterpret_f16_u16(vorr_u16(h, vand_u16(nan, vdup_n_u16(0x4000)))))};
+  }
+  static Vec load_fp8_e4m3_finite(const uint8_t* p) {
+    return {vcvt_f32_f16(vreinterpret_f16_u16(fp8_e4m3_f16_bits(p)))};
+  }
+  // Sign-extended and shifted by 7, bit 14 cleared: sign to bit 15, exponent and mantissa to
+  // bits 13..7.
+  static uint16x4_t fp8_e4m3_f16_bits(const uint8_t* p) {
+    const int16x4_t w = vget_low_s16(vmovl_s8(vreinterpret_s8_u8(load_4_bytes(p))));
+    return vand_u16(vreinterpret_u16_s16(vshl_n_s16(w, 7)), vdup_n_u16(0xBF80));
   }
   void store(float* p) const { vst1q_f32(p, v); }
   // The lanes narrowed to f16 bits (FCVTN, round to nearest even under the default FPCR), as
