@@ -120,10 +120,15 @@ install_python_environment() {
 
 # The Rust crates need a toolchain new enough for candle-core (rust-version 1.82 in rust/). It
 # comes with this kind of machine (rustup); Debian's own rustc is too old, so say so plainly.
+# The AArch64 stage cross-compiles the crates too (scripts/test_aarch64_rust.sh): rustup adds that
+# target's standard library once.
 check_rust_toolchain() {
   if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo not found; the Rust tests need a Rust toolchain >= 1.82 (rustup)" >&2
     exit 1
+  fi
+  if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+    rustup target add aarch64-unknown-linux-gnu
   fi
 }
 
