@@ -32,6 +32,13 @@ install_system_packages() {
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
+  # The arm64 package lists, from which scripts/test_aarch64_python.sh downloads (never installs)
+  # an AArch64 CPython.
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    echo "setup: adding the arm64 apt architecture"
+    as_root dpkg --add-architecture arm64
+    as_root apt-get update -qq
+  fi
 }
 
 # ring-flash-attn, the ring attention that python/tests/test_ring_flash_attn.py and

@@ -7,12 +7,14 @@
 #   4. each libFuzzer harness for 60 s (fuzz/run_fuzzers.sh);
 #   5. the C++ suite cross-compiled for AArch64, under qemu-user (scripts/test_aarch64.sh);
 #   6. the Rust crates cross-compiled for AArch64, under qemu-user (scripts/test_aarch64_rust.sh);
-#   7. the manylinux wheel, installed and run where no compiler is on PATH (scripts/test_wheel.sh);
-#   8. the Python package (pytest);
-#   9. the Rust crates (cargo test).
+#   7. the Python package cross-compiled for AArch64, under qemu-user
+#      (scripts/test_aarch64_python.sh);
+#   8. the manylinux wheel, installed and run where no compiler is on PATH (scripts/test_wheel.sh);
+#   9. the Python package (pytest);
+#  10. the Rust crates (cargo test).
 # Stops at the first failing stage; each runner prints its own summary line.
 #   scripts/test.sh            everything
-#   scripts/test.sh --fast     stages 1, 8 and 9 only
+#   scripts/test.sh --fast     stages 1, 9 and 10 only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST=0
@@ -48,6 +50,9 @@ if [ "$FAST" -eq 0 ]; then
 
   stage "Rust crates on AArch64 (cross-compiled, qemu-user)"
   scripts/test_aarch64_rust.sh
+
+  stage "Python package on AArch64 (cross-compiled, qemu-user)"
+  scripts/test_aarch64_python.sh
 
   stage "Wheel (build, auditwheel repair, install without a compiler)"
   scripts/test_wheel.sh
