@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The C++ suite cross-compiled for AArch64 and run under qemu-user, twice:
+# The C++ suite cross-compiled for AArch64 and run under qemu-user, three times:
 #   1. QEMU_CPU=max (every extension qemu models: FP16, FHM, BF16, SVE) with ANYATTN_ISA=neon, so
 #      that every call that does not name a path runs the NEON kernels; the tests that compare
 #      paths run both neon and portable;
@@ -8,7 +8,13 @@
 #      instruction the CPU lacks (qemu raises SIGILL). To keep the stage short this run takes the
 #      tests that enumerate the paths (every kernel family on every runnable path, the vector
 #      math, the registry, dispatch and the headers), not the sweeps the first run covers;
-#      ANYATTN_AARCH64_FALLBACK_TESTS='.' runs everything.
+#      ANYATTN_AARCH64_FALLBACK_TESTS='.' runs everything;
+#   3. compiled by clang instead of GCC (cmake/toolchains/aarch64-linux-gnu-clang.cmake, into
+#      build/aarch64-clang): clang is the compiler of Apple's toolchain, whose macOS build cannot
+#      run here. The library and the suite build with -Werror (a GCC-only flag or construct shows
+#      up as a clang warning), and the same path-enumerating
+#      tests plus the 8-bit cache tests run under QEMU_CPU=max with the dispatcher's choice (neon).
+#      ANYATTN_AARCH64_CLANG=0 skips it.
 # Both with the target's compiler defaults (fused multiply-add, -ffp-contract=fast, unsigned char)
 # and none of the x86 code compiled in. Reduced sweep, as under the sanitizers; qemu runs the tests
 # several times slower than native. (qemu on an x86 host does not reproduce Arm's weaker memory
@@ -51,3 +57,17 @@ for cpu in ${ANYATTN_AARCH64_CPUS:-max cortex-a53}; do
     ctest --test-dir build/aarch64 -j "$JOBS" -E "$EXCLUDE" "${selected[@]}" --output-on-failure
   echo "== -cpu $cpu: $((SECONDS - start)) s"
 done
+
+if [ "${ANYATTN_AARCH64_CLANG:-1}" != 0 ]; then
+  cmake -S . -B build/aarch64-clang -G Ninja \
+    -DCMAKE_TOOLCHAIN_FILE="$PWD/cmake/toolchains/aarch64-linux-gnu-clang.cmake" \
+    -DCMAKE_BUILD_TYPE=Release -DANYATTN_BUILD_BENCH=OFF -DANYATTN_BUILD_PYTHON=OFF \
+    -DCMAKE_C_FLAGS=-Werror -DCMAKE_CXX_FLAGS=-Werror >/dev/null
+  cmake --build build/aarch64-clang -j "$JOBS"
+  echo "== clang build, qemu-aarch64 -cpu max (no ANYATTN_ISA)"
+  start=$SECONDS
+  env QEMU_CPU=max ANYATTN_TEST_SWEEP=reduced \
+    ctest --test-dir build/aarch64-clang -j "$JOBS" -E "$EXCLUDE" \
+    -R "$FALLBACK_TESTS|^Kvcache8bit\\." --output-on-failure
+  echo "== clang build: $((SECONDS - start)) s"
+fi
