@@ -14,7 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET=aarch64-unknown-linux-gnu
 if ! rustup target list --installed | grep -qx "$TARGET"; then
-  echo "test_aarch64_rust: the Rust target $TARGET is not installed; run scripts/setup.sh --python" >&2
+  echo "test_aarch64_rust: the Rust target $TARGET is not installed;" \
+    "run scripts/setup.sh --python" >&2
   exit 1
 fi
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
@@ -28,7 +29,8 @@ export QEMU_CPU=max
 log=$(mktemp)
 (cd rust && cargo test --locked --target "$TARGET" -p anyattn-sys -p anyattn -p candle-anyattn \
   -p candle-flash-attn 2>&1) | tee "$log"
-passed=$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed' "$log" | awk '{s += $4} END {print s + 0}')
+passed=$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed' "$log" |
+  awk '{s += $4} END {print s + 0}')
 failed=$(grep -o '[0-9]* failed;' "$log" | awk '{s += $1} END {print s + 0}')
 rm -f "$log"
 echo "rust on aarch64 (qemu): ${passed} passed, ${failed} failed"

@@ -2,7 +2,7 @@
 
 scripts/test_aarch64_python.sh runs this file under qemu-aarch64, with the extension
 cross-compiled for AArch64 and torch unimportable; the host's pytest run collects it too. Each
-case checks out and the LSE twice: by flash-attn's 2x rule against the same-dtype naive
+case checks the output and the LSE twice: by flash-attn's 2x rule against the same-dtype naive
 computation (as test_numerics.py does), and against a fixed bound for the dtype, relative to the
 largest reference value. The cases cover f32 and f16, causal (also with fully masked rows),
 GQA, a sliding window, softcap, ALiBi with sinks, head dims 64 and 80, varlen and a KV-cache
