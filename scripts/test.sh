@@ -62,11 +62,4 @@ stage "Python tests (pytest)"
 .venv/bin/python -m pytest -q python/tests
 
 stage "Rust tests (cargo test)"
-# cargo prints one result line per test binary, the last often a crate's empty doc-tests; the
-# total goes on a closing line of its own.
-cargo_log=$(mktemp)
-(cd rust && cargo test --locked 2>&1) | tee "$cargo_log"
-passed=$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed' "$cargo_log" | awk '{s += $4} END {print s + 0}')
-failed=$(grep -o '[0-9]* failed;' "$cargo_log" | awk '{s += $1} END {print s + 0}')
-rm -f "$cargo_log"
-echo "rust: ${passed} passed, ${failed} failed"
+scripts/cargo_test.sh rust

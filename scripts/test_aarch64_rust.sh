@@ -26,11 +26,5 @@ export AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
 export ANYATTN_SYS_CMAKE_ARGS="-DCMAKE_TOOLCHAIN_FILE=$PWD/cmake/toolchains/aarch64-linux-gnu.cmake"
 export QEMU_CPU=max
 
-log=$(mktemp)
-(cd rust && cargo test --locked --target "$TARGET" -p anyattn-sys -p anyattn -p candle-anyattn \
-  -p candle-flash-attn 2>&1) | tee "$log"
-passed=$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed' "$log" |
-  awk '{s += $4} END {print s + 0}')
-failed=$(grep -o '[0-9]* failed;' "$log" | awk '{s += $1} END {print s + 0}')
-rm -f "$log"
-echo "rust on aarch64 (qemu): ${passed} passed, ${failed} failed"
+scripts/cargo_test.sh "rust on aarch64 (qemu)" --target "$TARGET" -p anyattn-sys -p anyattn \
+  -p candle-anyattn -p candle-flash-attn
