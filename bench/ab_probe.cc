@@ -257,15 +257,16 @@ int RunAb(const AbOptions& options) {
   const int64_t kv_shape[4] = {batch, options.seqlen, options.heads_k, options.head_dim};
   const int64_t lse_shape[3] = {batch, options.heads_q, seqlen_q};
   // The call's tensors and parameters as one build describes them, on K/V copy `copy` (the
-  // gradient tensors only with --backward).
+  // gradient tensors only with --backward). Filled in place: `cache` points at the scale
+  // tensors beside it.
   struct Call {
     anyattn_tensor q, k, v, out, lse, dout, dq, dk, dv;
     anyattn_tensor descale, k_token_scale, v_token_scale;
     anyattn_fwd_params params;
     anyattn_kvcache_params cache;
   };
-  auto describe = [&](const LibraryBuild& build, size_t copy) {
-    Call call;
+  auto describe = [&](const LibraryBuild& build, size_t copy, Call* out_call) {
+    Call& call = *out_call;
     build.tensor_init(&call.q, q.data(), dtype, 4, q_shape);
     const anyattn_dtype kv_dtype = kv8 ? options.kv8 : dtype;
     build.tensor_init(&call.k, k_copies[copy].data(), kv_dtype, 4, kv_shape);
@@ -294,12 +295,12 @@ int RunAb(const AbOptions& options) {
     }
     build.params_init(&call.params);
     call.params.causal = options.causal ? 1 : 0;
-    return call;
   };
   if (options.backward) {
     FillUniform(dout.data(), options.dtype, q_elements, 24);
     const LibraryBuild& first = builds[0];
-    const Call call = describe(first, 0);
+    Call call;
+    describe(first, 0, &call);
     if (first.fwd(&call.q, &call.k, &call.v, &call.out, &call.lse, &call.params) != ANYATTN_OK) {
       std::fprintf(stderr, "anyattn_ab_probe: %s: forward: %s\n", first.path.c_str(),
                    first.last_error());
@@ -314,7 +315,8 @@ int RunAb(const AbOptions& options) {
     for (size_t turn = 0; turn < count; ++turn) {
       const size_t index = (turn + static_cast<size_t>(round + 1)) % count;
       const LibraryBuild& build = builds[index];
-      const Call call = describe(build, calls++ % k_copies.size());
+      Call call;
+      describe(build, calls++ % k_copies.size(), &call);
       build.set_num_threads(options.threads);
       const double start = NowSeconds();
       const anyattn_status status =
