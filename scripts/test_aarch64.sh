@@ -12,10 +12,10 @@
 #   3. compiled by clang instead of GCC (cmake/toolchains/aarch64-linux-gnu-clang.cmake, into
 #      build/aarch64-clang): clang is the compiler of Apple's toolchain, whose macOS build cannot
 #      run here. The library and the suite build with -Werror (a GCC-only flag or construct shows
-#      up as a clang warning), and the same path-enumerating
-#      tests plus the 8-bit cache tests run under QEMU_CPU=max with the dispatcher's choice (neon).
-#      ANYATTN_AARCH64_CLANG=0 skips it.
-# Both with the target's compiler defaults (fused multiply-add, -ffp-contract=fast, unsigned char)
+#      up as a clang warning), and the path-enumerating tests of run 2 plus the 8-bit cache tests
+#      run under QEMU_CPU=max with the dispatcher's choice (neon). ANYATTN_AARCH64_CLANG=0 skips
+#      it.
+# All with the target's compiler defaults (fused multiply-add, -ffp-contract=fast, unsigned char)
 # and none of the x86 code compiled in. Reduced sweep, as under the sanitizers; qemu runs the tests
 # several times slower than native. (qemu on an x86 host does not reproduce Arm's weaker memory
 # ordering; TSan covers the pool's synchronisation.) ANYATTN_AARCH64_CPUS="max" runs one model only.
