@@ -1,10 +1,11 @@
-// The direct decode loop's bf16 scores on VDPBF16PS (src/cpu/decode/fwd_decode_bf16_dot.cc): with them
-// on and off, bf16 decode calls on the avx512 path match the f64 reference by the 2x rule and each
-// other by the cross-ISA rule; and the inputs VDPBF16PS would get wrong (subnormal q, |q| >= 2^64,
-// softmax_scale above 2^16, each against subnormal or huge keys) take the f32 FMA scores; the
-// choice, made per kv head, leaves results independent of the thread count; and the per-element
-// test behind that choice is exact on every bf16 bit pattern. Linked against the library's
-// objects, to reach the internal switch.
+// The direct decode loop's bf16 scores on pairwise dot products (src/cpu/decode/
+// fwd_decode_bf16_dot*.cc: VDPBF16PS on the avx512 path, BFDOT on the neon path): with them on
+// and off, bf16 decode calls on that path match the f64 reference by the 2x rule and each other
+// by the cross-ISA rule; and the inputs the dot products would get wrong (subnormal q,
+// |q| >= 2^64, softmax_scale above 2^16, each against subnormal or huge keys) take the f32 FMA
+// scores; the choice, made per kv head, leaves results independent of the thread count; and the
+// per-element test behind that choice is exact on every bf16 bit pattern. Linked against the
+// library's objects, to reach the internal switch.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,16 +29,24 @@ class FwdDecodeBf16Dot : public ::testing::Test {
   }
 };
 
-bool has_avx512_path() {
+// The path whose direct loop has the dot-product scores on this architecture.
+#if defined(__aarch64__)
+constexpr anyattn_isa kDotIsa = ANYATTN_ISA_NEON;
+#else
+constexpr anyattn_isa kDotIsa = ANYATTN_ISA_AVX512;
+#endif
+
+bool has_dot_path() {
   for (anyattn_isa isa : supported_isas()) {
-    if (isa == ANYATTN_ISA_AVX512) return true;
+    if (isa == kDotIsa) return true;
   }
   return false;
 }
 
-// bf16 decode shapes on the avx512 path: 1 to 12 rows per kv head, 1 to 8 kv heads per task,
-// head dims on and off the 32-element VDPBF16PS operand, partial and several key blocks, with the
-// masks, score options and layouts of the other decode tests (vary_decode_options).
+// bf16 decode shapes on that path: 1 to 12 rows per kv head, 1 to 8 kv heads per task, head dims on
+// and off the dot products' operands (32 elements for VDPBF16PS, 8 for BFDOT), partial and several
+// key blocks, with the masks, score options and layouts of the other decode tests
+// (vary_decode_options).
 std::vector<Case> dot_cases() {
   struct Rows {
     int64_t hq, hk, sq;
@@ -59,7 +68,7 @@ std::vector<Case> dot_cases() {
       c.Sk = key_counts[(n * 5) % 6];
       c.dtype = ANYATTN_DTYPE_BF16;
       vary_decode_options(n, &c);
-      c.isa = ANYATTN_ISA_AVX512;
+      c.isa = kDotIsa;
       c.seed = 9100 + n;
       cases.push_back(c);
     }
@@ -68,9 +77,9 @@ std::vector<Case> dot_cases() {
 }
 
 TEST_F(FwdDecodeBf16Dot, BothScorePathsMatchReferenceAndEachOther) {
-  if (!has_avx512_path()) GTEST_SKIP() << "no avx512 path on this CPU";
+  if (!has_dot_path()) GTEST_SKIP() << "no " << anyattn_isa_name(kDotIsa) << " path on this CPU";
   cpu::set_bf16_dot_scores_enabled(true);
-  if (!cpu::bf16_dot_scores_available()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
+  if (!cpu::bf16_dot_scores_available()) GTEST_SKIP() << "no bf16 dot products on this CPU";
   int failures = 0;
   const std::vector<Case> cases = dot_cases();
   for (size_t n = 0; n < cases.size(); n += reduced_sweep() ? 4 : 1) {
@@ -114,8 +123,8 @@ void fill_scaled(Problem& p, double q_unit, double k_unit) {
   }
 }
 
-// The per-element test that keeps a kv head off VDPBF16PS, over every bf16 bit pattern, against
-// its definition on the value: subnormal, or finite with |q| >= 2^64.
+// The per-element test that keeps a kv head off the dot products, over every bf16 bit pattern,
+// against its definition on the value: subnormal, or finite with |q| >= 2^64.
 TEST(FwdDecodeBf16DotQueries, UnfitElementsAreSubnormalOrAtLeast2To64) {
   int64_t unfit = 0;
   for (uint32_t bits = 0; bits <= 0xFFFFu; ++bits) {
@@ -132,8 +141,8 @@ TEST(FwdDecodeBf16DotQueries, UnfitElementsAreSubnormalOrAtLeast2To64) {
   EXPECT_EQ(unfit, 2 * 127 + 2 * 64 * 128);
 }
 
-// Each input here would lose its scores on VDPBF16PS (it flushes subnormal inputs) while the true
-// scores are of order 1, so only the f32 FMA scores match the reference.
+// Each input here would lose its scores on the dot products (they flush subnormal inputs) while the
+// true scores are of order 1, so only the f32 FMA scores match the reference.
 TEST_F(FwdDecodeBf16Dot, InputsVdpbf16psWouldFlushTakeTheFmaScores) {
   struct Extreme {
     const char* what;
@@ -176,11 +185,11 @@ TEST_F(FwdDecodeBf16Dot, InputsVdpbf16psWouldFlushTakeTheFmaScores) {
   }
 }
 
-// Whether a kv head scores on VDPBF16PS depends only on its own queries, never on which kv heads
-// share its task (the thread count decides that): with one kv head's q holding a subnormal, the
-// result is bitwise the same on 1 to 4 threads.
+// Whether a kv head scores on the dot products depends only on its own queries, never on which kv
+// heads share its task (the thread count decides that): with one kv head's q holding a subnormal,
+// the result is bitwise the same on 1 to 4 threads.
 TEST_F(FwdDecodeBf16Dot, ScorePathPerKvHeadKeepsResultsIndependentOfThreads) {
-  if (!has_avx512_path()) GTEST_SKIP() << "no avx512 path on this CPU";
+  if (!has_dot_path()) GTEST_SKIP() << "no " << anyattn_isa_name(kDotIsa) << " path on this CPU";
   Case c;
   c.Hq = 32;
   c.Hk = 8;
@@ -188,7 +197,7 @@ TEST_F(FwdDecodeBf16Dot, ScorePathPerKvHeadKeepsResultsIndependentOfThreads) {
   c.Dv = 128;
   c.Sk = 300;
   c.dtype = ANYATTN_DTYPE_BF16;
-  c.isa = ANYATTN_ISA_AVX512;
+  c.isa = kDotIsa;
   Problem p(c);
   const int64_t index[4] = {0, 0, 13, 5};  // query head 13: kv head 3
   store(p.q, index, std::ldexp(1.0, -130));

@@ -38,8 +38,14 @@ std::atomic<bool> g_bf16_dot_enabled{true};
 
 bool bf16_dot_scores_available() {
   const runtime::CpuFeatures& features = runtime::cpu_features();
-  return features.has_avx512_path() && features.avx512bf16 &&
-         g_bf16_dot_enabled.load(std::memory_order_relaxed);
+#if defined(__x86_64__) || defined(_M_X64)
+  const bool has_kernel = features.has_avx512_path() && features.avx512bf16;
+#elif defined(ANYATTN_NEON_BF16_DOT)
+  const bool has_kernel = features.has_neon_path() && features.bf16;
+#else
+  const bool has_kernel = false;
+#endif
+  return has_kernel && g_bf16_dot_enabled.load(std::memory_order_relaxed);
 }
 
 void set_bf16_dot_scores_enabled(bool enabled) {
@@ -48,7 +54,7 @@ void set_bf16_dot_scores_enabled(bool enabled) {
 
 }  // namespace anyattn::cpu
 
-// The kernel exists on x86-64 only; elsewhere bf16_dot_scores_available() is false.
+// The VDPBF16PS kernel, on x86-64 (BFDOT's is fwd_decode_bf16_dot_neon.cc).
 #if defined(__x86_64__) || defined(_M_X64)
 ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16")
 namespace anyattn::cpu::avx512_bf16 {

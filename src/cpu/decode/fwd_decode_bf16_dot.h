@@ -1,13 +1,17 @@
-// bf16 decode scores on VDPBF16PS (AVX512_BF16): the direct decode loop's score pass
-// (fwd_decode_kernel-inl.h) for bf16 K/V on CPUs that have the instruction (Cooper Lake, Sapphire
-// Rapids, Zen 4 and later), compiled in its own translation unit for that target.
+// bf16 decode scores on pairwise bf16 dot products: the direct decode loop's score pass
+// (fwd_decode_kernel-inl.h) for bf16 K/V on CPUs that have the instruction, each compiled in its
+// own translation unit for that target: VDPBF16PS (AVX512_BF16: Cooper Lake, Sapphire Rapids,
+// Zen 4 and later) for the avx512 path, BFDOT (FEAT_BF16: Neoverse V1/V2/N2, Apple M2 and later)
+// for the neon path (fwd_decode_bf16_dot_neon.cc).
 //
-// Exactness. The products of two bf16 values are exact in f32; VDPBF16PS adds each pair of them
-// to the f32 accumulator with round-to-nearest, as the f32 FMA path rounds its sums. It treats
-// subnormal inputs and results as zero, so the caller uses it only for kv heads whose queries
-// hold no subnormal, with |q| < 2^64 and softmax_scale <= 2^16: what it then flushes (a subnormal
-// key element, or a product below 2^-126) moves a score by less than 256 * 2^64 * 2^-126 * 2^16 =
-// 2^-38 in softmax units, far below the f32 rounding of any score that reaches the softmax.
+// Exactness. The products of two bf16 values are exact in f32. VDPBF16PS adds each pair of them
+// to the f32 accumulator with round-to-nearest, as the f32 FMA path rounds its sums; BFDOT rounds
+// those additions to odd (one unit in the last place at most, where nearest errs by half). Both
+// treat subnormal inputs and results as zero, so the caller uses them only for kv heads whose
+// queries hold no subnormal, with |q| < 2^64 and softmax_scale <= 2^16: what they then flush (a
+// subnormal key element, or a product below 2^-126) moves a score by less than 256 * 2^64 *
+// 2^-126 * 2^16 = 2^-38 in softmax units, far below the f32 rounding of any score that reaches
+// the softmax.
 #ifndef ANYATTN_CPU_DECODE_FWD_DECODE_BF16_DOT_H_
 #define ANYATTN_CPU_DECODE_FWD_DECODE_BF16_DOT_H_
 
@@ -17,8 +21,9 @@
 
 namespace anyattn::cpu {
 
-// True when this CPU runs VDPBF16PS (the avx512 path plus AVX512_BF16) and the tests have not
-// turned the bf16 dot-product scores off.
+// True when this CPU runs the dot products (the avx512 path plus AVX512_BF16 on x86-64; FEAT_BF16
+// on AArch64, where this build compiled the BFDOT kernel) and the tests have not turned the bf16
+// dot-product scores off.
 bool bf16_dot_scores_available();
 
 // For tests: runs the direct loop's bf16 scores on the f32 FMA path even where VDPBF16PS exists
@@ -26,9 +31,9 @@ bool bf16_dot_scores_available();
 // running while it changes may score some kv heads each way.
 void set_bf16_dot_scores_enabled(bool enabled);
 
-// True when a bf16 query element (its bits) keeps its kv head off VDPBF16PS: subnormal, or finite
-// with |q| >= 2^64 (exponent field 191 to 254). On the magnitude bits m (sign cleared) both are
-// unsigned range tests, 1 <= m <= 0x7F and 0x5F80 <= m < 0x7F80, with no branch, so that a loop
+// True when a bf16 query element (its bits) keeps its kv head off the dot products: subnormal, or
+// finite with |q| >= 2^64 (exponent field 191 to 254). On the magnitude bits m (sign cleared) both
+// are unsigned range tests, 1 <= m <= 0x7F and 0x5F80 <= m < 0x7F80, with no branch, so that a loop
 // over a row vectorises.
 constexpr bool bf16_query_unfit_for_dot(uint16_t bits) {
   constexpr uint16_t kLargeFirst = (127 + 64) << 7;
@@ -50,6 +55,13 @@ void chunk_scores(const uint16_t* q, int64_t ldq, int64_t rows, const void* cons
                   int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch, float* s);
 
 }  // namespace avx512_bf16
+
+// The same on BFDOT: k_rows read to head_dim exactly (a row tail goes through a zeroed buffer); q
+// rows of ldq elements, a multiple of 8, zero from head_dim on.
+namespace neon_bf16 {
+void chunk_scores(const uint16_t* q, int64_t ldq, int64_t rows, const void* const* k_rows,
+                  int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch, float* s);
+}  // namespace neon_bf16
 }  // namespace anyattn::cpu
 
 #endif  // ANYATTN_CPU_DECODE_FWD_DECODE_BF16_DOT_H_

@@ -17,9 +17,10 @@
 //      a shift and a mask for 2 * lanes values), with q held in the same even/odd order. The
 //      accumulators of `lanes` consecutive keys are then reduced together by lane_sums, one
 //      vector of scores in about three instructions per score. bf16 calls on the avx512 path, on
-//      a CPU with AVX512_BF16, score on VDPBF16PS instead (fwd_decode_bf16_dot.h: raw bf16 q, no
-//      widening, half the instructions), except for kv heads whose q holds values that
-//      instruction would flush or lose (load_bf16_head_queries). q is never scaled: the softmax
+//      a CPU with AVX512_BF16, score on VDPBF16PS instead, and on the neon path, on a CPU with
+//      FEAT_BF16, on BFDOT (fwd_decode_bf16_dot.h: raw bf16 q, no widening, half the
+//      instructions), except for kv heads whose q holds values that instruction would flush or
+//      lose (load_bf16_head_queries). q is never scaled: the softmax
 //      applies softmax_scale.
 //   2. Softmax, kv head by kv head: softcap, ALiBi, mask, online softmax and dropout exactly as
 //      in the packed path, on the same S rows (64 floats per row, in L1).
@@ -450,11 +451,11 @@ inline void direct_pv(const float* p, int64_t rows, const void* const* v_rows, i
 
 #if defined(ANYATTN_DIRECT_BF16_DOT)
 // The largest softmax_scale the dot-product scores take (fwd_decode_bf16_dot.h bounds what
-// VDPBF16PS flushes).
+// VDPBF16PS and BFDOT flush).
 constexpr float kDotMaxSoftmaxScale = 65536.f;
 
-// True when the call may score bf16 on VDPBF16PS: a CPU with the instruction, no rotary (a rotated
-// q is not bf16) and softmax_scale <= kDotMaxSoftmaxScale.
+// True when the call may score bf16 on the dot products: a CPU with the instruction, no rotary (a
+// rotated q is not bf16) and softmax_scale <= kDotMaxSoftmaxScale.
 inline bool call_takes_dot_scores(const FwdArgs& args) {
   return args.rotary_cos == nullptr && args.softmax_scale <= kDotMaxSoftmaxScale &&
          bf16_dot_scores_available();
@@ -556,8 +557,9 @@ struct KeyScales {
 };
 
 // Loads the task's query rows into scratch.q for the direct loop: f32 in paired order
-// (split_pairs), or for kv heads that score on VDPBF16PS (dot_head[h] set here, where the CPU has
-// the instruction) bf16. Either way the softmax applies softmax_scale as it reads the scores.
+// (split_pairs), or for kv heads that score on the dot products (dot_head[h] set here, where the
+// CPU has the instruction) bf16. Either way the softmax applies softmax_scale as it reads the
+// scores.
 template <DType kDtype>
 void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                          const TaskRows& rows, const Scratch& scratch, bool* dot_head) {
@@ -649,7 +651,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
 #if defined(ANYATTN_DIRECT_BF16_DOT)
         if (dot_head[h]) {
           const int64_t ldq = 2 * layout.q_stride;
-          avx512_bf16::chunk_scores(
+          ANYATTN_DIRECT_BF16_DOT_SCORES(
               reinterpret_cast<const uint16_t*>(scratch.q) + h * rows_per_kv * ldq, ldq,
               rows_per_kv, k_rows, present, args.head_dim, &prefetch, s);
           continue;

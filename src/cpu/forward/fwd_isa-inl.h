@@ -15,8 +15,9 @@
 //   and, where the path has them:
 //     ANYATTN_PATH_DIRECT_LOOP             a path whose direct decode loop this one runs instead
 //                                          of compiling its own
-//     ANYATTN_DIRECT_BF16_DOT              the direct loop's bf16 scores on VDPBF16PS
-//                                          (decode/fwd_decode_bf16_dot.h)
+//     ANYATTN_DIRECT_BF16_DOT              the direct loop's bf16 scores on pairwise dot
+//                                          products (decode/fwd_decode_bf16_dot.h), run by
+//                                          ANYATTN_DIRECT_BF16_DOT_SCORES
 //     ANYATTN_FWD_BF16_TILES               bf16 calls on AMX tiles (amx/fwd_tiles_amx-inl.h)
 // Defines pack_block, attend and attend_direct (registered by kernel_registry.cc).
 #include <algorithm>

@@ -35,6 +35,7 @@
 // The direct decode loop's bf16 scores run on VDPBF16PS where the CPU has it
 // (decode/fwd_decode_bf16_dot.h).
 #define ANYATTN_DIRECT_BF16_DOT 1
+#define ANYATTN_DIRECT_BF16_DOT_SCORES avx512_bf16::chunk_scores
 
 // The backward's dropout factors in AVX-512 integer code.
 #define ANYATTN_PATH_DROPOUT_HEADER "cpu/backward/bwd_philox_avx512-inl.h"

@@ -19,6 +19,7 @@
 #define ANYATTN_PATH_DIRECT_LOOP avx512
 #undef ANYATTN_PATH_DIRECT_KEY_GROUP
 #undef ANYATTN_DIRECT_BF16_DOT
+#undef ANYATTN_DIRECT_BF16_DOT_SCORES
 
 // Backward: the five products of bf16 calls on AMX tiles (amx/bwd_tiles_amx-inl.h); the unit
 // tells the driver through bwd_avx512_amx::kBf16Tiles.

@@ -36,4 +36,11 @@
 #define ANYATTN_PATH_GEMM_ROWS 5
 #define ANYATTN_PATH_GEMM_VECS 4
 
+// The direct decode loop's bf16 scores run on BFDOT where the CPU has FEAT_BF16 and the build
+// compiled its kernel (decode/fwd_decode_bf16_dot.h).
+#if defined(ANYATTN_NEON_BF16_DOT)
+#define ANYATTN_DIRECT_BF16_DOT 1
+#define ANYATTN_DIRECT_BF16_DOT_SCORES neon_bf16::chunk_scores
+#endif
+
 #endif  // ANYATTN_CPU_SIMD_TRAITS_NEON_H_
