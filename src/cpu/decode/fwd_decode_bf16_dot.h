@@ -26,8 +26,8 @@ namespace anyattn::cpu {
 // dot-product scores off.
 bool bf16_dot_scores_available();
 
-// For tests: runs the direct loop's bf16 scores on the f32 FMA path even where VDPBF16PS exists
-// (false), or on VDPBF16PS where it exists (true, the default). Set it between calls: a call
+// For tests: runs the direct loop's bf16 scores on the f32 FMA path even where the dot products
+// exist (false), or on the dot products where they exist (true, the default). Set it between calls: a call
 // running while it changes may score some kv heads each way.
 void set_bf16_dot_scores_enabled(bool enabled);
 
