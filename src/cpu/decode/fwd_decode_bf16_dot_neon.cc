@@ -59,15 +59,17 @@ __attribute__((always_inline)) inline void key_group(const uint16_t* q, int64_t 
       for (int g = 0; g < G; ++g) acc[r][g] = vbfdotq_f32(acc[r][g], q_pairs, key[g]);
     }
   };
+  // The hints of the line of each key's row that starts at column c, where one does.
+  auto prefetch_lines = [&](int64_t c) __attribute__((always_inline)) {
+    if (prefetch == nullptr || c * 2 % 64 != 0) return;
+    for (int g = 0; g < G; ++g) {
+      prefetch->line<kFarInMemoryOrder>(
+          first + g, c * 2, PassPrefetcher::score_line_number(first, g, c * 2 / 64, G, row_lines));
+    }
+  };
   int64_t c = 0;
   for (; c + kPairLanes <= head_dim; c += kPairLanes) {
-    if (prefetch != nullptr && c * 2 % 64 == 0) {
-      for (int g = 0; g < G; ++g) {
-        prefetch->line<kFarInMemoryOrder>(
-            first + g, c * 2,
-            PassPrefetcher::score_line_number(first, g, c * 2 / 64, G, row_lines));
-      }
-    }
+    prefetch_lines(c);
     bfloat16x8_t key[G];
     for (int g = 0; g < G; ++g) {
       key[g] = vreinterpretq_bf16_u16(vld1q_u16(static_cast<const uint16_t*>(k_rows[g]) + c));
@@ -75,13 +77,7 @@ __attribute__((always_inline)) inline void key_group(const uint16_t* q, int64_t 
     accumulate(c, key);
   }
   if (c < head_dim) {
-    if (prefetch != nullptr && c * 2 % 64 == 0) {
-      for (int g = 0; g < G; ++g) {
-        prefetch->line<kFarInMemoryOrder>(
-            first + g, c * 2,
-            PassPrefetcher::score_line_number(first, g, c * 2 / 64, G, row_lines));
-      }
-    }
+    prefetch_lines(c);
     bfloat16x8_t key[G];
     for (int g = 0; g < G; ++g) {
       uint16_t tail[kPairLanes] = {};
