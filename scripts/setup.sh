@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything anyattn's build, tests and benchmark need on a fresh Debian machine, and
-# nothing twice: system packages (apt), and with --python the virtual environment .venv with the
-# Python package built from this tree and installed into it. Safe to run repeatedly. The one thing
-# it does not install is the Rust toolchain (>= 1.82, rustup), which this kind of machine has.
+# nothing twice: system packages (apt, and the arm64 apt architecture), and with --python the
+# virtual environment .venv with the Python package built from this tree and installed into it,
+# and rustup's aarch64-unknown-linux-gnu target. Safe to run repeatedly. The one thing it does not
+# install is the Rust toolchain (>= 1.82, rustup), which this kind of machine has.
 #
 #   scripts/setup.sh            system packages only
 #   scripts/setup.sh --python   system packages, then .venv with numpy, pytest, torch (CPU use
 #                               of the PyPI wheel), transformers, matplotlib (the benchmark
 #                               plot), ggml-python (optional), and
-#                               anyattn built from this tree
+#                               anyattn built from this tree; the aarch64 Rust target
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,8 +1,8 @@
 // bf16 decode scores on pairwise bf16 dot products: the direct decode loop's score pass
 // (fwd_decode_kernel-inl.h) for bf16 K/V on CPUs that have the instruction, each compiled in its
-// own translation unit for that target: VDPBF16PS (AVX512_BF16: Cooper Lake, Sapphire Rapids,
-// Zen 4 and later) for the avx512 path, BFDOT (FEAT_BF16: Neoverse V1/V2/N2, Apple M2 and later)
-// for the neon path (fwd_decode_bf16_dot_neon.cc).
+// own translation unit for that target: VDPBF16PS (AVX512_BF16) for the avx512 path, BFDOT
+// (FEAT_BF16) for the neon path (fwd_decode_bf16_dot_neon.cc). Both kernels split a pass into
+// row tiles the same way (fwd_decode_bf16_dot_tiles-inl.h).
 //
 // Exactness. The products of two bf16 values are exact in f32. VDPBF16PS adds each pair of them
 // to the f32 accumulator with round-to-nearest, as the f32 FMA path rounds its sums; BFDOT rounds

@@ -37,7 +37,6 @@ namespace {
 
 constexpr int kLanes = Vec::kLanes;
 constexpr int kKeyGroup = kLanes;  // one lane_sums per group
-constexpr int kTileRows = 4;
 constexpr int64_t kPairLanes = 8;  // bf16 values per BFDOT operand
 static_assert(kDirectChunkKeys % kKeyGroup == 0, "key groups must tile a pass");
 
@@ -117,40 +116,8 @@ void tile_scores(const uint16_t* q, int64_t ldq, const void* const* k_rows, int6
   }
 }
 
-template <bool kFarInMemoryOrder>
-void tile_scores_of(int64_t tile_rows, const uint16_t* q, int64_t ldq, const void* const* k_rows,
-                    int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch, float* s) {
-  switch (tile_rows) {
-    case 1:
-      tile_scores<1, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
-      break;
-    case 2:
-      tile_scores<2, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
-      break;
-    case 3:
-      tile_scores<3, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
-      break;
-    default:
-      tile_scores<4, kFarInMemoryOrder>(q, ldq, k_rows, keys, head_dim, prefetch, s);
-      break;
-  }
-}
-
 }  // namespace
 
-void chunk_scores(const uint16_t* q, int64_t ldq, int64_t rows, const void* const* k_rows,
-                  int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch, float* s) {
-  for (int64_t r = 0; r < rows; r += kTileRows) {
-    const PassPrefetcher* tile_prefetch = r == 0 ? prefetch : nullptr;
-    const int64_t tile_rows = std::min<int64_t>(rows - r, kTileRows);
-    if (tile_prefetch != nullptr && tile_prefetch->far_in_memory_order()) {
-      tile_scores_of<true>(tile_rows, q + r * ldq, ldq, k_rows, keys, head_dim, tile_prefetch,
-                           s + r * kKeyBlock);
-    } else {
-      tile_scores_of<false>(tile_rows, q + r * ldq, ldq, k_rows, keys, head_dim, tile_prefetch,
-                            s + r * kKeyBlock);
-    }
-  }
-}
+#include "cpu/decode/fwd_decode_bf16_dot_tiles-inl.h"
 
 }  // namespace anyattn::cpu::neon_bf16

@@ -121,8 +121,8 @@ inline void restore_e4m3_nan_outputs(const void* const* v_rows, int64_t keys, in
   for (int64_t j = 0; j < keys; ++j) {
     if (!e4m3_row_has_nan(v_rows[j], head_dim_v)) continue;
     const uint8_t* bytes = static_cast<const uint8_t*>(v_rows[j]);
-    for (int64_t c = 0; c < head_dim_v; ++c) {
-      if ((bytes[c] & 0x7F) != 0x7F) continue;
+    for (int64_t c = 0; c < head_dim_v; ++c) {  // rare: the scalar conversion names the columns
+      if (!std::isnan(convert::fp8_e4m3_to_f32(bytes[c]))) continue;
       for (int64_t r = 0; r < rows; ++r) o[r * ldo + c] = std::numeric_limits<float>::quiet_NaN();
     }
   }
