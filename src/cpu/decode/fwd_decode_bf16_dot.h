@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "common/fwd_args.h"
 #include "cpu/decode/fwd_decode_rows.h"
 
 namespace anyattn::cpu {
@@ -26,15 +27,29 @@ namespace anyattn::cpu {
 // dot-product scores off.
 bool bf16_dot_scores_available();
 
-// For tests: runs the direct loop's bf16 scores on the f32 FMA path even where the dot products
-// exist (false), or on the dot products where they exist (true, the default). Set it between calls: a call
-// running while it changes may score some kv heads each way.
+// The largest softmax_scale the dot-product scores take (the exactness bound above).
+constexpr float kDotMaxSoftmaxScale = 65536.f;
+
+// True when a bf16 call may score on the dot products (the direct decode loop's and the neon
+// path's packed forward, forward/fwd_narrow_scores.h): a CPU with the instruction, no rotary (a
+// rotated q is not bf16) and softmax_scale <= kDotMaxSoftmaxScale. Which query rows then keep
+// their dot-product scores is bf16_query_unfit_for_dot's test.
+inline bool call_takes_bf16_dot_scores(const FwdArgs& args) {
+  return args.rotary_cos == nullptr && args.softmax_scale <= kDotMaxSoftmaxScale &&
+         bf16_dot_scores_available();
+}
+
+// For tests: runs bf16 scores (the direct loop's, and the neon path's packed forward's) on the f32
+// FMA path even where the dot products exist (false), or on the dot products where they exist
+// (true, the default). Set it between calls: a call running while it changes may score some kv
+// heads each way.
 void set_bf16_dot_scores_enabled(bool enabled);
 
-// True when a bf16 query element (its bits) keeps its kv head off the dot products: subnormal, or
-// finite with |q| >= 2^64 (exponent field 191 to 254). On the magnitude bits m (sign cleared) both
-// are unsigned range tests, 1 <= m <= 0x7F and 0x5F80 <= m < 0x7F80, with no branch, so that a loop
-// over a row vectorises.
+// True when a bf16 query element (its bits) keeps its kv head (in the direct decode loop) or its
+// row (in the packed forward) off the dot products: subnormal, or finite with |q| >= 2^64
+// (exponent field 191 to 254). On the magnitude bits m (sign cleared) both are unsigned range
+// tests, 1 <= m <= 0x7F and 0x5F80 <= m < 0x7F80, with no branch, so that a loop over a row
+// vectorises.
 constexpr bool bf16_query_unfit_for_dot(uint16_t bits) {
   constexpr uint16_t kLargeFirst = (127 + 64) << 7;
   constexpr uint16_t kInfBits = 0x7F80;

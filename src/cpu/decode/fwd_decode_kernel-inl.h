@@ -450,17 +450,6 @@ inline void direct_pv(const float* p, int64_t rows, const void* const* v_rows, i
 }
 
 #if defined(ANYATTN_DIRECT_BF16_DOT)
-// The largest softmax_scale the dot-product scores take (fwd_decode_bf16_dot.h bounds what
-// VDPBF16PS and BFDOT flush).
-constexpr float kDotMaxSoftmaxScale = 65536.f;
-
-// True when the call may score bf16 on the dot products: a CPU with the instruction, no rotary (a
-// rotated q is not bf16) and softmax_scale <= kDotMaxSoftmaxScale.
-inline bool call_takes_dot_scores(const FwdArgs& args) {
-  return args.rotary_cos == nullptr && args.softmax_scale <= kDotMaxSoftmaxScale &&
-         bf16_dot_scores_available();
-}
-
 // For one kv head of a bf16 task (its `count` query rows from r0): unless one of their elements
 // is subnormal or of magnitude 2^64 or more, overwrites those rows of scratch.q (as loaded by
 // load_query_rows) with the raw bf16 queries (unscaled, rows of 2 * q_stride elements, zero
@@ -567,7 +556,7 @@ void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const 
   load_query_rows(args, layout, task, rows, scratch);
 #if defined(ANYATTN_DIRECT_BF16_DOT)
   if constexpr (kDtype == DType::kBF16) {
-    if (call_takes_dot_scores(args)) {
+    if (call_takes_bf16_dot_scores(args)) {
       for (int64_t h = 0; h < task.heads_k; ++h) {
         dot_head[h] = load_bf16_head_queries(args, layout, rows, task.seq, h * rows_per_kv,
                                              rows_per_kv, scratch);

@@ -19,10 +19,13 @@
 //                                          products (decode/fwd_decode_bf16_dot.h), run by
 //                                          ANYATTN_DIRECT_BF16_DOT_SCORES
 //     ANYATTN_FWD_BF16_TILES               bf16 calls on AMX tiles (amx/fwd_tiles_amx-inl.h)
+//     ANYATTN_FWD_NARROW_SCORES            bf16 and f16 scores on BFDOT and FMLAL
+//                                          (forward/fwd_narrow_scores_neon-inl.h)
 // Defines pack_block, attend and attend_direct (registered by kernel_registry.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "common/fwd_args.h"
@@ -31,6 +34,11 @@
 #include "cpu/shared/prefetch.h"
 #include "cpu/shared/rotary.h"
 #include "plan/fwd_layout.h"
+
+#if defined(ANYATTN_FWD_NARROW_SCORES)
+#include "cpu/decode/fwd_decode_bf16_dot.h"
+#include "cpu/forward/fwd_narrow_scores.h"
+#endif
 
 #if defined(ANYATTN_PATH_DIRECT_LOOP)
 namespace anyattn::cpu::ANYATTN_PATH_DIRECT_LOOP {

@@ -592,6 +592,59 @@ inline void prefetch_rows_ahead(const FwdArgs& args, const SeqInfo& seq, const v
   }
 }
 
+// Writes the f32 V rows of a key block into the V region of `heads_k` consecutive panels: each row
+// zero from Dv to dv_pad, and per head a running check for NaN and infinity.
+class VPanelWriter {
+ public:
+  VPanelWriter(const FwdArgs& args, const PackedLayout& layout, float* panels, int64_t heads_k)
+      : args_(args), layout_(layout), panels_(panels), heads_k_(heads_k) {
+    for (int64_t h = 0; h < heads_k; ++h) finite_check_[h] = Vec::zero();
+  }
+  // Row j of head h's V.
+  float* row(int64_t h, int64_t j) const {
+    return panels_ + h * layout_.block_floats + layout_.kt_floats + j * layout_.dv_pad;
+  }
+  // Zeroes row j of head h past Dv and checks it, once its Dv values are written.
+  void finish_row(int64_t h, int64_t j) {
+    float* v_row = row(h, j);
+    for (int64_t c = args_.head_dim_v; c < layout_.dv_pad; ++c) v_row[c] = 0.f;
+    // Every product x * 0 is 0 for finite x and NaN for NaN or +-inf.
+    for (int64_t c = 0; c < layout_.dv_pad; c += kLanes) {
+      finite_check_[h] = finite_check_[h] + Vec::load(v_row + c) * Vec::zero();
+    }
+  }
+  // Converts the block's `keys` V rows from args.v (key row j0 + j of kv head head_k + h), row by
+  // row for all heads (the rows of all heads are contiguous), prefetching ahead as it goes.
+  void convert_rows(const SeqInfo& seq, int64_t head_k, int64_t j0, int64_t keys) {
+    const FwdArgs& args = args_;
+    for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t h = 0; h < heads_k_; ++h) {
+        prefetch_rows_ahead(args, seq, args.v, args.v_batch_stride, args.v_row_stride,
+                            args.v_head_stride, j0 + j, head_k + h,
+                            args.head_dim_v * element_size(args.kv_dtype));
+        const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.v_batch_stride,
+                                              args.v_row_stride, args.v_head_stride);
+        convert_kv_row(args.v, args.kv_dtype, offset, args.head_dim_v,
+                       key_scale(args, seq, j0 + j, head_k + h, KvStream::kV), row(h, j));
+        finish_row(h, j);
+      }
+    }
+  }
+  // block_flags[h] = kBlockVNonfinite if head h's V holds a NaN or an infinity, else 0.
+  void set_flags(uint8_t* block_flags) const {
+    for (int64_t h = 0; h < heads_k_; ++h) {
+      block_flags[h] = std::isnan(reduce_add(finite_check_[h])) ? kBlockVNonfinite : 0;
+    }
+  }
+
+ private:
+  const FwdArgs& args_;
+  const PackedLayout& layout_;
+  float* panels_;
+  int64_t heads_k_;
+  Vec finite_check_[kMaxQBlockRows];
+};
+
 // Packs key block `block` of kv heads [head_k, head_k + heads_k) of sequence `seq` into
 // `heads_k` consecutive panels of PackedLayout::block_floats floats, and sets block_flags[h] to
 // kBlockVNonfinite if head h's packed V holds a NaN or infinity, else 0.
@@ -613,24 +666,10 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
   const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
   const int64_t head_dim = args.head_dim;
   const int64_t head_dim_v = args.head_dim_v;
-  const int64_t dv_pad = layout.dv_pad;
   const int64_t d_pad = round_up(head_dim, kLanes);
   const int64_t stage_stride = round_up(head_dim, 16);
 
-  // Every product x * 0 is 0 for finite x and NaN for NaN or +-inf.
-  Vec finite_check[kMaxQBlockRows];
-  for (int64_t h = 0; h < heads_k; ++h) finite_check[h] = Vec::zero();
-  auto v_row_of = [&](int64_t h, int64_t j) {
-    return panels + h * layout.block_floats + layout.kt_floats + j * dv_pad;
-  };
-  // Zeroes V row j < keys of head h past Dv and checks it.
-  auto finish_v_row = [&](int64_t h, int64_t j) {
-    float* v_row = v_row_of(h, j);
-    for (int64_t c = head_dim_v; c < dv_pad; ++c) v_row[c] = 0.f;
-    for (int64_t c = 0; c < dv_pad; c += kLanes) {
-      finite_check[h] = finite_check[h] + Vec::load(v_row + c) * Vec::zero();
-    }
-  };
+  VPanelWriter v_panels(args, layout, panels, heads_k);
   const bool v_from_k = args.v_is_k_prefix();
 
   alignas(64) float transposed[kLanes * kLanes];
@@ -653,8 +692,8 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
           for (int64_t d = 0; d < d_pad; d += kLanes) Vec::zero().store(staged + d);
         }
         if (v_from_k && j < keys) {
-          std::copy(staged, staged + head_dim_v, v_row_of(h, j));
-          finish_v_row(h, j);
+          std::copy(staged, staged + head_dim_v, v_panels.row(h, j));
+          v_panels.finish_row(h, j);
         }
       }
     }
@@ -674,21 +713,8 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
     }
   }
 
-  for (int64_t j = 0; j < keys && !v_from_k; ++j) {
-    for (int64_t h = 0; h < heads_k; ++h) {
-      prefetch_rows_ahead(args, seq, args.v, args.v_batch_stride, args.v_row_stride,
-                          args.v_head_stride, j0 + j, head_k + h,
-                          head_dim_v * element_size(args.kv_dtype));
-      const int64_t offset = key_row_offset(args, seq, j0 + j, head_k + h, args.v_batch_stride,
-                                            args.v_row_stride, args.v_head_stride);
-      convert_kv_row(args.v, args.kv_dtype, offset, head_dim_v,
-                     key_scale(args, seq, j0 + j, head_k + h, KvStream::kV), v_row_of(h, j));
-      finish_v_row(h, j);
-    }
-  }
-  for (int64_t h = 0; h < heads_k; ++h) {
-    block_flags[h] = std::isnan(reduce_add(finite_check[h])) ? kBlockVNonfinite : 0;
-  }
+  if (!v_from_k) v_panels.convert_rows(seq, head_k, j0, keys);
+  v_panels.set_flags(block_flags);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -941,6 +967,9 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
 #if defined(ANYATTN_FWD_BF16_TILES)
 // This path packs and attends bf16 calls with tile products, and everything else as above.
 #include "cpu/amx/fwd_tiles_amx-inl.h"
+#elif defined(ANYATTN_FWD_NARROW_SCORES)
+// This path scores bf16 and f16 calls on BFDOT and FMLAL where the CPU has them.
+#include "cpu/forward/fwd_narrow_scores_neon-inl.h"
 #else
 void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, int64_t head_k,
                 int64_t block, float* dst, uint8_t* block_flags, float* staging) {

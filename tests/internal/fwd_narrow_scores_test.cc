@@ -1,0 +1,240 @@
+// The packed forward's bf16 and f16 scores on BFDOT and FMLAL (src/cpu/forward/
+// fwd_narrow_scores*.{h,cc}, the neon path where the CPU has FEAT_BF16 and FEAT_FHM): with each
+// switched on and off, prefill calls on that path match the f64 reference by the 2x rule; f16 on
+// FMLAL gives the FMLA path's bits; bf16 on BFDOT matches the FMLA path by the cross-ISA rule;
+// query rows BFDOT would get wrong (subnormal, |q| >= 2^64) and softmax_scale above 2^16 take f32
+// scores with the FMLA path's bits; and that choice, made per row, leaves results independent of
+// the thread count. Skipped where the neon path or the extensions are missing. Linked against the
+// library's objects, to reach the internal switches.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common/test_support.h"
+#include "cpu/decode/fwd_decode_bf16_dot.h"
+#include "cpu/forward/fwd_narrow_scores.h"
+
+namespace anyattn {
+namespace testing {
+namespace {
+
+// Restores the defaults (the extensions on where the CPU has them, the default thread count).
+class FwdNarrowScores : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    cpu::set_bf16_dot_scores_enabled(true);
+    cpu::set_f16_fml_scores_enabled(true);
+    anyattn_set_num_threads(0);
+  }
+};
+
+bool has_neon_path() {
+  for (anyattn_isa isa : supported_isas()) {
+    if (isa == ANYATTN_ISA_NEON) return true;
+  }
+  return false;
+}
+
+// Turns the extension of `dtype` on or off and says whether it is available.
+bool set_narrow_scores(anyattn_dtype dtype, bool on) {
+  if (dtype == ANYATTN_DTYPE_BF16) {
+    cpu::set_bf16_dot_scores_enabled(on);
+    return cpu::bf16_dot_scores_available();
+  }
+  cpu::set_f16_fml_scores_enabled(on);
+  return cpu::f16_fml_scores_available();
+}
+
+// Prefill shapes on the neon path (more query rows per kv head than the direct decode loop takes):
+// head dims on and off the kernels' 8-element steps (4 the smallest that takes them), partial and
+// several key blocks, and the masks, score options and layouts of vary_decode_options.
+std::vector<Case> prefill_cases(anyattn_dtype dtype) {
+  struct Rows {
+    int64_t hq, hk, sq;
+  };
+  const Rows row_shapes[] = {{1, 1, 16}, {4, 1, 33}, {8, 2, 64}, {4, 4, 100}, {6, 2, 130}};
+  const int64_t head_dims[] = {4, 8, 31, 64, 80, 128, 129, 256};
+  const int64_t key_counts[] = {16, 64, 65, 200, 300};
+  std::vector<Case> cases;
+  int64_t n = 0;
+  for (const Rows& shape : row_shapes) {
+    for (int64_t d = 0; d < 8; ++d, ++n) {
+      Case c;
+      c.Hq = shape.hq;
+      c.Hk = shape.hk;
+      c.Sq = shape.sq;
+      c.D = head_dims[d];
+      c.Dv = head_dims[(d + n) % 8];
+      c.Sk = key_counts[(n * 3) % 5];
+      c.dtype = dtype;
+      vary_decode_options(n, &c);
+      c.isa = ANYATTN_ISA_NEON;
+      c.seed = 9300 + n;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
+// Runs every case with the extension on and off: both match the reference; f16 gives the same
+// bytes both ways, bf16 results agree by the cross-ISA rule.
+void check_both_ways(anyattn_dtype dtype) {
+  int failures = 0;
+  const std::vector<Case> cases = prefill_cases(dtype);
+  for (size_t n = 0; n < cases.size(); n += reduced_sweep() ? 3 : 1) {
+    Problem p(cases[n]);
+    const reference::DenseOutputs ref = p.reference();
+    const reference::DenseOutputs naive = p.naive_same_dtype();
+    std::vector<double> outs[2], lses[2];
+    std::vector<unsigned char> bytes[2];
+    for (int on = 1; on >= 0; --on) {
+      set_narrow_scores(dtype, on == 1);
+      p.reset_outputs();
+      ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+      const ::testing::AssertionResult r = check_outputs(p, ref, naive);
+      if (!r && ++failures <= 8) {
+        ADD_FAILURE() << cases[n].describe() << (on ? " extension" : " fma") << ": " << r.message();
+      }
+      outs[on] = p.out_values();
+      lses[on] = p.lse_values();
+      bytes[on] = p.output_bytes();
+    }
+    if (dtype == ANYATTN_DTYPE_F16) {
+      if (bytes[0] != bytes[1] && ++failures <= 8) {
+        ADD_FAILURE() << cases[n].describe() << ": FMLAL and FMLA results differ";
+      }
+      continue;
+    }
+    const ::testing::AssertionResult agree =
+        check_cross(p, outs[0], outs[1], lses[0], lses[1], ref, naive);
+    if (!agree && ++failures <= 8) ADD_FAILURE() << cases[n].describe() << ": " << agree.message();
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+TEST_F(FwdNarrowScores, Bf16OnBfdotMatchesReferenceAndFma) {
+  if (!has_neon_path()) GTEST_SKIP() << "no neon path on this CPU";
+  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no BFDOT on this CPU";
+  check_both_ways(ANYATTN_DTYPE_BF16);
+}
+
+TEST_F(FwdNarrowScores, F16OnFmlalGivesTheFmlaBits) {
+  if (!has_neon_path()) GTEST_SKIP() << "no neon path on this CPU";
+  if (!set_narrow_scores(ANYATTN_DTYPE_F16, true)) GTEST_SKIP() << "no FMLAL on this CPU";
+  check_both_ways(ANYATTN_DTYPE_F16);
+}
+
+// A bf16 prefill problem on the neon path: B1 Sq20 Hq4 Hk1 D16 Sk100.
+Case unfit_case(float softmax_scale) {
+  Case c;
+  c.Sq = 20;
+  c.Hq = 4;
+  c.Hk = 1;
+  c.D = 16;
+  c.Dv = 16;
+  c.Sk = 100;
+  c.dtype = ANYATTN_DTYPE_BF16;
+  c.softmax_scale = softmax_scale;
+  c.isa = ANYATTN_ISA_NEON;
+  return c;
+}
+
+// Fills q and k with q_unit and k_unit times small integers, so that each score is a small multiple
+// of q_unit * k_unit * softmax_scale.
+void fill_scaled(Problem& p, double q_unit, double k_unit) {
+  const Case& c = p.spec();
+  for (int64_t i = 0; i < c.Sq; ++i) {
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      for (int64_t d = 0; d < c.D; ++d) {
+        const int64_t index[4] = {0, i, h, d};
+        store(p.q, index, q_unit * static_cast<double>((i + h * 3 + d * 5) % 7 - 3));
+      }
+    }
+  }
+  for (int64_t s = 0; s < c.Sk; ++s) {
+    for (int64_t d = 0; d < c.D; ++d) {
+      const int64_t index[4] = {0, s, 0, d};
+      store(p.k, index, k_unit * static_cast<double>((s * 7 + d * 3) % 9 - 4));
+    }
+  }
+}
+
+// Inputs BFDOT would flush to zero scores, where the true scores are of order 1: the calls match
+// the reference, and give the FMLA path's bits.
+TEST_F(FwdNarrowScores, Bf16InputsBfdotWouldFlushTakeTheFmaScores) {
+  if (!has_neon_path()) GTEST_SKIP() << "no neon path on this CPU";
+  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no BFDOT on this CPU";
+  struct Extreme {
+    const char* what;
+    double q_unit, k_unit;
+    float softmax_scale;
+  };
+  const Extreme extremes[] = {
+      {"subnormal q, huge k", std::ldexp(1.0, -129), std::ldexp(1.0, 125), 1.0f},
+      {"|q| >= 2^64, subnormal k", std::ldexp(1.0, 120), std::ldexp(1.0, -129), 16.0f},
+      {"softmax_scale 2^125, subnormal k", 1.0, std::ldexp(1.0, -129), std::ldexp(1.0f, 125)},
+  };
+  for (const Extreme& extreme : extremes) {
+    SCOPED_TRACE(extreme.what);
+    const Case c = unfit_case(extreme.softmax_scale);
+    Problem p(c);
+    fill_scaled(p, extreme.q_unit, extreme.k_unit);
+    const reference::DenseOutputs ref = p.reference();
+    // Flushed scores would all be 0: the output of q = 0. The case must tell the two apart.
+    Problem uniform(c);
+    fill_scaled(uniform, 0.0, extreme.k_unit);
+    const reference::DenseOutputs uniform_ref = uniform.reference();
+    double gap = 0.0;
+    for (size_t i = 0; i < ref.out.size(); ++i) {
+      gap = std::max(gap, std::fabs(ref.out[i] - uniform_ref.out[i]));
+    }
+    ASSERT_GT(gap, 0.05) << "the case does not tell flushed scores apart";
+    std::vector<unsigned char> bytes[2];
+    for (int on = 1; on >= 0; --on) {
+      set_narrow_scores(ANYATTN_DTYPE_BF16, on == 1);
+      p.reset_outputs();
+      ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+      EXPECT_TRUE(check_outputs(p, ref, p.naive_same_dtype())) << (on ? "bfdot" : "fma");
+      bytes[on] = p.output_bytes();
+    }
+    EXPECT_EQ(bytes[0], bytes[1]) << "the f32 scores of unfit rows differ from the FMLA path's";
+  }
+}
+
+// Whether a row keeps its BFDOT scores depends on its own q only, never on which rows share its
+// task (the thread count decides that): with one row of one head holding a subnormal, the result
+// is bitwise the same on 1 to 4 threads.
+TEST_F(FwdNarrowScores, Bf16ScorePathPerRowKeepsResultsIndependentOfThreads) {
+  if (!has_neon_path()) GTEST_SKIP() << "no neon path on this CPU";
+  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no BFDOT on this CPU";
+  Case c;
+  c.Sq = 150;
+  c.Sk = 150;
+  c.Hq = 8;
+  c.Hk = 2;
+  c.D = 64;
+  c.Dv = 64;
+  c.causal = true;
+  c.dtype = ANYATTN_DTYPE_BF16;
+  c.isa = ANYATTN_ISA_NEON;
+  Problem p(c);
+  const int64_t index[4] = {0, 70, 5, 3};  // position 70 of query head 5
+  store(p.q, index, std::ldexp(1.0, -130));
+  std::vector<unsigned char> first;
+  for (int threads = 1; threads <= 4; ++threads) {
+    anyattn_set_num_threads(threads);
+    p.reset_outputs();
+    ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+    if (first.empty()) {
+      first = p.output_bytes();
+      EXPECT_TRUE(check_outputs(p, p.reference(), p.naive_same_dtype()));
+    } else {
+      EXPECT_EQ(p.output_bytes(), first) << threads << " threads";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace anyattn
