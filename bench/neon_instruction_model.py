@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Static instruction model of the neon forward kernel's f32 inner loops (no Arm machine needed).
+"""Static instruction model of the neon forward kernel's inner loops (no Arm machine needed).
 
-Disassembles the cross-compiled neon forward unit (fwd_neon.cc, generated from the ISA table) with aarch64-linux-gnu-objdump, finds the
-inner loop of the S = Q K^T register tile and of the O += P V tile (the innermost loops with the
-most FMLA instructions: the score loop is the one that also prefetches the next panel), counts its
-instructions by class, and scales one iteration to a 64 x 64 block at head_dim = head_dim_v = D:
+Disassembles the cross-compiled neon forward unit (fwd_neon.cc, generated from the ISA table) and
+the packed forward's bf16 and f16 score units (fwd_scores_bf16_dot_neon.cc, BFDOT, and
+fwd_scores_f16_fml_neon.cc, FMLAL) with aarch64-linux-gnu-objdump, finds the inner loop of each
+S = Q K^T register tile and of the f32 O += P V tile (the innermost loops with the most
+multiply-add instructions: a score loop is the one that also prefetches the next panel), counts
+its instructions by class, and scales one iteration to a 64 x 64 block at head_dim = head_dim_v = D:
 
-  iterations per block = 64 rows * 64 columns * D / (tile rows * tile columns)
+  iterations per block = 64 * 64 * D / (multiply-add instructions per iteration * multiply-adds
+                                        per instruction)
 
-(S: columns are keys, depth D; P V: columns are output columns, depth 64 keys). The FMA-bound ideal
-is one FMLA per 4 multiply-adds and nothing else: 64 * 64 * D / 4 instructions. The tile prologue
+(FMLA and FMLAL do 4 multiply-adds, BFDOT 8). The FMA-bound ideal is that many instructions and
+nothing else: 64 * 64 * D / 4 for FMLA and FMLAL, / 8 for BFDOT. The tile prologue
 and epilogue (accumulators zeroed, loaded, stored once per 64 or D steps) and remainder tiles are
 left out; loads and stores against sp are register spills and are counted apart; "shuffle"
 includes vector register moves (MOV v.16b), which only the register allocator adds.
@@ -27,9 +30,11 @@ import re
 import subprocess
 import sys
 
-DEFAULT_OBJECT = "build/aarch64/src/CMakeFiles/anyattn_objects.dir/isa/fwd_neon.cc.o"
+OBJECTS = "build/aarch64/src/CMakeFiles/anyattn_objects.dir/"
+DEFAULT_OBJECT = OBJECTS + "isa/fwd_neon.cc.o"
+BF16_DOT_OBJECT = OBJECTS + "cpu/forward/fwd_scores_bf16_dot_neon.cc.o"
+F16_FML_OBJECT = OBJECTS + "cpu/forward/fwd_scores_f16_fml_neon.cc.o"
 BLOCK = 64
-LANES = 4
 
 CLASSES = ("fma", "load", "store", "spill", "shuffle", "exp", "prefetch", "other")
 FMA = re.compile(r"^(fmla|fmls|fmlal2?|fmlsl2?|bfdot|bfmmla|bfmlal[bt]|fmadd|fmsub)$")
@@ -121,37 +126,45 @@ def find_loop(functions, want_prefetch, name_filter):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--object", default=DEFAULT_OBJECT)
+    parser.add_argument("--object", default=DEFAULT_OBJECT, help="the f32 unit (fwd_neon.cc)")
+    parser.add_argument("--bf16-dot-object", default=BF16_DOT_OBJECT)
+    parser.add_argument("--f16-fml-object", default=F16_FML_OBJECT)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--show", action="store_true", help="print the loops' instructions")
     args = parser.parse_args()
-    functions = disassemble(args.object)
+    f32_unit = disassemble(args.object)
     blocked = lambda n: "neon::" in n and "direct" not in n and "decode" not in n
-    loops = {
-        "S = Q K^T": find_loop(functions, True, blocked),
-        "O += P V": find_loop(functions, False, lambda n: blocked(n) and "pv_" in n),
-    }
-    ideal = BLOCK * BLOCK * args.head_dim // LANES
-    print(f"f32, one 64 x 64 block, D = Dv = {args.head_dim}; FMA-bound ideal {ideal} instructions "
-          "per product\n")
+    # (label, loop, multiply-adds per multiply-add instruction)
+    loops = [
+        ("S = Q K^T, f32 (FMLA)", find_loop(f32_unit, True, blocked), 4),
+        ("O += P V, f32 (FMLA)", find_loop(f32_unit, False, lambda n: blocked(n) and "pv_" in n),
+         4),
+        ("S = Q K^T, bf16 (BFDOT)",
+         find_loop(disassemble(args.bf16_dot_object), True, lambda n: "neon_bf16::" in n), 8),
+        ("S = Q K^T, f16 (FMLAL)",
+         find_loop(disassemble(args.f16_fml_object), True, lambda n: "neon_f16::" in n), 4),
+    ]
+    print(f"One 64 x 64 block, D = Dv = {args.head_dim}\n")
     print("| loop | inner loop | per iteration: " + " / ".join(CLASSES) +
-          " | per block | FMA share |")
-    print("|---|---|---|---|---|")
+          " | per block | FMA-bound ideal | FMA share |")
+    print("|---|---|---|---|---|---|")
     failed = False
-    for label, found in loops.items():
+    for label, found, multiply_adds in loops:
         if found is None:
-            print(f"| {label} | not found | | | |")
+            print(f"| {label} | not found | | | | |")
             failed = True
             continue
         name, c, body = found
         fmas = c["fma"]
         total = sum(c.values())
-        # Each FMLA does LANES multiply-adds; a block's product does 64 * 64 * D of them.
-        iterations = BLOCK * BLOCK * args.head_dim / (fmas * LANES)
+        products = BLOCK * BLOCK * args.head_dim
+        iterations = products / (fmas * multiply_adds)
         per_block = {k: round(v * iterations) for k, v in c.items()}
-        print(f"| {label} | {fmas} FMLA per iteration | " + " / ".join(str(c[k]) for k in CLASSES)
-              + f" ({total}) | " + ", ".join(f"{k} {per_block[k]}" for k in CLASSES if per_block[k])
-              + f" (total {round(total * iterations)}) | {100.0 * fmas / total:.1f}% |")
+        print(f"| {label} | {fmas} multiply-add instructions per iteration | "
+              + " / ".join(str(c[k]) for k in CLASSES) + f" ({total}) | "
+              + ", ".join(f"{k} {per_block[k]}" for k in CLASSES if per_block[k])
+              + f" (total {round(total * iterations)}) | {products // multiply_adds} | "
+              + f"{100.0 * fmas / total:.1f}% |")
         if args.show:
             print(f"\n{name}:")
             for address, mnemonic, operands in body:

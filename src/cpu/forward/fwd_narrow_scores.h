@@ -27,8 +27,6 @@
 
 #include <cstdint>
 
-#include "cpu/shared/prefetch.h"
-
 namespace anyattn::cpu {
 
 // True when this CPU runs FMLAL (FEAT_FHM), this build compiled the f16 kernel and the tests have
@@ -39,9 +37,8 @@ bool f16_fml_scores_available();
 // with FMLAL where it exists (true, the default). Set it between calls.
 void set_f16_fml_scores_enabled(bool enabled);
 
-// The next key block's panel, whose lines a kernel prefetches into L2 while it scores this block:
-// its packed K, then its V, two lines per step of the kernel until every line was prefetched
-// (none when `k` is null).
+// The next key block's panel, whose used lines (its packed K, then its V) the kernels prefetch
+// into L2 while they score this block; `k` is null when there is no next block.
 struct NextPanelLines {
   const char* k;
   int64_t k_bytes;
@@ -49,37 +46,61 @@ struct NextPanelLines {
   int64_t v_bytes;
 };
 
-// Prefetches the next key block's panel into L2 (NextPanelLines), two lines per step.
-class PanelLineFeed {
+// The lines one score tile prefetches, two per step of its loop: `line` and line + `step`, then
+// line += 2 * step; step is 64, or 0 to prefetch one cached line over and over.
+struct PanelPrefetchWindow {
+  const char* line;
+  int64_t step;
+};
+
+// Hands out windows of the next panel's lines, one per score tile, in order: K's lines, then V's.
+// A window never crosses from one to the other (the last window of each is moved back to end at
+// its end, re-prefetching a few lines); a range shorter than a window is skipped, and once all are
+// handed out, windows repeat one line of the current panel. So the loads stay inside the panels
+// and the tiles' loops have no branch for them.
+class NextPanelWindows {
  public:
-  explicit PanelLineFeed(NextPanelLines next)
-      : next_(next), bytes_(next.k == nullptr ? 0 : next.k_bytes + next.v_bytes) {}
-  __attribute__((always_inline)) void step() {
-    for (int line = 0; line < 2 && offset_ < bytes_; ++line, offset_ += 64) {
-      prefetch_line_l2(offset_ < next_.k_bytes ? next_.k + offset_
-                                               : next_.v + (offset_ - next_.k_bytes));
+  NextPanelWindows(NextPanelLines next, const void* current)
+      : ranges_{{next.k, next.k == nullptr ? 0 : next.k_bytes},
+                {next.v, next.k == nullptr ? 0 : next.v_bytes}},
+        idle_{static_cast<const char*>(current), 0} {}
+
+  // The window of a tile whose loop runs `steps` times.
+  PanelPrefetchWindow window(int64_t steps) {
+    const int64_t bytes = steps * 2 * 64;
+    for (; range_ < 2; ++range_, offset_ = 0) {
+      const Range& range = ranges_[range_];
+      if (offset_ >= range.bytes || bytes > range.bytes) continue;
+      const int64_t start = offset_ < range.bytes - bytes ? offset_ : range.bytes - bytes;
+      offset_ += bytes;
+      return {range.begin + start, 64};
     }
+    return idle_;
   }
 
  private:
-  NextPanelLines next_;
-  int64_t bytes_;
+  struct Range {
+    const char* begin;
+    int64_t bytes;
+  };
+  Range ranges_[2];
+  PanelPrefetchWindow idle_;
+  int range_ = 0;
   int64_t offset_ = 0;
 };
 
 // s[r * 64 + j] = q_r . k_j (raw, unscaled) for `rows` <= 64 query rows and keys
-// j < round_up(keys, 4) of one block in the pairs format. q: bf16 rows of ldq elements (ldq a
-// multiple of 8, ldq >= 2 * pair_rows), zero from D on.
+// j < round_up(keys, 4) of one block in the pairs format, depth = round_up(D, 8). q: bf16 rows of
+// ldq >= depth elements, zero from D on. Prefetches the lines of `next` on the way.
 namespace neon_bf16 {
 void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint32_t* k_pairs,
-                  int64_t pair_rows, int64_t keys, NextPanelLines next, float* s);
+                  int64_t depth, int64_t keys, NextPanelLines next, float* s);
 }  // namespace neon_bf16
 
-// The same for f16: keys j < round_up(keys, 8) of one block in the f16 format (d_rows =
-// round_up(D, 8) rows); q: f16 rows of ldq >= d_rows elements, zero from D on.
+// The same for f16: keys j < round_up(keys, 8) of one block in the f16 format; q: f16 rows.
 namespace neon_f16 {
 void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint16_t* kt,
-                  int64_t d_rows, int64_t keys, NextPanelLines next, float* s);
+                  int64_t depth, int64_t keys, NextPanelLines next, float* s);
 }  // namespace neon_f16
 
 }  // namespace anyattn::cpu

@@ -171,7 +171,7 @@ class NarrowScoreProducts {
       return;
     }
     const uint32_t* k_pairs = reinterpret_cast<const uint32_t*>(kt);
-    neon_bf16::block_scores(q_rows, ldq_, rows, k_pairs, depth / 2, keys, next_lines, s);
+    neon_bf16::block_scores(q_rows, ldq_, rows, k_pairs, depth, keys, next_lines, s);
     const int64_t r0 = (q_rows - q_) / ldq_;
     for (int64_t r = 0; r < rows; ++r) {
       if (unfit_row_[r0 + r]) {

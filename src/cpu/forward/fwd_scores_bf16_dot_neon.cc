@@ -3,12 +3,12 @@
 // Design. K is packed in pairs: each 32-bit word holds two consecutive head-dim elements of one
 // key, a row of the panel the same pair of elements for all 64 keys. BFDOT by element multiplies
 // a vector of 4 keys' pairs by one pair of q (a lane of a q vector) and adds both products into
-// the 4 keys' f32 sums. A tile of R = 4 rows x NV = 4 key vectors (16 keys) keeps 16 accumulators;
+// the 4 keys' f32 sums. A tile of R = 8 rows x NV = 2 key vectors (8 keys) keeps 16 accumulators;
 // per step of 8 head-dim elements it loads one q vector per row (8 bf16: 4 pairs) and, for each of
-// the 4 pairs, NV key vectors, and issues 4 * R * NV = 64 BFDOTs for R + 4 * NV = 20 loads: 512
-// multiply-adds, twice those of the f32 path's 64 FMLAs for about the same loads, and the packed
+// the 4 pairs, NV key vectors, and issues 4 * R * NV = 64 BFDOTs for R + 4 * NV = 16 loads: 512
+// multiply-adds, where the f32 path's step of 64 FMLAs does 256 for 12 to 18 loads; the packed
 // K is half the f32 panel's bytes. Each step also prefetches two lines of the next block's panel
-// into L2. The block's 64 x D panel (16 KiB at D = 128) stays in L1 while the row tiles pass over
+// into L2. The block's panel (16 KiB of K at D = 128) stays in L1 while the row tiles pass over
 // it; S (64 x 64 f32) is written once.
 //
 // This file alone is compiled with -march=armv8.2-a+bf16 (src/CMakeLists.txt) and is called only
@@ -29,16 +29,18 @@ namespace {
 constexpr int64_t kKeyGranule = 4;  // keys per vector of pairs
 
 template <int R, int NV>
-void score_tile(const uint16_t* q, int64_t ldq, const void* panel, int64_t depth_rows,
-                int64_t key0, PanelLineFeed* feed, float* s) {
+void score_tile(const uint16_t* q, int64_t ldq, const void* panel, int64_t depth,
+                int64_t key0, PanelPrefetchWindow ahead, float* s) {
   const uint32_t* k_pairs = static_cast<const uint32_t*>(panel) + key0;
   float32x4_t acc[R][NV];
   for (int r = 0; r < R; ++r) {
     for (int n = 0; n < NV; ++n) acc[r][n] = vdupq_n_f32(0.f);
   }
   // Pair rows w .. w + 3: head-dim elements 2w .. 2w + 7.
-  for (int64_t w = 0; w < depth_rows; w += 4) {
-    feed->step();
+  for (int64_t w = 0; w < depth / 2; w += 4) {
+    prefetch_line_l2(ahead.line);
+    prefetch_line_l2(ahead.line + ahead.step);
+    ahead.line += 2 * ahead.step;
     bfloat16x8_t q_pairs[R];
     for (int r = 0; r < R; ++r) q_pairs[r] = vreinterpretq_bf16_u16(vld1q_u16(q + r * ldq + 2 * w));
     auto pair = [&](auto lane) __attribute__((always_inline)) {
@@ -67,8 +69,8 @@ void score_tile(const uint16_t* q, int64_t ldq, const void* panel, int64_t depth
 }  // namespace
 
 void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint32_t* k_pairs,
-                  int64_t pair_rows, int64_t keys, NextPanelLines next, float* s) {
-  block_scores_of(q, ldq, rows, k_pairs, pair_rows, keys, next, s);
+                  int64_t depth, int64_t keys, NextPanelLines next, float* s) {
+  block_scores_of(q, ldq, rows, k_pairs, depth, keys, next, s);
 }
 
 }  // namespace anyattn::cpu::neon_bf16

@@ -2,13 +2,13 @@
 //
 // Design. K is packed as f16 rows of 64 keys per head-dim element, as the f32 path's panel holds
 // f32. FMLAL by element multiplies the low 4 f16 of a key vector (8 keys) by one q element (a lane
-// of a q vector) into 4 f32 sums, FMLAL2 the high 4. A tile of R = 4 rows x NV = 2 key vectors
-// (16 keys) keeps 16 accumulators; per step of 8 head-dim elements it loads one q vector per row (8
-// f16) and, for each element, NV key vectors, and issues 8 * R * 2 * NV = 128 FMLAL(2)s for
-// R + 8 * NV = 20 loads, where the f32 path needs 128 FMLAs for 4 + 32 = 36 (8 elements x 16 keys
-// x 4 rows); the packed K is half the f32 panel's bytes and is not widened while packing. Each
-// product is added as the f32 path adds it (same order, one rounding each), so the scores are its
-// bits. Each step also prefetches two lines of the next block's panel into L2.
+// of a q vector) into 4 f32 sums, FMLAL2 the high 4. A tile of R = 8 rows x NV = 1 key vector (8
+// keys) keeps 16 accumulators; per step of 8 head-dim elements it loads one q vector per row (8
+// f16) and one key vector per element, and issues 8 * R * 2 = 128 FMLAL(2)s for R + 8 = 16 loads,
+// where the f32 path needs 128 FMLAs and 24 to 36 loads for the same products; the packed K is
+// half the f32 panel's bytes and is not widened while packing. Each product is added as the f32
+// path adds it (same order, one rounding each), so the scores are its bits. Each step also
+// prefetches two lines of the next block's panel into L2.
 //
 // This file alone is compiled with -march=armv8.2-a+fp16fml (src/CMakeLists.txt) and is called
 // only where the CPU has FEAT_FHM. Its shared inline helpers use no FHM instruction.
@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "cpu/forward/fwd_narrow_scores.h"
 #include "cpu/shared/prefetch.h"
@@ -27,44 +26,53 @@ namespace {
 
 constexpr int64_t kKeyGranule = 8;  // keys per f16 vector
 
-template <int R, int NV>
-void score_tile(const uint16_t* q, int64_t ldq, const void* panel, int64_t depth_rows,
-                int64_t key0, PanelLineFeed* feed, float* s) {
-  const uint16_t* kt = static_cast<const uint16_t*>(panel) + key0;
-  // acc[r][2n] holds keys 8n .. 8n + 3 of the tile, acc[r][2n + 1] keys 8n + 4 .. 8n + 7.
-  float32x4_t acc[R][2 * NV];
-  for (int r = 0; r < R; ++r) {
-    for (int n = 0; n < 2 * NV; ++n) acc[r][n] = vdupq_n_f32(0.f);
+// Head-dim elements d0 + L .. d0 + 7 of score_tile, with q[r][d0 .. d0 + 8) in q_elements[r]: per
+// element, its NV key vectors times lane L of each row, low and high halves.
+template <int R, int NV, int L>
+__attribute__((always_inline)) inline void score_elements(const float16x8_t (&q_elements)[R],
+                                                          const uint16_t* kt_d0,
+                                                          float32x4_t (&low)[R][NV], float32x4_t (&high)[R][NV]) {
+  if constexpr (L < 8) {
+    float16x8_t keys[NV];
+    for (int n = 0; n < NV; ++n) {
+      keys[n] = vreinterpretq_f16_u16(vld1q_u16(kt_d0 + L * kKeyBlock + 8 * n));
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int n = 0; n < NV; ++n) {
+        low[r][n] = vfmlalq_laneq_low_f16(low[r][n], keys[n], q_elements[r], L);
+        high[r][n] = vfmlalq_laneq_high_f16(high[r][n], keys[n], q_elements[r], L);
+      }
+    }
+    score_elements<R, NV, L + 1>(q_elements, kt_d0, low, high);
   }
-  for (int64_t d = 0; d < depth_rows; d += 8) {
-    feed->step();
+}
+
+template <int R, int NV>
+void score_tile(const uint16_t* q, int64_t ldq, const void* panel, int64_t depth, int64_t key0,
+                PanelPrefetchWindow ahead, float* s) {
+  const uint16_t* kt = static_cast<const uint16_t*>(panel) + key0;
+  // low[r][n] holds keys 8n .. 8n + 3 of the tile, high[r][n] keys 8n + 4 .. 8n + 7.
+  float32x4_t low[R][NV], high[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < NV; ++n) low[r][n] = high[r][n] = vdupq_n_f32(0.f);
+  }
+  // depth >= 8: at least one step (as a do-while, GCC 12 keeps the accumulators in registers;
+  // as a for loop it also stores them to the stack on every step).
+  int64_t d = 0;
+  do {
+    prefetch_line_l2(ahead.line);
+    prefetch_line_l2(ahead.line + ahead.step);
+    ahead.line += 2 * ahead.step;
     float16x8_t q_elements[R];
     for (int r = 0; r < R; ++r) q_elements[r] = vreinterpretq_f16_u16(vld1q_u16(q + r * ldq + d));
-    auto element = [&](auto lane) __attribute__((always_inline)) {
-      constexpr int kLane = decltype(lane)::value;
-      float16x8_t keys[NV];
-      for (int n = 0; n < NV; ++n) {
-        keys[n] = vreinterpretq_f16_u16(vld1q_u16(kt + (d + kLane) * kKeyBlock + 8 * n));
-      }
-      for (int r = 0; r < R; ++r) {
-        for (int n = 0; n < NV; ++n) {
-          acc[r][2 * n] = vfmlalq_laneq_low_f16(acc[r][2 * n], keys[n], q_elements[r], kLane);
-          acc[r][2 * n + 1] =
-              vfmlalq_laneq_high_f16(acc[r][2 * n + 1], keys[n], q_elements[r], kLane);
-        }
-      }
-    };
-    element(std::integral_constant<int, 0>{});
-    element(std::integral_constant<int, 1>{});
-    element(std::integral_constant<int, 2>{});
-    element(std::integral_constant<int, 3>{});
-    element(std::integral_constant<int, 4>{});
-    element(std::integral_constant<int, 5>{});
-    element(std::integral_constant<int, 6>{});
-    element(std::integral_constant<int, 7>{});
-  }
+    score_elements<R, NV, 0>(q_elements, kt + d * kKeyBlock, low, high);
+    d += 8;
+  } while (d < depth);
   for (int r = 0; r < R; ++r) {
-    for (int n = 0; n < 2 * NV; ++n) vst1q_f32(s + r * kKeyBlock + key0 + 4 * n, acc[r][n]);
+    for (int n = 0; n < NV; ++n) {
+      vst1q_f32(s + r * kKeyBlock + key0 + 8 * n, low[r][n]);
+      vst1q_f32(s + r * kKeyBlock + key0 + 8 * n + 4, high[r][n]);
+    }
   }
 }
 
@@ -73,8 +81,8 @@ void score_tile(const uint16_t* q, int64_t ldq, const void* panel, int64_t depth
 }  // namespace
 
 void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint16_t* kt,
-                  int64_t d_rows, int64_t keys, NextPanelLines next, float* s) {
-  block_scores_of(q, ldq, rows, kt, d_rows, keys, next, s);
+                  int64_t depth, int64_t keys, NextPanelLines next, float* s) {
+  block_scores_of(q, ldq, rows, kt, depth, keys, next, s);
 }
 
 }  // namespace anyattn::cpu::neon_f16
