@@ -57,21 +57,25 @@ inline void pack_narrow_head(const FwdArgs& args, const PackedLayout& layout, co
   const int64_t head_dim = args.head_dim;
   const int64_t depth = narrow_depth(head_dim);
   const int64_t pair_rows = depth / 2;  // 32-bit words per staged row
-  uint16_t* staged = reinterpret_cast<uint16_t*>(staging);
+  // The staged rows are written with memcpy and memset only: the transposes read them as floats
+  // (32-bit pairs), and typed 16-bit stores would let the compiler move those reads before them.
+  char* staged = reinterpret_cast<char*>(staging);
+  const int64_t row_bytes = head_dim * 2;
+  const int64_t staged_row_bytes = depth * 2;
   for (int64_t chunk = 0; chunk < round_up(keys, kChunkKeys); chunk += kChunkKeys) {
     for (int64_t jj = 0; jj < kChunkKeys; ++jj) {
       const int64_t j = chunk + jj;
-      uint16_t* row = staged + jj * depth;
+      char* row = staged + jj * staged_row_bytes;
       prefetch_rows_ahead(args, seq, args.k, args.k_batch_stride, args.k_row_stride,
-                          args.k_head_stride, j0 + j, head_k, head_dim * 2);
-      int64_t d = 0;
+                          args.k_head_stride, j0 + j, head_k, row_bytes);
+      int64_t copied = 0;
       if (j < keys) {
         const int64_t offset = key_row_offset(args, seq, j0 + j, head_k, args.k_batch_stride,
                                               args.k_row_stride, args.k_head_stride);
-        std::memcpy(row, static_cast<const uint16_t*>(args.k) + offset, head_dim * 2);
-        d = head_dim;
+        std::memcpy(row, static_cast<const uint16_t*>(args.k) + offset, row_bytes);
+        copied = row_bytes;
       }
-      for (; d < depth; ++d) row[d] = 0;
+      std::memset(row + copied, 0, staged_row_bytes - copied);
     }
     // Staged row jj holds key chunk + jj as pair_rows 32-bit words (element pairs).
     const float* words = staging;
@@ -103,14 +107,15 @@ inline void pack_narrow_head(const FwdArgs& args, const PackedLayout& layout, co
   v_panel.set_flags(block_flags);
 }
 
-// s_row[0 .. round_up(keys, 4)) = q . k_j with f32 FMAs over the pairs panel, head-dim elements
-// in ascending order: the vector path's bits, for a bf16 row unfit for BFDOT.
-inline void exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
+// s_row[0 .. round_up(keys, 4)) = q . k_j with f32 FMAs over the pairs panel kt (read as the
+// floats its packer wrote), head-dim elements in ascending order: the vector path's bits, for a
+// bf16 row unfit for BFDOT.
+inline void exact_pair_scores(const uint16_t* q_row, const float* kt, int64_t pair_rows,
                               int64_t keys, float* s_row) {
   for (int64_t c = 0; c < keys; c += kLanes) {
     Vec sum = Vec::zero();
     for (int64_t w = 0; w < pair_rows; ++w) {
-      const uint32x4_t words = vld1q_u32(k_pairs + w * kKeyBlock + c);
+      const uint32x4_t words = vreinterpretq_u32_f32(vld1q_f32(kt + w * kKeyBlock + c));
       const Vec even{vreinterpretq_f32_u32(vshlq_n_u32(words, 16))};
       const Vec odd{vreinterpretq_f32_u32(vandq_u32(words, vdupq_n_u32(0xFFFF0000u)))};
       sum = fma(Vec::broadcast(bf16_to_f32(q_row[2 * w])), even, sum);
@@ -175,7 +180,7 @@ class NarrowScoreProducts {
     const int64_t r0 = (q_rows - q_) / ldq_;
     for (int64_t r = 0; r < rows; ++r) {
       if (unfit_row_[r0 + r]) {
-        exact_pair_scores(q_rows + r * ldq_, k_pairs, depth / 2, keys, s + r * kKeyBlock);
+        exact_pair_scores(q_rows + r * ldq_, kt, depth / 2, keys, s + r * kKeyBlock);
       }
     }
   }

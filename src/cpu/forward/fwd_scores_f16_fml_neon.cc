@@ -26,6 +26,23 @@ namespace {
 
 constexpr int64_t kKeyGranule = 8;  // keys per f16 vector
 
+// acc + a[i] * b[L] for i < 4 (FMLAL by element) and acc + a[4 + i] * b[L] (FMLAL2). Written in
+// asm: the by-element form of the 16-bit instructions encodes its element register in 4 bits, so
+// it must be one of v0-v15 (the "x" constraint); clang 14 does not keep the intrinsics' operand
+// there and silently emits the register number modulo 16, another register.
+template <int L>
+__attribute__((always_inline)) inline float32x4_t fmlal_low(float32x4_t acc, float16x8_t a,
+                                                            float16x8_t b) {
+  asm("fmlal %0.4s, %1.4h, %2.h[%c3]" : "+w"(acc) : "w"(a), "x"(b), "i"(L));
+  return acc;
+}
+template <int L>
+__attribute__((always_inline)) inline float32x4_t fmlal_high(float32x4_t acc, float16x8_t a,
+                                                             float16x8_t b) {
+  asm("fmlal2 %0.4s, %1.4h, %2.h[%c3]" : "+w"(acc) : "w"(a), "x"(b), "i"(L));
+  return acc;
+}
+
 // Head-dim elements d0 + L .. d0 + 7 of score_tile, with q[r][d0 .. d0 + 8) in q_elements[r]: per
 // element, its NV key vectors times lane L of each row, low and high halves.
 template <int R, int NV, int L>
@@ -39,8 +56,8 @@ __attribute__((always_inline)) inline void score_elements(const float16x8_t (&q_
     }
     for (int r = 0; r < R; ++r) {
       for (int n = 0; n < NV; ++n) {
-        low[r][n] = vfmlalq_laneq_low_f16(low[r][n], keys[n], q_elements[r], L);
-        high[r][n] = vfmlalq_laneq_high_f16(high[r][n], keys[n], q_elements[r], L);
+        low[r][n] = fmlal_low<L>(low[r][n], keys[n], q_elements[r]);
+        high[r][n] = fmlal_high<L>(high[r][n], keys[n], q_elements[r]);
       }
     }
     score_elements<R, NV, L + 1>(q_elements, kt_d0, low, high);
@@ -56,18 +73,14 @@ void score_tile(const uint16_t* q, int64_t ldq, const void* panel, int64_t depth
   for (int r = 0; r < R; ++r) {
     for (int n = 0; n < NV; ++n) low[r][n] = high[r][n] = vdupq_n_f32(0.f);
   }
-  // depth >= 8: at least one step (as a do-while, GCC 12 keeps the accumulators in registers;
-  // as a for loop it also stores them to the stack on every step).
-  int64_t d = 0;
-  do {
+  for (int64_t d = 0; d < depth; d += 8) {
     prefetch_line_l2(ahead.line);
     prefetch_line_l2(ahead.line + ahead.step);
     ahead.line += 2 * ahead.step;
     float16x8_t q_elements[R];
     for (int r = 0; r < R; ++r) q_elements[r] = vreinterpretq_f16_u16(vld1q_u16(q + r * ldq + d));
     score_elements<R, NV, 0>(q_elements, kt + d * kKeyBlock, low, high);
-    d += 8;
-  } while (d < depth);
+  }
   for (int r = 0; r < R; ++r) {
     for (int n = 0; n < NV; ++n) {
       vst1q_f32(s + r * kKeyBlock + key0 + 8 * n, low[r][n]);
