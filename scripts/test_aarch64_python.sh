@@ -16,10 +16,12 @@
 # versions in .venv. Each of these is fetched once and kept; the extension is rebuilt
 # incrementally and the package folder copied afresh on every run.
 #
-# Left out, with the reason: torch (a large wheel, slow to import under qemu; `import torch` is made
-# to fail, so the package takes its numpy-only path, as in test_without_torch.py), and the
-# stdlib modules whose shared libraries are not fetched (sqlite3, curses, dbm, readline, ...),
-# which neither numpy, pytest nor anyattn import.
+# Left out, with the reason: torch. PyPI's aarch64 wheel of torch 2.15 is the CUDA build (484 MB),
+# whose `import torch` stops without cuBLAS (it preloads it from the nvidia-* wheels); the
+# CPU-only aarch64 wheels are on PyTorch's own index, which CI cannot reach. `import torch` is
+# made to fail, so the package takes its numpy-only path, as in test_without_torch.py. Also left
+# out: the stdlib modules whose shared libraries are not fetched (sqlite3, curses, dbm, readline,
+# ...), which neither numpy, pytest nor anyattn import.
 #
 # Needs the arm64 apt architecture, g++-aarch64-linux-gnu, qemu-user and .venv with nanobind,
 # numpy and pytest (scripts/setup.sh --python prepares all of them). Network on first use only.
