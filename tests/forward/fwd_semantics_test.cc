@@ -259,6 +259,16 @@ TEST(FwdNan, InOneValueRowReachesOnlyRowsThatSeeIt) {
     decode.Sq = 2;
     decode.Sk = 100;
     check_nan_propagation(decode, 2, {1, 99, 1, 5});
+    // Dv below one vector on every path: V packed transposed, whose dot products must keep the
+    // NaN from the rows that do not see its key (causal, and a window cutting the block).
+    Case narrow = nan_case(dtype);
+    narrow.D = 8;
+    narrow.Dv = 3;
+    check_nan_propagation(narrow, 2, {0, 100, 1, 2});
+    narrow.causal = false;
+    narrow.window_left = 20;
+    narrow.window_right = 10;
+    check_nan_propagation(narrow, 2, {1, 70, 1, 0});
   }
 }
 

@@ -13,6 +13,8 @@
 //   Gqa        head ratios 1, 2, 4, 8 and MQA x ALiBi x sinks x dtype.
 //   Layouts    the six memory layouts x dtype x mask x shape.
 //   Scale      default and explicit softmax_scale x dtype x head dim.
+//   SmallDv    value head dims 1-15 (below one vector on some path: V packed transposed) x mask,
+//              on every path of the CPU; D, shape, dtype, features and layout assigned.
 // Cases whose f64 reference would be slow are shrunk by fit_budget() (B, then heads, then head
 // dims), so the longest sequences run with B = 1 and few heads; the groups above keep every axis
 // value reachable anyway. Seeds are fixed (group * 100000 + case index). The sweep costs about 30
@@ -318,6 +320,35 @@ TEST(FwdSweep, SoftmaxScale) {
     }
   }
   run_cases(cases, 7);
+}
+
+TEST(FwdSweep, SmallValueHeadDims) {
+  const int64_t value_dims[] = {1, 2, 3, 5, 7, 15};
+  const int64_t head_dims[] = {1, 4, 8, 64};
+  const int64_t seq_lens[] = {7, 65, 130};
+  std::vector<Case> cases;
+  for (int64_t i = 0; i < count(value_dims); ++i) {
+    for (int64_t m = 0; m < count(kMasks); ++m) {
+      for (anyattn_isa isa : supported_isas()) {
+        Case c;
+        c.Dv = value_dims[i];
+        c.D = pick(head_dims, 1, i, 1, m);
+        c.Sq = pick(seq_lens, 1, i, 2, m);
+        c.Sk = pick(seq_lens, 2, i, 1, m);
+        apply(kMasks[m], &c);
+        apply(pick(kFeatures, 3, i, 1, m), &c);
+        c.dtype = pick(kDtypes, 1, i, 1, m);
+        const Heads heads = pick(kHeads, 2, i, 1, m);
+        c.Hq = heads.hq;
+        c.Hk = heads.hk;
+        c.B = (i + m) % 2 ? 2 : 1;
+        c.layout = pick(kLayouts, 1, i, 3, m);
+        c.isa = isa;
+        cases.push_back(c);
+      }
+    }
+  }
+  run_cases(cases, 8);
 }
 
 }  // namespace

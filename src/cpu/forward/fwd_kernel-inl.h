@@ -35,7 +35,9 @@
 //        V rows, over the vectors that hold Dv's columns (pv_columns; the zero padding up to
 //        dv_pad is skipped). O (64 rows x dv_pad floats) stays in L1/L2 for the whole task. On
 //        boundary blocks each row tile stops after the last key its rows may see: on a causal
-//        diagonal block that skips about half of the products.
+//        diagonal block that skips about half of the products. A Dv below one vector has V
+//        packed transposed and takes one dot product per row and column instead
+//        (accumulate_pv_transposed).
 //   Memory traffic per task: Q rows once, each visited K/V block once from L2/L3, out/lse once.
 //   Nothing of size Sq x Sk exists anywhere.
 
@@ -523,6 +525,43 @@ inline void accumulate_pv_visible_only(const Mask& mask, const TaskRows& rows, i
   }
 }
 
+// O[r][c] += sum_j P[r][j] V[j][c], c < Dv, from a transposed V panel (vt[c][64],
+// v_panel_transposed): per row and column one dot product over the block's 64 keys, in four
+// partial sums (P is 0 past the keys a row may see, and the panel 0 past the block's last key).
+// With `visible` (boundary blocks whose V holds NaN or infinity) V counts as 0 outside each row's
+// visible keys, so that a masked key's 0 * inf cannot reach the row; every row that sees no such
+// value gets the bits of the plain loop (its masked terms are +0 either way).
+inline void accumulate_pv_transposed(const float* p, const TaskRows& rows, const float* vt,
+                                     float* o, int64_t dv_pad, int64_t head_dim_v,
+                                     const Mask* visible, int64_t j0) {
+  constexpr int kSums = 4;
+  static_assert(kKeyBlock % (kSums * kLanes) == 0, "the partial sums must tile the block");
+  const Vec iota = Vec::iota();
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const float* p_row = p + r * kKeyBlock;
+    KeyRange range{0, kKeyBlock};
+    if (visible != nullptr) range = visible->row_keys_in_block(rows.position(r), j0, kKeyBlock);
+    for (int64_t c = 0; c < head_dim_v; ++c) {
+      const float* v_column = vt + c * kKeyBlock;
+      Vec sums[kSums];
+      for (int k = 0; k < kSums; ++k) sums[k] = Vec::zero();
+      for (int64_t j = 0; j < kKeyBlock; j += kSums * kLanes) {
+        for (int k = 0; k < kSums; ++k) {
+          const int64_t key = j + k * kLanes;
+          Vec v = Vec::load(v_column + key);
+          if (visible != nullptr) {
+            v = select_in_range(v, iota + Vec::broadcast(static_cast<float>(key)),
+                                static_cast<float>(range.begin), static_cast<float>(range.end),
+                                Vec::zero());
+          }
+          sums[k] = fma(Vec::load(p_row + key), v, sums[k]);
+        }
+      }
+      o[r * dv_pad + c] += reduce_add((sums[0] + sums[1]) + (sums[2] + sums[3]));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Packing
 // ---------------------------------------------------------------------------------------------
@@ -592,23 +631,48 @@ inline void prefetch_rows_ahead(const FwdArgs& args, const SeqInfo& seq, const v
   }
 }
 
+// Whether the V panels of a call hold V transposed, vt[c][64] for c < Dv, instead of its rows: for
+// Dv below one vector. P V then takes, per row and column, one dot product over the block's keys
+// (64 / kLanes FMAs and a reduction; accumulate_pv_transposed), where the row tiles would do one
+// broadcast FMA per key for a vector of which only Dv lanes count.
+inline bool v_panel_transposed(int64_t head_dim_v) {
+  return head_dim_v < kLanes;
+}
+
 // Writes the f32 V rows of a key block into the V region of `heads_k` consecutive panels: each row
-// zero from Dv to dv_pad, and per head a running check for NaN and infinity.
+// zero from Dv to dv_pad (or, for a transposed panel, each column zero past the block's last key),
+// and per head a running check for NaN and infinity.
 class VPanelWriter {
  public:
   VPanelWriter(const FwdArgs& args, const PackedLayout& layout, float* panels, int64_t heads_k)
-      : args_(args), layout_(layout), panels_(panels), heads_k_(heads_k) {
+      : args_(args),
+        layout_(layout),
+        panels_(panels),
+        heads_k_(heads_k),
+        transposed_(v_panel_transposed(args.head_dim_v)) {
     for (int64_t h = 0; h < heads_k; ++h) finite_check_[h] = Vec::zero();
   }
-  // Row j of head h's V.
-  float* row(int64_t h, int64_t j) const {
-    return panels_ + h * layout_.block_floats + layout_.kt_floats + j * layout_.dv_pad;
+  // Where row j of head h's V goes: its panel row, or for a transposed panel a buffer that
+  // finish_row scatters into the columns.
+  float* row(int64_t h, int64_t j) {
+    if (transposed_) return transposed_row_;
+    return v_region(h) + j * layout_.dv_pad;
   }
-  // Zeroes row j of head h past Dv and checks it, once its Dv values are written.
+  // Completes row j of head h once its Dv values are written: zeroes it past Dv (or scatters it
+  // into the columns) and checks it.
   void finish_row(int64_t h, int64_t j) {
+    // Every product x * 0 is 0 for finite x and NaN for NaN or +-inf.
+    if (transposed_) {
+      float check = 0.f;
+      for (int64_t c = 0; c < args_.head_dim_v; ++c) {
+        v_region(h)[c * kKeyBlock + j] = transposed_row_[c];
+        check += transposed_row_[c] * 0.f;
+      }
+      finite_check_[h] = finite_check_[h] + Vec::broadcast(check);
+      return;
+    }
     float* v_row = row(h, j);
     for (int64_t c = args_.head_dim_v; c < layout_.dv_pad; ++c) v_row[c] = 0.f;
-    // Every product x * 0 is 0 for finite x and NaN for NaN or +-inf.
     for (int64_t c = 0; c < layout_.dv_pad; c += kLanes) {
       finite_check_[h] = finite_check_[h] + Vec::load(v_row + c) * Vec::zero();
     }
@@ -630,18 +694,29 @@ class VPanelWriter {
       }
     }
   }
-  // block_flags[h] = kBlockVNonfinite if head h's V holds a NaN or an infinity, else 0.
-  void set_flags(uint8_t* block_flags) const {
+  // Once the block's `keys` rows are finished: zeroes a transposed panel's columns past them
+  // (P V reads all 64), and sets block_flags[h] = kBlockVNonfinite if head h's V holds a NaN or
+  // an infinity, else 0.
+  void finish(int64_t keys, uint8_t* block_flags) {
     for (int64_t h = 0; h < heads_k_; ++h) {
+      for (int64_t c = 0; transposed_ && c < args_.head_dim_v; ++c) {
+        std::fill(v_region(h) + c * kKeyBlock + keys, v_region(h) + (c + 1) * kKeyBlock, 0.f);
+      }
       block_flags[h] = std::isnan(reduce_add(finite_check_[h])) ? kBlockVNonfinite : 0;
     }
   }
 
  private:
+  float* v_region(int64_t h) const {
+    return panels_ + h * layout_.block_floats + layout_.kt_floats;
+  }
+
   const FwdArgs& args_;
   const PackedLayout& layout_;
   float* panels_;
   int64_t heads_k_;
+  bool transposed_;
+  float transposed_row_[kLanes] = {};
   Vec finite_check_[kMaxQBlockRows];
 };
 
@@ -714,7 +789,7 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
   }
 
   if (!v_from_k) v_panels.convert_rows(seq, head_k, j0, keys);
-  v_panels.set_flags(block_flags);
+  v_panels.finish(keys, block_flags);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -889,12 +964,19 @@ struct VectorProducts {
   // O += P V for the rows of one kv head (head_rows) and the block at j0 (`keys` keys). On
   // boundary blocks each row tile stops after its rows' last visible key; boundary blocks whose
   // V holds NaN or infinity take the visible keys only (a masked key's P = 0 times infinity would
-  // be NaN); elsewhere every probability multiplied belongs to a visible key.
+  // be NaN); elsewhere every probability multiplied belongs to a visible key. A Dv below one
+  // vector takes the transposed panel's dot products instead.
   void pv(const FwdArgs& args, const SeqInfo& /*seq*/, const Mask& mask,
           const TaskRows& head_rows, int64_t j0, int64_t keys, bool crosses_boundary,
           uint8_t block_flags, float* p, const float* v, float* o, int64_t dv_pad) const {
+    const bool nonfinite_boundary = crosses_boundary && (block_flags & kBlockVNonfinite) != 0;
+    if (v_panel_transposed(args.head_dim_v)) {
+      accumulate_pv_transposed(p, head_rows, v, o, dv_pad, args.head_dim_v,
+                               nonfinite_boundary ? &mask : nullptr, j0);
+      return;
+    }
     const int64_t columns = pv_columns(args.head_dim_v);
-    if (crosses_boundary && (block_flags & kBlockVNonfinite) != 0) {
+    if (nonfinite_boundary) {
       accumulate_pv_visible_only(mask, head_rows, j0, p, v, o, dv_pad, columns);
     } else if (crosses_boundary) {
       int64_t row_keys[kMaxQBlockRows];

@@ -104,7 +104,7 @@ inline void pack_narrow_head(const FwdArgs& args, const PackedLayout& layout, co
   }
   VPanelWriter v_panel(args, layout, panel, 1);
   v_panel.convert_rows(seq, head_k, j0, keys);
-  v_panel.set_flags(block_flags);
+  v_panel.finish(keys, block_flags);
 }
 
 // s_row[0 .. round_up(keys, 4)) = q . k_j with f32 FMAs over the pairs panel kt (read as the
