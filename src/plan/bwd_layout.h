@@ -76,6 +76,9 @@ struct BwdLayout {
   // The products on AMX tiles (bf16 calls on the avx512_amx path): the scratch then also holds
   // bf16 copies of K, V, Q and dout in the tiles' formats (BwdScratch).
   bool bf16_tiles = false;
+  // S and dP on the neon path's 16-bit kernels (forward/fwd_narrow_scores.h): the scratch then
+  // also holds the Q and dout rows as 16-bit values (BwdScratch::q16, dout16).
+  bool rows16 = false;
 
   // 32-bit words (bf16 pairs) per row of D or Dv rounded up to the tiles' 32-element chunks.
   int64_t d_words() const { return (d_pad + 31) / 32 * 16; }
@@ -99,7 +102,8 @@ struct BwdLayout {
   // Floats of one thread's scratch (BwdScratch::carve).
   int64_t scratch_floats() const {
     return chunk_keys * (3 * d_pad + 2 * dv_pad) + kBwdBlock * (2 * d_pad + 2 * dv_pad) +
-           3 * kBwdBlock * kBwdBlock + 2 * kBwdBlock + (bf16_tiles ? tile_floats() : 0);
+           3 * kBwdBlock * kBwdBlock + 2 * kBwdBlock + (bf16_tiles ? tile_floats() : 0) +
+           (rows16 ? kBwdBlock / 2 * (d_pad + dv_pad) : 0);
   }
 };
 
@@ -125,6 +129,8 @@ struct BwdLayout {
 //            packing), then the split, transposed P Z or dX of a tile ([64][64]); 128 words
 //            (D = 256) at least, the layout of every D <= 256
 //   key_flags [chunk blocks] bytes   kKeySubnormal / kValueSubnormal per key block
+// With rows16, in 16-bit values: q16 [64][d_pad], dout16 [64][dv_pad], Q and dout rows as the
+// left operands of the 16-bit S and dP kernels (and kt, vt then hold 16-bit panels).
 struct BwdScratch {
   float* kt = nullptr;
   float* k = nullptr;
@@ -149,6 +155,8 @@ struct BwdScratch {
   uint32_t* dout_pairs = nullptr;
   float* staging = nullptr;
   uint8_t* key_flags = nullptr;
+  uint16_t* q16 = nullptr;
+  uint16_t* dout16 = nullptr;
 
   static BwdScratch carve(float* base, const BwdLayout& layout) {
     const int64_t ck = layout.chunk_keys;
@@ -167,8 +175,8 @@ struct BwdScratch {
     s.z = s.dp + kBwdBlock * kBwdBlock;
     s.neg_lse = s.z + kBwdBlock * kBwdBlock;
     s.delta = s.neg_lse + kBwdBlock;
+    float* next = s.delta + kBwdBlock;
     if (layout.bf16_tiles) {
-      float* next = s.delta + kBwdBlock;
       s.k_words = reinterpret_cast<uint32_t*>(next);
       next += ck * layout.d_words();
       s.v_words = reinterpret_cast<uint32_t*>(next);
@@ -186,6 +194,11 @@ struct BwdScratch {
       s.staging = next;
       next += kBwdBlock * layout.staging_row_floats();
       s.key_flags = reinterpret_cast<uint8_t*>(next);
+    }
+    if (layout.rows16) {
+      float* rows16 = s.delta + kBwdBlock + (layout.bf16_tiles ? layout.tile_floats() : 0);
+      s.q16 = reinterpret_cast<uint16_t*>(rows16);
+      s.dout16 = s.q16 + kBwdBlock * layout.d_pad;
     }
     return s;
   }

@@ -46,7 +46,7 @@ int64_t task_cost(const cpu::FwdArgs& f, const BwdTask& task) {
 
 // The layout: padded head dims, and the chunk count from the shape (see the constants above).
 BwdLayout chunked_layout(const cpu::FwdArgs& f, const std::vector<BwdSeq>& seqs,
-                         int64_t total_rows, bool bf16_tiles) {
+                         int64_t total_rows, bool bf16_tiles, bool rows16) {
   int64_t max_blocks = 0, pairs = 0;
   for (const BwdSeq& s : seqs) {
     max_blocks = std::max(max_blocks, key_blocks(s));
@@ -56,6 +56,7 @@ BwdLayout chunked_layout(const cpu::FwdArgs& f, const std::vector<BwdSeq>& seqs,
   layout.d_pad = (f.head_dim + 15) / 16 * 16;
   layout.dv_pad = (f.head_dim_v + 15) / 16 * 16;
   layout.bf16_tiles = bf16_tiles;
+  layout.rows16 = rows16;
   int64_t chunks = std::min({ceil_div64(kWantedTasks, std::max<int64_t>(pairs, 1)), kMaxChunks,
                              std::max<int64_t>(max_blocks, 1)});
   const int64_t partial_row_bytes = std::max<int64_t>(total_rows * layout.d_pad * 4, 1);
@@ -78,7 +79,7 @@ void BwdPlan::bind_partials(float* partials) {
   }
 }
 
-BwdPlan make_bwd_plan(const cpu::BwdArgs& args, bool bf16_tiles) {
+BwdPlan make_bwd_plan(const cpu::BwdArgs& args, bool bf16_tiles, bool rows16) {
   const cpu::FwdArgs& f = args.fwd;
   BwdPlan plan;
   plan.seqs.resize(static_cast<size_t>(f.batch));
@@ -86,7 +87,7 @@ BwdPlan make_bwd_plan(const cpu::BwdArgs& args, bool bf16_tiles) {
     plan.seqs[b] = cpu::bwd_sequence(args, b, plan.total_rows);
     plan.total_rows += plan.seqs[b].seq.seqlen_q * f.heads_q;
   }
-  plan.layout = chunked_layout(f, plan.seqs, plan.total_rows, bf16_tiles);
+  plan.layout = chunked_layout(f, plan.seqs, plan.total_rows, bf16_tiles, rows16);
   plan.delta_floats = (plan.total_rows + 15) / 16 * 16;
   plan.chunk_stride = plan.total_rows * plan.layout.d_pad;
   plan.partial_floats = plan.layout.num_chunks > 1 ? plan.layout.num_chunks * plan.chunk_stride : 0;

@@ -36,9 +36,9 @@ struct BwdPlan {
 };
 
 // The plan of a validated backward call with at least one sequence and one query head, and head
-// dims of at least 1. bf16_tiles: the kernel runs this call's products on AMX tiles (its scratch is
-// larger).
-BwdPlan make_bwd_plan(const cpu::BwdArgs& args, bool bf16_tiles);
+// dims of at least 1. bf16_tiles: the kernel runs this call's products on AMX tiles; rows16: its S
+// and dP on the 16-bit kernels (BwdLayout; either makes the scratch larger).
+BwdPlan make_bwd_plan(const cpu::BwdArgs& args, bool bf16_tiles, bool rows16);
 
 }  // namespace anyattn::plan
 

@@ -4,13 +4,15 @@
 // FMLAL gives the FMLA path's bits; bf16 on BFDOT matches the FMLA path by the cross-ISA rule;
 // query rows BFDOT would get wrong (subnormal, |q| >= 2^64) and softmax_scale above 2^16 take f32
 // scores with the FMLA path's bits; and that choice, made per row, leaves results independent of
-// the thread count. Skipped where the neon path or the extensions are missing. Linked against the
-// library's objects, to reach the internal switches.
+// the thread count. The backward's S and dP on the same kernels: gradients against the reference
+// with them on and off, f16 gradients bitwise equal both ways. Skipped where the neon path or the
+// extensions are missing. Linked against the library's objects, to reach the internal switches.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
+#include "backward/bwd_test_support.h"
 #include "common/test_support.h"
 #include "cpu/decode/fwd_decode_bf16_dot.h"
 #include "cpu/forward/fwd_narrow_scores.h"
@@ -233,6 +235,69 @@ TEST_F(FwdNarrowScores, Bf16ScorePathPerRowKeepsResultsIndependentOfThreads) {
       EXPECT_EQ(p.output_bytes(), first) << threads << " threads";
     }
   }
+}
+
+// The backward with S and dP on the 16-bit kernels (forward and backward switched together):
+// shapes with partial key blocks, GQA, masks, softcap, ALiBi, sinks and dropout, D and Dv on and
+// off the kernels' 8-element steps. Both ways match the reference; f16 gives the same bytes.
+void check_backward_both_ways(anyattn_dtype dtype) {
+  struct Shape {
+    int64_t sq, sk, hq, hk, d, dv;
+  };
+  const Shape shapes[] = {{65, 130, 4, 2, 64, 64}, {17, 63, 2, 1, 8, 31}, {40, 200, 6, 2, 80, 16},
+                          {70, 70, 2, 2, 129, 72}, {33, 100, 4, 1, 4, 5}};
+  int failures = 0;
+  int64_t n = 0;
+  for (const Shape& shape : shapes) {
+    for (int variant = 0; variant < 3; ++variant, ++n) {
+      if (reduced_sweep() && n % 3 != 0) continue;
+      BwdCase c;
+      c.fwd.B = variant == 2 ? 2 : 1;
+      c.fwd.Sq = shape.sq;
+      c.fwd.Sk = shape.sk;
+      c.fwd.Hq = shape.hq;
+      c.fwd.Hk = shape.hk;
+      c.fwd.D = shape.d;
+      c.fwd.Dv = shape.dv;
+      c.fwd.dtype = dtype;
+      c.fwd.isa = ANYATTN_ISA_NEON;
+      c.fwd.causal = variant == 1;
+      c.fwd.window_left = variant == 2 ? 24 : -1;
+      c.fwd.softcap = variant == 2 ? 5.0f : 0.0f;
+      c.fwd.alibi = variant == 1 ? Alibi::kPerHead : Alibi::kNone;
+      c.fwd.sinks = variant == 0;
+      c.fwd.seed = 9500 + n;
+      c.dropout_p = variant == 1 ? 0.2f : 0.f;
+      std::vector<unsigned char> bytes[2];
+      for (int on = 1; on >= 0; --on) {
+        set_narrow_scores(dtype, on == 1);
+        BwdProblem p(c);
+        ASSERT_EQ(p.prepare_forward(), ANYATTN_OK) << anyattn_last_error();
+        ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+        const ::testing::AssertionResult r = check_gradients(p, p.reference(), p.naive_same_dtype());
+        if (!r && ++failures <= 8) {
+          ADD_FAILURE() << c.describe() << (on ? " extension" : " fma") << ": " << r.message();
+        }
+        bytes[on] = p.gradient_bytes();
+      }
+      if (dtype == ANYATTN_DTYPE_F16 && bytes[0] != bytes[1] && ++failures <= 8) {
+        ADD_FAILURE() << c.describe() << ": FMLAL and FMLA gradients differ";
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+TEST_F(FwdNarrowScores, Bf16BackwardOnBfdotMatchesReference) {
+  if (!has_neon_path()) GTEST_SKIP() << "no neon path on this CPU";
+  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no BFDOT on this CPU";
+  check_backward_both_ways(ANYATTN_DTYPE_BF16);
+}
+
+TEST_F(FwdNarrowScores, F16BackwardOnFmlalGivesTheFmlaBits) {
+  if (!has_neon_path()) GTEST_SKIP() << "no neon path on this CPU";
+  if (!set_narrow_scores(ANYATTN_DTYPE_F16, true)) GTEST_SKIP() << "no FMLAL on this CPU";
+  check_backward_both_ways(ANYATTN_DTYPE_F16);
 }
 
 }  // namespace

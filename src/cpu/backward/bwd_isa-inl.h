@@ -13,7 +13,10 @@
 //                                 in place of bwd_philox.h's portable dropout_keep_factors64
 //     ANYATTN_BWD_BF16_TILES      the products of bf16 calls on AMX tiles
 //                                 (amx/bwd_tiles_amx-inl.h)
-// Defines row_dots, bwd_task, reduce_dq and kBf16Tiles (registered by backward/bwd_driver.cc).
+//     ANYATTN_BWD_NARROW_SCORES   S and dP of bf16 and f16 calls on BFDOT and FMLAL
+//                                 (backward/bwd_narrow_scores_neon-inl.h)
+// Defines row_dots, bwd_task, reduce_dq, kBf16Tiles and takes_rows16 (registered by
+// backward/bwd_driver.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +28,13 @@
 #include "cpu/shared/half.h"
 #include "cpu/shared/prefetch.h"
 #include "plan/bwd_layout.h"
+
+#if defined(ANYATTN_BWD_NARROW_SCORES)
+#include <cstring>
+
+#include "cpu/decode/fwd_decode_bf16_dot.h"
+#include "cpu/forward/fwd_narrow_scores.h"
+#endif
 
 // The kernels' namespace, bwd_<id>.
 #define ANYATTN_PATH_BWD_NAMESPACE_OF(id) ANYATTN_PATH_BWD_NAMESPACE_PASTE(id)
@@ -69,6 +79,17 @@ extern const bool kBf16Tiles = true;
 #else
 extern const bool kBf16Tiles = false;
 #endif
+
+// Whether this call's S and dP run on the path's 16-bit kernels (BwdLayout::rows16): the driver
+// sizes the scratch from it and bwd_task follows the layout.
+bool takes_rows16(const FwdArgs& f) {
+#if defined(ANYATTN_BWD_NARROW_SCORES)
+  return narrow_scores_of(f) != NarrowScores::kNone;
+#else
+  (void)f;
+  return false;
+#endif
+}
 
 }  // namespace anyattn::cpu::ANYATTN_PATH_BWD_NAMESPACE
 ANYATTN_PATH_TARGET_END()

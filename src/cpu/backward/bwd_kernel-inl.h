@@ -579,6 +579,9 @@ void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, in
 #if defined(ANYATTN_BWD_BF16_TILES)
 // This path runs the products of bf16 calls on AMX tiles, and everything else as above.
 #include "cpu/amx/bwd_tiles_amx-inl.h"
+#elif defined(ANYATTN_BWD_NARROW_SCORES)
+// This path runs S and dP of bf16 and f16 calls on BFDOT and FMLAL where the CPU has them.
+#include "cpu/backward/bwd_narrow_scores_neon-inl.h"
 #else
 void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task, const float* delta,
               float* scratch) {

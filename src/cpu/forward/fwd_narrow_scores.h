@@ -27,7 +27,23 @@
 
 #include <cstdint>
 
+#include "common/fwd_args.h"
+
 namespace anyattn::cpu {
+
+// How a call's S = Q K^T (and in the backward also dP = dout V^T) is formed on the neon path.
+enum class NarrowScores : uint8_t {
+  kNone,       // f32 FMLA, K (and V) packed as f32
+  kBf16Pairs,  // BFDOT over the pairs format
+  kF16,        // FMLAL over the f16 format
+};
+
+// The format of a call, a function of the call, the CPU and the tests' switches only, so that
+// the packers and the kernels agree: bf16 q, K and V on a CPU and call that take the bf16 dot
+// products (call_takes_bf16_dot_scores), or f16 ones where FMLAL is available, with D >= 4 (the
+// 16-bit panels fit in the f32 panels' space: round_up(D, 8) * 32 floats <= D * 64); kNone
+// everywhere else, and on every build without the Arm kernels.
+NarrowScores narrow_scores_of(const FwdArgs& args);
 
 // True when this CPU runs FMLAL (FEAT_FHM), this build compiled the f16 kernel and the tests have
 // not turned it off.
@@ -102,6 +118,12 @@ namespace neon_f16 {
 void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint16_t* kt,
                   int64_t depth, int64_t keys, NextPanelLines next, float* s);
 }  // namespace neon_f16
+
+// s_row[j] = q . k_j for j < round_up(keys, 4) with f32 FMAs over a pairs-format panel, head-dim
+// elements in ascending order: the f32 path's bits, for a bf16 row unfit for BFDOT. q_row: bf16,
+// zero from D to 2 * pair_rows. AArch64 builds only.
+void exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
+                       int64_t keys, float* s_row);
 
 }  // namespace anyattn::cpu
 

@@ -25,21 +25,6 @@
 //   from the same panel (exact_pair_scores: the vector path's bits). The test is per row, so a
 //   row's scores do not depend on which rows share its task.
 
-enum class KeyPanelFormat : uint8_t { kF32, kBf16Pairs, kF16 };
-
-// The K panel format of a call, a function of the call, the CPU and the tests' switches only, so
-// that pack_block and attend agree.
-inline KeyPanelFormat key_panel_format(const FwdArgs& args) {
-  if (args.head_dim < 4 || args.kv_dtype != args.dtype || args.rotary_cos != nullptr) {
-    return KeyPanelFormat::kF32;
-  }
-  if (args.dtype == DType::kBF16 && call_takes_bf16_dot_scores(args)) {
-    return KeyPanelFormat::kBf16Pairs;
-  }
-  if (args.dtype == DType::kF16 && f16_fml_scores_available()) return KeyPanelFormat::kF16;
-  return KeyPanelFormat::kF32;
-}
-
 // Head-dim elements per packed key, zero past D: the kernels step 8 at a time.
 inline int64_t narrow_depth(int64_t head_dim) {
   return round_up(head_dim, 8);
@@ -49,7 +34,7 @@ inline int64_t narrow_depth(int64_t head_dim) {
 // vector path packs it, and sets *block_flags (kBlockVNonfinite). `staging`: 4 * round_up(D, 8)
 // floats.
 inline void pack_narrow_head(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
-                             int64_t head_k, int64_t block, KeyPanelFormat format, float* panel,
+                             int64_t head_k, int64_t block, NarrowScores format, float* panel,
                              float* staging, uint8_t* block_flags) {
   constexpr int64_t kChunkKeys = 8;
   const int64_t j0 = block * kKeyBlock;
@@ -79,7 +64,7 @@ inline void pack_narrow_head(const FwdArgs& args, const PackedLayout& layout, co
     }
     // Staged row jj holds key chunk + jj as pair_rows 32-bit words (element pairs).
     const float* words = staging;
-    if (format == KeyPanelFormat::kBf16Pairs) {
+    if (format == NarrowScores::kBf16Pairs) {
       for (int64_t half = 0; half < kChunkKeys; half += kLanes) {
         for (int64_t w = 0; w < pair_rows; w += kLanes) {
           transpose_tile(words + half * pair_rows + w, pair_rows,
@@ -107,31 +92,13 @@ inline void pack_narrow_head(const FwdArgs& args, const PackedLayout& layout, co
   v_panel.finish(keys, block_flags);
 }
 
-// s_row[0 .. round_up(keys, 4)) = q . k_j with f32 FMAs over the pairs panel kt (read as the
-// floats its packer wrote), head-dim elements in ascending order: the vector path's bits, for a
-// bf16 row unfit for BFDOT.
-inline void exact_pair_scores(const uint16_t* q_row, const float* kt, int64_t pair_rows,
-                              int64_t keys, float* s_row) {
-  for (int64_t c = 0; c < keys; c += kLanes) {
-    Vec sum = Vec::zero();
-    for (int64_t w = 0; w < pair_rows; ++w) {
-      const uint32x4_t words = vreinterpretq_u32_f32(vld1q_f32(kt + w * kKeyBlock + c));
-      const Vec even{vreinterpretq_f32_u32(vshlq_n_u32(words, 16))};
-      const Vec odd{vreinterpretq_f32_u32(vandq_u32(words, vdupq_n_u32(0xFFFF0000u)))};
-      sum = fma(Vec::broadcast(bf16_to_f32(q_row[2 * w])), even, sum);
-      sum = fma(Vec::broadcast(bf16_to_f32(q_row[2 * w + 1])), odd, sum);
-    }
-    sum.store(s_row + c);
-  }
-}
-
-// The products for attend_blocks of a call whose K panels are 16-bit (key_panel_format): S on the
+// The products for attend_blocks of a call whose K panels are 16-bit (narrow_scores_of): S on the
 // narrow kernels, P V as on the vector path.
 class NarrowScoreProducts {
  public:
   void load_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                     const TaskRows& rows, const Scratch& scratch) {
-    format_ = key_panel_format(args);
+    format_ = narrow_scores_of(args);
     q_ = reinterpret_cast<uint16_t*>(scratch.q);
     ldq_ = 2 * layout.q_stride;
     for (int64_t r = 0; r < rows.count; ++r) {
@@ -146,13 +113,13 @@ class NarrowScoreProducts {
         unfit |= static_cast<uint16_t>(bf16_query_unfit_for_dot(source[d]));
       }
       for (int64_t d = args.head_dim; d < ldq_; ++d) row[d] = 0;
-      unfit_row_[r] = format_ == KeyPanelFormat::kBf16Pairs && unfit != 0;
+      unfit_row_[r] = format_ == NarrowScores::kBf16Pairs && unfit != 0;
     }
   }
   static void pack(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
                    int64_t head_k, int64_t heads_k, int64_t block, float* panels, float* staging,
                    uint8_t* block_flags) {
-    const KeyPanelFormat format = key_panel_format(args);
+    const NarrowScores format = narrow_scores_of(args);
     for (int64_t h = 0; h < heads_k; ++h) {
       pack_narrow_head(args, layout, seq, head_k + h, block, format,
                        panels + h * layout.block_floats, staging, block_flags + h);
@@ -170,7 +137,7 @@ class NarrowScoreProducts {
                                     next == nullptr ? nullptr : next + layout.kt_floats * 4,
                                     kKeyBlock * layout.dv_pad * 4};
     const uint16_t* q_rows = reinterpret_cast<const uint16_t*>(q);
-    if (format_ == KeyPanelFormat::kF16) {
+    if (format_ == NarrowScores::kF16) {
       neon_f16::block_scores(q_rows, ldq_, rows, reinterpret_cast<const uint16_t*>(kt), depth,
                              keys, next_lines, s);
       return;
@@ -180,7 +147,7 @@ class NarrowScoreProducts {
     const int64_t r0 = (q_rows - q_) / ldq_;
     for (int64_t r = 0; r < rows; ++r) {
       if (unfit_row_[r0 + r]) {
-        exact_pair_scores(q_rows + r * ldq_, kt, depth / 2, keys, s + r * kKeyBlock);
+        exact_pair_scores(q_rows + r * ldq_, k_pairs, depth / 2, keys, s + r * kKeyBlock);
       }
     }
   }
@@ -193,7 +160,7 @@ class NarrowScoreProducts {
   void finish() {}
 
  private:
-  KeyPanelFormat format_ = KeyPanelFormat::kF32;
+  NarrowScores format_ = NarrowScores::kNone;
   uint16_t* q_ = nullptr;
   int64_t ldq_ = 0;
   bool unfit_row_[kMaxQBlockRows] = {};
@@ -202,8 +169,8 @@ class NarrowScoreProducts {
 
 void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, int64_t head_k,
                 int64_t block, float* dst, uint8_t* block_flags, float* staging) {
-  const KeyPanelFormat format = key_panel_format(args);
-  if (format == KeyPanelFormat::kF32) {
+  const NarrowScores format = narrow_scores_of(args);
+  if (format == NarrowScores::kNone) {
     pack_block_heads(args, layout, seq, head_k, 1, block, dst, staging, block_flags);
   } else {
     pack_narrow_head(args, layout, seq, head_k, block, format, dst, staging, block_flags);
@@ -212,7 +179,7 @@ void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& 
 
 void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
             const Scratch& scratch) {
-  if (key_panel_format(args) == KeyPanelFormat::kF32) {
+  if (narrow_scores_of(args) == NarrowScores::kNone) {
     attend_blocks<VectorProducts>(args, layout, task, scratch);
   } else {
     attend_blocks<NarrowScoreProducts>(args, layout, task, scratch);

@@ -43,10 +43,11 @@
 #define ANYATTN_DIRECT_BF16_DOT_SCORES neon_bf16::chunk_scores
 #endif
 
-// The packed forward's bf16 and f16 scores on BFDOT and FMLAL where the CPU has them and the build
-// compiled their kernels (forward/fwd_narrow_scores.h).
+// The packed forward's bf16 and f16 scores, and the backward's S and dP, on BFDOT and FMLAL where
+// the CPU has them and the build compiled their kernels (forward/fwd_narrow_scores.h).
 #if defined(ANYATTN_NEON_BF16_DOT) && defined(ANYATTN_NEON_F16_FML)
 #define ANYATTN_FWD_NARROW_SCORES 1
+#define ANYATTN_BWD_NARROW_SCORES 1
 #endif
 
 #endif  // ANYATTN_CPU_SIMD_TRAITS_NEON_H_
