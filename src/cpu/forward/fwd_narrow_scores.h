@@ -1,9 +1,10 @@
 // The packed forward's S = Q K^T for bf16 and f16 calls on the Arm extensions that multiply 16-bit
 // values into f32 sums: BFDOT (FEAT_BF16) for bf16, FMLAL/FMLAL2 (FEAT_FHM) for f16. The neon
 // path packs such a call's K as 16-bit panels (forward/fwd_narrow_scores_neon-inl.h) and runs
-// these kernels where the CPU has the instruction; each kernel is compiled in its own translation
-// unit with that feature enabled (fwd_scores_bf16_dot_neon.cc, fwd_scores_f16_fml_neon.cc),
-// since GCC 12 and clang 14 offer these intrinsics to no function target attribute.
+// these kernels where the CPU has the instruction; its backward runs S and dP on them too
+// (backward/bwd_narrow_scores_neon-inl.h). Each kernel is compiled in its own translation unit
+// with that feature enabled (fwd_scores_bf16_dot_neon.cc, fwd_scores_f16_fml_neon.cc), since
+// GCC 12 and clang 14 offer these intrinsics to no function target attribute.
 //
 // Packed formats (one 64-key block of one kv head, in the f32 panel's K region, which is larger):
 //   pairs (bf16)  pair_rows = round_up(D, 8) / 2 rows of 64 32-bit words: word j of row w holds
