@@ -165,8 +165,9 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
   if (options->seqlen_q == 0) options->seqlen_q = options->seqlen;
   if (options->batch < 1 || options->seqlen < 1 || options->seqlen_q < 1 || options->heads_q < 1 ||
       options->heads_k < 1 || options->heads_q % options->heads_k != 0 || options->head_dim < 1 ||
-      options->head_dim > ANYATTN_MAX_HEAD_DIM_V || options->kv_copies < 1 || options->threads < 1 ||
-      options->rounds < 1 || (options->kv8 != ANYATTN_DTYPE_F32 && options->backward)) {
+      options->head_dim > ANYATTN_MAX_HEAD_DIM_V || options->kv_copies < 1 ||
+      options->threads < 1 || options->rounds < 1 ||
+      (options->kv8 != ANYATTN_DTYPE_F32 && options->backward)) {
     std::fprintf(stderr,
                  "anyattn_ab_probe: need batch, seqlens, heads, kv-copies, threads, runs >= 1, "
                  "heads-q a multiple of heads-k, head-dim (D = Dv) in [1, 512] and no --kv8 with "

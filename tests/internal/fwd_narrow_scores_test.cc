@@ -274,7 +274,8 @@ void check_backward_both_ways(anyattn_dtype dtype) {
         BwdProblem p(c);
         ASSERT_EQ(p.prepare_forward(), ANYATTN_OK) << anyattn_last_error();
         ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
-        const ::testing::AssertionResult r = check_gradients(p, p.reference(), p.naive_same_dtype());
+        const ::testing::AssertionResult r =
+            check_gradients(p, p.reference(), p.naive_same_dtype());
         if (!r && ++failures <= 8) {
           ADD_FAILURE() << c.describe() << (on ? " extension" : " fma") << ": " << r.message();
         }

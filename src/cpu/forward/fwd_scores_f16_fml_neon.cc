@@ -48,7 +48,8 @@ __attribute__((always_inline)) inline float32x4_t fmlal_high(float32x4_t acc, fl
 template <int R, int NV, int L>
 __attribute__((always_inline)) inline void score_elements(const float16x8_t (&q_elements)[R],
                                                           const uint16_t* kt_d0,
-                                                          float32x4_t (&low)[R][NV], float32x4_t (&high)[R][NV]) {
+                                                          float32x4_t (&low)[R][NV],
+                                                          float32x4_t (&high)[R][NV]) {
   if constexpr (L < 8) {
     float16x8_t keys[NV];
     for (int n = 0; n < NV; ++n) {
