@@ -12,8 +12,9 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/decode/fwd_decode_bf16_dot.h"
 #include "common/test_support.h"
+#include "cpu/decode/fwd_decode_bf16_dot.h"
+#include "internal/bf16_dot_flush_cases.h"
 
 namespace anyattn {
 namespace testing {
@@ -36,12 +37,6 @@ constexpr anyattn_isa kDotIsa = ANYATTN_ISA_NEON;
 constexpr anyattn_isa kDotIsa = ANYATTN_ISA_AVX512;
 #endif
 
-bool has_dot_path() {
-  for (anyattn_isa isa : supported_isas()) {
-    if (isa == kDotIsa) return true;
-  }
-  return false;
-}
 
 // bf16 decode shapes on that path: 1 to 12 rows per kv head, 1 to 8 kv heads per task, head dims on
 // and off the dot products' operands (32 elements for VDPBF16PS, 8 for BFDOT), partial and several
@@ -77,7 +72,9 @@ std::vector<Case> dot_cases() {
 }
 
 TEST_F(FwdDecodeBf16Dot, BothScorePathsMatchReferenceAndEachOther) {
-  if (!has_dot_path()) GTEST_SKIP() << "no " << anyattn_isa_name(kDotIsa) << " path on this CPU";
+  if (!has_isa_path(kDotIsa)) {
+    GTEST_SKIP() << "no " << anyattn_isa_name(kDotIsa) << " path on this CPU";
+  }
   cpu::set_bf16_dot_scores_enabled(true);
   if (!cpu::bf16_dot_scores_available()) GTEST_SKIP() << "no bf16 dot products on this CPU";
   int failures = 0;
@@ -105,24 +102,6 @@ TEST_F(FwdDecodeBf16Dot, BothScorePathsMatchReferenceAndEachOther) {
   EXPECT_EQ(failures, 0);
 }
 
-// Fills q and k of a decode problem (B1 Sq1 Hq4 Hk1 D16 Sk100, bf16) with q_unit and k_unit times
-// small integers, so that each score is a small multiple of q_unit * k_unit * softmax_scale.
-void fill_scaled(Problem& p, double q_unit, double k_unit) {
-  const Case& c = p.spec();
-  for (int64_t h = 0; h < c.Hq; ++h) {
-    for (int64_t d = 0; d < c.D; ++d) {
-      const int64_t index[4] = {0, 0, h, d};
-      store(p.q, index, q_unit * static_cast<double>((h * 3 + d * 5) % 7 - 3));
-    }
-  }
-  for (int64_t s = 0; s < c.Sk; ++s) {
-    for (int64_t d = 0; d < c.D; ++d) {
-      const int64_t index[4] = {0, s, 0, d};
-      store(p.k, index, k_unit * static_cast<double>((s * 7 + d * 3) % 9 - 4));
-    }
-  }
-}
-
 // The per-element test that keeps a kv head off the dot products, over every bf16 bit pattern,
 // against its definition on the value: subnormal, or finite with |q| >= 2^64.
 TEST(FwdDecodeBf16DotQueries, UnfitElementsAreSubnormalOrAtLeast2To64) {
@@ -144,17 +123,7 @@ TEST(FwdDecodeBf16DotQueries, UnfitElementsAreSubnormalOrAtLeast2To64) {
 // Each input here would lose its scores on the dot products (they flush subnormal inputs) while the
 // true scores are of order 1, so only the f32 FMA scores match the reference.
 TEST_F(FwdDecodeBf16Dot, InputsVdpbf16psWouldFlushTakeTheFmaScores) {
-  struct Extreme {
-    const char* what;
-    double q_unit, k_unit;
-    float softmax_scale;
-  };
-  const Extreme extremes[] = {
-      {"subnormal q, huge k", std::ldexp(1.0, -129), std::ldexp(1.0, 125), 1.0f},
-      {"|q| >= 2^64, subnormal k", std::ldexp(1.0, 120), std::ldexp(1.0, -129), 16.0f},
-      {"softmax_scale 2^125, subnormal k", 1.0, std::ldexp(1.0, -129), std::ldexp(1.0f, 125)},
-  };
-  for (const Extreme& extreme : extremes) {
+  for (const Bf16DotFlushCase& extreme : kBf16DotFlushCases) {
     for (anyattn_isa isa : supported_isas()) {
       Case c;
       c.Hq = 4;
@@ -170,15 +139,8 @@ TEST_F(FwdDecodeBf16Dot, InputsVdpbf16psWouldFlushTakeTheFmaScores) {
       fill_scaled(p, extreme.q_unit, extreme.k_unit);
       ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
       const reference::DenseOutputs ref = p.reference();
-      // Flushed scores would all be 0: uniform attention, the output of q = 0. The case must
-      // tell the two apart.
-      Problem uniform(c);
-      fill_scaled(uniform, 0.0, extreme.k_unit);
-      const reference::DenseOutputs uniform_ref = uniform.reference();
-      double gap = 0.0;
-      for (size_t i = 0; i < ref.out.size(); ++i) {
-        gap = std::max(gap, std::fabs(ref.out[i] - uniform_ref.out[i]));
-      }
+      // Flushed scores would all be 0: uniform attention, the output of q = 0.
+      const double gap = gap_to_flushed_scores(c, ref, extreme.k_unit);
       ASSERT_GT(gap, 0.05) << "the case does not tell flushed scores apart";
       EXPECT_TRUE(check_outputs(p, ref, p.naive_same_dtype()));
     }
@@ -189,7 +151,9 @@ TEST_F(FwdDecodeBf16Dot, InputsVdpbf16psWouldFlushTakeTheFmaScores) {
 // heads share its task (the thread count decides that): with one kv head's q holding a subnormal,
 // the result is bitwise the same on 1 to 4 threads.
 TEST_F(FwdDecodeBf16Dot, ScorePathPerKvHeadKeepsResultsIndependentOfThreads) {
-  if (!has_dot_path()) GTEST_SKIP() << "no " << anyattn_isa_name(kDotIsa) << " path on this CPU";
+  if (!has_isa_path(kDotIsa)) {
+    GTEST_SKIP() << "no " << anyattn_isa_name(kDotIsa) << " path on this CPU";
+  }
   Case c;
   c.Hq = 32;
   c.Hk = 8;

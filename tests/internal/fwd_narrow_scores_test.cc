@@ -16,6 +16,7 @@
 #include "common/test_support.h"
 #include "cpu/decode/fwd_decode_bf16_dot.h"
 #include "cpu/forward/fwd_narrow_scores.h"
+#include "internal/bf16_dot_flush_cases.h"
 
 namespace anyattn {
 namespace testing {
@@ -30,13 +31,6 @@ class FwdNarrowScores : public ::testing::Test {
     anyattn_set_num_threads(0);
   }
 };
-
-bool has_neon_path() {
-  for (anyattn_isa isa : supported_isas()) {
-    if (isa == ANYATTN_ISA_NEON) return true;
-  }
-  return false;
-}
 
 // Turns the extension of `dtype` on or off and says whether it is available.
 bool set_narrow_scores(anyattn_dtype dtype, bool on) {
@@ -116,13 +110,13 @@ void check_both_ways(anyattn_dtype dtype) {
 }
 
 TEST_F(FwdNarrowScores, Bf16OnBfdotMatchesReferenceAndFma) {
-  if (!has_neon_path()) GTEST_SKIP() << "no neon path on this CPU";
+  if (!has_isa_path(ANYATTN_ISA_NEON)) GTEST_SKIP() << "no neon path on this CPU";
   if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no BFDOT on this CPU";
   check_both_ways(ANYATTN_DTYPE_BF16);
 }
 
 TEST_F(FwdNarrowScores, F16OnFmlalGivesTheFmlaBits) {
-  if (!has_neon_path()) GTEST_SKIP() << "no neon path on this CPU";
+  if (!has_isa_path(ANYATTN_ISA_NEON)) GTEST_SKIP() << "no neon path on this CPU";
   if (!set_narrow_scores(ANYATTN_DTYPE_F16, true)) GTEST_SKIP() << "no FMLAL on this CPU";
   check_both_ways(ANYATTN_DTYPE_F16);
 }
@@ -142,55 +136,19 @@ Case unfit_case(float softmax_scale) {
   return c;
 }
 
-// Fills q and k with q_unit and k_unit times small integers, so that each score is a small multiple
-// of q_unit * k_unit * softmax_scale.
-void fill_scaled(Problem& p, double q_unit, double k_unit) {
-  const Case& c = p.spec();
-  for (int64_t i = 0; i < c.Sq; ++i) {
-    for (int64_t h = 0; h < c.Hq; ++h) {
-      for (int64_t d = 0; d < c.D; ++d) {
-        const int64_t index[4] = {0, i, h, d};
-        store(p.q, index, q_unit * static_cast<double>((i + h * 3 + d * 5) % 7 - 3));
-      }
-    }
-  }
-  for (int64_t s = 0; s < c.Sk; ++s) {
-    for (int64_t d = 0; d < c.D; ++d) {
-      const int64_t index[4] = {0, s, 0, d};
-      store(p.k, index, k_unit * static_cast<double>((s * 7 + d * 3) % 9 - 4));
-    }
-  }
-}
-
 // Inputs BFDOT would flush to zero scores, where the true scores are of order 1: the calls match
 // the reference, and give the FMLA path's bits.
 TEST_F(FwdNarrowScores, Bf16InputsBfdotWouldFlushTakeTheFmaScores) {
-  if (!has_neon_path()) GTEST_SKIP() << "no neon path on this CPU";
+  if (!has_isa_path(ANYATTN_ISA_NEON)) GTEST_SKIP() << "no neon path on this CPU";
   if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no BFDOT on this CPU";
-  struct Extreme {
-    const char* what;
-    double q_unit, k_unit;
-    float softmax_scale;
-  };
-  const Extreme extremes[] = {
-      {"subnormal q, huge k", std::ldexp(1.0, -129), std::ldexp(1.0, 125), 1.0f},
-      {"|q| >= 2^64, subnormal k", std::ldexp(1.0, 120), std::ldexp(1.0, -129), 16.0f},
-      {"softmax_scale 2^125, subnormal k", 1.0, std::ldexp(1.0, -129), std::ldexp(1.0f, 125)},
-  };
-  for (const Extreme& extreme : extremes) {
+  for (const Bf16DotFlushCase& extreme : kBf16DotFlushCases) {
     SCOPED_TRACE(extreme.what);
     const Case c = unfit_case(extreme.softmax_scale);
     Problem p(c);
     fill_scaled(p, extreme.q_unit, extreme.k_unit);
     const reference::DenseOutputs ref = p.reference();
-    // Flushed scores would all be 0: the output of q = 0. The case must tell the two apart.
-    Problem uniform(c);
-    fill_scaled(uniform, 0.0, extreme.k_unit);
-    const reference::DenseOutputs uniform_ref = uniform.reference();
-    double gap = 0.0;
-    for (size_t i = 0; i < ref.out.size(); ++i) {
-      gap = std::max(gap, std::fabs(ref.out[i] - uniform_ref.out[i]));
-    }
+    // Flushed scores would all be 0: the output of q = 0.
+    const double gap = gap_to_flushed_scores(c, ref, extreme.k_unit);
     ASSERT_GT(gap, 0.05) << "the case does not tell flushed scores apart";
     std::vector<unsigned char> bytes[2];
     for (int on = 1; on >= 0; --on) {
@@ -208,7 +166,7 @@ TEST_F(FwdNarrowScores, Bf16InputsBfdotWouldFlushTakeTheFmaScores) {
 // task (the thread count decides that): with one row of one head holding a subnormal, the result
 // is bitwise the same on 1 to 4 threads.
 TEST_F(FwdNarrowScores, Bf16ScorePathPerRowKeepsResultsIndependentOfThreads) {
-  if (!has_neon_path()) GTEST_SKIP() << "no neon path on this CPU";
+  if (!has_isa_path(ANYATTN_ISA_NEON)) GTEST_SKIP() << "no neon path on this CPU";
   if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no BFDOT on this CPU";
   Case c;
   c.Sq = 150;
@@ -290,13 +248,13 @@ void check_backward_both_ways(anyattn_dtype dtype) {
 }
 
 TEST_F(FwdNarrowScores, Bf16BackwardOnBfdotMatchesReference) {
-  if (!has_neon_path()) GTEST_SKIP() << "no neon path on this CPU";
+  if (!has_isa_path(ANYATTN_ISA_NEON)) GTEST_SKIP() << "no neon path on this CPU";
   if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no BFDOT on this CPU";
   check_backward_both_ways(ANYATTN_DTYPE_BF16);
 }
 
 TEST_F(FwdNarrowScores, F16BackwardOnFmlalGivesTheFmlaBits) {
-  if (!has_neon_path()) GTEST_SKIP() << "no neon path on this CPU";
+  if (!has_isa_path(ANYATTN_ISA_NEON)) GTEST_SKIP() << "no neon path on this CPU";
   if (!set_narrow_scores(ANYATTN_DTYPE_F16, true)) GTEST_SKIP() << "no FMLAL on this CPU";
   check_backward_both_ways(ANYATTN_DTYPE_F16);
 }

@@ -45,17 +45,16 @@ class NarrowProducts {
   }
   // S = Q K^T.
   void scores(int64_t kb, int64_t rows) const {
-    block_products(s_.q16, d_pad_, rows, s_.kt + kb * d_pad_ * kTile, head_dim_, q_unfit_, s_.s);
+    block_products(s_.q16, d_pad_, rows, s_.kt + kb * d_pad_ * kTile, head_dim_, q_unfit_, false,
+                   s_.s);
   }
   // dP = dout V^T.
   void value_scores(int64_t kb, int64_t rows) const {
     const float* panel = s_.vt + kb * dv_pad_ * kTile;
     uint32_t subnormal;
     std::memcpy(&subnormal, panel + panel_floats(head_dim_v_), sizeof(subnormal));
-    bool all_rows[kTile];
-    std::fill(all_rows, all_rows + kTile, true);
-    block_products(s_.dout16, dv_pad_, rows, panel, head_dim_v_,
-                   subnormal != 0 ? all_rows : dout_unfit_, s_.dp);
+    block_products(s_.dout16, dv_pad_, rows, panel, head_dim_v_, dout_unfit_, subnormal != 0,
+                   s_.dp);
   }
   void add_dv(int64_t kb, int64_t rows, int64_t keys) const { vector_.add_dv(kb, rows, keys); }
   void add_dk(int64_t kb, int64_t rows, int64_t keys) const { vector_.add_dk(kb, rows, keys); }
@@ -72,14 +71,14 @@ class NarrowProducts {
 
   // Floats of a 16-bit panel n elements deep: round_up(n, 8) * 64 16-bit values, at most half
   // of the f32 panel it replaces (n_pad * 64 floats, n_pad >= round_up(n, 8)).
-  static int64_t panel_floats(int64_t n) { return round_up(n, 8) * kTile / 2; }
+  static int64_t panel_floats(int64_t n) { return narrow_depth(n) * kTile / 2; }
 
   // The 16-bit panel (pairs or f16, round_up(n, 8) elements deep) of one 64-key block from its
   // f32 rows (n_pad floats apart, zero past n and in the rows past the block's keys), written
   // over `panel` a panel row at a time with memcpy (the panel's f32 values were stored as
   // floats). True when a bf16 value is subnormal.
   bool pack_panel(const float* rows, int64_t n_pad, int64_t n, float* panel) const {
-    const int64_t depth = round_up(n, 8);
+    const int64_t depth = narrow_depth(n);
     char* out = reinterpret_cast<char*>(panel);
     if (format_ == NarrowScores::kF16) {
       uint16_t line[kTile];
@@ -121,10 +120,11 @@ class NarrowProducts {
   }
 
   // out[r][j] = a_r . b_j for `rows` rows of `a` (16-bit, lda apart) and the 64 keys of the
-  // 16-bit panel at `panel` (n elements deep); unfit bf16 rows in f32 from the same panel.
+  // 16-bit panel at `panel` (n elements deep); bf16 rows that are unfit (or all rows, with
+  // all_unfit) in f32 from the same panel.
   void block_products(const uint16_t* a, int64_t lda, int64_t rows, const float* panel, int64_t n,
-                      const bool* unfit, float* out) const {
-    const int64_t depth = round_up(n, 8);
+                      const bool* unfit, bool all_unfit, float* out) const {
+    const int64_t depth = narrow_depth(n);
     const NextPanelLines none{nullptr, 0, nullptr, 0};
     if (format_ == NarrowScores::kF16) {
       neon_f16::block_scores(a, lda, rows, reinterpret_cast<const uint16_t*>(panel), depth, kTile,
@@ -134,7 +134,9 @@ class NarrowProducts {
     const uint32_t* pairs = reinterpret_cast<const uint32_t*>(panel);
     neon_bf16::block_scores(a, lda, rows, pairs, depth, kTile, none, out);
     for (int64_t r = 0; r < rows; ++r) {
-      if (unfit[r]) exact_pair_scores(a + r * lda, pairs, depth / 2, kTile, out + r * kTile);
+      if (all_unfit || unfit[r]) {
+        exact_pair_scores(a + r * lda, pairs, depth / 2, kTile, out + r * kTile);
+      }
     }
   }
 

@@ -46,6 +46,12 @@ enum class NarrowScores : uint8_t {
 // everywhere else, and on every build without the Arm kernels.
 NarrowScores narrow_scores_of(const FwdArgs& args);
 
+// Elements per packed row of a head dim of n in the 16-bit formats, zero past n: the kernels step
+// 8 at a time.
+constexpr int64_t narrow_depth(int64_t n) {
+  return (n + 7) / 8 * 8;
+}
+
 // True when this CPU runs FMLAL (FEAT_FHM), this build compiled the f16 kernel and the tests have
 // not turned it off.
 bool f16_fml_scores_available();

@@ -25,11 +25,6 @@
 //   from the same panel (exact_pair_scores: the vector path's bits). The test is per row, so a
 //   row's scores do not depend on which rows share its task.
 
-// Head-dim elements per packed key, zero past D: the kernels step 8 at a time.
-inline int64_t narrow_depth(int64_t head_dim) {
-  return round_up(head_dim, 8);
-}
-
 // Packs key block `block` of kv head `head_k` into `panel`: K in `format` (pairs or f16), V as the
 // vector path packs it, and sets *block_flags (kBlockVNonfinite). `staging`: 4 * round_up(D, 8)
 // floats.
