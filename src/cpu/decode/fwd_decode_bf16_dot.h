@@ -30,18 +30,18 @@ bool bf16_dot_scores_available();
 // The largest softmax_scale the dot-product scores take (the exactness bound above).
 constexpr float kDotMaxSoftmaxScale = 65536.f;
 
-// True when a bf16 call may score on the dot products (the direct decode loop's and the neon
-// path's packed forward, forward/fwd_narrow_scores.h): a CPU with the instruction, no rotary (a
-// rotated q is not bf16) and softmax_scale <= kDotMaxSoftmaxScale. Which query rows then keep
-// their dot-product scores is bf16_query_unfit_for_dot's test.
+// True when a bf16 call may score on the dot products (the direct decode loop, and the neon
+// path's packed forward and backward, forward/fwd_narrow_scores.h): a CPU with the instruction, no
+// rotary (a rotated q is not bf16) and softmax_scale <= kDotMaxSoftmaxScale. Which query rows
+// then keep their dot-product scores is bf16_query_unfit_for_dot's test.
 inline bool call_takes_bf16_dot_scores(const FwdArgs& args) {
   return args.rotary_cos == nullptr && args.softmax_scale <= kDotMaxSoftmaxScale &&
          bf16_dot_scores_available();
 }
 
-// For tests: runs bf16 scores (the direct loop's, and the neon path's packed forward's) on the f32
-// FMA path even where the dot products exist (false), or on the dot products where they exist
-// (true, the default). Set it between calls: a call running while it changes may score some kv
+// For tests: runs bf16 scores (the direct loop's, and the neon path's packed forward's and
+// backward's) on the f32 FMA path even where the dot products exist (false), or on the dot
+// products where they exist (true, the default). Set it between calls: a call running while it changes may score some kv
 // heads each way.
 void set_bf16_dot_scores_enabled(bool enabled);
 
