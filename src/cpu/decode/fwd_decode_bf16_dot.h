@@ -41,12 +41,12 @@ inline bool call_takes_bf16_dot_scores(const FwdArgs& args) {
 
 // For tests: runs bf16 scores (the direct loop's, and the neon path's packed forward's and
 // backward's) on the f32 FMA path even where the dot products exist (false), or on the dot
-// products where they exist (true, the default). Set it between calls: a call running while it changes may score some kv
-// heads each way.
+// products where they exist (true, the default). Set it between calls: a call running while it
+// changes may score some kv heads each way.
 void set_bf16_dot_scores_enabled(bool enabled);
 
 // True when a bf16 query element (its bits) keeps its kv head (in the direct decode loop) or its
-// row (in the packed forward) off the dot products: subnormal, or finite with |q| >= 2^64
+// row (in the neon path's packed forward and backward) off the dot products: subnormal, or finite with |q| >= 2^64
 // (exponent field 191 to 254). On the magnitude bits m (sign cleared) both are unsigned range
 // tests, 1 <= m <= 0x7F and 0x5F80 <= m < 0x7F80, with no branch, so that a loop over a row
 // vectorises.
