@@ -46,10 +46,10 @@ inline bool call_takes_bf16_dot_scores(const FwdArgs& args) {
 void set_bf16_dot_scores_enabled(bool enabled);
 
 // True when a bf16 query element (its bits) keeps its kv head (in the direct decode loop) or its
-// row (in the neon path's packed forward and backward) off the dot products: subnormal, or finite with |q| >= 2^64
-// (exponent field 191 to 254). On the magnitude bits m (sign cleared) both are unsigned range
-// tests, 1 <= m <= 0x7F and 0x5F80 <= m < 0x7F80, with no branch, so that a loop over a row
-// vectorises.
+// row (in the neon path's packed forward and backward) off the dot products: subnormal, or finite
+// with |q| >= 2^64 (exponent field 191 to 254). On the magnitude bits m (sign cleared) both are
+// unsigned range tests, 1 <= m <= 0x7F and 0x5F80 <= m < 0x7F80, with no branch, so that a loop
+// over a row vectorises.
 constexpr bool bf16_query_unfit_for_dot(uint16_t bits) {
   constexpr uint16_t kLargeFirst = (127 + 64) << 7;
   constexpr uint16_t kInfBits = 0x7F80;
