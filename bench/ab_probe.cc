@@ -3,7 +3,7 @@
 //
 //   anyattn_ab_probe --lib OLD.so --lib NEW.so [--batch B] [--seqlen S] [--seqlen-q SQ]
 //                    [--heads-q H] [--heads-k HK] [--head-dim D] [--dtype f32|bf16] [--causal]
-//                    [--backward] [--huge-pages] [--kv-copies N] [--kv8 e4m3|i8]
+//                    [--backward] [--huge-pages] [--kv-copies N] [--kv8 e4m3|e5m2|i8]
 //                    [--threads T] [--runs N]
 //
 // --seqlen is the key length, and the query length too unless --seqlen-q gives it: --seqlen-q 1
@@ -13,9 +13,9 @@
 // from cache); N copies whose bytes together exceed twice the last-level cache time a small
 // shape from memory, as anyattn_bench's decode table does. --huge-pages asks for 2 MiB pages for
 // K and V (bench/tensors.h, Pages::kHuge). --kv8 stores K and V as an 8-bit cache and calls
-// anyattn_fwd_kvcache on it (the whole cache): e4m3 with one descale of 1/256, or i8 with token
-// scales of 1/127 per (key, kv head), the bytes spread over the finite codes as anyattn_bench's
-// decode rows have them.
+// anyattn_fwd_kvcache on it (the whole cache): e4m3 or e5m2 with one descale of 1/256, or i8
+// with token scales of 1/127 per (key, kv head), the bytes spread over the finite codes as
+// anyattn_bench's decode rows have them.
 // With --backward each call is anyattn_bwd, on out and lse from one untimed forward of the
 // first library (every build differentiates the same out), GFLOP/s counting 2.5 times the
 // forward's FLOPs as anyattn_bench does.
@@ -142,9 +142,12 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
     } else if (name == "--dtype" &&
                (std::strcmp(value, "f32") == 0 || std::strcmp(value, "bf16") == 0)) {
       options->dtype = std::strcmp(value, "f32") == 0 ? DType::kF32 : DType::kBf16;
-    } else if (name == "--kv8" &&
-               (std::strcmp(value, "e4m3") == 0 || std::strcmp(value, "i8") == 0)) {
-      options->kv8 = std::strcmp(value, "e4m3") == 0 ? ANYATTN_DTYPE_FP8_E4M3 : ANYATTN_DTYPE_I8;
+    } else if (name == "--kv8" && (std::strcmp(value, "e4m3") == 0 ||
+                                   std::strcmp(value, "e5m2") == 0 ||
+                                   std::strcmp(value, "i8") == 0)) {
+      options->kv8 = std::strcmp(value, "e4m3") == 0   ? ANYATTN_DTYPE_FP8_E4M3
+                     : std::strcmp(value, "e5m2") == 0 ? ANYATTN_DTYPE_FP8_E5M2
+                                                       : ANYATTN_DTYPE_I8;
     } else if (name == "--kv-copies") {
       options->kv_copies = std::atoi(value);
     } else if (name == "--threads") {
@@ -233,7 +236,8 @@ int RunAb(const AbOptions& options) {
   FillUniform(q.data(), options.dtype, q_elements, 21);
   for (int c = 0; c < options.kv_copies; ++c) {
     if (kv8) {
-      // Finite codes only (no e4m3 NaN pattern S.1111.111).
+      // Finite codes only: bit 3 clear excludes e4m3's NaN code S.1111.111 and e5m2's
+      // infinities and NaNs S.11111.xx.
       auto* k_bytes = static_cast<uint8_t*>(k_copies[c].data());
       auto* v_bytes = static_cast<uint8_t*>(v_copies[c].data());
       for (size_t i = 0; i < kv_elements; ++i) {
@@ -246,7 +250,7 @@ int RunAb(const AbOptions& options) {
       FillUniform(v_copies[c].data(), options.dtype, kv_elements, 23);
     }
   }
-  // --kv8: a descale of 1/256 (e4m3) or token scales of 1/127 (i8) for K and V.
+  // --kv8: a descale of 1/256 (e4m3, e5m2) or token scales of 1/127 (i8) for K and V.
   const float descale_value = 1.f / 256;
   const int64_t one[1] = {1};
   const int64_t token_scale_shape[3] = {batch, options.seqlen, options.heads_k};
@@ -354,7 +358,10 @@ int RunAb(const AbOptions& options) {
       static_cast<long long>(seqlen_q), static_cast<long long>(options.seqlen),
       static_cast<long long>(options.heads_q), static_cast<long long>(options.heads_k),
       static_cast<long long>(options.head_dim), DTypeName(options.dtype),
-      options.kv8 == ANYATTN_DTYPE_I8 ? " (i8 cache)" : kv8 ? " (e4m3 cache)" : "", options.causal ? "causal" : "no mask", options.threads, options.rounds, options.kv_copies,
+      options.kv8 == ANYATTN_DTYPE_I8          ? " (i8 cache)"
+      : options.kv8 == ANYATTN_DTYPE_FP8_E5M2 ? " (e5m2 cache)"
+      : kv8                                   ? " (e4m3 cache)"
+                                              : "", options.causal ? "causal" : "no mask", options.threads, options.rounds, options.kv_copies,
       options.kv_copies == 1 ? "y" : "ies");
   for (size_t i = 0; i < count; ++i) {
     std::vector<double> ratios;

@@ -232,5 +232,47 @@ TEST(FwdDecodePrefetch, NearHintsGoToTheRowPassOrderReadsLater) {
   }
 }
 
+// The score loop issues each line's hints from two bases per key (score_hints) plus the line's
+// byte offset (times score_far_step for the far one); the targets must be line()'s, in both far
+// orders, for key groups of 2 and 4 (AVX2's and AVX-512's).
+template <bool kFarInMemoryOrder>
+void expect_score_hints_match_line_targets(const std::vector<PassPrefetcher>& passes,
+                                           int64_t row_lines) {
+  for (size_t h = 0; h < passes.size(); ++h) {
+    const PassPrefetcher& pass = passes[h];
+    for (int64_t group : {2, 4}) {
+      const int64_t far_step = PassPrefetcher::score_far_step<kFarInMemoryOrder>(group);
+      for (int64_t first = 0; first < kDirectChunkKeys; first += group) {
+        for (int64_t g = 0; g < group; ++g) {
+          const PassPrefetcher::RowHints hints =
+              pass.score_hints<kFarInMemoryOrder>(first, g, group, row_lines);
+          for (int64_t line = 0; line < row_lines; ++line) {
+            const int64_t offset = line * 64;
+            const int64_t n = PassPrefetcher::score_line_number(first, g, line, group, row_lines);
+            ASSERT_EQ(hints.near + offset, pass.near_target(first + g, offset))
+                << "pass " << h << " group " << group << " key " << first + g << " line " << line;
+            ASSERT_EQ(hints.far + offset * far_step,
+                      pass.far_target<kFarInMemoryOrder>(first + g, offset, n))
+                << "pass " << h << " group " << group << " key " << first + g << " line " << line;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FwdDecodePrefetch, ScoreHintBasesGiveTheLineTargets) {
+  const TestStream dense = dense_stream(8, 256, 2048);
+  for (int64_t c = 0; c < kKeyBlock; c += kDirectChunkKeys) {
+    const std::vector<PassPrefetcher> passes = chunk_passes(dense, c, 8, 8, 2, true, 256);
+    expect_score_hints_match_line_targets<true>(passes, 4);
+    expect_score_hints_match_line_targets<false>(passes, 4);
+  }
+  // Rows of 320 bytes (f32 D80): five lines, not in memory order.
+  const TestStream odd = dense_stream(2, 320, 1024);
+  const std::vector<PassPrefetcher> passes = chunk_passes(odd, 16, 2, 4, 1, true, 320);
+  expect_score_hints_match_line_targets<false>(passes, 5);
+}
+
 }  // namespace
 }  // namespace anyattn::cpu

@@ -200,12 +200,23 @@ inline void join_pairs(float* row, int64_t n) {
   }
 }
 
+// Whether the score loop loads each q vector into a register once for its G keys
+// (Vec::load_in_register), rather than letting the compiler fold a load of it into each FMA. Rows
+// whose conversion is at most a shift or a widening (f32, bf16, int8) leave the loop bound by its
+// loads, two per cycle, and the folded form reads q G times; rows converted through f16 (f16, fp8)
+// keep the FP pipes busier than the loads, and the folded form then saves an instruction per q
+// vector (measured: bench/MEASUREMENTS.md, "The direct loop's q in registers").
+template <DType kDtype>
+constexpr bool kQueryInRegister =
+    kDtype == DType::kF32 || kDtype == DType::kBF16 || kDtype == DType::kI8;
+
 // acc[r][g] += q_r[0 .. lanes) * key[g] for R query rows (stride ldq) and G key vectors.
-template <int R, int G>
+template <DType kDtype, int R, int G>
 __attribute__((always_inline)) inline void fma_key_vectors(const float* q, int64_t ldq,
                                                            const Vec* key, Vec (&acc)[R][G]) {
   for (int r = 0; r < R; ++r) {
-    const Vec q_vec = Vec::load(q + r * ldq);
+    const Vec q_vec = kQueryInRegister<kDtype> ? Vec::load_in_register(q + r * ldq)
+                                               : Vec::load(q + r * ldq);
     for (int g = 0; g < G; ++g) acc[r][g] = fma(q_vec, key[g], acc[r][g]);
   }
 }
@@ -214,7 +225,7 @@ __attribute__((always_inline)) inline void fma_key_vectors(const float* q, int64
 // (stride ldq, paired order over paired_columns(head_dim)) and G keys; the lanes of each sum to
 // the score. The R x G accumulators are independent chains, and each q vector loaded serves G
 // keys. With `prefetch`, each 64 bytes loaded from the rows of keys pass_key .. pass_key + G - 1
-// come with that line's hints (PassPrefetcher::line, each line numbered by score_line_number).
+// come with that line's hints (PassPrefetcher::score_hints: line()'s targets, as bases per key).
 // Always inlined: as a call GCC 12 kept the accumulators in a stack array (zeroed, stored and
 // copied on every call), which slowed the loop markedly (measured: bench/MEASUREMENTS.md, "Design
 // constants").
@@ -224,45 +235,74 @@ __attribute__((always_inline)) inline void direct_key_group(
     int64_t first, const PassPrefetcher* prefetch, int64_t pass_key) {
   constexpr int64_t kElementBytes = kRowElementBytes<kDtype>;
   const int64_t row_lines = (head_dim * kElementBytes + 63) / 64;
+  // The keys' hint bases; without a prefetcher (kFarInMemoryOrder is then false) each hint asks
+  // for the line the loop loads, which costs less than a branch per line.
+  constexpr int64_t kFarStep = PassPrefetcher::score_far_step<kFarInMemoryOrder>(G);
+  PassPrefetcher::RowHints hints[G];
+  for (int g = 0; g < G; ++g) {
+    const char* row = static_cast<const char*>(k_rows[g]);
+    hints[g] = prefetch != nullptr
+                   ? prefetch->score_hints<kFarInMemoryOrder>(pass_key, g, G, row_lines)
+                   : PassPrefetcher::RowHints{row, row};
+  }
   // Called at each 64-byte line start of the rows (a vector may be half a line).
-  auto prefetch_lines = [&](int64_t column) {
-    if (prefetch == nullptr) return;
-    const int64_t line = column * kElementBytes / 64;
+  auto prefetch_lines = [&](int64_t column) __attribute__((always_inline)) {
+    const int64_t offset = column * kElementBytes;
     for (int g = 0; g < G; ++g) {
-      prefetch->line<kFarInMemoryOrder>(
-          pass_key + g, column * kElementBytes,
-          PassPrefetcher::score_line_number(pass_key, g, line, G, row_lines));
+      prefetch_line_l1(hints[g].near + offset);
+      prefetch_line_l2(hints[g].far + offset * kFarStep);
     }
   };
   Vec acc[R][G];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < G; ++g) acc[r][g] = Vec::zero();
   }
+  auto paired_step = [&](int64_t c) __attribute__((always_inline)) {
+    Vec even[G], odd[G];
+    for (int g = 0; g < G; ++g) {
+      Vec::load_bf16_pairs(static_cast<const uint16_t*>(k_rows[g]) + c, &even[g], &odd[g]);
+    }
+    fma_key_vectors<kDtype, R, G>(q + c, ldq, even, acc);
+    fma_key_vectors<kDtype, R, G>(q + c + kLanes, ldq, odd, acc);
+  };
+  auto plain_step = [&](int64_t c) __attribute__((always_inline)) {
+    Vec key[G];
+    for (int g = 0; g < G; ++g) key[g] = load_converted<kDtype>(k_rows[g], c);
+    fma_key_vectors<kDtype, R, G>(q + c, ldq, key, acc);
+  };
+  // Whole 64-byte lines of the rows first, each line's hints and then its steps, so that the
+  // loop tests no line start per step; then the steps of the rest, the hints at line starts.
+  constexpr int64_t kLineColumns = 64 / kElementBytes;
   const int64_t paired = paired_columns<kDtype>(head_dim);
   const int64_t full = head_dim / kLanes * kLanes;
   int64_t c = 0;
   if constexpr (kPairedWidening<kDtype>) {
+    static_assert(kLineColumns % kPairCols == 0, "paired steps must tile a line");
+    for (; c + kLineColumns <= paired; c += kLineColumns) {
+      prefetch_lines(c);
+      for (int64_t step = 0; step < kLineColumns; step += kPairCols) paired_step(c + step);
+    }
     for (; c < paired; c += kPairCols) {
       if (c * kElementBytes % 64 == 0) prefetch_lines(c);
-      Vec even[G], odd[G];
-      for (int g = 0; g < G; ++g) {
-        Vec::load_bf16_pairs(static_cast<const uint16_t*>(k_rows[g]) + c, &even[g], &odd[g]);
-      }
-      fma_key_vectors<R, G>(q + c, ldq, even, acc);
-      fma_key_vectors<R, G>(q + c + kLanes, ldq, odd, acc);
+      paired_step(c);
+    }
+  }
+  static_assert(kLineColumns % kLanes == 0, "steps must tile a line");
+  if (c * kElementBytes % 64 == 0) {
+    for (; c + kLineColumns <= full; c += kLineColumns) {
+      prefetch_lines(c);
+      for (int64_t step = 0; step < kLineColumns; step += kLanes) plain_step(c + step);
     }
   }
   for (; c < full; c += kLanes) {
     if (c * kElementBytes % 64 == 0) prefetch_lines(c);
-    Vec key[G];
-    for (int g = 0; g < G; ++g) key[g] = load_converted<kDtype>(k_rows[g], c);
-    fma_key_vectors<R, G>(q + c, ldq, key, acc);
+    plain_step(c);
   }
   if (c < head_dim) {
     if (c * kElementBytes % 64 == 0) prefetch_lines(c);
     Vec key[G];
     for (int g = 0; g < G; ++g) key[g] = load_converted_tail<kDtype>(k_rows[g], c, head_dim);
-    fma_key_vectors<R, G>(q + c, ldq, key, acc);
+    fma_key_vectors<kDtype, R, G>(q + c, ldq, key, acc);
   }
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < G; ++g) partial[r * kLanes + first + g] = acc[r][g];

@@ -123,6 +123,30 @@ class PassPrefetcher {
     prefetch_line_l2(far_target<kFarInMemoryOrder>(j, offset, n));
   }
 
+  // The hints of key first + g of a score key group of group_keys keys, as two bases that the
+  // loop offsets by the byte `offset` of each line start it loads: the line's near hint goes to
+  // near + offset, its far hint to far + offset * score_far_step (group_keys in memory order,
+  // else 1). The same targets as line() with score_line_number's n, at one address add per hint.
+  struct RowHints {
+    const char* near;
+    const char* far;
+  };
+  template <bool kFarInMemoryOrder>
+  __attribute__((always_inline)) RowHints score_hints(int64_t first, int64_t g,
+                                                      int64_t group_keys,
+                                                      int64_t row_lines) const {
+    const int64_t j = first + g;
+    if constexpr (kFarInMemoryOrder) {
+      return {l1_[j], far_run_ + 64 * score_line_number(first, g, 0, group_keys, row_lines)};
+    } else {
+      return {l1_[j], far_[j]};
+    }
+  }
+  template <bool kFarInMemoryOrder>
+  static constexpr int64_t score_far_step(int64_t group_keys) {
+    return kFarInMemoryOrder ? group_keys : 1;
+  }
+
   // Where line's two hints go (also read by the tests).
   __attribute__((always_inline)) const char* near_target(int64_t j, int64_t offset) const {
     return l1_[j] + offset;

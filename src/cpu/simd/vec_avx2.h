@@ -5,6 +5,14 @@ struct Vec {
   __m256 v;
 
   static Vec load(const float* p) { return {_mm256_loadu_ps(p)}; }
+  // load for a vector that several FMAs read: the empty asm makes it a register operand, so the
+  // compiler cannot fold a load of it into each FMA (which GCC does under register pressure,
+  // reading the vector from memory once per use).
+  static Vec load_in_register(const float* p) {
+    __m256 v = _mm256_loadu_ps(p);
+    asm("" : "+x"(v));
+    return {v};
+  }
   static Vec broadcast(float x) { return {_mm256_set1_ps(x)}; }
   static Vec zero() { return {_mm256_setzero_ps()}; }
   static Vec iota() { return {_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7)}; }

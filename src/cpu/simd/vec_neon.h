@@ -8,6 +8,8 @@ struct Vec {
   static constexpr int kLanes = 4;
   float32x4_t v;
 
+  // load_in_register (vec_avx2.h): FMLA takes no memory operand to fold a load into.
+  static Vec load_in_register(const float* p) { return load(p); }
   static Vec load(const float* p) { return {vld1q_f32(p)}; }
   static Vec broadcast(float x) { return {vdupq_n_f32(x)}; }
   static Vec zero() { return {vdupq_n_f32(0.f)}; }

@@ -5,6 +5,8 @@ struct Vec {
   static constexpr int kLanes = 4;
   float v[kLanes];
 
+  // load_in_register (vec_avx2.h): the same as load here.
+  static Vec load_in_register(const float* p) { return load(p); }
   static Vec load(const float* p) {
     Vec r;
     for (int i = 0; i < kLanes; ++i) r.v[i] = p[i];
