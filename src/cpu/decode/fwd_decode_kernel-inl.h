@@ -13,7 +13,7 @@
 //      within a short time instead of one head's 256-byte slice of it per pass over the block.
 //      Within a pass, kDirectKeyGroup keys at a time (4 on AVX-512), each K row is converted to
 //      f32 one vector at a time and multiplied into R x G accumulators, so each q vector loaded
-//      from L1 serves G keys. bf16 rows are widened two vectors per load (even and odd elements:
+//      from L1 serves G keys (kQueryInRegister: on AVX2 GCC would otherwise re-read it per key). bf16 rows are widened two vectors per load (even and odd elements:
 //      a shift and a mask for 2 * lanes values), with q held in the same even/odd order. The
 //      accumulators of `lanes` consecutive keys are then reduced together by lane_sums, one
 //      vector of scores in about three instructions per score. bf16 calls on the avx512 path, on
