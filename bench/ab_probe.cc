@@ -2,8 +2,9 @@
 // backward) shape, inside one process, calls interleaved.
 //
 //   anyattn_ab_probe --lib OLD.so --lib NEW.so [--batch B] [--seqlen S] [--seqlen-q SQ]
-//                    [--heads-q H] [--heads-k HK] [--head-dim D] [--dtype f32|bf16] [--causal]
-//                    [--backward] [--huge-pages] [--kv-copies N] [--kv8 e4m3|e5m2|i8]
+//                    [--heads-q H] [--heads-k HK] [--head-dim D] [--dtype f32|bf16|f16]
+//                    [--causal] [--backward] [--huge-pages] [--kv-copies N]
+//                    [--kv8 e4m3|e5m2|i8]
 //                    [--threads T] [--runs N]
 //
 // --seqlen is the key length, and the query length too unless --seqlen-q gives it: --seqlen-q 1
@@ -140,8 +141,11 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
     } else if (name == "--head-dim") {
       options->head_dim = std::atoll(value);
     } else if (name == "--dtype" &&
-               (std::strcmp(value, "f32") == 0 || std::strcmp(value, "bf16") == 0)) {
-      options->dtype = std::strcmp(value, "f32") == 0 ? DType::kF32 : DType::kBf16;
+               (std::strcmp(value, "f32") == 0 || std::strcmp(value, "bf16") == 0 ||
+                std::strcmp(value, "f16") == 0)) {
+      options->dtype = std::strcmp(value, "f32") == 0    ? DType::kF32
+                       : std::strcmp(value, "bf16") == 0 ? DType::kBf16
+                                                         : DType::kF16;
     } else if (name == "--kv8" && (std::strcmp(value, "e4m3") == 0 ||
                                    std::strcmp(value, "e5m2") == 0 ||
                                    std::strcmp(value, "i8") == 0)) {
@@ -198,7 +202,7 @@ int RunAb(const AbOptions& options) {
     }
   }
 
-  const anyattn_dtype dtype = options.dtype == DType::kF32 ? ANYATTN_DTYPE_F32 : ANYATTN_DTYPE_BF16;
+  const anyattn_dtype dtype = AbiDType(options.dtype);
   const size_t element_bytes = DTypeBytes(options.dtype);
   const bool kv8 = options.kv8 != ANYATTN_DTYPE_F32;
   const size_t kv_element_bytes = kv8 ? 1 : element_bytes;

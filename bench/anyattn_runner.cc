@@ -19,8 +19,7 @@ void DescribeContiguousAbi(anyattn_tensor* tensor, const void* data, anyattn_dty
 void DescribeContiguous(anyattn_tensor* tensor, const void* data, DType dtype, int64_t dim0,
                         int64_t dim1, int64_t dim2, int64_t dim3, std::string* error) {
   const int64_t shape[4] = {dim0, dim1, dim2, dim3};
-  const anyattn_dtype abi_dtype = dtype == DType::kF32 ? ANYATTN_DTYPE_F32 : ANYATTN_DTYPE_BF16;
-  DescribeContiguousAbi(tensor, data, abi_dtype, 4, shape, error);
+  DescribeContiguousAbi(tensor, data, AbiDType(dtype), 4, shape, error);
 }
 
 // True for ANYATTN_OK; otherwise stores "STATUS_NAME: anyattn_last_error()" in *error (if not

@@ -74,7 +74,7 @@ Usage: anyattn_bench [options]
                          repeat --filter to run the rows matching any of them
                          keys: fwd/<f32|bf16>/<full|causal>/B1/Hq16/Hk<16|4>/D<64|128>/S<len>
                                bwd/<f32|bf16>/<full|causal>/B1/Hq16/Hk16/D<64|128>/S<len>
-                               decode/<bf16|f32>/B<1|8>/Hq32/Hk8/D128/Sk<4096|32768>[/page<16|256>]
+                               decode/<bf16|f16|f32>/B<1|8>/Hq32/Hk8/D128/Sk<4096|32768>[/page<16|256>]
                                pair/bf16-f32/thr<N>/<full|causal>/B1/Hq16/Hk<16|4>/D<64|128>/S<len>
                                pair/thr<N>-thr1/<f32|bf16>/<full|causal>/B1/Hq16/Hk<16|4>/D<64|128>/S<len>
                                rss/f32/full/B1/Hq8/Hk8/D128/S32768 (the peak-RSS child)

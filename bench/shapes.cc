@@ -173,7 +173,7 @@ std::string DecodeLabel(const DecodeShape& shape) {
 
 std::vector<DecodeShape> DecodeTableShapes(bool quick) {
   std::vector<DecodeShape> shapes;
-  for (DType dtype : {DType::kBf16, DType::kF32}) {
+  for (DType dtype : {DType::kBf16, DType::kF16, DType::kF32}) {
     for (int64_t batch : quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 8}) {
       for (int64_t seqlen_k : {4096, 32768}) {
         // Dense, then paged caches of 16 and 256 keys per page (issue 5's decode shapes).

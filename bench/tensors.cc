@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -10,7 +11,13 @@
 namespace anyattn_bench {
 
 const char* DTypeName(DType dtype) {
-  return dtype == DType::kF32 ? "f32" : "bf16";
+  return dtype == DType::kF32 ? "f32" : dtype == DType::kBf16 ? "bf16" : "f16";
+}
+
+anyattn_dtype AbiDType(DType dtype) {
+  return dtype == DType::kF32    ? ANYATTN_DTYPE_F32
+         : dtype == DType::kBf16 ? ANYATTN_DTYPE_BF16
+                                 : ANYATTN_DTYPE_F16;
 }
 
 size_t DTypeBytes(DType dtype) {
@@ -44,6 +51,39 @@ float Bf16ToF32(uint16_t bits) {
   return value;
 }
 
+uint16_t F32ToF16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
+  if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // 65520 and up
+  if (magnitude < 0x38800000u) {
+    // Below 2^-14: a multiple of 2^-24, rounded to nearest even by the default rounding mode (up
+    // to 2^10 units, which is the encoding of 2^-14 itself).
+    float below;
+    std::memcpy(&below, &magnitude, sizeof(below));
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(below * 0x1p24f)));
+  }
+  // Exponent bias 127 to 15, mantissa 23 to 10 bits; a carry of the rounding moves the exponent.
+  const uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+float F16ToF32(uint16_t bits) {
+  const int exponent = (bits >> 10) & 0x1f;
+  const uint32_t mantissa = bits & 0x3ffu;
+  float magnitude;
+  if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+  } else if (exponent == 31) {
+    magnitude = mantissa != 0 ? std::nanf("") : INFINITY;
+  } else {
+    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400u), exponent - 25);
+  }
+  return (bits & 0x8000u) != 0 ? -magnitude : magnitude;
+}
+
 void ConvertBf16ToF32(const uint16_t* src, float* dst, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] = Bf16ToF32(src[i]);
 }
@@ -64,8 +104,10 @@ void FillUniform(void* data, DType dtype, size_t count, uint64_t seed) {
     const float value = static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
     if (dtype == DType::kF32) {
       static_cast<float*>(data)[i] = value;
-    } else {
+    } else if (dtype == DType::kBf16) {
       static_cast<uint16_t*>(data)[i] = F32ToBf16(value);
+    } else {
+      static_cast<uint16_t*>(data)[i] = F32ToF16(value);
     }
   }
 }
@@ -81,7 +123,8 @@ std::vector<int32_t> ScatteredBlockTable(int64_t pages) {
 
 float LoadAsF32(const void* data, DType dtype, size_t index) {
   if (dtype == DType::kF32) return static_cast<const float*>(data)[index];
-  return Bf16ToF32(static_cast<const uint16_t*>(data)[index]);
+  const uint16_t bits = static_cast<const uint16_t*>(data)[index];
+  return dtype == DType::kBf16 ? Bf16ToF32(bits) : F16ToF32(bits);
 }
 
 }  // namespace anyattn_bench

@@ -1,5 +1,5 @@
-// Host buffers for the benchmark's inputs and outputs, and the f32 <-> bf16 conversions that the
-// unfused baseline and the result check need.
+// Host buffers for the benchmark's inputs and outputs, and the f32 <-> bf16 and f16 conversions
+// that the unfused baseline, the inputs and the result check need.
 #ifndef ANYATTN_BENCH_TENSORS_H_
 #define ANYATTN_BENCH_TENSORS_H_
 
@@ -8,13 +8,18 @@
 #include <memory>
 #include <vector>
 
+#include "anyattn/anyattn.h"
+
 namespace anyattn_bench {
 
-// Element types the benchmark runs.
-enum class DType { kF32, kBf16 };
+// Element types the benchmark runs (f16 in the decode table only).
+enum class DType { kF32, kBf16, kF16 };
 
-// "f32" or "bf16". Static storage.
+// "f32", "bf16" or "f16". Static storage.
 const char* DTypeName(DType dtype);
+
+// The C ABI's name of `dtype`.
+anyattn_dtype AbiDType(DType dtype);
 
 // Bytes per element of `dtype`.
 size_t DTypeBytes(DType dtype);
@@ -50,6 +55,13 @@ uint16_t F32ToBf16(float value);
 
 // Widens a bf16 bit pattern to f32 exactly.
 float Bf16ToF32(uint16_t bits);
+
+// Rounds f32 to the nearest f16 (ties to even; past the largest finite f16, infinity); NaN stays
+// NaN.
+uint16_t F32ToF16(float value);
+
+// Widens an f16 bit pattern to f32 exactly.
+float F16ToF32(uint16_t bits);
 
 // dst[i] = Bf16ToF32(src[i]) for i < count.
 void ConvertBf16ToF32(const uint16_t* src, float* dst, size_t count);

@@ -201,14 +201,13 @@ inline void join_pairs(float* row, int64_t n) {
 }
 
 // Whether the score loop loads each q vector into a register once for its G keys
-// (Vec::load_in_register), rather than letting the compiler fold a load of it into each FMA. Rows
-// whose conversion is at most a shift or a widening (f32, bf16, int8) leave the loop bound by its
-// loads, two per cycle, and the folded form reads q G times; rows converted through f16 (f16, fp8)
-// keep the FP pipes busier than the loads, and the folded form then saves an instruction per q
-// vector (measured: bench/MEASUREMENTS.md, "The direct loop's q in registers").
+// (Vec::load_in_register), rather than letting the compiler fold a load of it into each FMA. The
+// folded form reads q G times, and the loop is then bound by its loads (two per cycle), except for
+// e4m3 rows: their conversion (three integer instructions and an F16C one per vector) keeps the FP
+// pipes busier than the loads, and the folded form saves an instruction per q vector (measured:
+// bench/MEASUREMENTS.md, "The direct loop's q in registers").
 template <DType kDtype>
-constexpr bool kQueryInRegister =
-    kDtype == DType::kF32 || kDtype == DType::kBF16 || kDtype == DType::kI8;
+constexpr bool kQueryInRegister = kDtype != DType::kFp8E4M3;
 
 // acc[r][g] += q_r[0 .. lanes) * key[g] for R query rows (stride ldq) and G key vectors.
 template <DType kDtype, int R, int G>
