@@ -9,7 +9,8 @@ namespace anyattn::cpu {
 
 // The forward kernels of every path this build compiles, declared from the ISA table, with the
 // path's run-time check.
-#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name)         \
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, direct_rows,      \
+                    bwd_name)                                                            \
   ANYATTN_IF_ARCH_##arch(namespace id {                                                  \
     void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, \
                     int64_t head_k, int64_t block, float* dst, uint8_t* block_flags,     \
@@ -29,12 +30,20 @@ namespace anyattn::cpu {
 
 namespace {
 
-#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name)                \
-  ANYATTN_IF_ARCH_##arch(FwdKernel{isa, fwd_name, lanes, rows, keys, &id::cpu_supports,         \
-                                   &id::pack_block, &id::attend, &id::attend_direct}, )
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, direct_rows, bwd_name) \
+  ANYATTN_IF_ARCH_##arch(FwdKernel{isa, fwd_name, lanes, rows, keys, direct_rows,             \
+                                   &id::cpu_supports, &id::pack_block, &id::attend,           \
+                                   &id::attend_direct}, )
 const FwdKernel kKernels[] = {
 #include "cpu/isa_table.inc"
 };
+#undef ANYATTN_ISA
+
+// A direct task holds all its kv heads' rows in the scratch rows of one task.
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, direct_rows, bwd_name) \
+  static_assert(direct_rows >= 1 && direct_rows <= kMaxQBlockRows,                            \
+                #id ": direct tasks must fit the scratch rows");
+#include "cpu/isa_table.inc"
 #undef ANYATTN_ISA
 
 // Every path's name, compiled in or not, in enum order.

@@ -32,10 +32,11 @@ struct FwdKernel {
   int vector_lanes;  // floats per vector register
   int tile_rows;     // query rows per micro-kernel tile
   int tile_keys;     // keys per micro-kernel tile
+  int direct_rows;   // most query rows per kv head that attend_direct takes (isa_table.inc)
   bool (*cpu_supports)();
   PackBlockFn pack_block;
   AttendFn attend;         // packed K/V, or streaming tasks that pack their own blocks
-  AttendFn attend_direct;  // streaming tasks of at most kDirectMaxRows rows per kv head
+  AttendFn attend_direct;  // streaming tasks of at most direct_rows rows per kv head
 };
 
 // Every kernel compiled into this build, whether or not the CPU can run it.

@@ -26,10 +26,6 @@ constexpr int64_t kKeyBlock = 64;
 // Most query rows one task processes; the scratch buffers are sized for it. Dense q blocks of 128
 // and of 36 rows were no faster (bench/MEASUREMENTS.md, "Where the forward time goes").
 constexpr int64_t kMaxQBlockRows = 64;
-// Most query rows per kv head for which streaming tasks read K and V directly instead of packing
-// them (fwd_decode_kernel-inl.h): up to here packing a block costs more than the products it
-// serves (docs/design.md, section 6; measured: bench/MEASUREMENTS.md, "Design constants").
-constexpr int64_t kDirectMaxRows = 12;
 // Keys of one pass of the direct loop's products: a chunk of a key block's keys for one kv head.
 // The loop runs the passes chunk by chunk and, within a chunk, kv head by kv head, so that it
 // reads the task's part of each key row (its kv heads lie side by side) within a short time.

@@ -31,20 +31,20 @@ int64_t choose_splits(const cpu::FwdArgs& args, int64_t units, int64_t num_key_b
 
 }  // namespace
 
-FwdPath fwd_path(const cpu::FwdArgs& args, int64_t seqlen_q) {
+FwdPath fwd_path(const cpu::FwdArgs& args, int64_t seqlen_q, int64_t direct_rows) {
   const int64_t rows = args.group_size() * seqlen_q;
-  if (rows <= cpu::kDirectMaxRows) return FwdPath::kDirect;
+  if (rows <= direct_rows) return FwdPath::kDirect;
   return rows <= cpu::kMaxQBlockRows ? FwdPath::kStreaming : FwdPath::kPacked;
 }
 
 FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape, const char* kernel_name,
-                      int threads) {
+                      int64_t direct_rows, int threads) {
   FwdPlan plan;
   plan.kernel_name = kernel_name;
   plan.threads = threads;
   plan.shape = shape;
   plan.layout = cpu::PackedLayout::for_args(args);
-  const FwdPath path = fwd_path(args, shape.max_seqlen_q);
+  const FwdPath path = fwd_path(args, shape.max_seqlen_q, direct_rows);
   plan.streaming = path != FwdPath::kPacked;
   plan.direct = path == FwdPath::kDirect;
   plan.q_block_rows = std::clamp<int64_t>(shape.max_seqlen_q, 1, cpu::kMaxQBlockRows);

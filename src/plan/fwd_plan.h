@@ -15,11 +15,12 @@
 namespace anyattn::plan {
 
 // How a sequence's query rows run, chosen by their count per kv head (group size x Sq):
-//   kDirect     at most kDirectMaxRows: one task per few kv heads reads K and V rows in place;
+//   kDirect     at most direct_rows (the kernel's FwdKernel::direct_rows): one task per few kv
+//               heads reads K and V rows in place;
 //   kStreaming  at most kMaxQBlockRows: one task per kv head packs each block into its scratch;
 //   kPacked     more: K and V are packed once per (sequence, kv head), shared by q-block tasks.
 enum class FwdPath { kDirect, kStreaming, kPacked };
-FwdPath fwd_path(const cpu::FwdArgs& args, int64_t seqlen_q);
+FwdPath fwd_path(const cpu::FwdArgs& args, int64_t seqlen_q, int64_t direct_rows);
 
 // The sequences one plan covers: every sequence of a dense or KV-cache call (they share Sq), and
 // the sequences of one FwdPath in a varlen call, whose decode steps and prefill chunks would
@@ -38,8 +39,8 @@ struct FwdPlan {
   // used once; tasks pack blocks into their own scratch instead of a shared packed buffer.
   bool streaming = false;
   int64_t stream_heads_k = 0;  // kv heads per streaming task (their rows fit one task)
-  // Streaming with at most kDirectMaxRows query rows per kv head: tasks read K and V rows in
-  // place (FwdKernel::attend_direct) and need no packed panels.
+  // Streaming with at most direct_rows query rows per kv head: tasks read K and V rows in place
+  // (FwdKernel::attend_direct) and need no packed panels.
   bool direct = false;
   int64_t q_block_rows = 0;    // query positions per AttendTask (x group size when streaming)
   int64_t num_splits = 1;      // key-range splits per q block, merged by LSE
@@ -68,9 +69,10 @@ constexpr int64_t kTasksPerThread = 8;
 constexpr int64_t kPackGroupTargetBytes = int64_t{8} << 20;
 
 // The plan for the sequences `shape` describes, all of one FwdPath, run by the kernel named
-// kernel_name (static storage) on `threads` threads.
+// kernel_name (static storage), whose direct loop takes up to direct_rows rows per kv head, on
+// `threads` threads.
 FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape, const char* kernel_name,
-                      int threads);
+                      int64_t direct_rows, int threads);
 
 // True when ANYATTN_VERBOSE is set to a non-empty value other than "0".
 bool verbose_enabled();

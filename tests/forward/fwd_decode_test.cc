@@ -1,6 +1,7 @@
-// The direct decode path (src/cpu/decode/fwd_decode_kernel-inl.h): calls with at most 12 query rows per
-// kv head (GQA group x Sq) read K and V in place instead of packing them. Every ISA path, row
-// counts 1..12 (which the kernel runs as tiles of 4, 3, 2 and 1 rows), head dims that are and are
+// The direct decode path (src/cpu/decode/fwd_decode_kernel-inl.h): calls with at most the path's
+// direct_rows query rows per kv head (GQA group x Sq; 12, 20 on avx2) read K and V in place
+// instead of packing them. Every ISA path, row counts 1..12, 14, 16 and 20 (which the kernel runs
+// as tiles of 4, 3, 2 and 1 rows; past 12 only avx2 takes them direct), head dims that are and are
 // not whole vectors, all dtypes, masks, score options and layouts, against the f64 reference by
 // the 2x rule; and the equality of the direct path's results across ISAs.
 #include <gtest/gtest.h>
@@ -18,10 +19,11 @@ const anyattn_dtype kDtypes[] = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_D
 struct RowShape {
   int64_t hq, hk, sq;  // rows per kv head = hq / hk * sq
 };
-// 1 to 8, 10 and 12 rows per kv head, from the GQA group, from Sq, and from both.
-const RowShape kRowShapes[] = {{2, 2, 1}, {4, 2, 1},  {3, 1, 1}, {8, 2, 1}, {5, 1, 1},
-                               {6, 2, 2}, {7, 1, 1},  {8, 1, 1}, {2, 1, 4}, {4, 4, 2},
-                               {5, 1, 2}, {12, 1, 1}, {8, 2, 3}};
+// 1 to 8, 10, 12, 14, 16 and 20 rows per kv head, from the GQA group, from Sq, and from both.
+const RowShape kRowShapes[] = {{2, 2, 1}, {4, 2, 1},  {3, 1, 1}, {8, 2, 1},  {5, 1, 1},
+                               {6, 2, 2}, {7, 1, 1},  {8, 1, 1}, {2, 1, 4},  {4, 4, 2},
+                               {5, 1, 2}, {12, 1, 1}, {8, 2, 3}, {7, 1, 2},  {16, 1, 1},
+                               {4, 1, 5}};
 const int64_t kHeadDims[] = {8, 59, 64, 80, 111, 128, 256};
 const int64_t kKeyCounts[] = {1, 63, 64, 65, 200, 1000};
 

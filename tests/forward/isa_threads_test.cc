@@ -153,8 +153,8 @@ std::vector<Case> determinism_cases() {
   short_cache.Hq = 32;
   short_cache.Hk = 8;
   cases.push_back(short_cache);
-  Case short_cache_packed = short_cache;  // 16 rows per kv head: the streaming path that packs
-  short_cache_packed.Sq = 4;
+  Case short_cache_packed = short_cache;  // 24 rows per kv head: the streaming path that packs
+  short_cache_packed.Sq = 6;
   cases.push_back(short_cache_packed);
   Case prefill;
   prefill.B = 2;

@@ -23,8 +23,8 @@ const anyattn_dtype kDtypes[] = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_D
 // (D, Dv): the limits, equal dims, and dims just off the vector and tile widths.
 const int64_t kDims[][2] = {{576, 512}, {512, 512}, {575, 511}, {257, 33}, {320, 448}};
 
-// One case per forward path: rows per kv head (GQA group x Sq) decide direct (<= 12), streaming
-// (<= 64) or packed; num_splits = 3 splits the key range.
+// One case per forward path: rows per kv head (GQA group x Sq) decide direct (<= the path's
+// direct_rows: 12, 20 on avx2), streaming (<= 64) or packed; num_splits = 3 splits the key range.
 struct PathShape {
   const char* path;
   int64_t B, Sq, Sk, Hq, Hk;
@@ -33,7 +33,7 @@ struct PathShape {
 };
 const PathShape kPaths[] = {{"direct", 2, 1, 130, 4, 1, false, 0},
                             {"direct causal", 1, 3, 70, 2, 2, true, 0},
-                            {"streaming", 1, 1, 150, 16, 1, false, 0},
+                            {"streaming", 1, 1, 150, 24, 1, false, 0},
                             {"packed", 1, 70, 90, 2, 1, true, 0},
                             {"split", 1, 1, 200, 16, 1, false, 3}};
 

@@ -16,15 +16,16 @@
 namespace anyattn::cpu {
 
 // The backward kernels of every path this build compiles, declared from the ISA table.
-#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name)               \
-  ANYATTN_IF_ARCH_##arch(namespace bwd_##id {                                                  \
-    extern const bool kBf16Tiles;                                                              \
-    bool takes_rows16(const FwdArgs& f);                                                       \
-    void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta);              \
-    void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,           \
-                  const float* delta, float* scratch);                                         \
-    void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, int64_t h,   \
-                   const float* partials, int64_t chunk_stride, int64_t chunks);               \
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, direct_rows,          \
+                    bwd_name)                                                                \
+  ANYATTN_IF_ARCH_##arch(namespace bwd_##id {                                                \
+    extern const bool kBf16Tiles;                                                            \
+    bool takes_rows16(const FwdArgs& f);                                                     \
+    void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta);            \
+    void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,         \
+                  const float* delta, float* scratch);                                       \
+    void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, int64_t h, \
+                   const float* partials, int64_t chunk_stride, int64_t chunks);             \
   })
 #include "cpu/isa_table.inc"
 #undef ANYATTN_ISA
@@ -43,9 +44,10 @@ struct BwdKernel {
 
 // Whether the CPU can run a path is the forward registry's answer for the same isa: both are
 // compiled for the same target features.
-#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, bwd_name)            \
+#define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, direct_rows,         \
+                    bwd_name)                                                               \
   ANYATTN_IF_ARCH_##arch(BwdKernel{isa, bwd_name, &bwd_##id::row_dots, &bwd_##id::bwd_task, \
-                                   &bwd_##id::reduce_dq, &bwd_##id::kBf16Tiles,        \
+                                   &bwd_##id::reduce_dq, &bwd_##id::kBf16Tiles,             \
                                    &bwd_##id::takes_rows16}, )
 const BwdKernel kBwdKernels[] = {
 #include "cpu/isa_table.inc"

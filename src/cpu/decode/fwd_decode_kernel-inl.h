@@ -1,12 +1,12 @@
-// The direct decode block loop: attention for streaming tasks with at most kDirectMaxRows query
-// rows per kv head (decode: Sq = 1 or a few positions, times the GQA group), reading K and V rows
-// where they lie instead of packing them. Compiled once per ISA, included by fwd_<isa>.cc right
+// The direct decode block loop: attention for streaming tasks with at most the path's direct_rows
+// query rows per kv head (isa_table.inc: 12, 20 on avx2; decode: Sq = 1 or a few positions, times
+// the GQA group), reading K and V rows where they lie instead of packing them. Compiled once per ISA, included by fwd_<isa>.cc right
 // after fwd_kernel-inl.h, whose helpers (task set-up, transforms, online softmax, dropout) it
 // shares.
 //
-// Design. With R <= 12 query rows per kv head every K/V element is used only R times, so the
-// packed path's conversion, transpose and copy of each block cost more than the products, and the
-// memory stream idles while they run. Per block of 64 keys:
+// Design. With R <= direct_rows query rows per kv head every K/V element is used only R times, so
+// the packed path's conversion, transpose and copy of each block cost more than the products, and
+// the memory stream idles while they run. Per block of 64 keys:
 //   1. Scores, in passes of kDirectChunkKeys (16) keys and one kv head: chunk by chunk, and within
 //      a chunk kv head by kv head. A task holds several kv heads (up to 8 for a GQA group of 4)
 //      whose parts of a key row lie side by side, so the loop reads each key row of the task
@@ -46,7 +46,6 @@
 constexpr int kDirectTileRows = 4;
 // Passes of kDirectChunkKeys keys (fwd_layout.h) reduce whole vectors of scores.
 static_assert(kDirectChunkKeys % kLanes == 0, "lane_sums reduces whole vectors of keys");
-static_assert(kDirectMaxRows <= kMaxQBlockRows, "direct tasks must fit the scratch rows");
 static_assert(kDirectTileRows == 4, "for_each_row_tile dispatches tiles of 1 to 4 rows");
 
 // Bytes per element of a K/V row of kDtype.

@@ -291,7 +291,7 @@ PlannedPart plan_part(const FwdArgs& args, const FwdKernel& kernel, int threads,
     shape.max_seqlen_k = std::max(shape.max_seqlen_k, seq.seqlen_k);
   }
   PlannedPart part;
-  part.plan = plan::make_fwd_plan(args, shape, kernel.name, threads);
+  part.plan = plan::make_fwd_plan(args, shape, kernel.name, kernel.direct_rows, threads);
   part.pairs.reserve(seqs.size() * static_cast<size_t>(args.heads_k));
   for (const SeqInfo& seq : seqs) {
     for (int64_t head_k = 0; head_k < args.heads_k; ++head_k) {
@@ -363,7 +363,8 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
   for (int64_t b = 0; b < args.batch; ++b) {
     const SeqInfo seq = sequence_info(args, b);
     if (seq.seqlen_q == 0) continue;
-    seqs_by_path[static_cast<int>(plan::fwd_path(args, seq.seqlen_q))].push_back(seq);
+    const plan::FwdPath path = plan::fwd_path(args, seq.seqlen_q, kernel->direct_rows);
+    seqs_by_path[static_cast<int>(path)].push_back(seq);
   }
   std::vector<PlannedPart> parts;
   for (const std::vector<SeqInfo>& seqs : seqs_by_path) {

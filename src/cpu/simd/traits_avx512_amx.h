@@ -13,7 +13,7 @@
   ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16,amx-tile,amx-bf16")
 
 // Forward: bf16 calls pack and attend with the tile products of amx/fwd_tiles_amx-inl.h; streaming
-// tasks of at most kDirectMaxRows rows per kv head run the avx512 path's direct decode loop
+// tasks of at most direct_rows rows per kv head (isa_table.inc) run the avx512 path's direct loop
 // (memory-bound: tiles would not help), so this path compiles none of its own.
 #define ANYATTN_FWD_BF16_TILES 1
 #define ANYATTN_PATH_DIRECT_LOOP avx512
