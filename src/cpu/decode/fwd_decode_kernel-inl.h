@@ -608,6 +608,49 @@ void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const 
   }
 }
 
+// O += P V over a block that crosses the mask's boundary, for `count` <= kDirectTileRows rows
+// from row0 (scratch rows; p at s, o at o, stride dv_pad): each row reads only the keys it may
+// see. The keys every row of the tile sees (a block past the last key without a mask, the first
+// keys of a causal block) run as one tile of `count` rows, the rest of each row's keys on their
+// own; where the rows share no key (or would share one only between keys they do not see) each
+// row runs alone. Every row still adds its keys in one pass each over the shared keys and its own.
+template <DType kDtype>
+void boundary_pv_tile(const Mask& mask, const TaskRows& rows, int64_t row0, int64_t count,
+                      int64_t j0, const void* const* v_rows, int64_t head_dim_v, const float* s,
+                      float* o, int64_t dv_pad) {
+  KeyRange ranges[kDirectTileRows];
+  KeyRange shared{0, kKeyBlock};
+  for (int64_t i = 0; i < count; ++i) {
+    ranges[i] = mask.row_keys_in_block(rows.position(row0 + i), j0, kKeyBlock);
+    shared.begin = std::max(shared.begin, ranges[i].begin);
+    shared.end = std::min(shared.end, ranges[i].end);
+  }
+  const bool tile = count > 1 && shared.begin < shared.end;
+  if (tile) {
+    direct_pv<kDtype>(s + row0 * kKeyBlock + shared.begin, count, v_rows + shared.begin,
+                      shared.end - shared.begin, head_dim_v, nullptr, o + row0 * dv_pad, dv_pad);
+  }
+  auto own_keys = [&](int64_t row, int64_t begin, int64_t end) {
+    if (begin >= end) return;
+    direct_pv_rows<kDtype, 1, false>(s + row * kKeyBlock + begin, v_rows + begin, end - begin,
+                                     head_dim_v, nullptr, o + row * dv_pad, dv_pad);
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t row = row0 + i;
+    const KeyRange range = ranges[i];
+    if (tile) {
+      own_keys(row, range.begin, shared.begin);
+      own_keys(row, shared.end, range.end);
+    } else {
+      own_keys(row, range.begin, range.end);
+    }
+    if constexpr (kDtype == DType::kFp8E4M3) {
+      restore_e4m3_nan_outputs(v_rows + range.begin, range.end - range.begin, head_dim_v, 1,
+                               o + row * dv_pad, dv_pad);
+    }
+  }
+}
+
 template <DType kDtype>
 void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                          const Scratch& scratch) {
@@ -718,17 +761,10 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
       for (int64_t h = 0; h < heads; ++h) {
         const void* v_rows[kKeyBlock];
         for (int64_t j = 0; j < kKeyBlock; ++j) v_rows[j] = v_stream.row(j, h);
-        for (int64_t r = 0; r < rows_per_kv; ++r) {
-          const int64_t row = h * rows_per_kv + r;
-          const KeyRange range = mask.row_keys_in_block(rows.position(row), j0, kKeyBlock);
-          direct_pv_rows<kDtype, 1, false>(scratch.s + row * kKeyBlock + range.begin,
-                                           v_rows + range.begin, range.end - range.begin,
-                                           args.head_dim_v, nullptr, scratch.o + row * dv_pad,
-                                           dv_pad);
-          if constexpr (kDtype == DType::kFp8E4M3) {
-            restore_e4m3_nan_outputs(v_rows + range.begin, range.end - range.begin,
-                                     args.head_dim_v, 1, scratch.o + row * dv_pad, dv_pad);
-          }
+        for (int64_t r = 0; r < rows_per_kv; r += kDirectTileRows) {
+          const int64_t row0 = h * rows_per_kv + r;
+          boundary_pv_tile<kDtype>(mask, rows, row0, std::min<int64_t>(kDirectTileRows, rows_per_kv - r),
+                                   j0, v_rows, args.head_dim_v, scratch.s, scratch.o, dv_pad);
         }
       }
     } else {
