@@ -365,7 +365,8 @@ int RunAb(const AbOptions& options) {
       options.kv8 == ANYATTN_DTYPE_I8          ? " (i8 cache)"
       : options.kv8 == ANYATTN_DTYPE_FP8_E5M2 ? " (e5m2 cache)"
       : kv8                                   ? " (e4m3 cache)"
-                                              : "", options.causal ? "causal" : "no mask", options.threads, options.rounds, options.kv_copies,
+                                              : "",
+      options.causal ? "causal" : "no mask", options.threads, options.rounds, options.kv_copies,
       options.kv_copies == 1 ? "y" : "ies");
   for (size_t i = 0; i < count; ++i) {
     std::vector<double> ratios;

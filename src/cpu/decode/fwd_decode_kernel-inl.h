@@ -1,8 +1,8 @@
 // The direct decode block loop: attention for streaming tasks with at most the path's direct_rows
 // query rows per kv head (isa_table.inc: 12, 20 on avx2; decode: Sq = 1 or a few positions, times
-// the GQA group), reading K and V rows where they lie instead of packing them. Compiled once per ISA, included by fwd_<isa>.cc right
-// after fwd_kernel-inl.h, whose helpers (task set-up, transforms, online softmax, dropout) it
-// shares.
+// the GQA group), reading K and V rows where they lie instead of packing them. Compiled once per
+// ISA, included by fwd_<isa>.cc right after fwd_kernel-inl.h, whose helpers (task set-up,
+// transforms, online softmax, dropout) it shares.
 //
 // Design. With R <= direct_rows query rows per kv head every K/V element is used only R times, so
 // the packed path's conversion, transpose and copy of each block cost more than the products, and
@@ -13,8 +13,9 @@
 //      within a short time instead of one head's 256-byte slice of it per pass over the block.
 //      Within a pass, kDirectKeyGroup keys at a time (4 on AVX-512), each K row is converted to
 //      f32 one vector at a time and multiplied into R x G accumulators, so each q vector loaded
-//      from L1 serves G keys (kQueryInRegister: on AVX2 GCC would otherwise re-read it per key). bf16 rows are widened two vectors per load (even and odd elements:
-//      a shift and a mask for 2 * lanes values), with q held in the same even/odd order. The
+//      from L1 serves G keys (kQueryInRegister: on AVX2 GCC would otherwise re-read it per key).
+//      bf16 rows are widened two vectors per load (even and odd elements: a shift and a mask for
+//      2 * lanes values), with q held in the same even/odd order. The
 //      accumulators of `lanes` consecutive keys are then reduced together by lane_sums, one
 //      vector of scores in about three instructions per score. bf16 calls on the avx512 path, on
 //      a CPU with AVX512_BF16, score on VDPBF16PS instead, and on the neon path, on a CPU with
@@ -763,8 +764,9 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
         for (int64_t j = 0; j < kKeyBlock; ++j) v_rows[j] = v_stream.row(j, h);
         for (int64_t r = 0; r < rows_per_kv; r += kDirectTileRows) {
           const int64_t row0 = h * rows_per_kv + r;
-          boundary_pv_tile<kDtype>(mask, rows, row0, std::min<int64_t>(kDirectTileRows, rows_per_kv - r),
-                                   j0, v_rows, args.head_dim_v, scratch.s, scratch.o, dv_pad);
+          const int64_t count = std::min<int64_t>(kDirectTileRows, rows_per_kv - r);
+          boundary_pv_tile<kDtype>(mask, rows, row0, count, j0, v_rows, args.head_dim_v,
+                                   scratch.s, scratch.o, dv_pad);
         }
       }
     } else {
