@@ -611,10 +611,10 @@ void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const 
 
 // O += P V over a block that crosses the mask's boundary, for `count` <= kDirectTileRows rows
 // from row0 (scratch rows; p at s, o at o, stride dv_pad): each row reads only the keys it may
-// see. The keys every row of the tile sees (a block past the last key without a mask, the first
-// keys of a causal block) run as one tile of `count` rows, the rest of each row's keys on their
-// own; where the rows share no key (or would share one only between keys they do not see) each
-// row runs alone. Every row still adds its keys in one pass each over the shared keys and its own.
+// see. The keys every row of the tile sees (the intersection of their ranges: a block past the
+// last key without a mask, the first keys of a causal block) run as one tile of `count` rows,
+// then each row's keys before and after them on their own; where the intersection is empty each
+// row runs alone. Each row adds each of its keys once.
 template <DType kDtype>
 void boundary_pv_tile(const Mask& mask, const TaskRows& rows, int64_t row0, int64_t count,
                       int64_t j0, const void* const* v_rows, int64_t head_dim_v, const float* s,
