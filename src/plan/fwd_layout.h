@@ -26,6 +26,11 @@ constexpr int64_t kKeyBlock = 64;
 // Most query rows one task processes; the scratch buffers are sized for it. Dense q blocks of 128
 // and of 36 rows were no faster (bench/MEASUREMENTS.md, "Where the forward time goes").
 constexpr int64_t kMaxQBlockRows = 64;
+// Most query rows per kv head that an fp8 cache takes direct, whatever the path's direct_rows
+// (isa_table.inc): the direct loop converts each K and V element again for every tile of 4 rows,
+// and an fp8 element costs two to four instructions, so past 12 rows packing each block once is
+// cheaper (measured: bench/MEASUREMENTS.md, "Design constants").
+constexpr int64_t kFp8DirectRows = 12;
 // Keys of one pass of the direct loop's products: a chunk of a key block's keys for one kv head.
 // The loop runs the passes chunk by chunk and, within a chunk, kv head by kv head, so that it
 // reads the task's part of each key row (its kv heads lie side by side) within a short time.

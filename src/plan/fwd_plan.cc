@@ -33,7 +33,11 @@ int64_t choose_splits(const cpu::FwdArgs& args, int64_t units, int64_t num_key_b
 
 FwdPath fwd_path(const cpu::FwdArgs& args, int64_t seqlen_q, int64_t direct_rows) {
   const int64_t rows = args.group_size() * seqlen_q;
-  if (rows <= direct_rows) return FwdPath::kDirect;
+  const bool fp8 =
+      args.kv_dtype == cpu::DType::kFp8E4M3 || args.kv_dtype == cpu::DType::kFp8E5M2;
+  if (rows <= (fp8 ? std::min(direct_rows, cpu::kFp8DirectRows) : direct_rows)) {
+    return FwdPath::kDirect;
+  }
   return rows <= cpu::kMaxQBlockRows ? FwdPath::kStreaming : FwdPath::kPacked;
 }
 
