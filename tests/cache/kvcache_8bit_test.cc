@@ -12,6 +12,9 @@
 
 #include <cfloat>
 #include <cmath>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 #include <limits>
 #include <numeric>
 #include <string>
@@ -423,32 +426,129 @@ TEST(Kvcache8bit, EveryStoredCodeConvertsOnEveryPath) {
 // makes the rows that see that key NaN, and one in a V row the column it lies in, on every path,
 // as in the reference: decode (one or four query rows per kv head) and causal chunks of 3 rows
 // (the direct loop's masked block: the first row does not see the V row's key) and 20 rows (the
-// packed path: only the last 10 see it).
+// packed path: only the last 10 see it). Head dims of 64 and 72, whose K code lies past the
+// whole 64-byte lines that the direct loop's score pass watches as it reads them.
 TEST(Kvcache8bit, StoredNanCodesGiveNanRowsOnEveryPath) {
   for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2}) {
     for (uint8_t nan_code : {uint8_t{0x7F}, uint8_t{0xFF}}) {
       for (int64_t sq : {1, 3, 20}) {
         for (int64_t heads_q : {1, 4}) {
-          for (bool k_nan : {true, false}) {
-            Q8Case c = one_head_case(kv, sq, 64, 40, 48);
-            c.Hq = heads_q;
-            c.causal = sq > 1;
-            Q8Problem p(c);
-            for (size_t i = 0; i < p.k_cache.bytes.size(); ++i) {
-              p.k_cache.bytes[i] = static_cast<uint8_t>(0x30 + i % 7);  // moderate finite codes
-              p.v_cache.bytes[i] = static_cast<uint8_t>(0x28 + i % 5);
+          for (int64_t head_dim : {64, 72}) {
+            for (bool k_nan : {true, false}) {
+              Q8Case c = one_head_case(kv, sq, head_dim, 40, 48);
+              c.Hq = heads_q;
+              c.causal = sq > 1;
+              Q8Problem p(c);
+              for (size_t i = 0; i < p.k_cache.bytes.size(); ++i) {
+                p.k_cache.bytes[i] = static_cast<uint8_t>(0x30 + i % 7);  // moderate codes
+                p.v_cache.bytes[i] = static_cast<uint8_t>(0x28 + i % 5);
+              }
+              const int64_t v_key = sq == 20 ? 30 : 38;
+              const int64_t k_dim = head_dim == 64 ? 17 : 70;
+              if (k_nan) p.k_cache.bytes[5 * head_dim + k_dim] = nan_code;  // key 5
+              p.v_cache.bytes[v_key * head_dim + 40] = nan_code;            // column 40
+              p.pristine = {p.k_cache.bytes, p.v_cache.bytes, p.k_scale.bytes, p.v_scale.bytes};
+              for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2));
             }
-            const int64_t v_key = sq == 20 ? 30 : 38;
-            if (k_nan) p.k_cache.bytes[5 * 64 + 17] = nan_code;  // key 5, dim 17
-            p.v_cache.bytes[v_key * 64 + 40] = nan_code;          // column 40
-            p.pristine = {p.k_cache.bytes, p.v_cache.bytes, p.k_scale.bytes, p.v_scale.bytes};
-            for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2));
           }
         }
       }
     }
   }
 }
+
+// The direct decode loop's e4m3 read on the x86 paths gives the values times 2^-120: each query
+// row is scaled by 2^120 to match (less where the row holds |q| >= 2^7, which would overflow),
+// and each probability by its V factor times 2^120, except in key blocks whose V factors reach
+// 2^7, which read through f16 instead. Against the reference: rows with one element or all of
+// them up to 2^60 beside ordinary rows, V descales from 2^6 to 2^40, and token scales that cross
+// 2^7 from block to block of one cache. The caches span several key blocks.
+TEST(Kvcache8bit, E4m3DirectReadKeepsLargeQueriesAndScales) {
+  auto long_case = [](Scales scales, uint64_t seed) {
+    Q8Case c;
+    c.scales = scales;
+    c.Hq = 8;
+    c.Hk = 2;
+    c.D = 72;  // a tail past the whole 64-byte lines
+    c.Dv = 64;
+    c.capacity = 320;
+    c.seqlens = {300, 190};
+    c.seed = seed;
+    return c;
+  };
+  // Large queries: odd heads' rows times 2^e, all elements or only element 3. (Not element 3
+  // alone at 2^20: beside unit elements the f32 scores' rounding, 2^20 * 2^-24, moves the
+  // softmax, and the naive f32 run fails the harness's conditioning check.)
+  for (int e : {7, 8, 20, 60}) {
+    for (bool whole_row : {true, false}) {
+      if (e == 20 && !whole_row) continue;
+      Q8Problem p(long_case(Scales::kHead, 7 + e));
+      const int64_t D = p.c.D;
+      const std::vector<double> q = p.q.values();
+      for (size_t i = 0; i < q.size(); ++i) {
+        const int64_t head = static_cast<int64_t>(i) / D % p.c.Hq;
+        const bool large = head % 2 == 1 && (whole_row || static_cast<int64_t>(i) % D == 3);
+        p.q.set(static_cast<int64_t>(i), large ? std::ldexp(q[i], e) : q[i]);
+      }
+      for (anyattn_isa isa : supported_isas()) {
+        EXPECT_TRUE(run_and_check(&p, isa, 1)) << "e=" << e << " whole_row=" << whole_row;
+      }
+    }
+  }
+  // Large V factors: a descale per kv head (one below 2^7, one above), and token scales of 0.5 to
+  // 1.5 times a descale of 100, so that blocks differ in whether a factor reaches 2^7.
+  for (int e : {6, 7, 12, 40}) {
+    Q8Problem p(long_case(Scales::kHead, 31));
+    p.v_descale.set(0, std::ldexp(1.0, e));
+    p.v_descale.set(1, std::ldexp(1.0, e) * 1.5);
+    for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2)) << e;
+  }
+  Q8Problem mixed(long_case(Scales::kTokenDescale, 32));
+  mixed.v_descale.set(0, 100.0);
+  for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&mixed, isa, 2));
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+// A caller that set MXCSR.DAZ (denormals are zero) gets e4m3 subnormal codes read as their values
+// all the same (the direct read makes them f32 subnormals; the loop clears DAZ while it runs), and
+// gets DAZ back set.
+TEST(Kvcache8bit, E4m3SubnormalCodesReadUnderCallersDenormalsAreZero) {
+  constexpr unsigned kDenormalsAreZero = 1u << 6;
+  for (int64_t sq : {1, 3}) {
+    Q8Case c;
+    c.Sq = sq;
+    c.Hq = 8;
+    c.Hk = 2;
+    c.D = c.Dv = 64;
+    c.capacity = 160;
+    c.seqlens = {150, 90};
+    Q8Problem p(c);
+    // Every third byte a subnormal code, 0x01 .. 0x07 or 0x81 .. 0x87; the others moderate.
+    for (size_t i = 0; i < p.k_cache.bytes.size(); ++i) {
+      const uint8_t subnormal = static_cast<uint8_t>(1 + i % 7 + (i % 2 == 0 ? 0x80 : 0));
+      if (i % 3 == 0) p.k_cache.bytes[i] = subnormal;
+      if (i % 3 == 1) p.v_cache.bytes[i] = subnormal;
+    }
+    // Scales that make the subnormal values' products matter: their magnitudes are 2^-9 to 2^-6.
+    p.k_descale = OwnedTensor(ANYATTN_DTYPE_F32, {1});
+    p.v_descale = OwnedTensor(ANYATTN_DTYPE_F32, {1});
+    p.k_descale.set(0, 8.0);
+    p.v_descale.set(0, 4.0);
+    p.cache.k_descale = &p.k_descale.t;
+    p.cache.v_descale = &p.v_descale.t;
+    p.pristine = {p.k_cache.bytes, p.v_cache.bytes, p.k_scale.bytes, p.v_scale.bytes};
+    for (anyattn_isa isa : supported_isas()) {
+      const unsigned caller = _mm_getcsr();
+      _mm_setcsr(caller | kDenormalsAreZero);
+      const ::testing::AssertionResult checked = run_and_check(&p, isa, 1);
+      const unsigned after = _mm_getcsr();
+      _mm_setcsr(caller);
+      EXPECT_TRUE(checked) << "sq=" << sq;
+      EXPECT_NE(after & kDenormalsAreZero, 0u) << anyattn_isa_name(isa);
+    }
+  }
+}
+#endif
 
 // Head dims of 0: the rows without columns have no cache bytes, but their token scales are
 // written (0, as for an all-zero row) and read.

@@ -13,7 +13,7 @@
 //      within a short time instead of one head's 256-byte slice of it per pass over the block.
 //      Within a pass, kDirectKeyGroup keys at a time (4 on AVX-512), each K row is converted to
 //      f32 one vector at a time and multiplied into R x G accumulators, so each q vector loaded
-//      from L1 serves G keys (kQueryInRegister: on AVX2 GCC would otherwise re-read it per key).
+//      from L1 serves G keys (held in a register: on AVX2 GCC would otherwise re-read it per key).
 //      bf16 rows are widened two vectors per load (even and odd elements: a shift and a mask for
 //      2 * lanes values), with q held in the same even/odd order. The
 //      accumulators of `lanes` consecutive keys are then reduced together by lane_sums, one
@@ -53,11 +53,34 @@ static_assert(kDirectTileRows == 4, "for_each_row_tile dispatches tiles of 1 to 
 template <DType kDtype>
 constexpr int64_t kRowElementBytes = kDtype == DType::kF32 ? 4 : is_kv8(kDtype) ? 1 : 2;
 
+// How the direct loop widens e4m3 bytes (each other dtype has one way):
+//   kDirect   Vec::load_fp8_e4m3_direct: the value times 2^-kE4m3DirectExponent (2^-120 on the
+//             x86 paths: three integer instructions, no F16C). Each query row is scaled up to
+//             match (scale_e4m3_queries) and the probabilities with their V factors (KeyScales),
+//             so that the products are the unscaled ones, exactly.
+//   kViaHalf  Vec::load_fp8_e4m3_finite: the value times 2^-8, through an f16. For the P V of a
+//             block whose V factors are too large for the direct read's scale (a probability
+//             times both could overflow: KeyScales).
+// Both give the format's NaN code a finite value (restored afterwards: restore_e4m3_nan_scores).
+enum class E4m3Read { kDirect, kViaHalf };
+template <E4m3Read kRead>
+constexpr int kE4m3LoadExponent = kRead == E4m3Read::kDirect ? Vec::kE4m3DirectExponent : 8;
+// Whether the path has two e4m3 reads (on the others kViaHalf would repeat kDirect).
+constexpr bool kE4m3TwoReads = kE4m3LoadExponent<E4m3Read::kDirect> !=
+                               kE4m3LoadExponent<E4m3Read::kViaHalf>;
+
+// 2^e for |e| < 127, exactly; for constants (a loop of |e| multiplications).
+constexpr float exact_power_of_two(int e) {
+  float x = 1.f;
+  for (int i = 0; i < e; ++i) x *= 2.f;
+  for (int i = 0; i > e; --i) x *= 0.5f;
+  return x;
+}
+
 // Vector `index / lanes` of a row of kDtype values, as f32 (an 8-bit cache: the stored values,
-// e4m3 times 2^-8, whose scales the loop applies to the scores and probabilities instead). e4m3's
-// NaN code comes back finite (load_fp8_e4m3_finite); the loop restores NaN where it was
-// (restore_e4m3_nan_scores, restore_e4m3_nan_outputs).
-template <DType kDtype>
+// e4m3 times 2^-kE4m3LoadExponent<kRead>, whose scales the loop applies to the scores and
+// probabilities instead).
+template <DType kDtype, E4m3Read kRead = E4m3Read::kDirect>
 inline Vec load_converted(const void* row, int64_t index) {
   if constexpr (kDtype == DType::kF32) {
     return Vec::load(static_cast<const float*>(row) + index);
@@ -65,6 +88,8 @@ inline Vec load_converted(const void* row, int64_t index) {
     return Vec::load_i8(static_cast<const uint8_t*>(row) + index);
   } else if constexpr (kDtype == DType::kFp8E5M2) {
     return Vec::load_fp8_e5m2(static_cast<const uint8_t*>(row) + index);
+  } else if constexpr (kDtype == DType::kFp8E4M3 && kRead == E4m3Read::kDirect) {
+    return Vec::load_fp8_e4m3_direct(static_cast<const uint8_t*>(row) + index);
   } else if constexpr (kDtype == DType::kFp8E4M3) {
     return Vec::load_fp8_e4m3_finite(static_cast<const uint8_t*>(row) + index);
   } else if constexpr (kDtype == DType::kBF16) {
@@ -75,23 +100,25 @@ inline Vec load_converted(const void* row, int64_t index) {
 }
 
 // Elements [index, count) of a row of kDtype values as f32, zero in the lanes past `count`; never
-// reads past element count - 1. e4m3 values come times 2^-8, as from load_converted.
-template <DType kDtype>
+// reads past element count - 1. e4m3 values come scaled as from load_converted.
+template <DType kDtype, E4m3Read kRead = E4m3Read::kDirect>
 inline Vec load_converted_tail(const void* row, int64_t index, int64_t count) {
   alignas(64) float lanes[kLanes] = {};
-  constexpr float kUnscale = kDtype == DType::kFp8E4M3 ? 0x1p-8f : 1.f;  // exact
+  constexpr float kUnscale =
+      kDtype == DType::kFp8E4M3 ? exact_power_of_two(-kE4m3LoadExponent<kRead>) : 1.f;
   for (int64_t i = index; i < count; ++i) {
     lanes[i - index] = load_element(row, kDtype, i) * kUnscale;
   }
   return Vec::load(lanes);
 }
 
-// e4m3 rows are read with load_fp8_e4m3_finite, which gives the format's NaN code S.1111.111 a
-// finite value and saves three instructions per vector. After each pass the loop checks the
-// pass's rows for that code (a byte compare per element, on rows still in L1; none is found in a
-// cache of finite values) and writes NaN where the exact reads would have given it: the scores of
-// every query row for a key whose K row holds the code, and the output columns where a V row holds
-// it, in every query row that multiplied that V row (probability 0 included: 0 times NaN is NaN).
+// e4m3 rows are read in forms that give the format's NaN code S.1111.111 a finite value, and save
+// three or more instructions per vector. The loop watches each pass's rows for that code (K rows
+// as the score loop reads them, E4m3NanProbe; V rows after the pass, e4m3_rows_have_nan; none is
+// found in a cache of finite values) and where it is found writes NaN where the exact reads would
+// have given it: the scores of every query row for a key whose K row holds the code, and the
+// output columns where a V row holds it, in every query row that multiplied that V row
+// (probability 0 included: 0 times NaN is NaN).
 
 // Whether the n bytes at `row` hold the e4m3 NaN code: (b & 0x7F) + 1 reaches bit 7 only for it.
 // OR-ed with no early exit, so that the compiler vectorises it.
@@ -102,8 +129,46 @@ inline bool e4m3_row_has_nan(const void* row, int64_t n) {
   return (carries & 0x80) != 0;
 }
 
+// Watches e4m3 rows for the NaN code as a loop reads them: the bytes are OR-ed with 0x80 and
+// max-ed into one vector of 32 (two vector instructions per 32 bytes, issued among the score
+// loop's FMAs, on the line it is reading), and found() reduces it once: the code is the byte that
+// gives 0xFF.
+struct E4m3NanProbe {
+  typedef uint8_t Bytes __attribute__((vector_size(32)));
+  Bytes largest = {};
+  uint8_t tail_largest = 0;
+
+  __attribute__((always_inline)) void add32(const uint8_t* p) {
+    Bytes x;
+    std::memcpy(&x, p, sizeof(x));
+    x |= 0x80;
+    largest = largest > x ? largest : x;
+  }
+  __attribute__((always_inline)) void add(const uint8_t* p, int64_t n) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) add32(p + i);
+    for (; i < n; ++i) tail_largest = std::max<uint8_t>(tail_largest, p[i] | 0x80);
+  }
+  void merge(const E4m3NanProbe& other) {
+    largest = largest > other.largest ? largest : other.largest;
+    tail_largest = std::max(tail_largest, other.tail_largest);
+  }
+  bool found() const {
+    uint8_t all = tail_largest;
+    for (int i = 0; i < 32; ++i) all = std::max<uint8_t>(all, largest[i]);
+    return all == 0xFF;
+  }
+};
+
+// Whether one of the `count` rows of n bytes at rows[0 .. count) holds the e4m3 NaN code.
+inline bool e4m3_rows_have_nan(const void* const* rows, int64_t count, int64_t n) {
+  E4m3NanProbe probe;
+  for (int64_t j = 0; j < count; ++j) probe.add(static_cast<const uint8_t*>(rows[j]), n);
+  return probe.found();
+}
+
 // s[r][j] = NaN for r < rows (stride kKeyBlock) and the keys j < keys whose K row (head_dim
-// bytes at k_rows[j]) holds the NaN code.
+// bytes at k_rows[j]) holds the NaN code; for passes whose E4m3NanProbe found one.
 inline void restore_e4m3_nan_scores(const void* const* k_rows, int64_t keys, int64_t head_dim,
                                     int64_t rows, float* s) {
   for (int64_t j = 0; j < keys; ++j) {
@@ -115,9 +180,10 @@ inline void restore_e4m3_nan_scores(const void* const* k_rows, int64_t keys, int
 }
 
 // o[r][c] = NaN for r < rows (stride ldo) and the columns c < head_dim_v where one of the V rows
-// v_rows[0 .. keys) holds the NaN code.
+// v_rows[0 .. keys) holds the NaN code (after one e4m3_rows_have_nan over them all).
 inline void restore_e4m3_nan_outputs(const void* const* v_rows, int64_t keys, int64_t head_dim_v,
                                      int64_t rows, float* o, int64_t ldo) {
+  if (!e4m3_rows_have_nan(v_rows, keys, head_dim_v)) return;
   for (int64_t j = 0; j < keys; ++j) {
     if (!e4m3_row_has_nan(v_rows[j], head_dim_v)) continue;
     const uint8_t* bytes = static_cast<const uint8_t*>(v_rows[j]);
@@ -200,22 +266,15 @@ inline void join_pairs(float* row, int64_t n) {
   }
 }
 
-// Whether the score loop loads each q vector into a register once for its G keys
-// (Vec::load_in_register), rather than letting the compiler fold a load of it into each FMA. The
-// folded form reads q G times, and the loop is then bound by its loads (two per cycle), except for
-// e4m3 rows: their conversion (three integer instructions and an F16C one per vector) keeps the FP
-// pipes busier than the loads, and the folded form saves an instruction per q vector (measured:
-// bench/MEASUREMENTS.md, "The direct loop's q in registers").
-template <DType kDtype>
-constexpr bool kQueryInRegister = kDtype != DType::kFp8E4M3;
-
 // acc[r][g] += q_r[0 .. lanes) * key[g] for R query rows (stride ldq) and G key vectors.
 template <DType kDtype, int R, int G>
 __attribute__((always_inline)) inline void fma_key_vectors(const float* q, int64_t ldq,
                                                            const Vec* key, Vec (&acc)[R][G]) {
   for (int r = 0; r < R; ++r) {
-    const Vec q_vec = kQueryInRegister<kDtype> ? Vec::load_in_register(q + r * ldq)
-                                               : Vec::load(q + r * ldq);
+    // Loaded into a register once for the G keys: GCC would otherwise fold a load of it into
+    // each FMA, and the loop would be bound by its loads (two per cycle; measured:
+    // bench/MEASUREMENTS.md, "The direct loop's q in registers").
+    const Vec q_vec = Vec::load_in_register(q + r * ldq);
     for (int g = 0; g < G; ++g) acc[r][g] = fma(q_vec, key[g], acc[r][g]);
   }
 }
@@ -225,13 +284,14 @@ __attribute__((always_inline)) inline void fma_key_vectors(const float* q, int64
 // the score. The R x G accumulators are independent chains, and each q vector loaded serves G
 // keys. With `prefetch`, each 64 bytes loaded from the rows of keys pass_key .. pass_key + G - 1
 // come with that line's hints (PassPrefetcher::score_hints: line()'s targets, as bases per key).
-// Always inlined: as a call GCC 12 kept the accumulators in a stack array (zeroed, stored and
-// copied on every call), which slowed the loop markedly (measured: bench/MEASUREMENTS.md, "Design
-// constants").
+// With `nan_probe` (e4m3 rows), the keys' row bytes are added to it, each whole line next to its
+// hints. Always inlined: as a call GCC 12 kept the accumulators in a stack array (zeroed, stored
+// and copied on every call), which slowed the loop markedly (measured: bench/MEASUREMENTS.md,
+// "Design constants").
 template <DType kDtype, int R, int G, bool kFarInMemoryOrder>
 __attribute__((always_inline)) inline void direct_key_group(
     const float* q, int64_t ldq, const void* const* k_rows, int64_t head_dim, Vec* partial,
-    int64_t first, const PassPrefetcher* prefetch, int64_t pass_key) {
+    int64_t first, const PassPrefetcher* prefetch, int64_t pass_key, E4m3NanProbe* nan_probe) {
   constexpr int64_t kElementBytes = kRowElementBytes<kDtype>;
   const int64_t row_lines = (head_dim * kElementBytes + 63) / 64;
   // The keys' hint bases; without a prefetcher (kFarInMemoryOrder is then false) each hint asks
@@ -287,10 +347,24 @@ __attribute__((always_inline)) inline void direct_key_group(
     }
   }
   static_assert(kLineColumns % kLanes == 0, "steps must tile a line");
+  constexpr bool kProbe = kDtype == DType::kFp8E4M3;
+  E4m3NanProbe probe;  // in registers until merged into *nan_probe
+  auto probe_bytes = [&](int64_t column, int64_t bytes) __attribute__((always_inline)) {
+    for (int g = 0; g < G; ++g) probe.add(static_cast<const uint8_t*>(k_rows[g]) + column, bytes);
+  };
   if (c * kElementBytes % 64 == 0) {
     for (; c + kLineColumns <= full; c += kLineColumns) {
       prefetch_lines(c);
+      if constexpr (kProbe) {
+        if (nan_probe != nullptr) probe_bytes(c, 64);
+      }
       for (int64_t step = 0; step < kLineColumns; step += kLanes) plain_step(c + step);
+    }
+  }
+  if constexpr (kProbe) {
+    if (nan_probe != nullptr) {
+      probe_bytes(c, head_dim - c);
+      nan_probe->merge(probe);
     }
   }
   for (; c < full; c += kLanes) {
@@ -313,7 +387,8 @@ __attribute__((always_inline)) inline void direct_key_group(
 // them). s: row r at s + r * kKeyBlock.
 template <DType kDtype, int R, bool kFarInMemoryOrder>
 inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k_rows, int64_t keys,
-                               int64_t head_dim, const PassPrefetcher* prefetch, float* s) {
+                               int64_t head_dim, const PassPrefetcher* prefetch,
+                               E4m3NanProbe* nan_probe, float* s) {
   static_assert(kLanes % kDirectKeyGroup == 0, "key groups must tile a vector of scores");
   for (int64_t sub = 0; sub < kDirectChunkKeys; sub += kLanes) {
     Vec partial[R * kLanes];
@@ -322,13 +397,13 @@ inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k
       const int64_t present = std::clamp<int64_t>(keys - j, 0, kDirectKeyGroup);
       if (present == kDirectKeyGroup) {
         direct_key_group<kDtype, R, kDirectKeyGroup, kFarInMemoryOrder>(
-            q, ldq, k_rows + j, head_dim, partial, first, prefetch, j);
+            q, ldq, k_rows + j, head_dim, partial, first, prefetch, j, nan_probe);
         continue;
       }
       for (int64_t g = 0; g < kDirectKeyGroup; ++g) {
         if (g < present) {
-          direct_key_group<kDtype, R, 1, kFarInMemoryOrder>(q, ldq, k_rows + j + g, head_dim,
-                                                            partial, first + g, prefetch, j + g);
+          direct_key_group<kDtype, R, 1, kFarInMemoryOrder>(
+              q, ldq, k_rows + j + g, head_dim, partial, first + g, prefetch, j + g, nan_probe);
         } else {
           for (int r = 0; r < R; ++r) partial[r * kLanes + first + g] = Vec::zero();
         }
@@ -345,7 +420,8 @@ inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k
 // these columns (PassPrefetcher::tile_lines). Always inlined: once the far-order variants doubled
 // the instantiations GCC stopped inlining it, and the call stored the tile's accumulators to the
 // stack on every key.
-template <DType kDtype, int R, int NV, bool kPaired, bool kTail, bool kFarInMemoryOrder>
+template <DType kDtype, E4m3Read kRead, int R, int NV, bool kPaired, bool kTail,
+          bool kFarInMemoryOrder>
 __attribute__((always_inline)) inline void direct_pv_tile(const float* p, const void* const* v_rows,
                                                           int64_t keys, int64_t col,
                                                           int64_t head_dim_v,
@@ -373,8 +449,8 @@ __attribute__((always_inline)) inline void direct_pv_tile(const float* p, const 
                                &values[n], &values[n + 1]);
         }
       } else {
-        values[n] = kTail ? load_converted_tail<kDtype>(v_rows[j], col, head_dim_v)
-                          : load_converted<kDtype>(v_rows[j], col + n * kLanes);
+        values[n] = kTail ? load_converted_tail<kDtype, kRead>(v_rows[j], col, head_dim_v)
+                          : load_converted<kDtype, kRead>(v_rows[j], col + n * kLanes);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -389,7 +465,7 @@ __attribute__((always_inline)) inline void direct_pv_tile(const float* p, const 
 
 // o[r][0 .. head_dim_v) += sum_{j < keys} p[r][j] v_j for R rows; each column tile issues the
 // prefetches of the bytes its own columns cover in the target rows.
-template <DType kDtype, int R, bool kFarInMemoryOrder>
+template <DType kDtype, E4m3Read kRead, int R, bool kFarInMemoryOrder>
 inline void direct_pv_rows(const float* p, const void* const* v_rows, int64_t keys,
                            int64_t head_dim_v, const PassPrefetcher* prefetch, float* o,
                            int64_t ldo) {
@@ -399,25 +475,25 @@ inline void direct_pv_rows(const float* p, const void* const* v_rows, int64_t ke
   int64_t c = 0;
   if constexpr (kPairedWidening<kDtype>) {
     for (; c + kPvCols <= paired; c += kPvCols) {
-      direct_pv_tile<kDtype, R, kPvVecs, true, false, kFarInMemoryOrder>(
+      direct_pv_tile<kDtype, kRead, R, kPvVecs, true, false, kFarInMemoryOrder>(
           p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
     }
     for (; c < paired; c += kPairCols) {
-      direct_pv_tile<kDtype, R, 2, true, false, kFarInMemoryOrder>(p, v_rows, keys, c, head_dim_v,
-                                                                   prefetch, o, ldo);
+      direct_pv_tile<kDtype, kRead, R, 2, true, false, kFarInMemoryOrder>(
+          p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
     }
   }
   for (; c + kPvCols <= full; c += kPvCols) {
-    direct_pv_tile<kDtype, R, kPvVecs, false, false, kFarInMemoryOrder>(
+    direct_pv_tile<kDtype, kRead, R, kPvVecs, false, false, kFarInMemoryOrder>(
         p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
   }
   for (; c < full; c += kLanes) {
-    direct_pv_tile<kDtype, R, 1, false, false, kFarInMemoryOrder>(p, v_rows, keys, c, head_dim_v,
-                                                                  prefetch, o, ldo);
+    direct_pv_tile<kDtype, kRead, R, 1, false, false, kFarInMemoryOrder>(
+        p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
   }
   if (c < head_dim_v) {
-    direct_pv_tile<kDtype, R, 1, false, true, kFarInMemoryOrder>(p, v_rows, keys, c, head_dim_v,
-                                                                 prefetch, o, ldo);
+    direct_pv_tile<kDtype, kRead, R, 1, false, true, kFarInMemoryOrder>(
+        p, v_rows, keys, c, head_dim_v, prefetch, o, ldo);
   }
 }
 
@@ -463,28 +539,31 @@ __attribute__((always_inline)) inline void for_each_row_tile(int64_t rows,
 template <DType kDtype>
 inline void direct_scores(const float* q, int64_t ldq, int64_t rows, const void* const* k_rows,
                           int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch,
-                          float* s) {
+                          E4m3NanProbe* nan_probe, float* s) {
   for_each_row_tile(
       rows, prefetch,
       [&](int64_t r, auto tile_rows, auto in_memory_order,
           const PassPrefetcher* tile_prefetch) __attribute__((always_inline)) {
         direct_score_chunk<kDtype, decltype(tile_rows)::value, decltype(in_memory_order)::value>(
-            q + r * ldq, ldq, k_rows, keys, head_dim, tile_prefetch, s + r * kKeyBlock);
+            q + r * ldq, ldq, k_rows, keys, head_dim, tile_prefetch, r == 0 ? nan_probe : nullptr,
+            s + r * kKeyBlock);
       });
 }
 
 // One pass of O += P V (the chunk's `keys` keys at v_rows, probabilities at p, row stride 64) for
 // `rows` query rows in tiles of kDirectTileRows; the first tile issues the prefetches
-// (for_each_row_tile).
-template <DType kDtype>
+// (for_each_row_tile). kRead: how e4m3 rows are read (E4m3Read).
+template <DType kDtype, E4m3Read kRead = E4m3Read::kDirect>
 inline void direct_pv(const float* p, int64_t rows, const void* const* v_rows, int64_t keys,
                       int64_t head_dim_v, const PassPrefetcher* prefetch, float* o, int64_t ldo) {
   for_each_row_tile(
       rows, prefetch,
       [&](int64_t r, auto tile_rows, auto in_memory_order, const PassPrefetcher* tile_prefetch)
           __attribute__((always_inline)) {
-            direct_pv_rows<kDtype, decltype(tile_rows)::value, decltype(in_memory_order)::value>(
-                p + r * kKeyBlock, v_rows, keys, head_dim_v, tile_prefetch, o + r * ldo, ldo);
+            direct_pv_rows<kDtype, kRead, decltype(tile_rows)::value,
+                           decltype(in_memory_order)::value>(p + r * kKeyBlock, v_rows, keys,
+                                                             head_dim_v, tile_prefetch,
+                                                             o + r * ldo, ldo);
           });
 }
 
@@ -532,24 +611,38 @@ inline void pass_rows(const BlockStream& stream, int64_t c, int64_t h, const voi
 
 // An 8-bit cache's scales, folded into the loop instead of applied per element: the scores of a
 // pass's keys are multiplied by their K factors (descale times token scale), and after the
-// softmax each key's probabilities by its V factor, which carries it into O += P V. Keys a row
-// does not see have probability 0 and stay 0, whatever their token scale holds.
+// softmax each key's probabilities by its V factor times the load scale of the V read, which
+// carries it into O += P V. e4m3 scores need no load scale: the query rows carry it
+// (scale_e4m3_queries). Keys a row does not see have probability 0 and stay 0, whatever their
+// token scale holds.
+//
+// e4m3's V load scale. Probabilities reach 2^8 (the online softmax's stale max, kStaleMaxHeadroom),
+// so p * factor * 2^E (E = kE4m3DirectExponent) could overflow. Each kv head h of the task
+// therefore takes the load scale 2^s_h for the direct read, s_h = min(E, 119 - ilogb(descale))
+// (direct_v_exponent: E for descales below 2^-1), and holds its O in units of 2^(E - s_h)
+// (rescaled at the end: unscale_e4m3_outputs); a block whose factors (token scales included)
+// reach 2^(120 - s_h) reads V through f16 (kViaHalf), load scale 2^(8 - (E - s_h)). Both choices
+// depend on the kv head and the block only, never on how tasks are split.
 struct KeyScales {
   const FwdArgs& args;
   const SeqInfo& seq;
   int64_t head_k;  // the task's first kv head
 
-  bool active() const { return is_kv8(args.kv_dtype); }
+  // s_h for kv head head_k + h (above); E for the other dtypes (unused there).
+  int direct_v_exponent(int64_t h) const {
+    constexpr int kExponent = kE4m3LoadExponent<E4m3Read::kDirect>;
+    const float descale = args.v_descale_of(seq.batch, head_k + h);  // finite, >= 0
+    if (!(descale > 0.f)) return kExponent;
+    return std::clamp(119 - std::ilogb(descale), -7, kExponent);
+  }
 
   // factors[j] = the factor of key first + j of the block (rows located in `rows`), j < count,
-  // for kv head head_k + h: descale times the load scale (2^8 for e4m3, whose loads give values
-  // times 2^-8: kv_load_scale), times the key's token scale where the cache has them.
+  // for kv head head_k + h: descale times the key's token scale where the cache has them.
   void fill_factors(const BlockRows& rows, int64_t first, int64_t count, int64_t h,
                     KvStream stream, float* factors) const {
     const bool k = stream == KvStream::kK;
     const float per_head =
-        (k ? args.k_descale_of(seq.batch, head_k + h) : args.v_descale_of(seq.batch, head_k + h)) *
-        kv_load_scale(args.kv_dtype);
+        k ? args.k_descale_of(seq.batch, head_k + h) : args.v_descale_of(seq.batch, head_k + h);
     const float* token_scale = k ? args.k_token_scale : args.v_token_scale;
     if (token_scale == nullptr) {
       for (int64_t j = 0; j < count; ++j) factors[j] = per_head;
@@ -560,37 +653,108 @@ struct KeyScales {
     for (int64_t j = 0; j < count; ++j) factors[j] = per_head * token_scale[offsets[j]];
   }
 
-  // s[r][c .. c + keys) *= the K factors of those keys, for `rows_count` rows (stride 64).
+  // s[r][c .. c + keys) *= the K factors of those keys, for `rows_count` rows (stride 64), each
+  // row's scores first multiplied by query_unscale[r] (a power of two, exact: 1 unless
+  // scale_e4m3_queries scaled that row by less than the load scale).
   void scale_scores(const BlockRows& rows, int64_t c, int64_t keys, int64_t h, int64_t rows_count,
-                    float* s) const {
+                    const float* query_unscale, float* s) const {
     float factors[kDirectChunkKeys];
     fill_factors(rows, c, keys, h, KvStream::kK, factors);
     for (int64_t r = 0; r < rows_count; ++r) {
-      for (int64_t j = 0; j < keys; ++j) s[r * kKeyBlock + j] *= factors[j];
+      float* row = s + r * kKeyBlock;
+      if (query_unscale[r] != 1.f) {
+        for (int64_t j = 0; j < keys; ++j) row[j] *= query_unscale[r];
+      }
+      for (int64_t j = 0; j < keys; ++j) row[j] *= factors[j];
     }
   }
 
-  // p[r][0 .. keys) *= the V factors of the block's keys where p is not 0.
-  void scale_probabilities(const BlockRows& rows, int64_t keys, int64_t h, int64_t rows_count,
-                           float* p) const {
-    float factors[kKeyBlock];
+  // p[r][0 .. keys) *= the V factors of the block's keys times the load scale of the E4m3Read it
+  // returns, where p is not 0 (probabilities are 0 or normal numbers: vec_math's exp2 gives no
+  // subnormal), a vector at a time. e4m3 blocks of kv head h (direct exponent s_h) read kDirect
+  // unless a factor reaches 2^(120 - s_h) (infinity included): those read kViaHalf.
+  E4m3Read scale_probabilities(const BlockRows& rows, int64_t keys, int64_t h, int64_t rows_count,
+                               int direct_exponent, float* p) const {
+    alignas(64) float factors[kKeyBlock];
     fill_factors(rows, 0, keys, h, KvStream::kV, factors);
+    E4m3Read read = E4m3Read::kDirect;
+    float load_scale = 1.f;
+    if (args.kv_dtype == DType::kFp8E4M3) {
+      const float direct_limit = std::ldexp(1.f, 120 - direct_exponent);
+      bool wide = false;
+      for (int64_t j = 0; j < keys; ++j) wide |= factors[j] >= direct_limit;
+      read = wide && kE4m3TwoReads ? E4m3Read::kViaHalf : E4m3Read::kDirect;
+      const int units = kE4m3LoadExponent<E4m3Read::kDirect> - direct_exponent;
+      load_scale = read == E4m3Read::kDirect
+                       ? std::ldexp(1.f, direct_exponent)
+                       : std::ldexp(1.f, kE4m3LoadExponent<E4m3Read::kViaHalf> - units);
+    }
+    const int64_t padded = (keys + kLanes - 1) / kLanes * kLanes;
+    for (int64_t j = 0; j < keys; ++j) factors[j] *= load_scale;
+    for (int64_t j = keys; j < padded; ++j) factors[j] = 1.f;
     for (int64_t r = 0; r < rows_count; ++r) {
-      for (int64_t j = 0; j < keys; ++j) {
-        float& value = p[r * kKeyBlock + j];
-        value = value != 0.f ? value * factors[j] : 0.f;
+      float* row = p + r * kKeyBlock;
+      for (int64_t j = 0; j < padded; j += kLanes) {
+        const Vec value = Vec::load(row + j);
+        select_abs_less(value, std::numeric_limits<float>::min(), Vec::zero(),
+                        value * Vec::load(factors + j))
+            .store(row + j);
       }
     }
+    return read;
   }
 };
+
+// o[r][0 .. dv_pad) *= 2^(E - direct_exponent) for `count` rows (stride dv_pad): an e4m3 kv
+// head's O back from the units of its direct exponent (KeyScales), exactly.
+inline void unscale_e4m3_outputs(int direct_exponent, int64_t count, float* o, int64_t dv_pad) {
+  const int units = kE4m3LoadExponent<E4m3Read::kDirect> - direct_exponent;  // 0 .. 127
+  if (units == 0) return;
+  const Vec scale = Vec::broadcast(std::ldexp(1.f, units));
+  for (int64_t r = 0; r < count; ++r) {
+    for (int64_t c = 0; c < dv_pad; c += kLanes) {
+      (Vec::load(o + r * dv_pad + c) * scale).store(o + r * dv_pad + c);
+    }
+  }
+}
+
+// For e4m3 caches read kDirect (values times 2^-E, E = kE4m3DirectExponent): scales query row r
+// (`count` rows of head_dim from q, stride ldq) by 2^a_r, a_r = E unless the row holds a finite
+// |q| of 2^(127 - E) or more, then the largest a that keeps it finite (127 - ilogb(max |q|)).
+// Each product q_d 2^a_r * k_d 2^-E is then exactly q_d k_d 2^(a_r - E): the unscaled product
+// where a_r = E, and it underflows no sooner than an f32 product of the unscaled values would,
+// but for rows with |q| >= 2^(127 - E) (whose products may lose bits below 2^(a_r - E - 126)).
+// query_unscale[r] = 2^(E - a_r) brings those rows' scores back (KeyScales::scale_scores).
+// ldq is a multiple of the lanes, and the rows are zero from head_dim to ldq.
+inline void scale_e4m3_queries(float* q, int64_t ldq, int64_t count, float* query_unscale) {
+  constexpr int kExponent = kE4m3LoadExponent<E4m3Read::kDirect>;
+  constexpr float kInfinity = std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < count; ++r) {
+    float* row = q + r * ldq;
+    Vec largest = Vec::zero();
+    for (int64_t d = 0; d < ldq; d += kLanes) {
+      const Vec value = Vec::load(row + d);  // |value| where finite, else 0
+      largest =
+          max_keep_b_nan(largest, select_abs_less(value, kInfinity, abs(value), Vec::zero()));
+    }
+    const float row_largest = reduce_max(largest);
+    const int a =
+        row_largest > 0.f ? std::min(kExponent, 127 - std::ilogb(row_largest)) : kExponent;
+    const Vec scale = Vec::broadcast(std::ldexp(1.f, a));  // exact: 0 <= a <= kExponent
+    for (int64_t d = 0; d < ldq; d += kLanes) (Vec::load(row + d) * scale).store(row + d);
+    query_unscale[r] = std::ldexp(1.f, kExponent - a);
+  }
+}
 
 // Loads the task's query rows into scratch.q for the direct loop: f32 in paired order
 // (split_pairs), or for kv heads that score on the dot products (dot_head[h] set here, where the
 // CPU has the instruction) bf16. Either way the softmax applies softmax_scale as it reads the
-// scores.
+// scores. For e4m3 caches the rows are scaled to the direct read (scale_e4m3_queries);
+// query_unscale[r] is 1 for the other caches.
 template <DType kDtype>
 void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
-                         const TaskRows& rows, const Scratch& scratch, bool* dot_head) {
+                         const TaskRows& rows, const Scratch& scratch, bool* dot_head,
+                         float* query_unscale) {
   const int64_t rows_per_kv = rows.count / task.heads_k;
   load_query_rows(args, layout, task, rows, scratch);
 #if defined(ANYATTN_DIRECT_BF16_DOT)
@@ -603,6 +767,11 @@ void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const 
     }
   }
 #endif
+  if constexpr (kDtype == DType::kFp8E4M3) {
+    scale_e4m3_queries(scratch.q, layout.q_stride, rows.count, query_unscale);
+  } else {
+    for (int64_t r = 0; r < rows.count; ++r) query_unscale[r] = 1.f;
+  }
   for (int64_t r = 0; r < rows.count; ++r) {
     if (dot_head[r / rows_per_kv]) continue;
     split_pairs(scratch.q + r * layout.q_stride, paired_columns<kDtype>(args.head_dim));
@@ -614,8 +783,8 @@ void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const 
 // see. The keys every row of the tile sees (the intersection of their ranges: a block past the
 // last key without a mask, the first keys of a causal block) run as one tile of `count` rows,
 // then each row's keys before and after them on their own; where the intersection is empty each
-// row runs alone. Each row adds each of its keys once.
-template <DType kDtype>
+// row runs alone. Each row adds each of its keys once. kRead: how e4m3 rows are read (E4m3Read).
+template <DType kDtype, E4m3Read kRead>
 void boundary_pv_tile(const Mask& mask, const TaskRows& rows, int64_t row0, int64_t count,
                       int64_t j0, const void* const* v_rows, int64_t head_dim_v, const float* s,
                       float* o, int64_t dv_pad) {
@@ -628,13 +797,15 @@ void boundary_pv_tile(const Mask& mask, const TaskRows& rows, int64_t row0, int6
   }
   const bool tile = count > 1 && shared.begin < shared.end;
   if (tile) {
-    direct_pv<kDtype>(s + row0 * kKeyBlock + shared.begin, count, v_rows + shared.begin,
-                      shared.end - shared.begin, head_dim_v, nullptr, o + row0 * dv_pad, dv_pad);
+    direct_pv<kDtype, kRead>(s + row0 * kKeyBlock + shared.begin, count, v_rows + shared.begin,
+                             shared.end - shared.begin, head_dim_v, nullptr, o + row0 * dv_pad,
+                             dv_pad);
   }
   auto own_keys = [&](int64_t row, int64_t begin, int64_t end) {
     if (begin >= end) return;
-    direct_pv_rows<kDtype, 1, false>(s + row * kKeyBlock + begin, v_rows + begin, end - begin,
-                                     head_dim_v, nullptr, o + row * dv_pad, dv_pad);
+    direct_pv_rows<kDtype, kRead, 1, false>(s + row * kKeyBlock + begin, v_rows + begin,
+                                            end - begin, head_dim_v, nullptr, o + row * dv_pad,
+                                            dv_pad);
   };
   for (int64_t i = 0; i < count; ++i) {
     const int64_t row = row0 + i;
@@ -665,12 +836,17 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const int64_t heads = task.heads_k;
   const int64_t rows_per_kv = rows.count / heads;
   bool dot_head[kMaxQBlockRows] = {};
-  load_direct_queries<kDtype>(args, layout, task, rows, scratch, dot_head);
+  float query_unscale[kMaxQBlockRows];
+  load_direct_queries<kDtype>(args, layout, task, rows, scratch, dot_head, query_unscale);
   reset_rows(layout, rows, scratch);
 
   const KeyRange blocks = task_blocks(mask, task);
   const int64_t heads_per_kv = task.heads / heads;
   const KeyScales key_scales{args, seq, head_k};
+  int v_exponent[kMaxQBlockRows];  // per kv head of the task: KeyScales::direct_v_exponent
+  for (int64_t h = 0; h < heads; ++h) {
+    v_exponent[h] = kDtype == DType::kFp8E4M3 ? key_scales.direct_v_exponent(h) : 0;
+  }
   const int64_t element_bytes = element_size(args.kv_dtype);
   const int64_t k_row_bytes = args.head_dim * element_bytes;
   const int64_t v_row_bytes = args.head_dim_v * element_bytes;
@@ -728,18 +904,25 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
           continue;
         }
 #endif
+        E4m3NanProbe nan_probe;
         direct_scores<kDtype>(scratch.q + h * rows_per_kv * layout.q_stride, layout.q_stride,
-                              rows_per_kv, k_rows, present, args.head_dim, &prefetch, s);
+                              rows_per_kv, k_rows, present, args.head_dim, &prefetch, &nan_probe,
+                              s);
         if constexpr (kDtype == DType::kFp8E4M3) {
-          restore_e4m3_nan_scores(k_rows, present, args.head_dim, rows_per_kv, s);
+          if (nan_probe.found()) {
+            restore_e4m3_nan_scores(k_rows, present, args.head_dim, rows_per_kv, s);
+          }
         }
         if constexpr (is_kv8(kDtype)) {
-          key_scales.scale_scores(this_block, c, present, h, rows_per_kv, s);
+          key_scales.scale_scores(this_block, c, present, h, rows_per_kv,
+                                  query_unscale + h * rows_per_kv, s);
         }
       }
     }
 
-    // 2. Softmax, kv head by kv head.
+    // 2. Softmax, kv head by kv head; v_read[h]: how the P V of the block reads kv head h's V
+    // rows (KeyScales::scale_probabilities).
+    E4m3Read v_read[kMaxQBlockRows];
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t r0 = h * rows_per_kv;
       const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
@@ -748,11 +931,23 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
                               crosses_boundary, head_rows, j0, scratch.s + r0 * kKeyBlock,
                               scratch.m + r0, scratch.l + r0 * kRowSumSlots,
                               scratch.o + r0 * dv_pad, dv_pad);
+      v_read[h] = E4m3Read::kDirect;
       if constexpr (is_kv8(kDtype)) {
-        key_scales.scale_probabilities(this_block, keys, h, rows_per_kv,
-                                       scratch.s + r0 * kKeyBlock);
+        v_read[h] = key_scales.scale_probabilities(this_block, keys, h, rows_per_kv,
+                                                   v_exponent[h], scratch.s + r0 * kKeyBlock);
       }
     }
+    // body(std::integral_constant<E4m3Read, read>) for kv head h's read of V: the kViaHalf
+    // variants are compiled only for e4m3 on paths with two reads.
+    auto with_v_read = [&](int64_t h, auto&& body) __attribute__((always_inline)) {
+      if constexpr (kDtype == DType::kFp8E4M3 && kE4m3TwoReads) {
+        if (v_read[h] == E4m3Read::kViaHalf) {
+          body(std::integral_constant<E4m3Read, E4m3Read::kViaHalf>{});
+          return;
+        }
+      }
+      body(std::integral_constant<E4m3Read, E4m3Read::kDirect>{});
+    };
 
     // 3. O += P V.
     if (crosses_boundary) {
@@ -765,8 +960,11 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
         for (int64_t r = 0; r < rows_per_kv; r += kDirectTileRows) {
           const int64_t row0 = h * rows_per_kv + r;
           const int64_t count = std::min<int64_t>(kDirectTileRows, rows_per_kv - r);
-          boundary_pv_tile<kDtype>(mask, rows, row0, count, j0, v_rows, args.head_dim_v,
-                                   scratch.s, scratch.o, dv_pad);
+          with_v_read(h, [&](auto read) {
+            boundary_pv_tile<kDtype, decltype(read)::value>(mask, rows, row0, count, j0, v_rows,
+                                                            args.head_dim_v, scratch.s,
+                                                            scratch.o, dv_pad);
+          });
         }
       }
     } else {
@@ -778,8 +976,11 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
           const PassPrefetcher prefetch(v_stream, c, h, heads, v_distances.l1_keys,
                                         v_distances.l2_chunks, v_heads_side_by_side, v_row_bytes);
           const int64_t r0 = h * rows_per_kv;
-          direct_pv<kDtype>(scratch.s + r0 * kKeyBlock + c, rows_per_kv, v_rows, present,
-                            args.head_dim_v, &prefetch, scratch.o + r0 * dv_pad, dv_pad);
+          with_v_read(h, [&](auto read) {
+            direct_pv<kDtype, decltype(read)::value>(scratch.s + r0 * kKeyBlock + c, rows_per_kv,
+                                                     v_rows, present, args.head_dim_v, &prefetch,
+                                                     scratch.o + r0 * dv_pad, dv_pad);
+          });
           if constexpr (kDtype == DType::kFp8E4M3) {
             restore_e4m3_nan_outputs(v_rows, present, args.head_dim_v, rows_per_kv,
                                      scratch.o + r0 * dv_pad, dv_pad);
@@ -790,6 +991,12 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
     current = 1 - current;
   }
 
+  if constexpr (kDtype == DType::kFp8E4M3) {
+    for (int64_t h = 0; h < heads; ++h) {
+      unscale_e4m3_outputs(v_exponent[h], rows_per_kv, scratch.o + h * rows_per_kv * dv_pad,
+                           dv_pad);
+    }
+  }
   for (int64_t r = 0; r < rows.count; ++r) {
     join_pairs(scratch.o + r * dv_pad, paired_columns<kDtype>(args.head_dim_v));
   }
@@ -802,9 +1009,12 @@ void attend_direct(const FwdArgs& args, const PackedLayout& layout, const Attend
     case DType::kI8:
       attend_direct_typed<DType::kI8>(args, layout, task, scratch);
       break;
-    case DType::kFp8E4M3:
+    case DType::kFp8E4M3: {
+      // The direct read's values may be f32 subnormals, which MXCSR.DAZ would read as 0.
+      [[maybe_unused]] const SubnormalOperandsScope subnormal_operands;
       attend_direct_typed<DType::kFp8E4M3>(args, layout, task, scratch);
       break;
+    }
     case DType::kFp8E5M2:
       attend_direct_typed<DType::kFp8E5M2>(args, layout, task, scratch);
       break;

@@ -50,6 +50,7 @@ void attend_direct(const FwdArgs& args, const PackedLayout& layout, const Attend
 #include <type_traits>
 
 #include "cpu/decode/fwd_decode_rows.h"
+#include "cpu/shared/float_env.h"
 #if defined(ANYATTN_DIRECT_BF16_DOT)
 #include "cpu/decode/fwd_decode_bf16_dot.h"
 #endif

@@ -53,6 +53,14 @@ struct Vec {
   static Vec load_fp8_e4m3_finite(const uint8_t* p) {
     return {_mm512_cvtph_ps(fp8_e4m3_f16_bits(p))};
   }
+  // e4m3 for the direct decode loop, as in vec_avx2.h: the bits straight into an f32's, the value
+  // times 2^-120 (subnormals as f32 subnormals), the NaN code finite.
+  static constexpr int kE4m3DirectExponent = 120;
+  static Vec load_fp8_e4m3_direct(const uint8_t* p) {
+    const __m512i d = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i kept = _mm512_set1_epi32(static_cast<int>(0x87F00000u));
+    return {_mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(d, 20), kept))};
+  }
   static __m256i fp8_e4m3_f16_bits(const uint8_t* p) {
     const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(-16512));  // 0xBF80

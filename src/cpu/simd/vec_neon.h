@@ -53,6 +53,10 @@ struct Vec {
     const uint16x4_t nan = vceq_u16(vand_u16(h, vdup_n_u16(0x3F80)), vdup_n_u16(0x3F80));
     return {vcvt_f32_f16(vreinterpret_f16_u16(vorr_u16(h, vand_u16(nan, vdup_n_u16(0x4000)))))};
   }
+  // e4m3 for the direct decode loop: load_fp8_e4m3_finite (the value times 2^-8). The f32-bits
+  // form of the x86 paths would give subnormals, which FPCR.FZ would flush.
+  static constexpr int kE4m3DirectExponent = 8;
+  static Vec load_fp8_e4m3_direct(const uint8_t* p) { return load_fp8_e4m3_finite(p); }
   static Vec load_fp8_e4m3_finite(const uint8_t* p) {
     return {vcvt_f32_f16(vreinterpret_f16_u16(fp8_e4m3_f16_bits(p)))};
   }
