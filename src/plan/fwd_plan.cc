@@ -33,8 +33,8 @@ int64_t choose_splits(const cpu::FwdArgs& args, int64_t units, int64_t num_key_b
 
 FwdPath fwd_path(const cpu::FwdArgs& args, int64_t seqlen_q, int64_t direct_rows) {
   const int64_t rows = args.group_size() * seqlen_q;
-  const bool fp8 = cpu::is_fp8(args.kv_dtype);
-  if (rows <= (fp8 ? std::min(direct_rows, cpu::kFp8DirectRows) : direct_rows)) {
+  const bool e5m2 = args.kv_dtype == cpu::DType::kFp8E5M2;
+  if (rows <= (e5m2 ? std::min(direct_rows, cpu::kE5m2DirectRows) : direct_rows)) {
     return FwdPath::kDirect;
   }
   return rows <= cpu::kMaxQBlockRows ? FwdPath::kStreaming : FwdPath::kPacked;

@@ -425,9 +425,10 @@ TEST(Kvcache8bit, EveryStoredCodeConvertsOnEveryPath) {
 // A stored NaN code (e4m3 S.1111.111, e5m2 S.11111.xx with xx != 0) in a visible key's K row
 // makes the rows that see that key NaN, and one in a V row the column it lies in, on every path,
 // as in the reference: decode (one or four query rows per kv head) and causal chunks of 3 rows
-// (the direct loop's masked block: the first row does not see the V row's key) and 20 rows (the
-// packed path: only the last 10 see it). Head dims of 64 and 72, whose K code lies past the
-// whole 64-byte lines that the direct loop's score pass watches as it reads them.
+// (the direct loop's masked block: the first row does not see the V row's key) and 20 rows (only
+// the last 10 see it: the packed path, or on avx2 for e4m3 at one query head the direct loop).
+// Head dims of 64 and 72, whose K code lies past the whole 64-byte lines that the direct loop's
+// score pass watches as it reads them.
 TEST(Kvcache8bit, StoredNanCodesGiveNanRowsOnEveryPath) {
   for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2}) {
     for (uint8_t nan_code : {uint8_t{0x7F}, uint8_t{0xFF}}) {
@@ -461,8 +462,9 @@ TEST(Kvcache8bit, StoredNanCodesGiveNanRowsOnEveryPath) {
 // row is scaled by 2^120 to match (less where the row holds |q| >= 2^7, which would overflow),
 // and each probability by its V factor times 2^120, except in key blocks whose V factors reach
 // 2^7, which read through f16 instead. Against the reference: rows with one element or all of
-// them up to 2^60 beside ordinary rows, V descales from 2^6 to 2^40, and token scales that cross
-// 2^7 from block to block of one cache. The caches span several key blocks.
+// them up to 2^60 beside ordinary rows, V descales from 2^6 to 2^40, token scales that cross
+// 2^7 from block to block of one cache, and 16 and 20 rows per kv head. The caches span several
+// key blocks.
 TEST(Kvcache8bit, E4m3DirectReadKeepsLargeQueriesAndScales) {
   auto long_case = [](Scales scales, uint64_t seed) {
     Q8Case c;
@@ -506,6 +508,16 @@ TEST(Kvcache8bit, E4m3DirectReadKeepsLargeQueriesAndScales) {
   Q8Problem mixed(long_case(Scales::kTokenDescale, 32));
   mixed.v_descale.set(0, 100.0);
   for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&mixed, isa, 2));
+  // 16 and 20 query rows per kv head (avx2 takes e4m3 direct up to 20): causal chunks of 4 and 5
+  // positions at GQA 4, one kv head's V factors above 2^7.
+  for (int64_t sq : {4, 5}) {
+    Q8Case c = long_case(Scales::kHead, 40 + sq);
+    c.Sq = sq;
+    c.causal = true;
+    Q8Problem p(c);
+    p.v_descale.set(1, 300.0);
+    for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2)) << sq;
+  }
 }
 
 #if defined(__x86_64__) || defined(__i386__)
