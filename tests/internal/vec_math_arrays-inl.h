@@ -1,5 +1,6 @@
-// One path's exp2, tanh, 1 - tanh^2 and f16 narrowing over arrays. Include inside a path's namespace (and its
-// target region) after that path's simd/vec_*.h and simd/vec_math-inl.h (vec_math_paths.cc).
+// One path's exp2, tanh, 1 - tanh^2, f16 narrowing and e4m3 read over arrays. Include inside a
+// path's namespace (and its target region) after that path's simd/vec_*.h and
+// simd/vec_math-inl.h (vec_math_paths.cc).
 
 // y[i] = f(x[i]) for i < n, one vector at a time; a partial last vector is padded with 0.
 inline void map_vectors(Vec (*f)(Vec), const float* x, int64_t n, float* y) {
@@ -32,3 +33,8 @@ void f16_array(const float* x, int64_t n, uint16_t* y) {
     for (int64_t k = 0; k < count; ++k) y[i + k] = bits[k];
   }
 }
+
+void e4m3_direct_array(const uint8_t* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; i += Vec::kLanes) Vec::load_fp8_e4m3_direct(x + i).store(y + i);
+}
+extern const int kE4m3DirectExponent = Vec::kE4m3DirectExponent;

@@ -12,6 +12,8 @@ namespace anyattn::cpu::vec_math_test {
     void tanh_array(const float* x, int64_t n, float* y);       \
     void sech2_array(const float* x, int64_t n, float* y);      \
     void f16_array(const float* x, int64_t n, uint16_t* y);     \
+    void e4m3_direct_array(const uint8_t* x, int64_t n, float* y); \
+    extern const int kE4m3DirectExponent;                       \
   })
 #include "cpu/isa_table.inc"
 #undef ANYATTN_ISA
@@ -20,7 +22,13 @@ namespace {
 
 #define ANYATTN_ISA(id, isa, arch, ...) \
   ANYATTN_IF_ARCH_##arch(                                                           \
-      VecMathPath{isa, &id::exp2_array, &id::tanh_array, &id::sech2_array, &id::f16_array}, )
+      VecMathPath{isa,                                                              \
+                  &id::exp2_array,                                                  \
+                  &id::tanh_array,                                                  \
+                  &id::sech2_array,                                                 \
+                  &id::f16_array,                                                   \
+                  &id::e4m3_direct_array,                                           \
+                  id::kE4m3DirectExponent}, )
 const VecMathPath kPaths[] = {
 #include "cpu/isa_table.inc"
 };

@@ -61,7 +61,8 @@ struct Vec {
   // The other paths' load_fp8_e4m3_finite leaves the NaN pattern finite, to save instructions; a
   // scalar conversion saves nothing by it, so here it is the exact load.
   static Vec load_fp8_e4m3_finite(const uint8_t* p) { return load_fp8_e4m3(p); }
-  // e4m3 for the direct decode loop: the value times 2^-kE4m3DirectExponent, as the other paths.
+  // e4m3 for the direct decode loop: the value times 2^-kE4m3DirectExponent, as on the other
+  // paths (the NaN pattern stays NaN here: load_fp8_e4m3_finite).
   static constexpr int kE4m3DirectExponent = 8;
   static Vec load_fp8_e4m3_direct(const uint8_t* p) { return load_fp8_e4m3(p); }
   void store(float* p) const {
