@@ -459,9 +459,10 @@ TEST(Kvcache8bit, StoredNanCodesGiveNanRowsOnEveryPath) {
 }
 
 // The direct decode loop's e4m3 read on the x86 paths gives the values times 2^-120: each query
-// row is scaled by 2^120 to match (less where the row holds |q| >= 2^7, which would overflow),
-// and each probability by its V factor times 2^120, except in key blocks whose V factors reach
-// 2^7, which read through f16 instead. Against the reference: rows with one element or all of
+// row is scaled by 2^120 to match (less where the row holds |q| >= 2^8, which would overflow),
+// and each probability by its V factor times 2^120 (less for kv heads whose descale is 1 or
+// more, their O held in matching units), except in key blocks whose V factors are too large for
+// that, which read through f16 instead. Against the reference: rows with one element or all of
 // them up to 2^60 beside ordinary rows, V descales from 2^6 to 2^40, token scales that cross
 // 2^7 from block to block of one cache, and 16 and 20 rows per kv head. The caches span several
 // key blocks.
@@ -497,8 +498,9 @@ TEST(Kvcache8bit, E4m3DirectReadKeepsLargeQueriesAndScales) {
       }
     }
   }
-  // Large V factors: a descale per kv head (one below 2^7, one above), and token scales of 0.5 to
-  // 1.5 times a descale of 100, so that blocks differ in whether a factor reaches 2^7.
+  // Large V factors: descales of 2^e and 1.5 * 2^e for the two kv heads (their O held in units of
+  // 2^(e + 1) from e = 0 on), and token scales of 0.5 to 1.5 times a descale of 100, so that
+  // blocks differ in whether a factor reaches 2^7 (the f16 read's threshold there).
   for (int e : {6, 7, 12, 40}) {
     Q8Problem p(long_case(Scales::kHead, 31));
     p.v_descale.set(0, std::ldexp(1.0, e));
@@ -509,7 +511,7 @@ TEST(Kvcache8bit, E4m3DirectReadKeepsLargeQueriesAndScales) {
   mixed.v_descale.set(0, 100.0);
   for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&mixed, isa, 2));
   // 16 and 20 query rows per kv head (avx2 takes e4m3 direct up to 20): causal chunks of 4 and 5
-  // positions at GQA 4, one kv head's V factors above 2^7.
+  // positions at GQA 4, one kv head's descale 300.
   for (int64_t sq : {4, 5}) {
     Q8Case c = long_case(Scales::kHead, 40 + sq);
     c.Sq = sq;

@@ -619,7 +619,7 @@ inline void pass_rows(const BlockStream& stream, int64_t c, int64_t h, const voi
 // e4m3's V load scale. Probabilities reach 2^8 (the online softmax's stale max, kStaleMaxHeadroom),
 // so p * factor * 2^E (E = kE4m3DirectExponent) could overflow. Each kv head h of the task
 // therefore takes the load scale 2^s_h for the direct read, s_h = min(E, 119 - ilogb(descale))
-// (direct_v_exponent: E for descales below 2^-1), and holds its O in units of 2^(E - s_h)
+// (direct_v_exponent: E for descales below 1), and holds its O in units of 2^(E - s_h)
 // (rescaled at the end: unscale_e4m3_outputs); a block whose factors (token scales included)
 // reach 2^(120 - s_h) reads V through f16 (kViaHalf), load scale 2^(8 - (E - s_h)). Both choices
 // depend on the kv head and the block only, never on how tasks are split.
@@ -628,7 +628,7 @@ struct KeyScales {
   const SeqInfo& seq;
   int64_t head_k;  // the task's first kv head
 
-  // s_h for kv head head_k + h (above); E for the other dtypes (unused there).
+  // s_h for kv head head_k + h (above), for an e4m3 cache.
   int direct_v_exponent(int64_t h) const {
     constexpr int kExponent = kE4m3LoadExponent<E4m3Read::kDirect>;
     const float descale = args.v_descale_of(seq.batch, head_k + h);  // finite, >= 0
@@ -720,10 +720,10 @@ inline void unscale_e4m3_outputs(int direct_exponent, int64_t count, float* o, i
 
 // For e4m3 caches read kDirect (values times 2^-E, E = kE4m3DirectExponent): scales query row r
 // (`count` rows of head_dim from q, stride ldq) by 2^a_r, a_r = E unless the row holds a finite
-// |q| of 2^(127 - E) or more, then the largest a that keeps it finite (127 - ilogb(max |q|)).
+// |q| of 2^(128 - E) or more, then the largest a that keeps it finite (127 - ilogb(max |q|)).
 // Each product q_d 2^a_r * k_d 2^-E is then exactly q_d k_d 2^(a_r - E): the unscaled product
 // where a_r = E, and it underflows no sooner than an f32 product of the unscaled values would,
-// but for rows with |q| >= 2^(127 - E) (whose products may lose bits below 2^(a_r - E - 126)).
+// but for rows with |q| >= 2^(128 - E) (whose products below 2^(E - a_r - 126) lose bits).
 // query_unscale[r] = 2^(E - a_r) brings those rows' scores back (KeyScales::scale_scores).
 // ldq is a multiple of the lanes, and the rows are zero from head_dim to ldq.
 inline void scale_e4m3_queries(float* q, int64_t ldq, int64_t count, float* query_unscale) {
