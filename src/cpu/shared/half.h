@@ -55,8 +55,9 @@ inline void store_element(void* row, DType dtype, int64_t i, float value) {
 }
 
 // The per-ISA vector loads of an 8-bit cache (Vec::load_fp8_e4m3) give e4m3 values times 2^-8 (the
-// f16 they map to exactly); the kernels multiply each key's scale factor by this instead of every
-// element. 1 for the other dtypes.
+// f16 they map to exactly); the packed path multiplies each key's scale factor by this instead of
+// every element. 1 for the other dtypes. (The direct decode loop's reads carry their own scales:
+// fwd_decode_kernel-inl.h, E4m3Read.)
 inline float kv_load_scale(DType dtype) { return dtype == DType::kFp8E4M3 ? 256.f : 1.f; }
 
 inline int64_t element_size(DType dtype) {
