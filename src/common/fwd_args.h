@@ -14,11 +14,9 @@ namespace anyattn::cpu {
 // Numbered as anyattn_dtype. The 8-bit types are KV-cache element types only (FwdArgs::kv_dtype).
 enum class DType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2, kFp8E4M3 = 4, kFp8E5M2 = 5, kI8 = 6 };
 
-constexpr bool is_fp8(DType dtype) {
-  return dtype == DType::kFp8E4M3 || dtype == DType::kFp8E5M2;
+constexpr bool is_kv8(DType dtype) {
+  return dtype == DType::kFp8E4M3 || dtype == DType::kFp8E5M2 || dtype == DType::kI8;
 }
-
-constexpr bool is_kv8(DType dtype) { return is_fp8(dtype) || dtype == DType::kI8; }
 
 // Window bound meaning "no limit on this side". Large enough that no valid index reaches it, small
 // enough that i + Sk - Sq +/- it never overflows int64.

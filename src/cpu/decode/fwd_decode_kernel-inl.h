@@ -69,14 +69,6 @@ constexpr int kE4m3LoadExponent = kRead == E4m3Read::kDirect ? Vec::kE4m3DirectE
 constexpr bool kE4m3TwoReads = kE4m3LoadExponent<E4m3Read::kDirect> !=
                                kE4m3LoadExponent<E4m3Read::kViaHalf>;
 
-// 2^e for |e| < 127, exactly; for constants (a loop of |e| multiplications).
-constexpr float exact_power_of_two(int e) {
-  float x = 1.f;
-  for (int i = 0; i < e; ++i) x *= 2.f;
-  for (int i = 0; i > e; --i) x *= 0.5f;
-  return x;
-}
-
 // Vector `index / lanes` of a row of kDtype values, as f32 (an 8-bit cache: the stored values,
 // e4m3 times 2^-kE4m3LoadExponent<kRead>, whose scales the loop applies to the scores and
 // probabilities instead).
@@ -104,10 +96,10 @@ inline Vec load_converted(const void* row, int64_t index) {
 template <DType kDtype, E4m3Read kRead = E4m3Read::kDirect>
 inline Vec load_converted_tail(const void* row, int64_t index, int64_t count) {
   alignas(64) float lanes[kLanes] = {};
-  constexpr float kUnscale =
-      kDtype == DType::kFp8E4M3 ? exact_power_of_two(-kE4m3LoadExponent<kRead>) : 1.f;
+  const float unscale =  // exact
+      kDtype == DType::kFp8E4M3 ? std::ldexp(1.f, -kE4m3LoadExponent<kRead>) : 1.f;
   for (int64_t i = index; i < count; ++i) {
-    lanes[i - index] = load_element(row, kDtype, i) * kUnscale;
+    lanes[i - index] = load_element(row, kDtype, i) * unscale;
   }
   return Vec::load(lanes);
 }
@@ -119,15 +111,6 @@ inline Vec load_converted_tail(const void* row, int64_t index, int64_t count) {
 // have given it: the scores of every query row for a key whose K row holds the code, and the
 // output columns where a V row holds it, in every query row that multiplied that V row
 // (probability 0 included: 0 times NaN is NaN).
-
-// Whether the n bytes at `row` hold the e4m3 NaN code: (b & 0x7F) + 1 reaches bit 7 only for it.
-// OR-ed with no early exit, so that the compiler vectorises it.
-inline bool e4m3_row_has_nan(const void* row, int64_t n) {
-  const uint8_t* bytes = static_cast<const uint8_t*>(row);
-  uint8_t carries = 0;
-  for (int64_t i = 0; i < n; ++i) carries |= static_cast<uint8_t>((bytes[i] & 0x7F) + 1);
-  return (carries & 0x80) != 0;
-}
 
 // Watches e4m3 rows for the NaN code as a loop reads them: the bytes are OR-ed with 0x80 and
 // max-ed into one vector of 32 (two vector instructions per 32 bytes, issued among the score
@@ -166,6 +149,7 @@ inline bool e4m3_rows_have_nan(const void* const* rows, int64_t count, int64_t n
   for (int64_t j = 0; j < count; ++j) probe.add(static_cast<const uint8_t*>(rows[j]), n);
   return probe.found();
 }
+inline bool e4m3_row_has_nan(const void* row, int64_t n) { return e4m3_rows_have_nan(&row, 1, n); }
 
 // s[r][j] = NaN for r < rows (stride kKeyBlock) and the keys j < keys whose K row (head_dim
 // bytes at k_rows[j]) holds the NaN code; for passes whose E4m3NanProbe found one.
