@@ -3,7 +3,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -36,53 +35,10 @@ AlignedBuffer::AlignedBuffer(size_t bytes, Pages pages) {
   bytes_ = data_ ? bytes : 0;
 }
 
-uint16_t F32ToBf16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
-
-float Bf16ToF32(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
-
-uint16_t F32ToF16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  const uint32_t sign = (bits >> 16) & 0x8000u;
-  const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
-  if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // 65520 and up
-  if (magnitude < 0x38800000u) {
-    // Below 2^-14: a multiple of 2^-24, rounded to nearest even by the default rounding mode (up
-    // to 2^10 units, which is the encoding of 2^-14 itself).
-    float below;
-    std::memcpy(&below, &magnitude, sizeof(below));
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(below * 0x1p24f)));
-  }
-  // Exponent bias 127 to 15, mantissa 23 to 10 bits; a carry of the rounding moves the exponent.
-  const uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
-  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
-}
-
-float F16ToF32(uint16_t bits) {
-  const int exponent = (bits >> 10) & 0x1f;
-  const uint32_t mantissa = bits & 0x3ffu;
-  float magnitude;
-  if (exponent == 0) {
-    magnitude = std::ldexp(static_cast<float>(mantissa), -24);
-  } else if (exponent == 31) {
-    magnitude = mantissa != 0 ? std::nanf("") : INFINITY;
-  } else {
-    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400u), exponent - 25);
-  }
-  return (bits & 0x8000u) != 0 ? -magnitude : magnitude;
-}
+uint16_t F32ToBf16(float value) { return anyattn::BFloat16::from_float(value).bits; }
+float Bf16ToF32(uint16_t bits) { return anyattn::BFloat16{bits}.to_float(); }
+uint16_t F32ToF16(float value) { return anyattn::Float16::from_float(value).bits; }
+float F16ToF32(uint16_t bits) { return anyattn::Float16{bits}.to_float(); }
 
 void ConvertBf16ToF32(const uint16_t* src, float* dst, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] = Bf16ToF32(src[i]);

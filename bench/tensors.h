@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "anyattn/anyattn.h"
+#include "anyattn/anyattn.hpp"
 
 namespace anyattn_bench {
 
@@ -50,17 +50,12 @@ class AlignedBuffer {
   size_t bytes_ = 0;
 };
 
-// Rounds f32 to the nearest bf16 (ties to even); NaN stays NaN.
+// The conversions of the installed C++ header (anyattn::BFloat16, anyattn::Float16), by bits:
+// f32 rounded to nearest even (f16 past its largest finite value: infinity; NaN stays NaN), and
+// 16-bit patterns widened exactly.
 uint16_t F32ToBf16(float value);
-
-// Widens a bf16 bit pattern to f32 exactly.
 float Bf16ToF32(uint16_t bits);
-
-// Rounds f32 to the nearest f16 (ties to even; past the largest finite f16, infinity); NaN stays
-// NaN.
 uint16_t F32ToF16(float value);
-
-// Widens an f16 bit pattern to f32 exactly.
 float F16ToF32(uint16_t bits);
 
 // dst[i] = Bf16ToF32(src[i]) for i < count.
