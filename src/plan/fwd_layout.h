@@ -63,9 +63,21 @@ inline int64_t ceil_div(int64_t value, int64_t divisor) {
   return (value + divisor - 1) / divisor;
 }
 
-// Column padding of V panels and output accumulators: a whole number of 16-float vectors.
+// 16-float vectors that hold a row of Dv columns: the columns the kernels compute.
+inline int64_t dv_vectors16(int64_t head_dim_v) {
+  return ceil_div(head_dim_v, 16);
+}
+
+// Row stride, in floats, of V panels and output accumulators: Dv rounded up to whole 16-float
+// vectors, plus one more vector where that is a multiple of 512 floats (2 KiB). Rows 2 KiB apart
+// all fall in two sets of a 32 KiB 8-way L1 (64 sets of 64-byte lines): a P V tile's 64 V lines
+// and its 6 output rows would then share 16 lines of L1, and the stream of V evicts the output
+// rows before the tile stores them. One vector more spreads consecutive rows over every set. The
+// extra columns hold zeros and no kernel computes them. (Measured: bench/MEASUREMENTS.md,
+// "Design constants".)
 inline int64_t padded_dv(int64_t head_dim_v) {
-  return round_up(head_dim_v, 16);
+  const int64_t columns = dv_vectors16(head_dim_v) * 16;
+  return columns % 512 == 0 ? columns + 16 : columns;
 }
 
 struct PackedLayout {

@@ -139,7 +139,7 @@ inline void pack_head_tiles(const FwdArgs& args, const PackedLayout& layout, con
 
   // V: key pairs (2t, 2t + 1) interleaved column by column, 16 columns per group.
   const int64_t head_dim_v = args.head_dim_v;
-  const int64_t column_groups = layout.dv_pad / 16;
+  const int64_t column_groups = dv_vectors16(args.head_dim_v);
   uint32_t* v_words = reinterpret_cast<uint32_t*>(panel + layout.kt_floats);
   __mmask32 nonfinite = 0;
   for (int64_t t = 0; t < kKeyBlock / 2; ++t) {
@@ -218,12 +218,12 @@ struct SplitBlock {
   int64_t chunks[kMaxQBlockRows / (2 * kTileRows)];  // per pair of row groups
 };
 
-// O[rows][dv_pad] += sum over `count` blocks of P V: per pair of row groups and pair of column
-// groups, one split_product_tiles pass over every block.
+// O[rows][0 .. 16 * column_groups) += sum over `count` blocks of P V (rows of O dv_pad floats
+// apart): per pair of row groups and pair of column groups, one split_product_tiles pass over
+// every block.
 inline void accumulate_split_blocks(const SplitBlock* blocks, int64_t count, int64_t rows, float* o,
-                                    int64_t dv_pad) {
+                                    int64_t dv_pad, int64_t column_groups) {
   const int64_t row_groups = ceil_div(rows, kTileRows);
-  const int64_t column_groups = dv_pad / 16;
   const int64_t o_row_bytes = dv_pad * 4;
   for (int64_t g = 0; g < row_groups; g += 2) {
     const bool two_rows = g + 1 < row_groups;
@@ -253,30 +253,31 @@ inline void block_chunks(const int64_t* row_keys, int64_t rows, int64_t keys, in
   }
 }
 
-// O[rows][dv_pad] += P[rows][0 .. keys) V, P split in place first. row_keys (or null): as in
-// accumulate_pv, per row the key from which its probabilities are zero; each pair of row groups
-// stops at the 32-key chunk holding the last key either group needs.
+// O[rows][0 .. 16 * column_groups) += P[rows][0 .. keys) V, P split in place first. row_keys
+// (or null): as in accumulate_pv, per row the key from which its probabilities are zero; each
+// pair of row groups stops at the 32-key chunk holding the last key either group needs.
 inline void accumulate_pv_tiles(float* p, int64_t rows, const float* v, int64_t keys, float* o,
-                                int64_t dv_pad, const int64_t* row_keys) {
+                                int64_t dv_pad, int64_t column_groups, const int64_t* row_keys) {
   split_rows(p, rows, p);
   SplitBlock block;
   block.p = reinterpret_cast<const char*>(p);
   block.v = reinterpret_cast<const char*>(v);
   block_chunks(row_keys, rows, keys, block.chunks);
-  accumulate_split_blocks(&block, 1, rows, o, dv_pad);
+  accumulate_split_blocks(&block, 1, rows, o, dv_pad, column_groups);
 }
 
 // O += P V in f32 over each row's visible keys only, from the packed tile V (f32 vector products,
 // subnormals included): for blocks whose K or V holds a subnormal.
 inline void accumulate_pv_exact_tiles(const Mask& mask, const TaskRows& rows, int64_t j0,
-                                      const float* p, const float* v, float* o, int64_t dv_pad) {
+                                      const float* p, const float* v, float* o, int64_t dv_pad,
+                                      int64_t column_groups) {
   const uint32_t* v_words = reinterpret_cast<const uint32_t*>(v);
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t r = 0; r < rows.count; ++r) {
     const KeyRange range = mask.row_keys_in_block(rows.position(r), j0, kKeyBlock);
     for (int64_t j = range.begin; j < range.end; ++j) {
       const Vec p_rj = Vec::broadcast(p[r * kKeyBlock + j]);
-      for (int64_t g = 0; g < dv_pad / 16; ++g) {
+      for (int64_t g = 0; g < column_groups; ++g) {
         const __m512i pairs = _mm512_loadu_si512(v_words + v_pair_word(g, j / 2));
         const __m512i bits =
             (j & 1) != 0 ? _mm512_and_si512(pairs, high_half) : _mm512_slli_epi32(pairs, 16);
@@ -371,6 +372,7 @@ class TileProducts {
     m_ = scratch.m;
     o_ = scratch.o;
     dv_pad_ = layout.dv_pad;
+    column_groups_ = dv_vectors16(args.head_dim_v);
   }
   static void pack(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
                    int64_t head_k, int64_t heads_k, int64_t block, float* panels, float* staging,
@@ -417,16 +419,16 @@ class TileProducts {
     }
     if ((block_flags & kBlockSubnormal) != 0) exact_pv_ = true;
     if (exact_pv_) {
-      accumulate_pv_exact_tiles(mask, head_rows, j0, p, v, o, dv_pad);
+      accumulate_pv_exact_tiles(mask, head_rows, j0, p, v, o, dv_pad, column_groups_);
     } else {
-      accumulate_pv_tiles(p, head_rows.count, v, keys, o, dv_pad,
+      accumulate_pv_tiles(p, head_rows.count, v, keys, o, dv_pad, column_groups_,
                           crosses_boundary ? row_keys : nullptr);
     }
   }
   // Runs the gathered P V; attend_blocks calls it before the task's rows are written.
   void finish() {
     if (gathered_count_ == 0) return;
-    accumulate_split_blocks(gathered_, gathered_count_, rows_, o_, dv_pad_);
+    accumulate_split_blocks(gathered_, gathered_count_, rows_, o_, dv_pad_, column_groups_);
     gathered_count_ = 0;
   }
 
@@ -452,6 +454,7 @@ class TileProducts {
   const float* m_ = nullptr;
   float* o_ = nullptr;
   int64_t dv_pad_ = 0;
+  int64_t column_groups_ = 0;  // 16-column groups of Dv (dv_vectors16)
   float max_before_[kMaxQBlockRows];
   int64_t gathered_count_ = 0;
   SplitBlock gathered_[kMaxDeferredBlocks];
