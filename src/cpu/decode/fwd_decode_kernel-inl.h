@@ -912,7 +912,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
       const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
                                rows_per_kv};
       scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv,
-                              crosses_boundary, head_rows, j0, scratch.s + r0 * kKeyBlock,
+                              crosses_boundary, head_rows, j0, keys, scratch.s + r0 * kKeyBlock,
                               scratch.m + r0, scratch.l + r0 * kRowSumSlots,
                               scratch.o + r0 * dv_pad, dv_pad);
       v_read[h] = E4m3Read::kDirect;

@@ -63,7 +63,10 @@ inline void combine_and_store_row(const RowPartials& parts, bool has_sink, float
   for (int64_t k = 0; k < parts.count; ++k) {
     const float m = parts.m[k * parts.ml_stride];
     const float l = parts.l[k * parts.ml_stride];
-    factors[k] = l != 0.f || std::isnan(l) ? std::exp(static_cast<double>(m) - top) : 0.0;
+    // e^0 = 1 exactly: the partial that holds the top (the only one, without splits or a sink)
+    // takes no call of exp. (inf - inf is NaN, not 0, and goes to exp as before.)
+    const double shift = static_cast<double>(m) - top;
+    factors[k] = l != 0.f || std::isnan(l) ? (shift == 0.0 ? 1.0 : std::exp(shift)) : 0.0;
     if (any_nan) factors[k] = std::numeric_limits<double>::quiet_NaN();
     denominator += static_cast<double>(l) * factors[k];
   }

@@ -30,7 +30,8 @@
 //        row's window were never visited (the block range is clipped first).
 //     3. Online softmax per row: new max, P = 2^(S - max) in place, running sum; the output
 //        accumulators are rescaled only when the row max moves, and the max moves only when a
-//        block's scores rise more than 2^8 above it (kStaleMaxHeadroom).
+//        block's scores rise more than 2^8 above it (kStaleMaxHeadroom). Steps 2 and 3 read
+//        only the block's keys rounded up to a whole vector; P past them is set to 0.
 //     4. O[rows][dv_pad] += P V with a kPvRows x (kPvVecs * lanes) register tile over the packed
 //        V rows, over the vectors that hold Dv's columns (pv_columns; the zero padding up to
 //        dv_pad is skipped). O (64 rows x dv_pad floats) stays in L1/L2 for the whole task. On
@@ -362,9 +363,10 @@ struct ScoreTransform {
 //   softcap, no ALiBi:     u = tanh(q.k * softmax_scale / softcap),   f = softcap
 //   ALiBi:                 u = (softcap ? softcap * that tanh : q.k * softmax_scale) + ALiBi, f = 1
 // Masked keys get u = -inf, which stays -inf times a positive f; a softmax_scale <= 0 is therefore
-// applied here too (f = 1).
+// applied here too (f = 1). Only the first `columns` scores of each row (a multiple of kLanes) are
+// transformed: the softmax reads no others.
 inline float transform_scores(const ScoreTransform& transform, bool apply_mask,
-                              const TaskRows& rows, int64_t j0, float* s) {
+                              const TaskRows& rows, int64_t j0, int64_t columns, float* s) {
   const Mask& mask = transform.mask;
   const ScoreModifiers& modifiers = mask.modifiers();
   const bool fold_scale = !modifiers.softcap && (modifiers.alibi || !(modifiers.scale > 0.f));
@@ -388,7 +390,7 @@ inline float transform_scores(const ScoreTransform& transform, bool apply_mask,
         Vec::broadcast(modifiers.alibi ? transform.neg_slope[r / rows.positions] : 0.f);
     // Distance origin for ALiBi: key j is at |diagonal - (j - j0)| from the diagonal.
     const Vec diagonal = Vec::broadcast(static_cast<float>(mask.diagonal(i) - j0));
-    for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
+    for (int64_t c = 0; c < columns; c += kLanes) {
       Vec x = Vec::load(s_row + c);
       const Vec position = iota + Vec::broadcast(static_cast<float>(c));
       if (modifiers.softcap) {
@@ -418,10 +420,17 @@ constexpr float kStaleMaxHeadroom = 8.f;
 // kStaleMaxHeadroom (log2 units) or when the row has no max yet; o_row and the row's lane sums
 // l_lanes (kLanes partial denominators) are rescaled when it moves. NaN scores make the row NaN,
 // and so does a +inf score (an infinite input, or a product beyond the f32 range), as in exact
-// arithmetic (inf - inf).
-inline void online_softmax_row(float* s_row, float factor, float* m, float* l_lanes, float* o_row,
-                               int64_t dv_pad) {
+// arithmetic (inf - inf). Only the first `columns` values (a multiple of kLanes: the block's keys
+// rounded up, kKeyBlock when kWholeBlock) are read; the probabilities past them are set to 0, as
+// a masked score's would be, without computing them: a block at the end of a short sequence
+// holds few keys.
+template <bool kWholeBlock>
+inline void online_softmax_row(float* s_row, int64_t columns, float factor, float* m,
+                               float* l_lanes, float* o_row, int64_t dv_pad) {
   constexpr int kVectors = static_cast<int>(kKeyBlock / kLanes);
+  const int vectors = kWholeBlock ? kVectors : static_cast<int>(columns / kLanes);
+  const int64_t used = int64_t{vectors} * kLanes;
+  for (int64_t c = used; !kWholeBlock && c < kKeyBlock; c += kLanes) Vec::zero().store(s_row + c);
   const float old_max = *m;
   const Vec log2e = Vec::broadcast(kLog2e);
   const Vec f = Vec::broadcast(factor);
@@ -433,7 +442,7 @@ inline void online_softmax_row(float* s_row, float factor, float* m, float* l_la
     const Vec shift = Vec::broadcast(old_max);
     Vec exponents[kVectors];
     Vec highest = Vec::broadcast(kNegInfinity);
-    for (int c = 0; c < kVectors; ++c) {
+    for (int c = 0; c < vectors; ++c) {
       exponents[c] = (score(c * kLanes) - shift) * log2e;
       highest = max_keep_b_nan(exponents[c], highest);
     }
@@ -441,7 +450,7 @@ inline void online_softmax_row(float* s_row, float factor, float* m, float* l_la
       // Every exponent is <= 8 or NaN (`highest` skips NaN lanes but never becomes NaN itself);
       // a NaN makes the row NaN through l.
       Vec sum = Vec::zero();
-      for (int c = 0; c < kVectors; ++c) {
+      for (int c = 0; c < vectors; ++c) {
         const Vec p = exp2_not_above_128(exponents[c]);
         p.store(s_row + c * kLanes);
         sum = sum + p;
@@ -451,24 +460,24 @@ inline void online_softmax_row(float* s_row, float factor, float* m, float* l_la
     }
   }
   Vec block_max_vec = score(0);
-  for (int64_t c = kLanes; c < kKeyBlock; c += kLanes) {
+  for (int64_t c = kLanes; c < used; c += kLanes) {
     block_max_vec = max_keep_b_nan(score(c), block_max_vec);
   }
   float block_max = reduce_max(block_max_vec);
   if (block_max == kNegInfinity) {
     // Every lane is -inf or NaN; the vector max may have dropped a NaN, so look.
-    for (int64_t j = 0; j < kKeyBlock; ++j) {
+    for (int64_t j = 0; j < used; ++j) {
       if (std::isnan(s_row[j] * factor)) block_max = s_row[j] * factor;
     }
   }
   const float new_max = std::isnan(block_max) || block_max > old_max ? block_max : old_max;
   if (new_max == kNegInfinity) {
-    for (int64_t c = 0; c < kKeyBlock; c += kLanes) Vec::zero().store(s_row + c);
+    for (int64_t c = 0; c < used; c += kLanes) Vec::zero().store(s_row + c);
     return;
   }
   const Vec shift = Vec::broadcast(new_max);
   Vec sum = Vec::zero();
-  for (int64_t c = 0; c < kKeyBlock; c += kLanes) {
+  for (int64_t c = 0; c < used; c += kLanes) {
     // score - max is at most 0, but a NaN lane can hide a larger score from the vector max above
     // (the row is NaN then, through that NaN's probability): the exponent is clamped at 0.
     const Vec p = exp2_not_above_128(min_keep_b_nan(Vec::zero(), (score(c) - shift) * log2e));
@@ -476,7 +485,9 @@ inline void online_softmax_row(float* s_row, float factor, float* m, float* l_la
     sum = sum + p;
   }
   Vec lanes = Vec::load(l_lanes);
-  if (!(new_max == old_max)) {
+  // A row with no max yet has l = 0 and o = 0 (or NaN, which a factor of 0 keeps): nothing to
+  // rescale.
+  if (!(new_max == old_max) && old_max != kNegInfinity) {
     const float alpha = std::exp(old_max - new_max);
     const Vec scale = Vec::broadcast(alpha);
     lanes = lanes * scale;
@@ -799,20 +810,29 @@ void pack_block_heads(const FwdArgs& args, const PackedLayout& layout, const Seq
 // Turns the scores of the rows of one kv head for the key block at j0 into probabilities, in
 // place: softcap, ALiBi and (on boundary blocks) the mask, the online softmax (which rescales the
 // rows of o whose max moved) and dropout. neg_slopes: the negated ALiBi slope of each query head
-// of head_rows; m, l, o: the rows' running max, denominator and output.
+// of head_rows; keys: the block's keys (its columns from round_up(keys, kLanes) on are set to 0
+// without being read); m, l, o: the rows' running max, denominator and output.
 inline void scores_to_probabilities(const FwdArgs& args, const SeqInfo& seq,
                                     ScoreTransform transform, const float* neg_slopes,
                                     bool crosses_boundary, const TaskRows& head_rows, int64_t j0,
-                                    float* s, float* m, float* l, float* o, int64_t dv_pad) {
+                                    int64_t keys, float* s, float* m, float* l, float* o,
+                                    int64_t dv_pad) {
   const ScoreModifiers& modifiers = transform.mask.modifiers();
   float factor = modifiers.scale;  // S is the raw q . k
+  const int64_t columns = round_up(keys, kLanes);
   if (modifiers.softcap || modifiers.alibi || crosses_boundary) {
     transform.neg_slope = neg_slopes;
-    factor = transform_scores(transform, crosses_boundary, head_rows, j0, s);
+    factor = transform_scores(transform, crosses_boundary, head_rows, j0, columns, s);
   }
   for (int64_t r = 0; r < head_rows.count; ++r) {
-    online_softmax_row(s + r * kKeyBlock, factor, m + r, l + r * kRowSumSlots, o + r * dv_pad,
-                       dv_pad);
+    float* const s_row = s + r * kKeyBlock;
+    if (columns == kKeyBlock) {
+      online_softmax_row<true>(s_row, columns, factor, m + r, l + r * kRowSumSlots,
+                               o + r * dv_pad, dv_pad);
+    } else {
+      online_softmax_row<false>(s_row, columns, factor, m + r, l + r * kRowSumSlots,
+                                o + r * dv_pad, dv_pad);
+    }
   }
   if (args.dropout_threshold != 0) apply_dropout(args, seq, head_rows, j0, s);
 }
@@ -856,12 +876,11 @@ inline void load_query_rows(const FwdArgs& args, const PackedLayout& layout, con
 
 // Resets the running max, denominator and output of the task's rows.
 inline void reset_rows(const PackedLayout& layout, const TaskRows& rows, const Scratch& scratch) {
+  const int64_t dv_pad = layout.dv_pad;  // held in a register: the stores below are floats
   for (int64_t r = 0; r < rows.count; ++r) {
     scratch.m[r] = kNegInfinity;
     Vec::zero().store(scratch.l + r * kRowSumSlots);
-    for (int64_t c = 0; c < layout.dv_pad; c += kLanes) {
-      Vec::zero().store(scratch.o + r * layout.dv_pad + c);
-    }
+    for (int64_t c = 0; c < dv_pad; c += kLanes) Vec::zero().store(scratch.o + r * dv_pad + c);
   }
 }
 
@@ -1035,8 +1054,8 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
       products.scores(args, layout, scratch.q + r0 * layout.q_stride, rows_per_kv, kt, keys,
                       block_flags, s, next_panel);
       scores_to_probabilities(args, seq, transform, neg_slopes + h * heads_per_kv, crosses_boundary,
-                              head_rows, j0, s, scratch.m + r0, scratch.l + r0 * kRowSumSlots, o,
-                              dv_pad);
+                              head_rows, j0, keys, s, scratch.m + r0,
+                              scratch.l + r0 * kRowSumSlots, o, dv_pad);
       products.pv(args, seq, mask, head_rows, j0, keys, crosses_boundary, block_flags, s,
                   v_panel, o, dv_pad);
     }
