@@ -83,7 +83,7 @@ inline int64_t padded_dv(int64_t head_dim_v) {
 struct PackedLayout {
   int64_t head_dim = 0;      // D
   int64_t q_stride = 0;      // floats per query row in Scratch::q: D rounded up to 16
-  int64_t dv_pad = 0;        // padded Dv
+  int64_t dv_pad = 0;        // row stride of V panels and O rows: padded_dv(Dv)
   int64_t kt_floats = 0;     // D * 64, rounded to the alignment
   int64_t block_floats = 0;  // kt_floats + 64 * dv_pad
 
