@@ -673,7 +673,7 @@ struct KeyScales {
                        ? std::ldexp(1.f, direct_exponent)
                        : std::ldexp(1.f, kE4m3LoadExponent<E4m3Read::kViaHalf> - units);
     }
-    const int64_t padded = (keys + kLanes - 1) / kLanes * kLanes;
+    const int64_t padded = round_up(keys, kLanes);
     for (int64_t j = 0; j < keys; ++j) factors[j] *= load_scale;
     for (int64_t j = keys; j < padded; ++j) factors[j] = 1.f;
     for (int64_t r = 0; r < rows_count; ++r) {
