@@ -10,6 +10,7 @@
 #include "plan/bwd_layout.h"
 #include "plan/bwd_plan.h"
 #include "runtime/aligned_buffer.h"
+#include "runtime/kept_workspace.h"
 #include "runtime/num_threads.h"
 #include "runtime/thread_pool.h"
 
@@ -120,11 +121,12 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
 
   const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());
   const int64_t scratch_floats = plan.layout.scratch_floats();
-  runtime::AlignedBuffer<float> workspace(plan.delta_floats + plan.partial_floats +
-                                          lease.num_threads() * scratch_floats);
-  float* delta = workspace.get();
-  float* partial_base = plan.partial_floats > 0 ? workspace.get() + plan.delta_floats : nullptr;
-  float* scratch = workspace.get() + plan.delta_floats + plan.partial_floats;
+  runtime::AlignedBuffer<float> owned;
+  float* const workspace = runtime::reserve_workspace(
+      plan.delta_floats + plan.partial_floats + lease.num_threads() * scratch_floats, lease, &owned);
+  float* delta = workspace;
+  float* partial_base = plan.partial_floats > 0 ? workspace + plan.delta_floats : nullptr;
+  float* scratch = workspace + plan.delta_floats + plan.partial_floats;
   plan.bind_partials(partial_base);
 
   // Every allocation is done; from here on outputs are written.

@@ -10,6 +10,7 @@
 #include "plan/fwd_layout.h"
 #include "plan/fwd_plan.h"
 #include "runtime/aligned_buffer.h"
+#include "runtime/kept_workspace.h"
 #include "runtime/num_threads.h"
 #include "runtime/thread_pool.h"
 
@@ -83,19 +84,6 @@ struct Workspace {
   int64_t partial_rows = 0;        // capacity, rows
 };
 
-// Workspace kept between calls, used only by the caller that holds the pool: re-faulting tens of
-// MiB of fresh pages on every call costs as much as packing them. Bounded by kArenaLimitFloats;
-// larger requests allocate per call.
-constexpr int64_t kArenaLimitFloats = int64_t{96} << 18;  // 96 MiB
-struct Arena {
-  AlignedBuffer<float> buffer;
-  int64_t floats = 0;
-};
-Arena& shared_arena() {
-  static Arena arena;
-  return arena;
-}
-
 // The sizes of the parts of a Workspace for `plan` and its groups, in floats.
 struct WorkspaceSizes {
   int64_t packed_blocks = 0;
@@ -117,23 +105,6 @@ WorkspaceSizes workspace_sizes(const plan::FwdPlan& plan, const std::vector<Grou
   sizes.partial_o = round_up(sizes.partial_rows * plan.num_splits * plan.layout.dv_pad, 16);
   sizes.partial_ml = round_up(2 * sizes.partial_rows * plan.num_splits, 16);
   return sizes;
-}
-
-// At least `floats` of memory: the cached arena when this caller may use it and it is within
-// kArenaLimitFloats, else `owned`, allocated here.
-float* reserve_workspace(int64_t floats, bool may_use_arena, AlignedBuffer<float>* owned) {
-  if (may_use_arena && floats <= kArenaLimitFloats) {
-    Arena& arena = shared_arena();
-    if (arena.floats < floats) {
-      arena.buffer.allocate(0);
-      arena.floats = 0;
-      arena.buffer.allocate(floats);
-      arena.floats = floats;
-    }
-    return arena.buffer.get();
-  }
-  owned->allocate(floats);
-  return owned->get();
 }
 
 // The Workspace of sizes `sizes` (workspace_sizes of `plan`), carved from `base`, which holds at
@@ -377,7 +348,7 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
     workspace_floats = std::max(workspace_floats, part.sizes.total());
   }
   AlignedBuffer<float> owned;
-  float* base = reserve_workspace(workspace_floats, lease.owns_pool(), &owned);
+  float* base = runtime::reserve_workspace(workspace_floats, lease, &owned);
   for (PlannedPart& part : parts) {
     if (plan::verbose_enabled()) std::fprintf(stderr, "%s\n", part.plan.describe(args).c_str());
     part.ws = carve_workspace(part.plan, part.sizes, base);
