@@ -2,10 +2,10 @@
 //
 // The forward packs K and V and the backward writes its dQ partials into tens of MiB of
 // workspace. Fresh pages on every call would be faulted in and zeroed by the kernel each time,
-// which costs about as much as the packing itself. The caller that holds the pool (PoolLease::
-// owns_pool) is the only one running, so it may reuse one buffer; the forward and the backward
-// share it. Requests above kKeptWorkspaceLimitFloats, and callers without the pool, get a buffer
-// of their own for the call.
+// which costs about as much as the packing itself. Only one caller at a time holds the pool
+// (PoolLease::owns_pool), so that caller may reuse one buffer without a lock; the forward and the
+// backward share it. Requests above kKeptWorkspaceLimitFloats, and callers without the pool, get
+// a buffer of their own for the call. The buffer only grows, and lives until the process ends.
 #ifndef ANYATTN_RUNTIME_KEPT_WORKSPACE_H_
 #define ANYATTN_RUNTIME_KEPT_WORKSPACE_H_
 
