@@ -1,7 +1,8 @@
 // The backward's results are the same bits across repeated runs and thread counts 1, 2 and 3,
-// with and without dropout.
+// with and without dropout, and after other calls left NaN in the workspace kept between calls.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "backward/bwd_test_support.h"
@@ -78,6 +79,35 @@ TEST(BwdDeterminism, BitwiseAcrossThreadCountsWithDropout) {
   c.fwd.Sk = 130;
   c.dropout_p = 0.25f;
   expect_bitwise_across_threads(c);
+}
+
+// The workspace is kept between calls (runtime/kept_workspace.h): a call must not depend on what
+// an earlier one left there. A larger forward and backward whose inputs are all NaN fill it with
+// NaN; the call after them must give the bits it gave before them.
+TEST(BwdDeterminism, BitwiseAfterOtherCallsLeftNanInTheWorkspace) {
+  BwdCase c;
+  c.fwd = determinism_case();
+  BwdProblem p(c);
+  ASSERT_EQ(p.prepare_forward(), ANYATTN_OK) << anyattn_last_error();
+  ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+  const std::vector<unsigned char> first = p.gradient_bytes();
+
+  BwdCase larger;
+  larger.fwd = determinism_case();
+  larger.fwd.Sq = 300;
+  larger.fwd.Sk = 400;
+  larger.fwd.Hq = 8;
+  larger.fwd.D = 128;
+  larger.fwd.Dv = 128;
+  BwdProblem filler(larger);
+  std::fill(filler.fwd.q_buffer.begin(), filler.fwd.q_buffer.end(), 0xFF);  // f32 NaN
+  std::fill(filler.fwd.kv_buffer.begin(), filler.fwd.kv_buffer.end(), 0xFF);
+  std::fill(filler.dout_buffer.begin(), filler.dout_buffer.end(), 0xFF);
+  ASSERT_EQ(filler.prepare_forward(), ANYATTN_OK) << anyattn_last_error();
+  ASSERT_EQ(filler.run(), ANYATTN_OK) << anyattn_last_error();
+
+  ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+  EXPECT_TRUE(p.gradient_bytes() == first) << c.describe();
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // repeated runs, thread counts and split-KV settings; concurrent calls from several threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -222,6 +223,36 @@ TEST(Determinism, ExplicitNumSplitsCorrectAndThreadIndependent) {
         EXPECT_TRUE(p.output_bytes() == expected) << "threads=" << threads;
       }
     }
+  }
+}
+
+// The workspace is kept between calls (runtime/kept_workspace.h): a call must not depend on what
+// an earlier one left there. A larger call whose inputs are all NaN fills it with NaN; each case
+// after it must give the bits it gave before it.
+TEST(Determinism, BitwiseAfterAnotherCallLeftNanInTheWorkspace) {
+  ThreadCountGuard guard;
+  anyattn_set_num_threads(2);
+  for (const Case& c : determinism_cases()) {
+    SCOPED_TRACE(c.describe());
+    Problem p(c);
+    ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+    const std::vector<unsigned char> expected = p.output_bytes();
+
+    Case larger = c;
+    larger.dtype = ANYATTN_DTYPE_F32;
+    larger.B = c.B + 1;
+    larger.Sq = 2 * c.Sq;
+    larger.Sk = 2 * c.Sk;
+    larger.D = 128;
+    larger.Dv = 128;
+    Problem filler(larger);
+    std::fill(filler.q_buffer.begin(), filler.q_buffer.end(), 0xFF);  // f32 NaN
+    std::fill(filler.kv_buffer.begin(), filler.kv_buffer.end(), 0xFF);
+    ASSERT_EQ(filler.run(), ANYATTN_OK) << anyattn_last_error();
+
+    p.reset_outputs();
+    ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+    EXPECT_TRUE(p.output_bytes() == expected);
   }
 }
 
