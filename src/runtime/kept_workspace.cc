@@ -19,7 +19,8 @@ float* reserve_workspace(int64_t floats, const PoolLease& lease, AlignedBuffer<f
   if (lease.owns_pool() && floats <= kKeptWorkspaceLimitFloats) {
     KeptBuffer& kept = kept_buffer();
     if (kept.floats < floats) {
-      kept.buffer.allocate(0);  // free the smaller buffer before allocating the larger one
+      // allocate() frees the smaller buffer first; with the size cleared before it, a failed
+      // allocation (std::bad_alloc) leaves an empty buffer that the next call grows again.
       kept.floats = 0;
       kept.buffer.allocate(floats);
       kept.floats = floats;
