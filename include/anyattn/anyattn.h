@@ -306,9 +306,10 @@ typedef struct anyattn_kvcache_params {
    * The value of a cached element is  stored * descale[...] * token_scale[...]  (a factor is 1
    * when its tensor is NULL); attention runs on these values with f32 accumulation; q, k_new,
    * v_new and out stay f32/f16/bf16. The four tensors below must be NULL for an f32/f16/bf16
-   * cache (ANYATTN_E_INVALID_ARGUMENT otherwise). An 8-bit cache cannot be a shared latent cache
-   * (v_cache a column view of k_cache): ANYATTN_E_UNSUPPORTED. docs/kvcache_8bit.md has the
-   * details.
+   * cache (ANYATTN_E_INVALID_ARGUMENT otherwise). An 8-bit shared latent cache (v_cache a
+   * column view of k_cache) reads V from the K rows with K's scales: v_descale must then be NULL
+   * or equal to k_descale, and v_token_scale NULL or k_token_scale itself (k_token_scale may be
+   * given alone); ANYATTN_E_INVALID_ARGUMENT otherwise. docs/kvcache_8bit.md has the details.
    *
    * k_descale, v_descale: f32, NULL = 1. Shape (1): one per tensor; (Hk): one per kv head;
    * (B, Hk): one per sequence (index b of q, not the cache batch) and kv head, FlashAttention 3's
@@ -321,7 +322,8 @@ typedef struct anyattn_kvcache_params {
   /* k_token_scale, v_token_scale: f32, NULL = none. One scale per (cache position, kv head):
    * (B_cache, S_cache, Hk), or (num_blocks, page_size, Hk) for a paged cache. Cache data: read
    * as stored (not validated; a NaN or inf there propagates like a NaN in an f16 cache), and
-   * written by the in-place append for the new positions. Both or neither. */
+   * written by the in-place append for the new positions. Both or neither (a shared latent
+   * cache: k_token_scale alone, or v_token_scale the same tensor). */
   const anyattn_tensor* k_token_scale;
   const anyattn_tensor* v_token_scale;
 } anyattn_kvcache_params;

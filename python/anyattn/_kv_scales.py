@@ -91,6 +91,13 @@ def _token_scale(x: Any, name: str, cache: Any, cache_name: str):
     return x
 
 
+def _shared_latent(k_cache, v_cache) -> bool:
+    """Whether v_cache is a column view of k_cache (same storage start and strides, Dv <= D)."""
+    return (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()
+            and tuple(v_cache.shape[:3]) == tuple(k_cache.shape[:3])
+            and v_cache.shape[3] <= k_cache.shape[3])
+
+
 def cache_scales(k_cache, v_cache, batch: int, k_descale=None, v_descale=None,
                  k_token_scale=None, v_token_scale=None) -> Optional[CacheScales]:
     """The checked scales of a cache call, or None for a float cache without any.
@@ -111,6 +118,11 @@ def cache_scales(k_cache, v_cache, batch: int, k_descale=None, v_descale=None,
     if k_cache.dtype != v_cache.dtype:
         raise TypeError(f"k_cache, v_cache: an 8-bit cache needs one dtype for both; got "
                         f"{k_cache.dtype} and {v_cache.dtype}")
+    if _shared_latent(k_cache, v_cache):
+        # Absorbed MLA's shared latent cache: V is the first Dv stored values of each K row, so
+        # it takes K's scales (the C call checks that given V scales are K's).
+        v_descale = k_descale if v_descale is None else v_descale
+        v_token_scale = k_token_scale if v_token_scale is None else v_token_scale
     if (k_token_scale is None) != (v_token_scale is None):
         raise ValueError("k_token_scale, v_token_scale: give both or neither")
     hk = k_cache.shape[2]

@@ -452,3 +452,68 @@ def test_quantize_kv_cache_errors(kw, error, message):
     args.update(kw)
     with pytest.raises(error, match=message):
         anyattn.quantize_kv_cache(**args)
+
+
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=_name)
+@pytest.mark.parametrize("granularity", ["tensor", "token"])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("v_scales", ["omitted", "repeated"])
+def test_mla_decode_on_an_8bit_shared_latent_cache(cache_dtype, granularity, paged, v_scales):
+    """Absorbed MLA against an 8-bit latent cache (D 576 = 512 + 64, Dv 512, 16 query heads, one
+    latent head) passed as both caches, V its first 512 columns with K's scales, as DeepSeek
+    models are served with fp8 caches; the new latent row appended once."""
+    rng = np.random.default_rng(5)
+    b, hq, d, dv, cap, page = 2, 16, 576, 512, 96, 16
+    seqlens = torch.tensor([40, 77], dtype=torch.int32)
+    q = torch.from_numpy(rng.standard_normal((b, 1, hq, d))).to(torch.bfloat16)
+    new = torch.from_numpy(rng.standard_normal((b, 1, 1, d))).to(torch.bfloat16)
+    lat_log, descale, token = _quantized(torch.randn(b, cap, 1, d), cache_dtype, granularity)
+    kw = dict(k_descale=descale)
+    if v_scales == "repeated":
+        kw["v_descale"] = None if descale is None else descale.clone()
+    if paged:
+        paging = Paging(rng, b, cap, page)
+        latent = paging.scatter(lat_log)
+        kw["block_table"] = paging.table
+    else:
+        latent = lat_log.clone()
+    if token is not None:
+        kw["k_token_scale"] = paging.scatter(token) if paged else token.clone()
+        if v_scales == "repeated":
+            kw["v_token_scale"] = kw["k_token_scale"]
+    out, lse = anyattn.flash_attn_with_kvcache(
+        q, latent, latent[..., :dv], new, new[..., :dv], cache_seqlens=seqlens,
+        return_softmax_lse=True, **kw)
+    assert out.dtype == torch.bfloat16 and out.shape == (b, 1, hq, dv)
+
+    def logical(t):
+        return None if t is None else (paging.gather(t) if paged else t)
+
+    stored = logical(latent)
+    after = _dequantized(stored, descale, logical(kw.get("k_token_scale")))
+    before = _dequantized(lat_log, descale, token)
+    ref_out, naive_out = np.zeros((b, 1, hq, dv)), np.zeros((b, 1, hq, dv))
+    ref_lse, naive_lse = np.zeros((b, hq, 1)), np.zeros((b, hq, 1))
+    for bi in range(b):
+        s0 = int(seqlens[bi])
+        want = _appended(new[bi:bi + 1], cache_dtype, granularity, descale)
+        assert torch.equal(stored[bi:bi + 1, s0:s0 + 1].view(torch.uint8),
+                           want.view(torch.uint8)), f"latent row appended to sequence {bi}"
+        assert torch.equal(after[bi, :s0], before[bi, :s0])
+        keys = after[bi, :s0 + 1].numpy()
+        qb = q[bi].double().numpy()
+        o, l = attention_ref(qb[None], keys[None], keys[None, ..., :dv])
+        no, nl = attention_ref(qb[None], keys[None], keys[None, ..., :dv], dtype="bfloat16")
+        ref_out[bi], ref_lse[bi], naive_out[bi], naive_lse[bi] = o[0], l[0], no[0], nl[0]
+    check_2x("out", out.double().numpy(), ref_out, naive_out, out_eps("bfloat16", ref_out))
+    check_2x("lse", lse.numpy(), ref_lse, naive_lse, lse_eps(ref_lse))
+
+
+def test_8bit_shared_latent_cache_rejects_scales_of_its_own_for_v():
+    lat = anyattn.quantize_kv_cache(torch.randn(1, 8, 1, 64), torch.float8_e4m3fn, "tensor")
+    q = torch.randn(1, 1, 4, 64)
+    with pytest.raises(ValueError, match=r"v_descale is .* but cache->k_descale is .*shared "
+                                         r"latent cache"):
+        anyattn.flash_attn_with_kvcache(q, lat.cache, lat.cache[..., :32],
+                                        cache_seqlens=torch.tensor([8], dtype=torch.int32),
+                                        k_descale=lat.descale, v_descale=lat.descale * 2)

@@ -56,6 +56,42 @@ void read_descale(const char* fn, const char* name, const anyattn_tensor* t, int
   }
 }
 
+constexpr const char* kLatentTakesKeyScales =
+    "v_cache is a column prefix of k_cache (a shared latent cache), so its values are those of "
+    "the K rows and take K's scales";
+
+// Whether a and b are the same view: one data pointer, shape and strides.
+bool same_view(const anyattn_tensor& a, const anyattn_tensor& b) {
+  if (a.data != b.data || a.ndim != b.ndim || a.dtype != b.dtype) return false;
+  for (int d = 0; d < a.ndim; ++d) {
+    if (a.shape[d] != b.shape[d] || a.strides[d] != b.strides[d]) return false;
+  }
+  return true;
+}
+
+// A shared latent cache's V descale: v_descale, when given, must repeat k_descale entry by entry
+// (an absent k_descale is 1); then V's expanded descale is a copy of K's (or absent with it).
+void latent_takes_key_descales(const char* fn, const anyattn_kvcache_params& cache,
+                               int64_t batch, int64_t heads_k, ValidatedFwd* attention) {
+  cpu::FwdArgs* args = &attention->args;
+  if (cache.v_descale != nullptr) {
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t h = 0; h < heads_k; ++h) {
+        const float k = args->k_descale_of(b, h), v = args->v_descale_of(b, h);
+        if (k != v) {
+          fail_invalid(fn, ": cache->v_descale is ", v, " but cache->k_descale is ", k,
+                       " for sequence ", b, ", kv head ", h, "; ", kLatentTakesKeyScales,
+                       ": pass v_descale = NULL or the same values as k_descale");
+        }
+      }
+    }
+  }
+  attention->v_descale = attention->k_descale;
+  args->v_descale = attention->v_descale.empty() ? nullptr : attention->v_descale.data();
+  args->v_descale_batch_stride = args->k_descale_batch_stride;
+  args->v_descale_head_stride = args->k_descale_head_stride;
+}
+
 }  // namespace
 
 void check_cache_scales(CallCheck* check, const anyattn_kvcache_params& cache, int32_t cache_dtype,
@@ -76,12 +112,7 @@ void check_cache_scales(CallCheck* check, const anyattn_kvcache_params& cache, i
     }
     return;
   }
-  if (args->v_is_k_prefix()) {
-    fail_unsupported(fn, ": v_cache is a column prefix of k_cache (a shared latent cache) of dtype ",
-                     dtype_name(cache_dtype),
-                     "; a shared latent cache must be f32, f16 or bf16 (8-bit caches keep K and V "
-                     "apart)");
-  }
+  const bool latent = args->v_is_k_prefix();
   const int64_t heads_k = (*check)[Dim::kHk];
   if (cache.k_descale != nullptr) {
     read_descale(fn, "cache->k_descale", cache.k_descale, batch, heads_k, appending, &attention->k_descale);
@@ -95,11 +126,23 @@ void check_cache_scales(CallCheck* check, const anyattn_kvcache_params& cache, i
     args->v_descale_batch_stride = heads_k;
     args->v_descale_head_stride = 1;
   }
-  if ((cache.k_token_scale == nullptr) != (cache.v_token_scale == nullptr)) {
+  if (latent) latent_takes_key_descales(fn, cache, batch, heads_k, attention);
+  if (latent && cache.v_token_scale != nullptr) {
+    if (cache.k_token_scale == nullptr) {
+      fail_invalid(fn, ": cache->v_token_scale is given without cache->k_token_scale; ",
+                   kLatentTakesKeyScales);
+    }
+    if (!same_view(*cache.v_token_scale, *cache.k_token_scale)) {
+      fail_invalid(fn, ": cache->v_token_scale is not cache->k_token_scale (another tensor or "
+                   "view); ", kLatentTakesKeyScales, ": pass NULL or k_token_scale itself");
+    }
+  } else if ((cache.k_token_scale == nullptr) != (cache.v_token_scale == nullptr) && !latent) {
     fail_invalid(fn, ": cache->k_token_scale and cache->v_token_scale must be given together");
   }
   if (cache.k_token_scale == nullptr) return;
-  const anyattn_tensor* const token_scales[] = {cache.k_token_scale, cache.v_token_scale};
+  // A shared latent cache's V rows take K's token scales: the table binds them twice.
+  const anyattn_tensor* const token_scales[] = {
+      cache.k_token_scale, latent ? cache.k_token_scale : cache.v_token_scale};
   check->check(paged ? tables::kPagedTokenScales : tables::kTokenScales, token_scales);
   for (const char* scale : {"cache->k_token_scale", "cache->v_token_scale"}) {
     for (const char* other : {"k_cache", "v_cache"}) check->require_disjoint(scale, other);
@@ -108,7 +151,7 @@ void check_cache_scales(CallCheck* check, const anyattn_kvcache_params& cache, i
       check->require_disjoint(scale, "cache->v_new");
     }
   }
-  check->require_disjoint("cache->k_token_scale", "cache->v_token_scale");
+  if (!latent) check->require_disjoint("cache->k_token_scale", "cache->v_token_scale");
   const auto strides = [](const anyattn_tensor* t, int64_t* batch_stride, int64_t* row_stride,
                           int64_t* head_stride) {
     *batch_stride = t->strides[0];
@@ -118,8 +161,9 @@ void check_cache_scales(CallCheck* check, const anyattn_kvcache_params& cache, i
   args->k_token_scale = static_cast<float*>(cache.k_token_scale->data);
   strides(cache.k_token_scale, &args->k_scale_batch_stride, &args->k_scale_row_stride,
           &args->k_scale_head_stride);
-  args->v_token_scale = static_cast<float*>(cache.v_token_scale->data);
-  strides(cache.v_token_scale, &args->v_scale_batch_stride, &args->v_scale_row_stride,
+  const anyattn_tensor* v_token_scale = token_scales[1];
+  args->v_token_scale = static_cast<float*>(v_token_scale->data);
+  strides(v_token_scale, &args->v_scale_batch_stride, &args->v_scale_row_stride,
           &args->v_scale_head_stride);
 }
 

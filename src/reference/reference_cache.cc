@@ -194,13 +194,18 @@ KvcacheInputs gather_kvcache(const anyattn_tensor& q, const anyattn_tensor& k_ca
   const bool kv8 = k_cache.dtype == ANYATTN_DTYPE_FP8_E4M3 ||
                    k_cache.dtype == ANYATTN_DTYPE_FP8_E5M2 || k_cache.dtype == ANYATTN_DTYPE_I8;
   const bool token_scales = kv8 && cache.k_token_scale != nullptr;
+  // A shared latent cache (absorbed MLA: v_cache a column prefix of k_cache): V row j is the
+  // first Dv values of K row j, stored once, so an 8-bit one's V values take K's factors.
+  bool latent = v_cache.data == k_cache.data && head_dim_v <= head_dim;
+  for (int d = 0; d < 4; ++d) latent = latent && v_cache.strides[d] == k_cache.strides[d];
 
   KvcacheInputs result;
   result.k_cache = to_contiguous_f64(k_cache);
   result.v_cache = to_contiguous_f64(v_cache);
   if (token_scales) {
     result.k_token_scale = to_contiguous_f64(*cache.k_token_scale);
-    result.v_token_scale = to_contiguous_f64(*cache.v_token_scale);
+    result.v_token_scale = to_contiguous_f64(
+        latent && cache.v_token_scale == nullptr ? *cache.k_token_scale : *cache.v_token_scale);
   }
   auto scale_at = [&](std::vector<double>& scales, int64_t n, int64_t r, int64_t h) -> double* {
     return &scales[(n * rows_per_entry + r) * heads_k + h];
@@ -274,6 +279,13 @@ KvcacheInputs gather_kvcache(const anyattn_tensor& q, const anyattn_tensor& k_ca
         if (rotary) rotate_f32(k_row, cos_row.data(), sin_row.data(), rotary_dim, interleaved);
         quantize_row(k_row, head_dim, cache_descale(cache.k_descale, b, h),
                      token_scales ? scale_at(result.k_token_scale, n, r, h) : nullptr);
+        if (latent) {
+          std::copy(k_row, k_row + head_dim_v, v_row);
+          if (token_scales) {
+            *scale_at(result.v_token_scale, n, r, h) = *scale_at(result.k_token_scale, n, r, h);
+          }
+          continue;
+        }
         quantize_row(v_row, head_dim_v, cache_descale(cache.v_descale, b, h),
                      token_scales ? scale_at(result.v_token_scale, n, r, h) : nullptr);
       }
@@ -307,6 +319,7 @@ KvcacheInputs gather_kvcache(const anyattn_tensor& q, const anyattn_tensor& k_ca
             k_factor *= *scale_at(result.k_token_scale, n, r, h);
             v_factor *= *scale_at(result.v_token_scale, n, r, h);
           }
+          if (latent) v_factor = k_factor;
         }
         for (int64_t d = 0; d < head_dim; ++d) seq.k.push_back(*(k_at(n, r, h) + d) * k_factor);
         for (int64_t d = 0; d < head_dim_v; ++d) seq.v.push_back(*(v_at(n, r, h) + d) * v_factor);

@@ -86,9 +86,12 @@ struct KvcacheInputs {
   // The logical k_cache / v_cache after the append, C-contiguous f64 of their logical shapes. For
   // an 8-bit cache: the stored values (before the scales), the append quantized by the shared
   // routine (common/kv8_convert.h) from the new rows rotated in f32, as the library does; the
-  // sequences then hold the dequantized values stored * descale * token_scale, in f64.
+  // sequences then hold the dequantized values stored * descale * token_scale, in f64. A shared
+  // latent cache (v_cache a column prefix of k_cache) is one row per key: V the first Dv stored
+  // values of the K row, dequantized with K's factors.
   std::vector<double> k_cache, v_cache;
-  // 8-bit caches with token scales: the scales after the append, C-contiguous (N, R, Hk).
+  // 8-bit caches with token scales: the scales after the append, C-contiguous (N, R, Hk) (a
+  // shared latent cache without v_token_scale: K's again for V).
   std::vector<double> k_token_scale, v_token_scale;
   // (cache tensor index of dim 0, dim 1) of every appended position, in the order (b, t).
   std::vector<int64_t> appended_rows;

@@ -62,6 +62,10 @@ struct Q8Case {
   bool causal = false;
   bool batch_idx = false;
   bool leftpad = false;
+  // Absorbed MLA's shared latent cache: v_cache (and v_new) the first Dv columns of k_cache (and
+  // k_new). V then takes K's scales: v_descale is NULL or a copy of k_descale, and v_token_scale
+  // NULL or k_token_scale itself, alternating with the seed.
+  bool shared_latent = false;
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -71,7 +75,8 @@ struct Q8Case {
            " Dv=" + std::to_string(Dv) + " page=" + std::to_string(page_size) +
            " S_new=" + std::to_string(S_new) + " rotary=" + std::to_string(rotary_dim) +
            (interleaved ? "i" : "") + " causal=" + std::to_string(causal) +
-           " batch_idx=" + std::to_string(batch_idx) + " leftpad=" + std::to_string(leftpad);
+           " batch_idx=" + std::to_string(batch_idx) + " leftpad=" + std::to_string(leftpad) +
+           (shared_latent ? " shared_latent" : "");
   }
 };
 
@@ -154,15 +159,22 @@ struct Q8Problem {
       default:
         break;
     }
+    if (c.shared_latent && k_descale.t.ndim > 0) v_descale = k_descale;
     if (k_descale.t.ndim > 0) {
       cache.k_descale = &k_descale.t;
-      cache.v_descale = &v_descale.t;
+      cache.v_descale = c.shared_latent && c.seed % 2 == 0 ? nullptr : &v_descale.t;
     }
     if (token) {
       k_scale = OwnedTensor(ANYATTN_DTYPE_F32, {rows0, rows1, c.Hk});
       v_scale = OwnedTensor(ANYATTN_DTYPE_F32, {rows0, rows1, c.Hk});
       cache.k_token_scale = &k_scale.t;
       cache.v_token_scale = &v_scale.t;
+      if (c.shared_latent) cache.v_token_scale = c.seed % 4 < 2 ? nullptr : &k_scale.t;
+    }
+    if (c.shared_latent) {
+      // The call and the reference see the views; v_cache's own buffer stays as built.
+      v_cache.t = k_cache.t;
+      v_cache.t.shape[3] = c.Dv;
     }
 
     // The stored positions: dequantized targets normal(0, 1), stored = Q(x / (descale * token)).
@@ -183,6 +195,7 @@ struct Q8Problem {
             v_factor *= v_token;
           }
           for (int64_t d = 0; d < c.D; ++d) k_cache.set(slot * c.D + d, rng.normal() / k_factor);
+          if (c.shared_latent) continue;  // V is the K rows' first Dv values
           for (int64_t d = 0; d < c.Dv; ++d) v_cache.set(slot * c.Dv + d, rng.normal() / v_factor);
         }
       }
@@ -195,6 +208,10 @@ struct Q8Problem {
       v_new.fill_normal(&rng);
       cache.k_new = &k_new.t;
       cache.v_new = &v_new.t;
+      if (c.shared_latent) {
+        v_new.t = k_new.t;
+        v_new.t.shape[3] = c.Dv;
+      }
     }
     if (c.rotary_dim > 0) {
       const int64_t positions = c.capacity + 8;
@@ -295,7 +312,10 @@ struct Q8Problem {
   if (r) r = same_values("v_cache", p->v_cache.values(), ref.v_cache);
   if (r && p->cache.k_token_scale != nullptr) {
     r = same_values("k_token_scale", p->k_scale.values(), ref.k_token_scale);
-    if (r) r = same_values("v_token_scale", p->v_scale.values(), ref.v_token_scale);
+  }
+  if (r && p->cache.v_token_scale != nullptr) {
+    r = same_values("v_token_scale", reference::to_contiguous_f64(*p->cache.v_token_scale),
+                    ref.v_token_scale);
   }
   if (!r) r << where;
   return r;
@@ -798,21 +818,91 @@ TEST(Kvcache8bit, DtypeRulesAreChecked) {
   }
 }
 
-// Absorbed MLA's shared latent cache (v_cache a column prefix of k_cache) stays float-only.
-TEST(Kvcache8bit, SharedLatentCacheIsUnsupported) {
-  Q8Case c;
-  c.Hk = 1;
-  c.Hq = 4;
-  c.D = 32;
-  c.Dv = 16;
-  Q8Problem p(c);
-  p.v_cache.t = p.k_cache.t;
-  p.v_cache.t.shape[3] = c.Dv;
-  p.restore();
-  EXPECT_EQ(p.run(), ANYATTN_E_UNSUPPORTED);
-  const std::string message = anyattn_last_error();
-  EXPECT_NE(message.find("shared latent cache"), std::string::npos) << message;
-  EXPECT_TRUE(p.untouched()) << message;
+// Absorbed MLA's shared latent cache in 8 bits: v_cache (and v_new) the first Dv columns of
+// k_cache (and k_new), V reading the K rows' stored values with K's scales. Every format and scale
+// granularity, contiguous and paged, decode and prefill, with and without the append, at small
+// head dims with vector tails and at the MLA dims (D = 576, Dv = 512) with 16 query heads (the
+// direct decode loop) and 128 (packed blocks).
+TEST(Kvcache8bit, SharedLatentCacheTakesTheKeyScales) {
+  const Scales all_scales[] = {Scales::kNone,    Scales::kTensor, Scales::kHead,
+                               Scales::kSeqHead, Scales::kToken,  Scales::kTokenDescale};
+  int64_t n = 0;
+  for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2, ANYATTN_DTYPE_I8}) {
+    for (Scales scales : all_scales) {
+      Q8Case c;
+      c.kv_dtype = kv;
+      c.dtype = n % 3 == 0 ? ANYATTN_DTYPE_F32 : n % 3 == 1 ? ANYATTN_DTYPE_BF16 : ANYATTN_DTYPE_F16;
+      c.scales = scales;
+      c.shared_latent = true;
+      c.Hk = n % 2 == 0 ? 1 : 2;
+      c.Hq = 8;
+      c.D = 40;
+      c.Dv = n % 4 == 0 ? 40 : 24;
+      const int64_t pages[] = {0, 16, 5};
+      c.page_size = pages[n % 3];
+      c.Sq = n % 5 == 4 ? 20 : n % 5 == 2 ? 3 : 1;
+      c.causal = c.Sq > 1;
+      c.S_new = n % 2 == 0 ? c.Sq : 0;
+      c.seed = static_cast<uint64_t>(n++) + 1;
+      Q8Problem p(c);
+      for (anyattn_isa isa : supported_isas()) {
+        for (int threads : {1, 2}) EXPECT_TRUE(run_and_check(&p, isa, threads));
+      }
+    }
+  }
+  for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2, ANYATTN_DTYPE_I8}) {
+    for (int64_t hq : {16, 128}) {
+      Q8Case c;
+      c.kv_dtype = kv;
+      c.dtype = ANYATTN_DTYPE_BF16;
+      c.scales = hq == 16 ? Scales::kTokenDescale : Scales::kHead;
+      c.shared_latent = true;
+      c.Hq = hq;
+      c.Hk = 1;
+      c.D = 576;
+      c.Dv = 512;
+      c.seqlens = {70, 129};
+      c.capacity = 144;
+      c.page_size = hq == 16 ? 64 : 0;
+      c.S_new = 1;
+      c.seed = static_cast<uint64_t>(n++) + 1;
+      Q8Problem p(c);
+      for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2));
+    }
+  }
+}
+
+// A shared latent cache's V takes K's scales: a v_descale of other values, a v_token_scale other
+// than k_token_scale itself, or one without k_token_scale is rejected before anything is written.
+TEST(Kvcache8bit, SharedLatentCacheRejectsScalesOfItsOwnForV) {
+  auto latent = [](Scales scales) {
+    Q8Case c;
+    c.Hk = 1;
+    c.D = 32;
+    c.Dv = 16;
+    c.scales = scales;
+    c.shared_latent = true;
+    c.S_new = 1;
+    c.seed = 3;  // odd: v_descale given, as a copy of k_descale
+    return c;
+  };
+  {
+    Q8Problem p(latent(Scales::kHead));
+    p.v_descale.set(0, 0.5);
+    p.cache.v_descale = &p.v_descale.t;
+    expect_rejected(&p, {"cache->v_descale is 0.5 but cache->k_descale is", "shared latent"});
+  }
+  {
+    Q8Problem p(latent(Scales::kToken));
+    p.cache.v_token_scale = &p.v_scale.t;
+    expect_rejected(&p, {"cache->v_token_scale is not cache->k_token_scale"});
+  }
+  {
+    Q8Problem p(latent(Scales::kToken));
+    p.cache.v_token_scale = &p.k_scale.t;
+    p.cache.k_token_scale = nullptr;
+    expect_rejected(&p, {"cache->v_token_scale is given without cache->k_token_scale"});
+  }
 }
 
 }  // namespace
