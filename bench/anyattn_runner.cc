@@ -91,7 +91,12 @@ void AnyattnFwdCall::UseKv8Cache(anyattn_dtype dtype, float descale, const float
   const int64_t k_shape[4] = {k_.shape[0], k_.shape[1], k_.shape[2], k_.shape[3]};
   const int64_t v_shape[4] = {v_.shape[0], v_.shape[1], v_.shape[2], v_.shape[3]};
   DescribeContiguousAbi(&k_, k_.data, dtype, 4, k_shape, &setup_error_);
-  DescribeContiguousAbi(&v_, v_.data, dtype, 4, v_shape, &setup_error_);
+  if (shared_latent_) {
+    v_ = k_;  // still the K rows' first Dv columns
+    v_.shape[3] = v_shape[3];
+  } else {
+    DescribeContiguousAbi(&v_, v_.data, dtype, 4, v_shape, &setup_error_);
+  }
   if (!paged_) anyattn_kvcache_params_init(&cache_);  // the whole contiguous cache
   if (k_token_scale != nullptr) {
     DescribeContiguousAbi(&k_token_scale_, k_token_scale, ANYATTN_DTYPE_F32, 3, k_shape,

@@ -33,7 +33,9 @@ class AnyattnFwdCall {
   // ANYATTN_DTYPE_FP8_E5M2 or ANYATTN_DTYPE_I8) through anyattn_fwd_kvcache: the whole contiguous
   // cache, or the pages of an earlier UsePagedCache. With token scales (f32, one per position and
   // kv head of k and v: (B, Sk, Hk) or (pages, page_size, Hk)) they are read as such; else one
-  // descale of `descale` per tensor. The scales must outlive the object.
+  // descale of `descale` per tensor. The scales must outlive the object. After
+  // SetValueHeadDim(.., true) v stays k's column view, and v_token_scale must be k_token_scale
+  // (a shared latent cache's V takes K's scales).
   void UseKv8Cache(anyattn_dtype dtype, float descale, const float* k_token_scale,
                    const float* v_token_scale);
 

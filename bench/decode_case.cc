@@ -106,12 +106,14 @@ DecodeRow RunDecodeCase(const DecodeShape& shape, const MachineLimits& limits,
                       shape.shared_latent ? k_copies[0].data() : v_copies[0].data(), out.data());
   if (paged) call.UsePagedCache(shape.page_size, block_table.data());
   if (IsMlaDecode(shape)) call.SetValueHeadDim(shape.value_head_dim(), shape.shared_latent);
-  // The int8 rows' token scales, one set for every copy (1/32 of the cache bytes they scale).
+  // The int8 rows' token scales, one set for every copy (1/32 of the cache bytes they scale); a
+  // shared latent cache's V takes K's.
   std::vector<float> token_scales;
   if (shape.cache == CacheFormat::kI8PerToken) {
-    token_scales.assign(2 * shape.batch * shape.seqlen_k * shape.heads_k, 1.f / 127);
-    const size_t half = token_scales.size() / 2;
-    call.UseKv8Cache(ANYATTN_DTYPE_I8, 1.f, token_scales.data(), token_scales.data() + half);
+    const size_t rows = shape.batch * shape.seqlen_k * shape.heads_k;
+    token_scales.assign((shape.shared_latent ? 1 : 2) * rows, 1.f / 127);
+    call.UseKv8Cache(ANYATTN_DTYPE_I8, 1.f, token_scales.data(),
+                     token_scales.data() + (shape.shared_latent ? 0 : rows));
   } else if (shape.cache == CacheFormat::kFp8E4M3) {
     call.UseKv8Cache(ANYATTN_DTYPE_FP8_E4M3, 1.f / 256, nullptr, nullptr);
   }

@@ -133,8 +133,8 @@ double DecodeKvBytes(const DecodeShape& shape) {
   switch (shape.cache) {
     case CacheFormat::kFp8E4M3:
       return positions * columns;
-    case CacheFormat::kI8PerToken:
-      return positions * (columns + 8);
+    case CacheFormat::kI8PerToken:  // and one f32 token scale per row of K and of V
+      return positions * (columns + (shape.shared_latent ? 4 : 8));
     case CacheFormat::kAsQ:
     default:
       return positions * columns * DTypeBytes(shape.dtype);
@@ -201,8 +201,8 @@ std::vector<DecodeShape> DecodeTableShapes(bool quick) {
     shapes.push_back(shape);
   }
   // Absorbed MLA decode (DeepSeek-V2-Lite's 16 heads): one latent kv head of 512 + 64 dims, read
-  // once as K and V, and the same call with V in a buffer of its own (what reading it twice
-  // costs).
+  // once as K and V, in bf16 and as 8-bit latent caches (V with K's scales), and the same call
+  // with V in a buffer of its own (what reading it twice costs).
   for (bool shared_latent : {true, false}) {
     DecodeShape shape;
     shape.heads_q = 16;
@@ -213,6 +213,11 @@ std::vector<DecodeShape> DecodeTableShapes(bool quick) {
     shape.page_size = 64;
     shape.shared_latent = shared_latent;
     shapes.push_back(shape);
+    if (!shared_latent) continue;
+    for (CacheFormat cache : {CacheFormat::kFp8E4M3, CacheFormat::kI8PerToken}) {
+      shape.cache = cache;
+      shapes.push_back(shape);
+    }
   }
   return shapes;
 }

@@ -118,18 +118,48 @@ def cache_scales(k_cache, v_cache, batch: int, k_descale=None, v_descale=None,
     if k_cache.dtype != v_cache.dtype:
         raise TypeError(f"k_cache, v_cache: an 8-bit cache needs one dtype for both; got "
                         f"{k_cache.dtype} and {v_cache.dtype}")
+    hk = k_cache.shape[2]
     if _shared_latent(k_cache, v_cache):
-        # Absorbed MLA's shared latent cache: V is the first Dv stored values of each K row, so
-        # it takes K's scales (the C call checks that given V scales are K's).
-        v_descale = k_descale if v_descale is None else v_descale
-        v_token_scale = k_token_scale if v_token_scale is None else v_token_scale
+        return _latent_scales(k_cache, batch, hk, k_descale, v_descale, k_token_scale,
+                              v_token_scale)
     if (k_token_scale is None) != (v_token_scale is None):
         raise ValueError("k_token_scale, v_token_scale: give both or neither")
-    hk = k_cache.shape[2]
     return CacheScales(_descale(k_descale, "k_descale", hk, batch),
                        _descale(v_descale, "v_descale", hk, batch),
                        _token_scale(k_token_scale, "k_token_scale", k_cache, "k_cache"),
                        _token_scale(v_token_scale, "v_token_scale", v_cache, "v_cache"))
+
+
+_LATENT_RULE = ("v_cache is a column view of k_cache (a shared latent cache), so its values are "
+                "those of the K rows and take K's scales")
+
+
+def _latent_scales(k_cache, batch, hk, k_descale, v_descale, k_token_scale, v_token_scale):
+    """The scales of absorbed MLA's shared latent cache: V is the first Dv stored values of each
+    K row, so it takes K's scales. Given V scales must be K's (equal descale values, the very
+    token-scale tensor), as the C call requires, so that the device route reads V alike."""
+    torch = torch_module()
+    k = _descale(k_descale, "k_descale", hk, batch)
+    v = _descale(v_descale, "v_descale", hk, batch)
+    if v is not None and not torch.equal(_per_sequence(k, batch, hk), _per_sequence(v, batch, hk)):
+        raise ValueError(f"v_descale: {_describe(v_descale)} differs from k_descale; "
+                         f"{_LATENT_RULE}: pass v_descale=None")
+    token = _token_scale(k_token_scale, "k_token_scale", k_cache, "k_cache")
+    v_token = _token_scale(v_token_scale, "v_token_scale", k_cache, "k_cache")
+    if v_token is not None and (token is None or v_token.data_ptr() != token.data_ptr()
+                                or v_token.stride() != token.stride()):
+        raise ValueError(f"v_token_scale: not k_token_scale itself; {_LATENT_RULE}: pass "
+                         "v_token_scale=None")
+    return CacheScales(k, k, token, token)
+
+
+def _per_sequence(descale, batch: int, hk: int):
+    """A checked descale (or None: 1) broadcast to (B, Hk)."""
+    torch = torch_module()
+    if descale is None:
+        return torch.ones(batch, hk)
+    return torch.broadcast_to(descale if descale.dim() == 2 else descale.reshape(1, -1),
+                              (batch, hk))
 
 
 def descales_by_sequence(scales: CacheScales, seq) -> CacheScales:

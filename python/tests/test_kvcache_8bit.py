@@ -510,10 +510,18 @@ def test_mla_decode_on_an_8bit_shared_latent_cache(cache_dtype, granularity, pag
 
 
 def test_8bit_shared_latent_cache_rejects_scales_of_its_own_for_v():
-    lat = anyattn.quantize_kv_cache(torch.randn(1, 8, 1, 64), torch.float8_e4m3fn, "tensor")
+    lat = anyattn.quantize_kv_cache(torch.randn(1, 8, 1, 64), torch.float8_e4m3fn, "token")
     q = torch.randn(1, 1, 4, 64)
-    with pytest.raises(ValueError, match=r"v_descale is .* but cache->k_descale is .*shared "
+    lens = torch.tensor([8], dtype=torch.int32)
+
+    def call(**scales):
+        anyattn.flash_attn_with_kvcache(q, lat.cache, lat.cache[..., :32], cache_seqlens=lens,
+                                        k_token_scale=lat.token_scale, **scales)
+
+    with pytest.raises(ValueError, match=r"v_descale: .* differs from k_descale; .*shared "
                                          r"latent cache"):
-        anyattn.flash_attn_with_kvcache(q, lat.cache, lat.cache[..., :32],
-                                        cache_seqlens=torch.tensor([8], dtype=torch.int32),
-                                        k_descale=lat.descale, v_descale=lat.descale * 2)
+        call(k_descale=torch.tensor([0.5]), v_descale=torch.tensor([0.25]))
+    with pytest.raises(ValueError, match=r"v_token_scale: not k_token_scale itself"):
+        call(v_token_scale=lat.token_scale.clone())
+    # The same values or the very tensor are K's scales and are accepted.
+    call(k_descale=torch.tensor([0.5]), v_descale=0.5, v_token_scale=lat.token_scale)

@@ -92,6 +92,20 @@ void latent_takes_key_descales(const char* fn, const anyattn_kvcache_params& cac
   args->v_descale_head_stride = args->k_descale_head_stride;
 }
 
+// A shared latent cache's V token scales: v_token_scale, when given, must be k_token_scale itself
+// (the kernels then read K's for V whether it is given or not).
+void latent_takes_key_token_scales(const char* fn, const anyattn_kvcache_params& cache) {
+  if (cache.v_token_scale == nullptr) return;
+  if (cache.k_token_scale == nullptr) {
+    fail_invalid(fn, ": cache->v_token_scale is given without cache->k_token_scale; ",
+                 kLatentTakesKeyScales);
+  }
+  if (!same_view(*cache.v_token_scale, *cache.k_token_scale)) {
+    fail_invalid(fn, ": cache->v_token_scale is not cache->k_token_scale (another tensor or ",
+                 "view); ", kLatentTakesKeyScales, ": pass NULL or k_token_scale itself");
+  }
+}
+
 }  // namespace
 
 void check_cache_scales(CallCheck* check, const anyattn_kvcache_params& cache, int32_t cache_dtype,
@@ -126,17 +140,10 @@ void check_cache_scales(CallCheck* check, const anyattn_kvcache_params& cache, i
     args->v_descale_batch_stride = heads_k;
     args->v_descale_head_stride = 1;
   }
-  if (latent) latent_takes_key_descales(fn, cache, batch, heads_k, attention);
-  if (latent && cache.v_token_scale != nullptr) {
-    if (cache.k_token_scale == nullptr) {
-      fail_invalid(fn, ": cache->v_token_scale is given without cache->k_token_scale; ",
-                   kLatentTakesKeyScales);
-    }
-    if (!same_view(*cache.v_token_scale, *cache.k_token_scale)) {
-      fail_invalid(fn, ": cache->v_token_scale is not cache->k_token_scale (another tensor or "
-                   "view); ", kLatentTakesKeyScales, ": pass NULL or k_token_scale itself");
-    }
-  } else if ((cache.k_token_scale == nullptr) != (cache.v_token_scale == nullptr) && !latent) {
+  if (latent) {
+    latent_takes_key_descales(fn, cache, batch, heads_k, attention);
+    latent_takes_key_token_scales(fn, cache);
+  } else if ((cache.k_token_scale == nullptr) != (cache.v_token_scale == nullptr)) {
     fail_invalid(fn, ": cache->k_token_scale and cache->v_token_scale must be given together");
   }
   if (cache.k_token_scale == nullptr) return;

@@ -12,6 +12,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
@@ -602,11 +603,15 @@ TEST(Kvcache8bit, EmptyHeadDimsWriteZeroTokenScales) {
 
 TEST(Kvcache8bit, VarlenMixesDecodeAndPrefill) {
   for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_I8, ANYATTN_DTYPE_FP8_E5M2}) {
-    for (int64_t page_size : {int64_t{0}, int64_t{16}}) {
+    for (int64_t page_size : {int64_t{0}, int64_t{16}, int64_t{-16}}) {
       Q8Case c;
+      // A negative page size: that page size and a shared latent cache (V the first 24 columns).
+      c.shared_latent = page_size < 0;
+      page_size = std::abs(page_size);
+      if (c.shared_latent) c.Dv = 24;
       c.kv_dtype = kv;
       c.dtype = ANYATTN_DTYPE_BF16;
-      c.scales = page_size == 0 ? Scales::kTokenDescale : Scales::kSeqHead;
+      c.scales = page_size == 0 || c.shared_latent ? Scales::kTokenDescale : Scales::kSeqHead;
       c.B = 3;
       c.seqlens = {40, 30, 70};
       c.page_size = page_size;
@@ -652,6 +657,7 @@ TEST(Kvcache8bit, VarlenMixesDecodeAndPrefill) {
               kf *= ks[slot];
               vf *= vs[slot];
             }
+            if (c.shared_latent) vf = kf;  // V is the K row's prefix
             for (int64_t d = 0; d < c.D; ++d) seq.k.push_back(kv_values[slot * c.D + d] * kf);
             for (int64_t d = 0; d < c.Dv; ++d) seq.v.push_back(vv[slot * c.Dv + d] * vf);
           }
@@ -831,7 +837,8 @@ TEST(Kvcache8bit, SharedLatentCacheTakesTheKeyScales) {
     for (Scales scales : all_scales) {
       Q8Case c;
       c.kv_dtype = kv;
-      c.dtype = n % 3 == 0 ? ANYATTN_DTYPE_F32 : n % 3 == 1 ? ANYATTN_DTYPE_BF16 : ANYATTN_DTYPE_F16;
+      const anyattn_dtype q_dtypes[] = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_BF16, ANYATTN_DTYPE_F16};
+      c.dtype = q_dtypes[n % 3];
       c.scales = scales;
       c.shared_latent = true;
       c.Hk = n % 2 == 0 ? 1 : 2;
