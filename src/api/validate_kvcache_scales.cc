@@ -60,8 +60,11 @@ constexpr const char* kLatentTakesKeyScales =
     "v_cache is a column prefix of k_cache (a shared latent cache), so its values are those of "
     "the K rows and take K's scales";
 
-// Whether a and b are the same view: one data pointer, shape and strides.
+// Whether a and b are the same view: one data pointer, shape and strides (read before the
+// descriptors are checked, so a rank out of range is no view).
 bool same_view(const anyattn_tensor& a, const anyattn_tensor& b) {
+  if (&a == &b) return true;
+  if (a.ndim < 0 || a.ndim > ANYATTN_MAX_NDIM) return false;
   if (a.data != b.data || a.ndim != b.ndim || a.dtype != b.dtype) return false;
   for (int d = 0; d < a.ndim; ++d) {
     if (a.shape[d] != b.shape[d] || a.strides[d] != b.strides[d]) return false;

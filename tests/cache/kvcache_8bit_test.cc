@@ -880,7 +880,8 @@ TEST(Kvcache8bit, SharedLatentCacheTakesTheKeyScales) {
 }
 
 // A shared latent cache's V takes K's scales: a v_descale of other values, a v_token_scale other
-// than k_token_scale itself, or one without k_token_scale is rejected before anything is written.
+// than k_token_scale itself (a malformed one included), or one without k_token_scale is rejected
+// before anything is written.
 TEST(Kvcache8bit, SharedLatentCacheRejectsScalesOfItsOwnForV) {
   auto latent = [](Scales scales) {
     Q8Case c;
@@ -909,6 +910,16 @@ TEST(Kvcache8bit, SharedLatentCacheRejectsScalesOfItsOwnForV) {
     p.cache.v_token_scale = &p.k_scale.t;
     p.cache.k_token_scale = nullptr;
     expect_rejected(&p, {"cache->v_token_scale is given without cache->k_token_scale"});
+  }
+  {
+    // Two descriptors of rank 100: compared before the descriptors are checked, without
+    // reading past their shapes.
+    Q8Problem p(latent(Scales::kToken));
+    anyattn_tensor bad_k = p.k_scale.t, bad_v = p.k_scale.t;
+    bad_k.ndim = bad_v.ndim = 100;
+    p.cache.k_token_scale = &bad_k;
+    p.cache.v_token_scale = &bad_v;
+    expect_rejected(&p, {"cache->v_token_scale is not cache->k_token_scale"});
   }
 }
 
