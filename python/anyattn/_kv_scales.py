@@ -91,7 +91,7 @@ def _token_scale(x: Any, name: str, cache: Any, cache_name: str):
     return x
 
 
-def _shared_latent(k_cache, v_cache) -> bool:
+def is_shared_latent(k_cache, v_cache) -> bool:
     """Whether v_cache is a column view of k_cache (same storage start and strides, Dv <= D)."""
     return (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()
             and tuple(v_cache.shape[:3]) == tuple(k_cache.shape[:3])
@@ -119,7 +119,7 @@ def cache_scales(k_cache, v_cache, batch: int, k_descale=None, v_descale=None,
         raise TypeError(f"k_cache, v_cache: an 8-bit cache needs one dtype for both; got "
                         f"{k_cache.dtype} and {v_cache.dtype}")
     hk = k_cache.shape[2]
-    if _shared_latent(k_cache, v_cache):
+    if is_shared_latent(k_cache, v_cache):
         return _latent_scales(k_cache, batch, hk, k_descale, v_descale, k_token_scale,
                               v_token_scale)
     if (k_token_scale is None) != (v_token_scale is None):

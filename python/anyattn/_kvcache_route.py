@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import _dispatch, _sdpa
-from ._kv_scales import CacheScales, check_descale_values
+from ._kv_scales import CacheScales, check_descale_values, is_shared_latent
 from ._options import AttnOptions
 from .kv_quant import dequantize_kv_cache, quantize_rows
 
@@ -115,10 +115,13 @@ def store_quantized(index, keys: torch.Tensor, values: torch.Tensor, scales: Cac
     """Quantize new rows (N, S, Hk, D) into 8-bit caches at ``index`` (a (block, row) pair of
     (N, S) index tensors on the caches' device), writing their token scales too where the cache
     has them; a (B, Hk) descale's rows are the N rows'. The library's rule
-    (kv_quant.quantize_rows) runs on the CPU, where float64 is always at hand."""
-    for cache, new, descale, token_scale in (
-            (k_cache, keys, scales.k_descale, scales.k_token_scale),
-            (v_cache, values, scales.v_descale, scales.v_token_scale)):
+    (kv_quant.quantize_rows) runs on the CPU, where float64 is always at hand. A shared latent
+    cache (v_cache a column view of k_cache) holds each row once: the keys' write is all, as in
+    the library (its V takes K's scales, and its token scale K's amax over all D columns)."""
+    streams = [(k_cache, keys, scales.k_descale, scales.k_token_scale)]
+    if not is_shared_latent(k_cache, v_cache):
+        streams.append((v_cache, values, scales.v_descale, scales.v_token_scale))
+    for cache, new, descale, token_scale in streams:
         stored, token = quantize_rows(new.detach().cpu(), cache.dtype, descale,
                                       token_scales=token_scale is not None)
         cache[index] = stored.to(cache.device)

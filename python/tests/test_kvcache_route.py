@@ -148,6 +148,38 @@ def test_kvcache_route_reads_and_appends_an_8bit_cache_like_the_kernel(cache_dty
     torch.testing.assert_close(lse, ref_lse, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("granularity", ["token", "head"])
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("cache_dtype", sorted(KV8_DTYPES))
+def test_kvcache_route_appends_and_reads_an_8bit_shared_latent_cache_like_the_kernel(
+        cache_dtype, layout, granularity):
+    """Absorbed MLA's shared latent cache (v_cache = k_cache[..., :Dv], v_new = k_new[..., :Dv]):
+    the route writes each new row once, with K's scales (the token scale from all D columns), and
+    reads V as the K rows' prefix, as the kernel does."""
+    g = torch.Generator().manual_seed(9)
+    q, k_new, _, caches, kw = _problem(layout, None, g)
+    dv = D // 2
+    dtype = KV8_DTYPES[cache_dtype]
+    latent = anyattn.quantize_kv_cache(caches[0] * 2, dtype, "tensor", descale=1.0).cache
+    k_descale, _, k_token, _ = _kv8_scales(granularity, latent.shape, g)
+    ref_latent, ref_token = latent.clone(), None if k_token is None else k_token.clone()
+    ref, ref_lse = anyattn.flash_attn_with_kvcache(
+        q, ref_latent, ref_latent[..., :dv], k_new, k_new[..., :dv], causal=True,
+        return_softmax_lse=True, k_descale=k_descale, k_token_scale=ref_token, **kw)
+    checked = anyattn._kv_scales.cache_scales(latent, latent[..., :dv], B, k_descale, None,
+                                              k_token, None)
+    call = CacheCall(latent, latent[..., :dv], k_new, k_new[..., :dv], None, None,
+                     kw["cache_seqlens"], -1, kw.get("cache_batch_idx"), kw.get("cache_leftpad"),
+                     kw.get("block_table"), True, checked)
+    out, lse = kvcache_on_device(q, call, make_options(0.0, None, True, (-1, -1), 0.0, False),
+                                 None, None, 0, True)
+    assert torch.equal(latent.view(torch.uint8), ref_latent.view(torch.uint8))
+    if k_token is not None:
+        assert torch.equal(k_token, ref_token)
+    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(lse, ref_lse, rtol=2e-5, atol=2e-5)
+
+
 def test_kvcache_route_checks_descale_values_before_writing():
     g = torch.Generator().manual_seed(3)
     q, k_new, v_new, caches, kw = _problem("contiguous", None, g)
