@@ -101,9 +101,9 @@ fn block_table_tensor(table: &BlockTable<'_>) -> Result<sys::anyattn_tensor> {
 
 /// The C descriptors of a [`KvCacheOptions`]; [`CacheDescriptors::params`] points into them, so
 /// they must stay in place until the call returns.
-struct CacheDescriptors {
-    k_new: Option<sys::anyattn_tensor>,
-    v_new: Option<sys::anyattn_tensor>,
+pub(crate) struct CacheDescriptors {
+    pub(crate) k_new: Option<sys::anyattn_tensor>,
+    pub(crate) v_new: Option<sys::anyattn_tensor>,
     seqlens: Option<sys::anyattn_tensor>,
     seqlen: i64,
     batch_idx: Option<sys::anyattn_tensor>,
@@ -112,20 +112,20 @@ struct CacheDescriptors {
     cos: Option<sys::anyattn_tensor>,
     sin: Option<sys::anyattn_tensor>,
     interleaved: bool,
-    scales: ScaleDescriptors,
+    pub(crate) scales: ScaleDescriptors,
 }
 
 /// The C descriptors of an 8-bit cache's scales (all `None` for a float cache).
 #[derive(Default)]
-struct ScaleDescriptors {
-    k_descale: Option<sys::anyattn_tensor>,
-    v_descale: Option<sys::anyattn_tensor>,
-    k_token_scale: Option<sys::anyattn_tensor>,
-    v_token_scale: Option<sys::anyattn_tensor>,
+pub(crate) struct ScaleDescriptors {
+    pub(crate) k_descale: Option<sys::anyattn_tensor>,
+    pub(crate) v_descale: Option<sys::anyattn_tensor>,
+    pub(crate) k_token_scale: Option<sys::anyattn_tensor>,
+    pub(crate) v_token_scale: Option<sys::anyattn_tensor>,
 }
 
 impl CacheDescriptors {
-    fn new<T: Element>(cache: &KvCacheOptions<'_, T>) -> Result<Self> {
+    pub(crate) fn new<T: Element>(cache: &KvCacheOptions<'_, T>) -> Result<Self> {
         let (seqlens, seqlen) = match cache.cache_seqlens {
             CacheSeqlens::Full => (None, -1),
             CacheSeqlens::Uniform(n) => {
@@ -214,8 +214,9 @@ pub fn fwd_kvcache<T: Element>(
 }
 
 /// anyattn_fwd_kvcache over cache descriptors made from exclusive borrows (or, without an
-/// append, from any borrows: the library then only reads them).
-fn call_kvcache<T: Element>(
+/// append, from any borrows: the library then only reads them). The two caches are distinct
+/// borrows, or one borrow of a shared latent cache seen whole as K and by its first columns as V.
+pub(crate) fn call_kvcache<T: Element>(
     q: &View<'_, T>,
     tkc: sys::anyattn_tensor,
     tvc: sys::anyattn_tensor,
@@ -233,8 +234,10 @@ fn call_kvcache<T: Element>(
     let to = out.raw();
     let tl = lse.map(|l| l.raw());
     // SAFETY: every view lies inside its slice; the caches (and token scales), out and lse are
-    // distinct exclusive borrows, so they overlap neither each other nor the shared inputs (q,
-    // k_new, v_new, the tables, the descales), and address no element twice. The library
+    // exclusive borrows, so they overlap neither each other nor the shared inputs (q, k_new,
+    // v_new, the tables, the descales), and address no element twice. The one exception is a
+    // shared latent cache: V is then a column prefix of K's own borrow, and v_new the same
+    // prefix of k_new, which the library recognises and writes once, from k_new. The library
     // validates every index it reads from the i32 tables (cache lengths, batch indices, left
     // padding, block table entries) against the cache shapes before touching memory. The
     // descriptors and both parameter structs outlive the call.
@@ -285,7 +288,7 @@ pub fn fwd_kvcache_varlen<T: Element>(
 
 /// anyattn_fwd_kvcache_varlen over cache descriptors, which the library only reads.
 #[allow(clippy::too_many_arguments)]
-fn call_kvcache_varlen<T: Element>(
+pub(crate) fn call_kvcache_varlen<T: Element>(
     q: &View<'_, T>,
     tkc: sys::anyattn_tensor,
     tvc: sys::anyattn_tensor,

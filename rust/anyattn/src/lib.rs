@@ -12,6 +12,9 @@
 //!   queries against such a cache (paged varlen). [`fwd_kvcache_quantized`] and
 //!   [`fwd_kvcache_varlen_quantized`] do the same over an 8-bit cache ([`QuantizedKvCache`]:
 //!   [`F8E4M3`], [`F8E5M2`] or `i8` with descales and per-token scales).
+//! - [`fwd_kvcache_latent`] and [`fwd_kvcache_varlen_latent`]: absorbed multi-head latent
+//!   attention (MLA decode) against one shared latent cache ([`LatentCache`]), float or 8-bit,
+//!   whose first `dv` columns are the values.
 //! - [`merge_attention_states`] (and its in-place form): merging partial attentions over
 //!   disjoint key sets.
 //! - [`kernels`]: the forward kernel registry.
@@ -46,6 +49,7 @@ mod error;
 mod fp8;
 mod fwd;
 mod kvcache;
+mod latent;
 mod merge;
 mod view;
 
@@ -61,6 +65,7 @@ pub use kvcache::{
     fwd_kvcache, fwd_kvcache_quantized, fwd_kvcache_varlen, fwd_kvcache_varlen_quantized,
     BlockTable, CacheSeqlens, KvCacheOptions, QuantizedKvCache, Rotary, TokenScales,
 };
+pub use latent::{fwd_kvcache_latent, fwd_kvcache_varlen_latent, LatentCache};
 pub use merge::{merge_attention_states, merge_attention_states_in_place};
 pub use view::{contiguous_strides, DType, Element, Quantized, Storage, View, ViewMut, MAX_NDIM};
 

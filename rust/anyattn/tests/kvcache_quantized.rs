@@ -8,18 +8,14 @@ use anyattn::{
     ViewMut,
 };
 
+mod common;
+use common::{quantize_row, values};
+
 const B: usize = 2;
 const HQ: usize = 4;
 const HK: usize = 2;
 const D: usize = 8;
 const CAP: usize = 8;
-
-/// Deterministic values in about [-3, 3), with one large outlier per row pattern.
-fn values(n: usize, seed: f32) -> Vec<f32> {
-    (0..n)
-        .map(|i| (i as f32 * 0.731 + seed).sin() * 3.0 + if i % 29 == 0 { 40.0 } else { 0.0 })
-        .collect()
-}
 
 /// Dense f32 attention of q `(1, sq, HQ, D)` over keys/values `(1, sk, HK, D)`, causal.
 fn dense(q: &[f32], k: &[f32], v: &[f32], sq: usize, sk: usize) -> Vec<f32> {
@@ -37,29 +33,6 @@ fn dense(q: &[f32], k: &[f32], v: &[f32], sq: usize, sk: usize) -> Vec<f32> {
     )
     .unwrap();
     out
-}
-
-/// The append's rule for one row with token scales, as anyattn.h states it: (stored,
-/// token_scale). Quotients in f64, clamped to ±2 QMAX, rounded to f32, then quantized.
-fn quantize_row<C: Quantized>(x: &[f32], descale: f32) -> (Vec<C>, f32) {
-    let qmax = f64::from(C::QMAX);
-    let amax = x
-        .iter()
-        .filter(|v| v.is_finite())
-        .fold(0f64, |m, v| m.max(f64::from(v.abs())));
-    let token = (amax / (qmax * f64::from(descale))).min(f64::from(f32::MAX)) as f32;
-    let divisor = f64::from(descale) * f64::from(token);
-    let stored = x
-        .iter()
-        .map(|&v| {
-            if token == 0.0 {
-                C::quantize(0.0)
-            } else {
-                C::quantize((f64::from(v) / divisor).clamp(-2.0 * qmax, 2.0 * qmax) as f32)
-            }
-        })
-        .collect();
-    (stored, token)
 }
 
 /// Appends 3 new positions to each of B sequences of a token-scaled cache (with a per-head key
