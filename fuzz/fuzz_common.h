@@ -50,7 +50,17 @@ inline void print_tensor(const char* name, const anyattn_tensor* t) {
 }
 
 inline int64_t dtype_bytes(int32_t dtype) {
-  return dtype == ANYATTN_DTYPE_F16 || dtype == ANYATTN_DTYPE_BF16 ? 2 : 4;
+  switch (dtype) {
+    case ANYATTN_DTYPE_F16:
+    case ANYATTN_DTYPE_BF16:
+      return 2;
+    case ANYATTN_DTYPE_FP8_E4M3:
+    case ANYATTN_DTYPE_FP8_E5M2:
+    case ANYATTN_DTYPE_I8:
+      return 1;
+    default:
+      return 4;
+  }
 }
 
 // How a tensor's strides are laid out.

@@ -13,58 +13,13 @@
 #include <vector>
 
 #include "fuzz_common.h"
+#include "fuzz_kvcache_common.h"
 #include "reference/reference_cache.h"
 
+using anyattn_fuzz::check_packed_queries;
 using anyattn_fuzz::FuzzTensor;
+using anyattn_fuzz::int_tensor;
 using anyattn_fuzz::StrideKind;
-
-namespace {
-
-FuzzTensor int_tensor(const std::vector<int32_t>& values, int ndim, const int64_t* shape) {
-  FuzzTensor t =
-      anyattn_fuzz::make_tensor(ANYATTN_DTYPE_I32, ndim, shape, StrideKind::kContiguous, 0, 1, 0);
-  if (!values.empty()) std::memcpy(t.t.data, values.data(), values.size() * 4);
-  return t;
-}
-
-// A call that only reads the cache, repeated through anyattn_fwd_kvcache_varlen with the same
-// queries packed (B * Sq, Hq, D) and every sequence Sq long: it must be accepted and match the
-// same reference.
-void check_packed_queries(const anyattn_tensor& q, const anyattn_tensor& kc,
-                          const anyattn_tensor& vc, const anyattn_kvcache_params& cache,
-                          const anyattn_fwd_params& params,
-                          const anyattn::reference::KvcacheOutputs& ref, double tol) {
-  const int64_t B = q.shape[0], Sq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
-  const int64_t Dv = vc.shape[3], total = B * Sq;
-  const int64_t q_shape[3] = {total, Hq, D}, out_shape[3] = {total, Hq, Dv};
-  const int64_t lse_shape[2] = {Hq, total}, cu_shape[1] = {B + 1};
-  FuzzTensor packed_q =
-      anyattn_fuzz::make_tensor(q.dtype, 3, q_shape, StrideKind::kContiguous, 0, 1, 0);
-  anyattn_fuzz::store_all(packed_q, anyattn::reference::to_contiguous_f64(q));
-  FuzzTensor out =
-      anyattn_fuzz::make_tensor(q.dtype, 3, out_shape, StrideKind::kContiguous, 0, 1, 0);
-  FuzzTensor lse =
-      anyattn_fuzz::make_tensor(ANYATTN_DTYPE_F32, 2, lse_shape, StrideKind::kContiguous, 0, 1, 0);
-  std::vector<int32_t> cu(B + 1);
-  for (int64_t b = 0; b <= B; ++b) cu[b] = static_cast<int32_t>(b * Sq);
-  FuzzTensor t_cu = int_tensor(cu, 1, cu_shape);
-  const anyattn_status status = anyattn_fwd_kvcache_varlen(&packed_q.t, &kc, &vc, &out.t, &lse.t,
-                                                           &t_cu.t, Sq, &cache, &params);
-  if (status != ANYATTN_OK) anyattn_fuzz::fail("packed queries rejected", status, 0, 0);
-  anyattn_fuzz::check_close("packed out", anyattn::reference::to_contiguous_f64(out.t), ref.out,
-                            tol, 2.0);
-  std::vector<double> want_lse(Hq * total);  // ref.lse is (B, Hq, Sq)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < Hq; ++h) {
-      for (int64_t i = 0; i < Sq; ++i)
-        want_lse[h * total + b * Sq + i] = ref.lse[(b * Hq + h) * Sq + i];
-    }
-  }
-  anyattn_fuzz::check_close("packed lse", anyattn::reference::to_contiguous_f64(lse.t), want_lse,
-                            1e-4, 1.0);
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   FuzzedDataProvider data(bytes, size);
@@ -251,6 +206,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
                             tol, 2.0);
   anyattn_fuzz::check_close("v_cache", anyattn::reference::to_contiguous_f64(vc.t), ref.v_cache,
                             tol, 2.0);
-  if (S_new == 0 && !rotary) check_packed_queries(q.t, kc.t, vc.t, cache, params, ref, tol);
+  if (S_new == 0 && !rotary) check_packed_queries(q.t, kc.t, vc.t, cache, params, ref, tol, 2.0);
   return 0;
 }

@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_FUZZER="${1:-60}"
-HARNESSES=(fuzz_fwd fuzz_bwd fuzz_varlen fuzz_bwd_varlen fuzz_kvcache fuzz_merge)
+HARNESSES=(fuzz_fwd fuzz_bwd fuzz_varlen fuzz_bwd_varlen fuzz_kvcache fuzz_kvcache8 fuzz_merge)
 JOBS=$(nproc)
 
 cmake --preset fuzz >/dev/null || exit 1
