@@ -12,9 +12,11 @@
 // one writes the same bytes again with another thread count, matches the f64 reference for out
 // and lse, and appends exactly the reference's bytes and token scales (the append and the
 // reference share the one quantization routine, so they agree bit for bit).
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
