@@ -18,9 +18,14 @@ anyattn's flash-attn 2.x functions:
   per (sequence, chunk), which keeps the autograd of the dense and varlen functions.
 - Performance hints are accepted and change nothing: ``num_splits``, ``pack_gqa``, ``sm_margin``,
   ``deterministic`` (anyattn is always deterministic), ``scheduler_metadata``.
+- ``qv`` (absorbed MLA's value-side query: scores softmax_scale * (q . k + qv . v), default
+  scale (headdim + headdim_v) ** -0.5) in all three functions (_fa_qv.py). In
+  ``flash_attn_with_kvcache`` a cache whose k_cache columns follow v_cache's in one row [v | k]
+  (DeepSeek's latent layout) is read in place as a shared latent cache, 8-bit included; separate
+  caches are gathered into a copy (float caches only).
 - What a CPU cannot honour raises NotImplementedError naming the parameter, only when it is given
-  a non-default value: ``qv`` and the FP8 ``q_descale``/``k_descale``/``v_descale`` of FP8 q/k/v
-  inputs. ``flash_attn_with_kvcache`` takes ``k_descale``/``v_descale`` of an 8-bit KV cache
+  a non-default value: the FP8 ``q_descale``/``k_descale``/``v_descale`` of FP8 q/k/v inputs.
+  ``flash_attn_with_kvcache`` takes ``k_descale``/``v_descale`` of an 8-bit KV cache
   (anyattn.kv_quant); its ``q_descale`` stays unsupported (q is f32/f16/bf16).
 - The LSE is float32, natural log, not differentiable (as in FA3).
 
@@ -35,6 +40,7 @@ from typing import Optional
 import torch
 
 from ._fa3_cache import empty_accumulators, kvcache_general
+from ._fa_qv import CachePlan, widen
 from ._fa_arguments import (as_int, check_hints, chunk_size, fa3_options, pick_sinks,
                             reject_unsupported)
 from ._fa_plan import combine_partials, dense_attention, varlen_attention
@@ -131,18 +137,23 @@ def flash_attn_func(
         softcap: > 0 applies softcap * tanh(scores / softcap).
         num_splits, pack_gqa, deterministic, sm_margin: accepted performance hints.
         sinks / learnable_sink (keyword-only): (nheads,) sink logits; they get gradients.
-        qv, q_descale, k_descale, v_descale: raise NotImplementedError unless None.
+        qv: (batch, seqlen_q, nheads, headdim_v), q's dtype: adds qv . v to the scores (absorbed
+            MLA); softmax_scale then defaults to (headdim + headdim_v) ** -0.5, and headdim +
+            headdim_v is at most 576.
+        q_descale, k_descale, v_descale: raise NotImplementedError unless None.
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, or with return_attn_probs
         (out, softmax_lse (batch, nheads, seqlen_q) float32).
-    Autograd: q, k, v and the sinks get gradients, also with attention_chunk (FA3 has none
-    there).
+    Autograd: q, k, v, qv and the sinks get gradients, also with attention_chunk (FA3 has none
+    there, and none for qv).
     Raises:
         TypeError / ValueError naming the argument for bad input.
     """
-    reject_unsupported(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    reject_unsupported(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     check_hints(num_splits=num_splits, sm_margin=sm_margin)
     options = fa3_options(softmax_scale, causal, window_size, softcap, deterministic)
+    if qv is not None:
+        q, k = widen(q, k, v, qv)
     out, lse = dense_attention(q, k, v, options, chunk_size(attention_chunk),
                                pick_sinks(sinks, learnable_sink))
     return (out, lse) if return_attn_probs else out
@@ -185,20 +196,24 @@ def flash_attn_varlen_func(
         seqused_q: (batch,) int32: sequence b computes its first seqused_q[b] queries (aligned as
             a sequence of that length); its other rows are 0 in out, -inf in the LSE.
         seqused_k: (batch,) int32: sequence b attends its first seqused_k[b] keys.
+        qv: (total_q, nheads, headdim_v) (batched like q without cu_seqlens_q), as in
+            flash_attn_func.
         Other arguments as in flash_attn_func; ``return_softmax_lse`` (keyword-only, sgl-kernel's
         name) is a synonym of return_attn_probs.
     Returns:
         out (total_q, nheads, headdim_v) (batched like q without cu_seqlens_q), or with
         return_attn_probs (out, softmax_lse (nheads, total_q) float32; (batch, nheads, seqlen_q)
         for batched q).
-    Autograd: q, k, v and sinks get gradients.
+    Autograd: q, k, v, qv and sinks get gradients.
     Raises:
-        NotImplementedError for qv and the descale tensors; ValueError naming the argument for
+        NotImplementedError for the descale tensors; ValueError naming the argument for
         inconsistent cu_seqlens / seqused / shapes.
     """
-    reject_unsupported(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    reject_unsupported(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     check_hints(num_splits=num_splits, sm_margin=sm_margin)
     options = fa3_options(softmax_scale, causal, window_size, softcap, deterministic)
+    if qv is not None:
+        q, k = widen(q, k, v, qv)
     out, lse = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 seqused_q, seqused_k, None, options,
                                 pick_sinks(sinks, learnable_sink), chunk_size(attention_chunk),
@@ -295,7 +310,16 @@ def flash_attn_with_kvcache(
             anyattn's) float32 k_cache.shape[:3] per-position scales, written by the append. As
             in anyattn.flash_attn_with_kvcache, also with cu_seqlens_q, cu_seqlens_k_new,
             rotary_seqlens and attention_chunk ((batch, nheads_k) descales indexed by sequence).
-        qv, q_descale: raise NotImplementedError unless None.
+        qv: (batch, seqlen_q, nheads, headdim_v) (or packed like q): adds qv . v to the scores
+            (absorbed MLA decode), default scale (headdim + headdim_v) ** -0.5. When k_cache's
+            columns follow v_cache's in one row [v | k] (same strides; DeepSeek's latent cache,
+            e.g. v_cache = cache[..., :512], k_cache = cache[..., 512:]) the row is read once, in
+            place, as anyattn's shared latent cache, 8-bit too (k_descale equal to v_descale,
+            the same token scale tensor as both; new rows [v | k] are quantized as one).
+            Otherwise the keys [k | v] are gathered into a copy for the call (float caches only;
+            rotary needs this path, its rotary_dim at most headdim) and new keys are copied back
+            into k_cache.
+        q_descale: raises NotImplementedError unless None.
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) (or (total_q, ...) for packed q); with
         return_softmax_lse, FA3's 4-tuple (out, softmax_lse (batch, nheads, seqlen_q) or
@@ -304,10 +328,15 @@ def flash_attn_with_kvcache(
     Raises:
         ValueError naming the argument for indices out of range (checked before any write).
     """
-    reject_unsupported(qv=qv)
     reject_q_descale(q_descale)
     check_hints(num_splits=num_splits, sm_margin=sm_margin, max_seqlen_q=max_seqlen_q)
     options = fa3_options(softmax_scale, causal, window_size, softcap, False)
+    scales = (k_descale, v_descale, k_token_scale, v_token_scale)
+    plan = None
+    if qv is not None:
+        plan = CachePlan(q, k_cache, v_cache, k, v, qv, rotary_cos, scales)
+        q, k_cache, v_cache, k, v, scales = (plan.q, plan.k_cache, plan.v_cache, plan.k, plan.v,
+                                             plan.scales)
     chunk = chunk_size(attention_chunk)
     sinks = pick_sinks(sinks, learnable_sink)
     splits = max(as_int(num_splits, "num_splits"), 0)
@@ -318,14 +347,15 @@ def flash_attn_with_kvcache(
             cache_leftpad, page_table, softmax_scale=options.softmax_scale,
             causal=options.causal, window_size=options.window_size, softcap=options.softcap,
             rotary_interleaved=rotary_interleaved, num_splits=splits, return_softmax_lse=True,
-            sinks=sinks, k_descale=k_descale, v_descale=v_descale, k_token_scale=k_token_scale,
-            v_token_scale=v_token_scale)
+            sinks=sinks, k_descale=scales[0], v_descale=scales[1], k_token_scale=scales[2],
+            v_token_scale=scales[3])
     else:
         out, lse = kvcache_general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                    cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
                                    cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, options,
-                                   rotary_interleaved, chunk, sinks, splits,
-                                   (k_descale, v_descale, k_token_scale, v_token_scale))
+                                   rotary_interleaved, chunk, sinks, splits, scales)
+    if plan is not None:
+        plan.finish()
     if return_softmax_lse:
         return (out, lse) + empty_accumulators(out)
     return out

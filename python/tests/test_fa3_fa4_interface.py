@@ -585,9 +585,10 @@ FA3_CALLS = {
 
 
 # The cache call takes k_descale/v_descale of 8-bit caches: see
-# test_fa3_kvcache_descale_of_a_float_cache_is_rejected and test_kvcache_8bit.py.
+# test_fa3_kvcache_descale_of_a_float_cache_is_rejected and test_kvcache_8bit.py; qv is
+# supported everywhere (test_fa3_qv.py).
 FA3_UNSUPPORTED = [(fn, name) for fn in sorted(FA3_CALLS)
-                   for name in ("qv", "q_descale", "k_descale", "v_descale")
+                   for name in ("q_descale", "k_descale", "v_descale")
                    if not (fn == "flash_attn_with_kvcache" and name in ("k_descale", "v_descale"))]
 
 
