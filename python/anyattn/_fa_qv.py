@@ -1,4 +1,5 @@
-"""FlashAttention 3's ``qv``: the value-side query of absorbed multi-head latent attention (MLA).
+"""FlashAttention 3's and 4's ``qv``: the value-side query of absorbed multi-head latent attention
+(MLA).
 
 With qv (..., nheads, headdim_v) the scores are softmax_scale * (q . k + qv . v) and out is
 softmax(scores) v: attention with the query [q | qv] against the keys [k | v] and the values v.
@@ -15,6 +16,8 @@ widened query (one over the square root of its last dimension).
   first columns of q and of the new keys) the keys [k | v] are gathered into a copy, and an
   append is copied back into k_cache (v_cache is appended in place); 8-bit caches need the
   shared row there.
+- FA4 (fa4_query_and_keys) as FA3, and q may be None (scores qv . v); a paged varlen call reads a
+  [v | k] row in place.
 """
 
 from __future__ import annotations
@@ -67,6 +70,25 @@ def shared_row(k_cache: torch.Tensor, v_cache: torch.Tensor) -> Optional[torch.T
     width = dv + k_cache.shape[-1]
     return v_cache.as_strided(tuple(v_cache.shape[:-1]) + (width,), v_cache.stride(),
                               v_cache.storage_offset())
+
+
+def fa4_query_and_keys(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: torch.Tensor,
+                       qv: torch.Tensor, paged: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """FA4's qv: the query and keys of the plain attention that computes it. FA4 lets q (and then
+    k) be None, leaving the scores qv . v (default scale headdim_v ** -0.5, anyattn's for the
+    query qv). A paged cache whose k columns follow v's in one row [v | k] is read in place with
+    the query [qv | q], as in CachePlan; other inputs are widened with torch.cat."""
+    if q is None:
+        if qv.shape[-1] != v.shape[-1]:
+            raise ValueError(f"qv: head dim {qv.shape[-1]} differs from v's {v.shape[-1]} (with "
+                             "q None the scores are qv . v)")
+        return qv, v
+    if paged:
+        row = shared_row(k, v)
+        if row is not None:
+            check_qv(q, qv, v.shape[-1], "v")
+            return torch.cat([qv, q], dim=-1), row
+    return widen(q, k, v, qv)
 
 
 class CachePlan:

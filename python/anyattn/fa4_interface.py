@@ -17,7 +17,11 @@ anyattn's dispatch), with these meanings:
   forward only, as anyattn's paged varlen.
 - Hints accepted and unused: ``num_splits``, ``pack_gqa``, ``deterministic`` (anyattn is always
   deterministic), ``min_seqlen_k``.
-- GPU-only features raise NotImplementedError naming the parameter when given: ``qv``,
+- ``qv`` (absorbed MLA's value-side query, _fa_qv.py): scores softmax_scale * (q . k + qv . v),
+  default scale (headdim + headdim_v) ** -0.5; q (and k) may be None, leaving qv . v (scale
+  headdim_v ** -0.5). As in FA4 the LSE then comes heads-last: (batch, seqlen_q, nheads) or
+  (total_q, nheads). A paged varlen cache laid out as one row [v | k] is read in place.
+- GPU-only features raise NotImplementedError naming the parameter when given:
   ``gather_kv_indices``, ``score_mod``, ``score_mod_bwd``, ``mask_mod``, ``aux_tensors``,
   ``aux_scalars``, block sparsity (and the block-sparsity keywords of older FA4 releases).
 - The LSE is float32, natural log, and not differentiable (FA4 now back-propagates through a
@@ -32,6 +36,7 @@ import torch
 
 from ._options import AttnOptions, make_options
 from ._fa_arguments import as_int, check_hints, reject_unsupported
+from ._fa_qv import fa4_query_and_keys
 from ._fa_plan import combine_partials, dense_attention, index_vector, varlen_attention
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
@@ -65,13 +70,20 @@ def _fa4_options(softmax_scale, causal, window_size, softcap, deterministic) -> 
 
 
 def _check_qv(qv: Any, positional_name: str) -> None:
-    """qv must be None; a non-tensor there is most likely a positional argument of an older FA4."""
+    """qv must be a tensor or None; anything else is most likely a positional argument of an
+    older FA4."""
     if qv is not None and not isinstance(qv, torch.Tensor):
         raise TypeError(
             f"qv: expected a tensor or None, got {type(qv).__name__} {qv!r}. FA4 now takes qv "
             f"as its 4th positional argument; a call written for an older FA4, whose 4th was "
             f"{positional_name}, must pass {positional_name} by keyword")
-    reject_unsupported(qv=qv)
+
+
+def _qv_lse(lse: Optional[torch.Tensor], qv: Any) -> Optional[torch.Tensor]:
+    """With qv FA4 returns the LSE heads-last: (batch, seqlen_q, nheads) or (total_q, nheads)."""
+    if lse is None or qv is None:
+        return lse
+    return lse.transpose(-1, -2).contiguous()
 
 
 def _lse_result(lse: torch.Tensor, return_lse: bool, inputs) -> Optional[torch.Tensor]:
@@ -120,13 +132,16 @@ def flash_attn_func(
         window_size: (left, right), None = unbounded (module docstring for FA4's rules).
         learnable_sink: (nheads,) sink logits. softcap: > 0 applies softcap * tanh(s / softcap).
         num_splits, pack_gqa, deterministic: accepted hints.
-        qv, gather_kv_indices, score_mod, score_mod_bwd, mask_mod, aux_tensors, aux_scalars,
+        qv: (batch, seqlen_q, nheads, headdim_v) in q's dtype: adds qv . v to the scores
+            (absorbed MLA; headdim + headdim_v <= 576); q and k may then be None.
+        gather_kv_indices, score_mod, score_mod_bwd, mask_mod, aux_tensors, aux_scalars,
             block_sparse_tensors, block_sparse_tensors_bwd, and the keyword-only block-sparsity
             names of older FA4 releases: raise NotImplementedError unless None.
     Returns:
         (out (batch, seqlen_q, nheads, headdim_v) in q's dtype, lse (batch, nheads, seqlen_q)
-        float32 or None): lse is returned when return_lse or an input requires grad.
-    Autograd: q, k, v and learnable_sink get gradients; the LSE does not back-propagate.
+        float32 or None; with qv, (batch, seqlen_q, nheads)): lse is returned when return_lse
+        or an input requires grad.
+    Autograd: q, k, v, qv and learnable_sink get gradients; the LSE does not back-propagate.
     Raises:
         TypeError / ValueError naming the argument for bad input.
     """
@@ -140,8 +155,11 @@ def flash_attn_func(
                        block_size=block_size)
     check_hints(num_splits=num_splits)
     options = _fa4_options(softmax_scale, causal, window_size, softcap, deterministic)
+    inputs = (q, k, v, qv)
+    if qv is not None:
+        q, k = fa4_query_and_keys(q, k, v, qv, paged=False)
     out, lse = dense_attention(q, k, v, options, 0, learnable_sink)
-    return out, _lse_result(lse, return_lse, (q, k, v))
+    return out, _qv_lse(_lse_result(lse, return_lse, inputs), qv)
 
 
 def flash_attn_varlen_func(
@@ -190,12 +208,16 @@ def flash_attn_varlen_func(
         seqused_q: (batch,) int32 queries computed per sequence (module docstring).
         seqused_k: (batch,) int32 keys per sequence; with page_table and no seqused_k every
             sequence has page_table.shape[1] * page_size keys.
+        qv: (total_q, nheads, headdim_v) (batched like q), as in flash_attn_func; with
+            page_table, k and v laid out as one row [v | k] (v = cache[..., :headdim_v],
+            k = cache[..., headdim_v:]) are read in place, other layouts gathered.
         Other arguments as in flash_attn_func; ``cu_total_m_blocks``/``cu_total_n_blocks``
         (keyword-only, older FA4 block sparsity) raise NotImplementedError unless None.
     Returns:
         (out (total_q, nheads, headdim_v), lse (nheads, total_q) float32 or None); batched q
-        gives (batch, seqlen_q, nheads, headdim_v) and (batch, nheads, seqlen_q). lse is
-        returned when return_lse or an input requires grad.
+        gives (batch, seqlen_q, nheads, headdim_v) and (batch, nheads, seqlen_q). With qv the
+        lse is heads-last, (total_q, nheads) or (batch, seqlen_q, nheads). lse is returned when
+        return_lse or an input requires grad.
     Autograd: q, k, v and learnable_sink get gradients without page_table; with page_table the
     call is forward only (backward raises NotImplementedError).
     Raises:
@@ -210,10 +232,13 @@ def flash_attn_varlen_func(
     check_hints(num_splits=num_splits, min_seqlen_k=min_seqlen_k, max_seqlen_q=max_seqlen_q,
                 max_seqlen_k=max_seqlen_k)
     options = _fa4_options(softmax_scale, causal, window_size, softcap, deterministic)
+    inputs = (q, k, v, qv)
+    if qv is not None:
+        q, k = fa4_query_and_keys(q, k, v, qv, paged=page_table is not None)
     out, lse = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 seqused_q, seqused_k, page_table, options, learnable_sink, 0,
                                 max(as_int(num_splits, "num_splits"), 0))
-    return out, _lse_result(lse, return_lse, (q, k, v))
+    return out, _qv_lse(_lse_result(lse, return_lse, inputs), qv)
 
 
 def flash_attn_combine(

@@ -1,7 +1,9 @@
-"""FlashAttention 3's ``qv`` (absorbed MLA's value-side query) in anyattn.fa3_interface.
+"""FlashAttention 3's and 4's ``qv`` (absorbed MLA's value-side query) in anyattn.fa3_interface
+and anyattn.fa4_interface.
 
-FA3 defines the scores as softmax_scale * (q . k + qv . v), default scale (headdim +
-headdim_v) ** -0.5 (hopper/flash_attn_interface.py). The oracle is that definition in float64
+FA3 and FA4 define the scores as softmax_scale * (q . k + qv . v), default scale (headdim +
+headdim_v) ** -0.5 (hopper/flash_attn_interface.py, flash_attn/cute/interface.py); FA4 also
+takes q = None (scores qv . v) and returns the LSE heads-last when qv is given. The oracle is that definition in float64
 (attention over [q | qv] and [k | v]); the naive side of flash-attn's 2x rule is the same
 computation in the input dtype. The KV-cache cases use DeepSeek's latent layout (one row
 [v | k]: v_cache = cache[..., :DV], k_cache = cache[..., DV:]), read in place, and separate
@@ -17,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 import anyattn  # noqa: E402
 from anyattn import fa3_interface as fa3  # noqa: E402
+from anyattn import fa4_interface as fa4  # noqa: E402
 from anyattn import kv_quant  # noqa: E402
 from anyattn._fa_qv import shared_row  # noqa: E402
 from anyattn.rotary import apply_rotary_emb  # noqa: E402
@@ -263,3 +266,51 @@ def test_kvcache_with_qv_rejects_what_one_row_cannot_hold():
         fa3.flash_attn_with_kvcache(q.float(), k_cache, v_cache, k=k_cache[:, :1],
                                     v=v_cache[:, :1], qv=qv.float(), rotary_cos=wide,
                                     rotary_sin=wide, cache_seqlens=2)
+
+
+# ---- FlashAttention 4 ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fa4_func_with_qv_is_fa3s_with_the_lse_heads_last(dtype):
+    q, k = randn((2, 5, 4, D), dtype, 80), randn((2, 9, 2, D), dtype, 81)
+    v, qv = randn((2, 9, 2, DV), dtype, 82), randn((2, 5, 4, DV), dtype, 83)
+    out, lse = fa4.flash_attn_func(q, k, v, qv, causal=True, return_lse=True)
+    want, want_lse = fa3.flash_attn_func(q, k, v, causal=True, qv=qv, return_attn_probs=True)
+    assert torch.equal(out, want)
+    assert lse.shape == (2, 5, 4) and lse.is_contiguous()
+    assert torch.equal(lse, want_lse.transpose(1, 2))
+    assert fa4.flash_attn_func(q, k, v, qv, causal=True)[1] is None
+
+
+def test_fa4_func_with_qv_alone_scores_qv_against_v():
+    qv, v = randn((1, 4, 4, DV), "float32", 84), randn((1, 7, 1, DV), "float32", 85)
+    ins = [x.clone().requires_grad_(True) for x in (qv, v)]
+    out, lse = fa4.flash_attn_func(None, None, ins[1], ins[0], causal=True)
+    assert lse.shape == (1, 4, 4)
+    dout = randn(out.shape, "float32", 86)
+    dqv, dv = torch.autograd.grad(out, ins, dout)
+    plain = [qv.clone().requires_grad_(True), v.clone().requires_grad_(True)]
+    want = anyattn.flash_attn_func(plain[0], plain[1], plain[1], causal=True)
+    want_dqv, want_dv = torch.autograd.grad(want, plain, dout)
+    assert torch.equal(out, want) and torch.equal(dqv, want_dqv) and torch.equal(dv, want_dv)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fa4_paged_varlen_with_qv_reads_the_latent_row_in_place(dtype):
+    page, blocks = 4, 7
+    cache, k_cache, v_cache = latent_cache(dtype, blocks, page, 90)
+    table = torch.tensor([[3, 0, 5], [6, 1, 2]], dtype=torch.int32)
+    seqused = torch.tensor([6, 11], dtype=torch.int32)
+    cu_q = torch.tensor([0, 1, 3], dtype=torch.int32)
+    q, qv = randn((3, 8, D), dtype, 91), randn((3, 8, DV), dtype, 92)
+    out, lse = fa4.flash_attn_varlen_func(q, k_cache, v_cache, qv, cu_seqlens_q=cu_q,
+                                          seqused_k=seqused, page_table=table, causal=True,
+                                          return_lse=True)
+    assert lse.shape == (3, 8)
+    for b in range(2):
+        rq = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        rows = gathered(cache, table, b, int(seqused[b]), page)[None]
+        ref, naive = reference(q[None, rq], rows[..., DV:], rows[..., :DV], qv[None, rq],
+                               causal=True, dtype=dtype)
+        assert_2x(f"sequence {b}", out[None, rq], lse[rq].T[None], ref, naive, dtype)
