@@ -184,6 +184,42 @@ def test_kvcache_with_qv_reads_the_latent_row_in_place(dtype, append):
         assert_2x(f"sequence {bi}", out[bi:bi + 1], lse[bi:bi + 1], ref, naive, dtype)
 
 
+@pytest.mark.parametrize("cache_dtype", [None, torch.int8])
+def test_kvcache_with_qv_packed_queries_append_into_the_latent_row(cache_dtype):
+    """sglang's FA3 call shape: packed q and qv (cu_seqlens_q), one new row per sequence."""
+    page, blocks, hq = 4, 7, 8
+    full, _, _ = latent_cache("bfloat16", blocks, page, 100)
+    tokens = None
+    cache = full
+    if cache_dtype is not None:
+        cache, _, tokens = kv_quant.quantize_kv_cache(full, cache_dtype, "token")
+    twin = cache.clone()
+    twin_tokens = None if tokens is None else tokens.clone()
+    table = torch.tensor([[3, 0, 5], [6, 1, 2]], dtype=torch.int32)
+    seqlens = torch.tensor([5, 8], dtype=torch.int32)
+    cu_q = torch.tensor([0, 1, 3], dtype=torch.int32)
+    q, qv = randn((3, hq, D), "bfloat16", 101), randn((3, hq, DV), "bfloat16", 102)
+    k_new, v_new = randn((2, 1, 1, D), "bfloat16", 103), randn((2, 1, 1, DV), "bfloat16", 104)
+    out = fa3.flash_attn_with_kvcache(
+        q, cache[..., DV:], cache[..., :DV], k=k_new, v=v_new, qv=qv, cache_seqlens=seqlens,
+        page_table=table, cu_seqlens_q=cu_q, max_seqlen_q=2, causal=True,
+        k_token_scale=tokens, v_token_scale=tokens)
+    new_rows = torch.cat([v_new, k_new], -1)
+    want = fa3.flash_attn_with_kvcache(
+        torch.cat([qv, q], -1), twin, twin[..., :DV], k=new_rows, v=new_rows[..., :DV],
+        cache_seqlens=seqlens, page_table=table, cu_seqlens_q=cu_q, max_seqlen_q=2,
+        causal=True, k_token_scale=twin_tokens, softmax_scale=(D + DV) ** -0.5)
+    assert torch.equal(out, want)
+    assert torch.equal(cache.view(torch.uint8), twin.view(torch.uint8))
+    if tokens is not None:
+        assert torch.equal(tokens, twin_tokens)
+    else:
+        for b in range(2):
+            p = int(seqlens[b])
+            row = cache[int(table[b, p // page]), p % page]
+            assert torch.equal(row, new_rows[b, 0])
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.int8])
 def test_kvcache_with_qv_on_an_8bit_latent_row_is_the_shared_latent_call(cache_dtype):
     b, hq, page, blocks = 2, 8, 4, 6
