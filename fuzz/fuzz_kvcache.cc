@@ -90,10 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   const int64_t kn_shape[4] = {B, S_new, Hk, D}, vn_shape[4] = {B, S_new, Hk, Dv};
   const int64_t lse_shape[3] = {B, Hq, Sq};
   auto tensor = [&](int32_t dt, int rank, const int64_t* shape, unsigned char fill, bool input) {
-    auto kind = static_cast<StrideKind>(data.ConsumeIntegralInRange<int>(0, 4));
-    if (!input && kind == StrideKind::kZero) kind = StrideKind::kContiguous;
-    const int which = data.ConsumeIntegralInRange<int>(0, 3);
-    return anyattn_fuzz::make_tensor(dt, rank, shape, kind, which, 2, fill);
+    return anyattn_fuzz::draw_call_tensor(data, dt, rank, shape, fill, input);
   };
   // The caches are written by appends, so they get no broadcast strides.
   FuzzTensor kc = tensor(dtype, 4, kc_shape, 0, false), vc = tensor(dtype, 4, vc_shape, 0, false);

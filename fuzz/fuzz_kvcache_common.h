@@ -12,6 +12,17 @@
 
 namespace anyattn_fuzz {
 
+// A tensor of `shape` whose stride kind (padding 2) and permuted or broadcast dimension are drawn
+// from the input; one the call writes (`input` false: caches, outputs) gets no broadcast (zero)
+// stride.
+inline FuzzTensor draw_call_tensor(FuzzedDataProvider& data, int32_t dtype, int rank,
+                                   const int64_t* shape, unsigned char fill, bool input) {
+  auto kind = static_cast<StrideKind>(data.ConsumeIntegralInRange<int>(0, 4));
+  if (!input && kind == StrideKind::kZero) kind = StrideKind::kContiguous;
+  const int which = data.ConsumeIntegralInRange<int>(0, 3);
+  return make_tensor(dtype, rank, shape, kind, which, 2, fill);
+}
+
 // A C-contiguous i32 tensor holding `values`.
 inline FuzzTensor int_tensor(const std::vector<int32_t>& values, int ndim, const int64_t* shape) {
   FuzzTensor t = make_tensor(ANYATTN_DTYPE_I32, ndim, shape, StrideKind::kContiguous, 0, 1, 0);
