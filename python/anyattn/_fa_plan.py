@@ -249,12 +249,15 @@ def unpack(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, batched: bool)
     return out, lse
 
 
-def dense_attention(q, k, v, options: AttnOptions, chunk: int, sinks):
-    """(out (B, Sq, Hq, Dv), lse (B, Hq, Sq)) of q (B, Sq, Hq, D) against k/v (B, Sk, Hk, D[v])."""
+def dense_attention(q, k, v, options: AttnOptions, chunk: int, sinks, need_lse: bool = True):
+    """(out (B, Sq, Hq, Dv), lse (B, Hq, Sq)) of q (B, Sq, Hq, D) against k/v (B, Sk, Hk, D[v]).
+    Without ``need_lse`` the lse may be None: a call without chunks then takes flash_attn_func's
+    plain path (_plain_call.py), which allocates none."""
     if chunk == 0:
-        return _lse_of(_fa2_func(q, k, v, softmax_scale=options.softmax_scale,
-                                 causal=options.causal, window_size=options.window_size,
-                                 softcap=options.softcap, return_attn_probs=True, sinks=sinks))
+        result = _fa2_func(q, k, v, softmax_scale=options.softmax_scale, causal=options.causal,
+                           window_size=options.window_size, softcap=options.softcap,
+                           return_attn_probs=need_lse, sinks=sinks)
+        return _lse_of(result) if need_lse else (result, None)
     check_dense_shapes(q, k, v)
     return varlen_attention(q, k, v, None, None, None, None, None, None, None, options, sinks,
                             chunk, 0)

@@ -155,7 +155,7 @@ def flash_attn_func(
     if qv is not None:
         q, k = widen(q, k, v, qv)
     out, lse = dense_attention(q, k, v, options, chunk_size(attention_chunk),
-                               pick_sinks(sinks, learnable_sink))
+                               pick_sinks(sinks, learnable_sink), bool(return_attn_probs))
     return (out, lse) if return_attn_probs else out
 
 
@@ -342,13 +342,15 @@ def flash_attn_with_kvcache(
     splits = max(as_int(num_splits, "num_splits"), 0)
     if (cu_seqlens_q is None and chunk == 0 and rotary_seqlens is None
             and (k is None or cu_seqlens_k_new is None)):
-        out, lse = _fa2_kvcache(
+        # Without the LSE a plain call runs in one C function (_plain_call.py).
+        result = _fa2_kvcache(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, page_table, softmax_scale=options.softmax_scale,
             causal=options.causal, window_size=options.window_size, softcap=options.softcap,
-            rotary_interleaved=rotary_interleaved, num_splits=splits, return_softmax_lse=True,
-            sinks=sinks, k_descale=scales[0], v_descale=scales[1], k_token_scale=scales[2],
-            v_token_scale=scales[3])
+            rotary_interleaved=rotary_interleaved, num_splits=splits,
+            return_softmax_lse=bool(return_softmax_lse), sinks=sinks, k_descale=scales[0],
+            v_descale=scales[1], k_token_scale=scales[2], v_token_scale=scales[3])
+        out, lse = result if return_softmax_lse else (result, None)
     else:
         out, lse = kvcache_general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                    cache_seqlens, cache_batch_idx, cache_leftpad, page_table,

@@ -86,11 +86,15 @@ def _qv_lse(lse: Optional[torch.Tensor], qv: Any) -> Optional[torch.Tensor]:
     return lse.transpose(-1, -2).contiguous()
 
 
+def _wants_lse(return_lse: bool, inputs) -> bool:
+    """FA4 returns the LSE when asked for, or when an input requires grad."""
+    return bool(return_lse) or any(isinstance(t, torch.Tensor) and t.requires_grad
+                                   for t in inputs)
+
+
 def _lse_result(lse: torch.Tensor, return_lse: bool, inputs) -> Optional[torch.Tensor]:
-    """FA4 returns the LSE when asked for, or when an input requires grad; else None."""
-    if return_lse or any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
-        return lse
-    return None
+    """The LSE FA4 returns: ``lse`` when _wants_lse, else None."""
+    return lse if _wants_lse(return_lse, inputs) else None
 
 
 def flash_attn_func(
@@ -158,7 +162,8 @@ def flash_attn_func(
     inputs = (q, k, v, qv)
     if qv is not None:
         q, k = fa4_query_and_keys(q, k, v, qv, paged=False)
-    out, lse = dense_attention(q, k, v, options, 0, learnable_sink)
+    out, lse = dense_attention(q, k, v, options, 0, learnable_sink,
+                               _wants_lse(return_lse, inputs))
     return out, _qv_lse(_lse_result(lse, return_lse, inputs), qv)
 
 

@@ -254,3 +254,26 @@ def test_kvcache_declined_calls_still_raise_the_ordinary_errors():
         anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=12)
     with pytest.raises(ValueError, match="k, v: give both new keys and new values, or neither"):
         anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, None, cache_seqlens=seqlens)
+
+
+@pytest.mark.parametrize("style", ["fa3", "fa4"])
+def test_fa3_and_fa4_calls_without_the_lse_take_the_fast_path(monkeypatch, style):
+    """FA3's and FA4's wrappers ask for the LSE only when they return it, so that a plain call
+    reaches the fast path (the ordinary one costs several times the call at decode shapes)."""
+    from anyattn import fa3_interface, fa4_interface, kvcache
+
+    def no_ordinary_path(*args, **kwargs):
+        raise AssertionError("the ordinary path ran")
+
+    monkeypatch.setattr(flash_attn_interface, "make_options", no_ordinary_path)
+    monkeypatch.setattr(kvcache, "make_options", no_ordinary_path)
+    q, k, v = _qkv(sq=1, sk=16, hq=8, hk=8, d=64)
+    if style == "fa3":
+        assert fa3_interface.flash_attn_func(q, k, v, causal=True).shape == (2, 1, 8, 64)
+        q1, k_cache, v_cache, k1, v1, seqlens, _ = _cache_call(new=1)
+        out = fa3_interface.flash_attn_with_kvcache(q1, k_cache, v_cache, k1, v1,
+                                                    cache_seqlens=seqlens, causal=True)
+        assert out.shape == (2, 1, 4, 32) and torch.equal(k_cache[0, 5], k1[0, 0])
+    else:
+        out, lse = fa4_interface.flash_attn_func(q, k, v, causal=True)
+        assert out.shape == (2, 1, 8, 64) and lse is None
