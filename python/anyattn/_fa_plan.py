@@ -265,10 +265,12 @@ def dense_attention(q, k, v, options: AttnOptions, chunk: int, sinks, need_lse: 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      seqused_q, seqused_k, page_table, options: AttnOptions, sinks, chunk: int,
-                     num_splits: int):
+                     num_splits: int, need_lse: bool = True):
     """FA3/FA4 varlen semantics: q packed with cu_seqlens_q or batched without; k/v packed with
     cu_seqlens_k, batched without, or a paged cache with page_table. Returns (out, lse) in q's
-    layout: (total_q, Hq, Dv) and (Hq, total_q), or (B, Sq, Hq, Dv) and (B, Hq, Sq)."""
+    layout: (total_q, Hq, Dv) and (Hq, total_q), or (B, Sq, Hq, Dv) and (B, Hq, Sq). Without
+    ``need_lse`` the lse may be None (a packed call then takes flash_attn_varlen_func's plain
+    path)."""
     if page_table is not None and cu_seqlens_k is not None:
         raise ValueError("cu_seqlens_k: must be None with page_table (the key counts come from "
                          "seqused_k, else every sequence has the page_table's full capacity)")
@@ -277,11 +279,12 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         if max_seqlen_q is None or max_seqlen_k is None:
             max_seqlen_q = _max_length(cu_seqlens_q) if max_seqlen_q is None else max_seqlen_q
             max_seqlen_k = _max_length(cu_seqlens_k) if max_seqlen_k is None else max_seqlen_k
-        return _lse_of(_fa2_varlen_func(
+        result = _fa2_varlen_func(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             softmax_scale=options.softmax_scale, causal=options.causal,
-            window_size=options.window_size, softcap=options.softcap, return_attn_probs=True,
-            sinks=sinks, seqused_k=seqused_k))
+            window_size=options.window_size, softcap=options.softcap,
+            return_attn_probs=need_lse, sinks=sinks, seqused_k=seqused_k)
+        return _lse_of(result) if need_lse else (result, None)
     pq, q0, q_used, q_span, q_end = query_extents(q, cu_seqlens_q, seqused_q)
     batch = q0.numel()
     if page_table is not None:

@@ -217,7 +217,7 @@ def flash_attn_varlen_func(
     out, lse = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 seqused_q, seqused_k, None, options,
                                 pick_sinks(sinks, learnable_sink), chunk_size(attention_chunk),
-                                0)
+                                0, bool(return_attn_probs or return_softmax_lse))
     return (out, lse) if (return_attn_probs or return_softmax_lse) else out
 
 

@@ -242,7 +242,8 @@ def flash_attn_varlen_func(
         q, k = fa4_query_and_keys(q, k, v, qv, paged=page_table is not None)
     out, lse = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 seqused_q, seqused_k, page_table, options, learnable_sink, 0,
-                                max(as_int(num_splits, "num_splits"), 0))
+                                max(as_int(num_splits, "num_splits"), 0),
+                                _wants_lse(return_lse, inputs))
     return out, _qv_lse(_lse_result(lse, return_lse, inputs), qv)
 
 

@@ -14,6 +14,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from . import _core
 from ._arguments import (_check_rank, _empty_s_dmask, _f32, _f32_on, _index_tensor, _kind,
                          _on_cpu)
 from ._cache import kvcache_varlen_forward, varlen_forward
@@ -21,6 +22,7 @@ from ._cpu import reject_numpy_dropout
 from ._kernel_options import kernel_options, kernel_query
 from ._kv_scales import cache_scales, check_descale_values, reject_q_descale
 from ._options import make_options
+from ._plain_call import tracing
 from ._tensors import torch_module
 
 if torch_module() is not None:
@@ -226,9 +228,17 @@ def flash_attn_varlen_func(
         out (total_q, nheads, headdim_v); with return_attn_probs, (out, softmax_lse
         (nheads, total_q) float32, None).
     """
+    scale_args = (k_descale, v_descale, k_token_scale, v_token_scale)
+    if block_table is None and q_descale is None and scale_args == (None,) * 4 and not tracing():
+        # A plain CPU torch call runs in one C function (_plain_call.py).
+        out = _core.fwd_varlen_torch_plain(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k, dropout_p, softmax_scale, causal,
+                                           window_size, softcap, alibi_slopes, return_attn_probs,
+                                           sinks, seqused_k)
+        if out is not None:
+            return out
     options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     reject_q_descale(q_descale)
-    scale_args = (k_descale, v_descale, k_token_scale, v_token_scale)
     if block_table is not None:
         return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                              block_table, options, alibi_slopes, sinks, return_attn_probs,

@@ -1,5 +1,5 @@
-// anyattn._core's plain-call functions: flash_attn_func and flash_attn_with_kvcache on plain CPU
-// torch tensors, each in one C function.
+// anyattn._core's plain-call functions: flash_attn_func, flash_attn_varlen_func and
+// flash_attn_with_kvcache on plain CPU torch tensors, each in one C function.
 //
 // A one-token decode step costs a few microseconds in the kernel, so the Python layer's argument
 // handling (option objects, shape checks, tensor specs, the torch.library dispatcher) would
@@ -42,7 +42,7 @@ TorchObjects g_torch;
 
 // Interned attribute and method names.
 struct Names {
-  PyObject *is_cpu, *dtype, *shape, *stride, *data_ptr, *requires_grad, *new_empty;
+  PyObject *is_cpu, *dtype, *shape, *stride, *data_ptr, *requires_grad, *new_empty, *new_zeros;
 };
 Names g_names;
 
@@ -219,20 +219,31 @@ bool read_score_options(PyObject* softmax_scale, PyObject* causal, PyObject* win
   return true;
 }
 
-// The output of a call with query `q` (B, Sq, Hq, D) and values of head dimension `dv`: a new
-// contiguous (B, Sq, Hq, Dv) tensor in q's dtype, and its description. Null on failure.
-PyObject* new_output(PyObject* q, const anyattn_tensor& tq, int64_t dv, anyattn_tensor& tout) {
-  const int64_t shape[4] = {tq.shape[0], tq.shape[1], tq.shape[2], dv};
-  Ref size(Py_BuildValue("(LLLL)", static_cast<long long>(shape[0]),
-                         static_cast<long long>(shape[1]), static_cast<long long>(shape[2]),
-                         static_cast<long long>(shape[3])));
+// The output of a call with query `q` (its leading dimensions, then Hq and D) and values of head
+// dimension `dv`: a new contiguous tensor of q's shape but Dv last, in q's dtype, made by
+// q.<factory> (new_empty, or new_zeros where rows the call does not write must read 0), and its
+// description. Null on failure.
+PyObject* new_output(PyObject* q, const anyattn_tensor& tq, int64_t dv, PyObject* factory,
+                     anyattn_tensor& tout) {
+  const int ndim = tq.ndim;
+  int64_t shape[4];
+  Ref size(PyTuple_New(ndim));
   if (!size) {
     PyErr_Clear();
     return nullptr;
   }
+  for (int i = 0; i < ndim; ++i) {
+    shape[i] = i + 1 < ndim ? tq.shape[i] : dv;
+    PyObject* extent = PyLong_FromLongLong(shape[i]);
+    if (!extent) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(size.get(), i, extent);
+  }
   PyObject* args[] = {q, size.get()};
-  PyObject* out = PyObject_VectorcallMethod(g_names.new_empty, args,
-                                            2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  PyObject* out = PyObject_VectorcallMethod(factory, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                            nullptr);
   if (!out) {
     PyErr_Clear();
     return nullptr;
@@ -245,9 +256,9 @@ PyObject* new_output(PyObject* q, const anyattn_tensor& tq, int64_t dv, anyattn_
     return nullptr;
   }
   tout.dtype = tq.dtype;
-  tout.ndim = 4;
+  tout.ndim = ndim;
   int64_t stride = 1;
-  for (int i = 3; i >= 0; --i) {
+  for (int i = ndim - 1; i >= 0; --i) {
     tout.shape[i] = shape[i];
     tout.strides[i] = stride;
     stride *= shape[i];
@@ -292,9 +303,60 @@ nb::object fwd_torch_plain(nb::handle q, nb::handle k, nb::handle v, nb::handle 
     return nb::none();
   }
   anyattn_tensor tout{};
-  PyObject* out = new_output(q.ptr(), tq, tv.shape[3], tout);
+  PyObject* out = new_output(q.ptr(), tq, tv.shape[3], g_names.new_empty, tout);
   if (!out) return nb::none();
   return run_released(out, [&] { return anyattn_fwd(&tq, &tk, &tv, &tout, nullptr, &params); });
+}
+
+// An exact int >= 0 (a maximum sequence length); false otherwise.
+bool read_length(PyObject* obj, int64_t& length) {
+  if (!PyLong_CheckExact(obj)) return false;
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  if (overflow != 0 || value < 0) return false;
+  length = value;
+  return true;
+}
+
+nb::object fwd_varlen_torch_plain(nb::handle q, nb::handle k, nb::handle v,
+                                  nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+                                  nb::handle max_seqlen_q, nb::handle max_seqlen_k,
+                                  nb::handle dropout_p, nb::handle softmax_scale,
+                                  nb::handle causal, nb::handle window_size, nb::handle softcap,
+                                  nb::handle alibi_slopes, nb::handle return_attn_probs,
+                                  nb::handle sinks, nb::handle seqused_k) {
+  if (!g_torch.tensor_type) return nb::none();
+  if (!alibi_slopes.is_none() || !sinks.is_none() || return_attn_probs.ptr() != Py_False) {
+    return nb::none();
+  }
+  double dropout = 0.0;
+  if (!read_number(dropout_p.ptr(), dropout) || dropout != 0.0) return nb::none();
+  anyattn_fwd_params params;
+  int64_t max_q = 0, max_k = 0;
+  if (!read_score_options(softmax_scale.ptr(), causal.ptr(), window_size.ptr(), softcap.ptr(),
+                          params) ||
+      !read_length(max_seqlen_q.ptr(), max_q) || !read_length(max_seqlen_k.ptr(), max_k)) {
+    return nb::none();
+  }
+  anyattn_tensor tq{}, tk{}, tv{}, tcq{}, tck{}, tused{};
+  if (!describe_tensor(q.ptr(), 3, Elements::kFloat, tq) ||
+      !describe_tensor(k.ptr(), 3, Elements::kFloat, tk) ||
+      !describe_tensor(v.ptr(), 3, Elements::kFloat, tv) || tk.dtype != tq.dtype ||
+      tv.dtype != tq.dtype || !describe_tensor(cu_seqlens_q.ptr(), 1, Elements::kInt32, tcq) ||
+      !describe_tensor(cu_seqlens_k.ptr(), 1, Elements::kInt32, tck) ||
+      (!seqused_k.is_none() && !describe_tensor(seqused_k.ptr(), 1, Elements::kInt32, tused)) ||
+      needs_autograd({q.ptr(), k.ptr(), v.ptr()})) {
+    return nb::none();
+  }
+  anyattn_tensor tout{};
+  // Rows outside every sequence are not written by the library; the ordinary path returns 0.
+  PyObject* out = new_output(q.ptr(), tq, tv.shape[2], g_names.new_zeros, tout);
+  if (!out) return nb::none();
+  const anyattn_tensor* used = seqused_k.is_none() ? nullptr : &tused;
+  return run_released(out, [&] {
+    return anyattn_fwd_varlen(&tq, &tk, &tv, &tout, nullptr, &tcq, &tck, used, max_q, max_k,
+                              &params);
+  });
 }
 
 // cache_seqlens of a plain call: None (the whole cache), an exact int >= 0, or an int32 (B,)
@@ -365,7 +427,7 @@ nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle 
     return nb::none();
   }
   anyattn_tensor tout{};
-  PyObject* out = new_output(q.ptr(), tq, tvc.shape[3], tout);
+  PyObject* out = new_output(q.ptr(), tq, tvc.shape[3], g_names.new_empty, tout);
   if (!out) return nb::none();
   return run_released(out, [&] {
     return anyattn_fwd_kvcache(&tq, &tkc, &tvc, &tout, nullptr, &cache, &params);
@@ -377,8 +439,9 @@ PyObject* intern(const char* name) { return PyUnicode_InternFromString(name); }
 void bind_torch(nb::handle tensor_type, nb::handle float32, nb::handle float16,
                 nb::handle bfloat16, nb::handle int32, nb::handle is_grad_enabled) {
   if (!PyType_Check(tensor_type.ptr())) throw nb::type_error("tensor_type: expected a type");
-  g_names = {intern("is_cpu"), intern("dtype"),         intern("shape"),    intern("stride"),
-             intern("data_ptr"), intern("requires_grad"), intern("new_empty")};
+  g_names = {intern("is_cpu"),   intern("dtype"),         intern("shape"),
+             intern("stride"),   intern("data_ptr"),      intern("requires_grad"),
+             intern("new_empty"), intern("new_zeros")};
   g_torch = {tensor_type.inc_ref().ptr(), float32.inc_ref().ptr(),         float16.inc_ref().ptr(),
              bfloat16.inc_ref().ptr(),    int32.inc_ref().ptr(), is_grad_enabled.inc_ref().ptr()};
 }
@@ -399,6 +462,16 @@ void register_torch_plain_call(nb::module_& m) {
         "flash_attn_func's arguments, in its order: the output when the call is plain (see "
         "torch_plain_call.cc) and ran; otherwise None, with nothing changed. Releases the GIL "
         "while the kernel runs.");
+  m.def("fwd_varlen_torch_plain", &fwd_varlen_torch_plain, nb::arg("q").none(),
+        nb::arg("k").none(), nb::arg("v").none(), nb::arg("cu_seqlens_q").none(),
+        nb::arg("cu_seqlens_k").none(), nb::arg("max_seqlen_q").none(),
+        nb::arg("max_seqlen_k").none(), nb::arg("dropout_p").none(),
+        nb::arg("softmax_scale").none(), nb::arg("causal").none(), nb::arg("window_size").none(),
+        nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
+        nb::arg("return_attn_probs").none(), nb::arg("sinks").none(), nb::arg("seqused_k").none(),
+        "flash_attn_varlen_func's arguments (without block_table and scales): the output when the "
+        "call is plain and ran (rows outside every sequence 0); otherwise None, with nothing "
+        "changed. Releases the GIL while the kernel runs.");
   m.def("fwd_kvcache_torch_plain", &fwd_kvcache_torch_plain, nb::arg("q").none(),
         nb::arg("k_cache").none(), nb::arg("v_cache").none(), nb::arg("k").none(),
         nb::arg("v").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),

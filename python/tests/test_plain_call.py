@@ -277,3 +277,83 @@ def test_fa3_and_fa4_calls_without_the_lse_take_the_fast_path(monkeypatch, style
     else:
         out, lse = fa4_interface.flash_attn_func(q, k, v, causal=True)
         assert out.shape == (2, 1, 8, 64) and lse is None
+
+
+# ---- flash_attn_varlen_func -------------------------------------------------------------------
+
+
+def _packed(dtype=torch.float32, seed=0):
+    """q (13, 4, 32), k (15, 2, 32), v (15, 2, 16): sequences of 3, 0 and 8 queries against 6, 2
+    and 7 keys, whose rows start at 1 (row 0 and the last row belong to no sequence)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(13, 4, 32, generator=g).to(dtype)
+    k = torch.randn(16, 2, 32, generator=g).to(dtype)
+    v = torch.randn(16, 2, 16, generator=g).to(dtype)
+    cu_q = torch.tensor([1, 4, 4, 12], dtype=torch.int32)
+    cu_k = torch.tensor([0, 6, 8, 15], dtype=torch.int32)
+    return q, k, v, cu_q, cu_k
+
+
+def _varlen_plain(q, k, v, cu_q, cu_k, max_q=8, max_k=7, dropout_p=0.0, softmax_scale=None,
+                  causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                  return_attn_probs=False, sinks=None, seqused_k=None):
+    return _core.fwd_varlen_torch_plain(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p,
+                                        softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                        return_attn_probs, sinks, seqused_k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"causal": True},
+    {"softmax_scale": 0.3, "softcap": 5.0, "window_size": (2, 1)},
+    {"seqused_k": torch.tensor([4, 2, 5], dtype=torch.int32), "causal": True},
+])
+def test_varlen_runs_plain_calls_bitwise_like_the_ordinary_path(dtype, kwargs):
+    q, k, v, cu_q, cu_k = _packed(dtype)
+    out = _varlen_plain(q, k, v, cu_q, cu_k, **kwargs)
+    assert out is not None and out.shape == (13, 4, 16) and out.dtype == dtype
+    args = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    want = anyattn.flash_attn_varlen_func(*args, cu_q, cu_k, 8, 7, **kwargs).detach()
+    assert torch.equal(out, want)
+    assert not out[0].any() and not out[12].any()  # rows of no sequence are 0, as ordinarily
+
+
+def _varlen_declined_cases():
+    q, k, v, cu_q, cu_k = _packed()
+    yield "alibi", (q, k, v, cu_q, cu_k), {"alibi_slopes": torch.ones(4)}
+    yield "sinks", (q, k, v, cu_q, cu_k), {"sinks": torch.zeros(4)}
+    yield "lse asked for", (q, k, v, cu_q, cu_k), {"return_attn_probs": True}
+    yield "dropout", (q, k, v, cu_q, cu_k), {"dropout_p": 0.1}
+    yield "scale 0", (q, k, v, cu_q, cu_k), {"softmax_scale": 0.0}
+    yield "requires grad", (q.clone().requires_grad_(), k, v, cu_q, cu_k), {}
+    yield "int64 offsets", (q, k, v, cu_q.long(), cu_k), {}
+    yield "offsets a list", (q, k, v, [1, 4, 4, 12], cu_k), {}
+    yield "max_seqlen a tensor", (q, k, v, cu_q, cu_k), {"max_q": torch.tensor(8)}
+    yield "4-D q", (q[None], k, v, cu_q, cu_k), {}
+    yield "mixed dtypes", (q, k.half(), v, cu_q, cu_k), {}
+    yield "strided last dim", (q, k.transpose(1, 2).contiguous().transpose(1, 2), v, cu_q,
+                               cu_k), {}
+
+
+@pytest.mark.parametrize("name,tensors,kwargs", list(_varlen_declined_cases()),
+                         ids=[c[0] for c in _varlen_declined_cases()])
+def test_varlen_declines_calls_that_are_not_plain(name, tensors, kwargs):
+    assert _varlen_plain(*tensors, **kwargs) is None
+
+
+def test_varlen_takes_the_fast_path_for_plain_calls_and_errors_stay_the_ordinary_ones(
+        monkeypatch):
+    from anyattn import varlen
+
+    q, k, v, cu_q, cu_k = _packed()
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        anyattn.flash_attn_varlen_func(q, k, v, torch.tensor([0, 20], dtype=torch.int32), cu_k,
+                                       20, 7)
+
+    def no_ordinary_path(*args, **kwargs):
+        raise AssertionError("the ordinary path ran")
+
+    monkeypatch.setattr(varlen, "make_options", no_ordinary_path)
+    assert anyattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 8, 7, causal=True).shape == \
+        (13, 4, 16)
