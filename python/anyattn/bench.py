@@ -10,8 +10,9 @@ an f32 torch.mm measured alongside.
 
 ``--overhead`` instead measures per-call cost at a one-token decode shape (q (1, 1, 8, 64), k/v
 (1, 16, 8, 64)): the C extension alone, the numpy API, the kernel body on torch tensors, the torch
-op through the dispatcher, and the torch API (flash_attn_func, and flash_attn_with_kvcache over
-the same keys as a full cache), each beside torch SDPA in the same process.
+op through the dispatcher, and the torch API (flash_attn_func, flash_attn_with_kvcache over the
+same keys as a full cache, flash_attn_varlen_func over them as one sequence, and the FA3 and FA4
+call styles), each beside torch SDPA in the same process.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def run_overhead() -> Dict[str, float]:
     import numpy as np  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
-    from anyattn import _core  # noqa: PLC0415
+    from anyattn import _core, fa3_interface, fa4_interface  # noqa: PLC0415
     from anyattn._cpu import torch_forward  # noqa: PLC0415
     from anyattn._kernel_options import KernelOptions, binding_options  # noqa: PLC0415
 
@@ -127,6 +128,8 @@ def run_overhead() -> Dict[str, float]:
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     plain = KernelOptions()
     no_tensors = binding_options(plain, lambda x: None)
+    packed = [x[0] for x in (q, k, v)]  # one sequence, (tokens, heads, D)
+    cu_q, cu_k = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 16], dtype=torch.int32)
     rows = {
         "C extension (_core.fwd, numpy buffers)": lambda: _core.fwd(qa, ka, va, out, lse,
                                                                     no_tensors),
@@ -137,6 +140,12 @@ def run_overhead() -> Dict[str, float]:
         "anyattn.flash_attn_func (torch)": lambda: anyattn.flash_attn_func(q, k, v),
         "anyattn.flash_attn_with_kvcache (torch)": lambda: anyattn.flash_attn_with_kvcache(
             q, k, v),
+        "anyattn.flash_attn_varlen_func (torch)": lambda: anyattn.flash_attn_varlen_func(
+            *packed, cu_q, cu_k, 1, 16),
+        "fa3_interface.flash_attn_func (torch)": lambda: fa3_interface.flash_attn_func(q, k, v),
+        "fa3_interface.flash_attn_with_kvcache (torch)":
+            lambda: fa3_interface.flash_attn_with_kvcache(q, k, v),
+        "fa4_interface.flash_attn_func (torch)": lambda: fa4_interface.flash_attn_func(q, k, v),
     }
     sdpa = torch.nn.functional.scaled_dot_product_attention
     results = {}
