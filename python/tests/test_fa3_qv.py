@@ -5,9 +5,9 @@ FA3 and FA4 define the scores as softmax_scale * (q . k + qv . v), default scale
 headdim_v) ** -0.5 (hopper/flash_attn_interface.py, flash_attn/cute/interface.py); FA4 also
 takes q = None (scores qv . v) and returns the LSE heads-last when qv is given. The oracle is
 that definition in float64 (attention over [q | qv] and [k | v]); the naive side of
-flash-attn's 2x rule is the same computation in the input dtype. The KV-cache cases use DeepSeek's latent layout (one row
-[v | k]: v_cache = cache[..., :DV], k_cache = cache[..., DV:]), read in place, and separate
-caches, gathered into a copy.
+flash-attn's 2x rule is the same computation in the input dtype. The KV-cache cases use
+DeepSeek's latent layout (one row [v | k]: v_cache = cache[..., :DV], k_cache =
+cache[..., DV:]), read in place, and separate caches, gathered into a copy.
 """
 
 from __future__ import annotations
