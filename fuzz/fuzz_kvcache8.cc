@@ -67,7 +67,7 @@ Descale draw_descale(FuzzedDataProvider& data, int64_t batch, int64_t heads_k,
   for (int64_t i = 0; i < shape[0] * (ndim == 2 ? shape[1] : 1); ++i) {
     const int64_t b = ndim == 2 ? i / heads_k : 0;
     const int64_t h = ndim == 2 ? i % heads_k : (shape[0] == heads_k ? i : 0);
-    entries.push_back(nominal[h % heads_k] * (ndim == 2 && b % 2 == 1 ? 2.f : 1.f));
+    entries.push_back(nominal[h] * (ndim == 2 && b % 2 == 1 ? 2.f : 1.f));
   }
   if (data.ConsumeIntegralInRange<int>(0, 7) == 7) {
     const float hostile[] = {0.f, 1e-40f, std::numeric_limits<float>::quiet_NaN(), INFINITY,

@@ -280,26 +280,38 @@ nb::object run_released(PyObject* out, Call call) {
   return result;
 }
 
+// The options of flash_attn_func and flash_attn_varlen_func when they describe a plain call: no
+// ALiBi, sinks, LSE or dropout, and plain score options (read_score_options).
+bool read_attention_options(PyObject* dropout_p, PyObject* softmax_scale, PyObject* causal,
+                            PyObject* window_size, PyObject* softcap, PyObject* alibi_slopes,
+                            PyObject* return_attn_probs, PyObject* sinks,
+                            anyattn_fwd_params& params) {
+  if (alibi_slopes != Py_None || sinks != Py_None || return_attn_probs != Py_False) return false;
+  double dropout = 0.0;
+  if (!read_number(dropout_p, dropout) || dropout != 0.0) return false;
+  return read_score_options(softmax_scale, causal, window_size, softcap, params);
+}
+
+// q, k and v of `ndim` dimensions and one float dtype, none of which autograd must record.
+bool describe_qkv(nb::handle q, nb::handle k, nb::handle v, int ndim, anyattn_tensor& tq,
+                  anyattn_tensor& tk, anyattn_tensor& tv) {
+  return describe_tensor(q.ptr(), ndim, Elements::kFloat, tq) &&
+         describe_tensor(k.ptr(), ndim, Elements::kFloat, tk) &&
+         describe_tensor(v.ptr(), ndim, Elements::kFloat, tv) && tk.dtype == tq.dtype &&
+         tv.dtype == tq.dtype && !needs_autograd({q.ptr(), k.ptr(), v.ptr()});
+}
+
 nb::object fwd_torch_plain(nb::handle q, nb::handle k, nb::handle v, nb::handle dropout_p,
                            nb::handle softmax_scale, nb::handle causal, nb::handle window_size,
                            nb::handle softcap, nb::handle alibi_slopes, nb::handle return_attn_probs,
                            nb::handle sinks) {
   if (!g_torch.tensor_type) return nb::none();
-  if (!alibi_slopes.is_none() || !sinks.is_none() || return_attn_probs.ptr() != Py_False) {
-    return nb::none();
-  }
-  double dropout = 0.0;
-  if (!read_number(dropout_p.ptr(), dropout) || dropout != 0.0) return nb::none();
   anyattn_fwd_params params;
-  if (!read_score_options(softmax_scale.ptr(), causal.ptr(), window_size.ptr(), softcap.ptr(),
-                          params)) {
-    return nb::none();
-  }
   anyattn_tensor tq{}, tk{}, tv{};
-  if (!describe_tensor(q.ptr(), 4, Elements::kFloat, tq) ||
-      !describe_tensor(k.ptr(), 4, Elements::kFloat, tk) ||
-      !describe_tensor(v.ptr(), 4, Elements::kFloat, tv) || tk.dtype != tq.dtype ||
-      tv.dtype != tq.dtype || needs_autograd({q.ptr(), k.ptr(), v.ptr()})) {
+  if (!read_attention_options(dropout_p.ptr(), softmax_scale.ptr(), causal.ptr(),
+                              window_size.ptr(), softcap.ptr(), alibi_slopes.ptr(),
+                              return_attn_probs.ptr(), sinks.ptr(), params) ||
+      !describe_qkv(q, k, v, 4, tq, tk, tv)) {
     return nb::none();
   }
   anyattn_tensor tout{};
@@ -326,26 +338,17 @@ nb::object fwd_varlen_torch_plain(nb::handle q, nb::handle k, nb::handle v,
                                   nb::handle alibi_slopes, nb::handle return_attn_probs,
                                   nb::handle sinks, nb::handle seqused_k) {
   if (!g_torch.tensor_type) return nb::none();
-  if (!alibi_slopes.is_none() || !sinks.is_none() || return_attn_probs.ptr() != Py_False) {
-    return nb::none();
-  }
-  double dropout = 0.0;
-  if (!read_number(dropout_p.ptr(), dropout) || dropout != 0.0) return nb::none();
   anyattn_fwd_params params;
   int64_t max_q = 0, max_k = 0;
-  if (!read_score_options(softmax_scale.ptr(), causal.ptr(), window_size.ptr(), softcap.ptr(),
-                          params) ||
-      !read_length(max_seqlen_q.ptr(), max_q) || !read_length(max_seqlen_k.ptr(), max_k)) {
-    return nb::none();
-  }
   anyattn_tensor tq{}, tk{}, tv{}, tcq{}, tck{}, tused{};
-  if (!describe_tensor(q.ptr(), 3, Elements::kFloat, tq) ||
-      !describe_tensor(k.ptr(), 3, Elements::kFloat, tk) ||
-      !describe_tensor(v.ptr(), 3, Elements::kFloat, tv) || tk.dtype != tq.dtype ||
-      tv.dtype != tq.dtype || !describe_tensor(cu_seqlens_q.ptr(), 1, Elements::kInt32, tcq) ||
+  if (!read_attention_options(dropout_p.ptr(), softmax_scale.ptr(), causal.ptr(),
+                              window_size.ptr(), softcap.ptr(), alibi_slopes.ptr(),
+                              return_attn_probs.ptr(), sinks.ptr(), params) ||
+      !read_length(max_seqlen_q.ptr(), max_q) || !read_length(max_seqlen_k.ptr(), max_k) ||
+      !describe_qkv(q, k, v, 3, tq, tk, tv) ||
+      !describe_tensor(cu_seqlens_q.ptr(), 1, Elements::kInt32, tcq) ||
       !describe_tensor(cu_seqlens_k.ptr(), 1, Elements::kInt32, tck) ||
-      (!seqused_k.is_none() && !describe_tensor(seqused_k.ptr(), 1, Elements::kInt32, tused)) ||
-      needs_autograd({q.ptr(), k.ptr(), v.ptr()})) {
+      (!seqused_k.is_none() && !describe_tensor(seqused_k.ptr(), 1, Elements::kInt32, tused))) {
     return nb::none();
   }
   anyattn_tensor tout{};

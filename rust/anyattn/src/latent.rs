@@ -51,12 +51,18 @@ fn leading_columns(
     Ok(t)
 }
 
-/// The cache descriptors of a latent call: `cache.k_new` holds the new latent rows, and the new
-/// values are their first `dv` columns, so `cache.v_new` must be `None`.
+/// The descriptors of a latent call over the latent rows `keys` (one cache's descriptor, for
+/// writing or for reading): the cache descriptors, with the cache's `descale` and `token_scale`
+/// as K's (V takes K's), and the values' descriptor, the rows' first `dv` columns.
+/// `cache.k_new` holds the new latent rows and the new values are their first `dv` columns, so
+/// `cache.v_new` must be `None`.
 fn latent_descriptors<T: Element>(
     cache: &KvCacheOptions<'_, T>,
     dv: usize,
-) -> Result<CacheDescriptors> {
+    keys: sys::anyattn_tensor,
+    descale: Option<&View<'_, f32>>,
+    token_scale: Option<sys::anyattn_tensor>,
+) -> Result<(CacheDescriptors, sys::anyattn_tensor)> {
     if cache.v_new.is_some() {
         return Err(Error::invalid(
             "cache.v_new: given with a shared latent cache, supported None (the new values are \
@@ -68,7 +74,9 @@ fn latent_descriptors<T: Element>(
     if let Some(k_new) = descriptors.k_new {
         descriptors.v_new = Some(leading_columns(k_new, dv, "cache.k_new")?);
     }
-    Ok(descriptors)
+    descriptors.scales.k_descale = descale.map(View::raw);
+    descriptors.scales.k_token_scale = token_scale;
+    Ok((descriptors, leading_columns(keys, dv, "latent")?))
 }
 
 /// [`crate::fwd_kvcache`] against a shared latent cache: q `(B, Sq, Hq, D)` attends to the
@@ -85,11 +93,10 @@ pub fn fwd_kvcache_latent<T: Element, S: Storage>(
     cache: &KvCacheOptions<'_, T>,
     opts: &FwdOptions<'_>,
 ) -> Result<()> {
-    let mut descriptors = latent_descriptors(cache, latent.dv)?;
     let keys = latent.latent.raw();
-    let values = leading_columns(keys, latent.dv, "latent")?;
-    descriptors.scales.k_descale = latent.descale.as_ref().map(View::raw);
-    descriptors.scales.k_token_scale = latent.token_scale.as_mut().map(ViewMut::raw);
+    let token_scale = latent.token_scale.as_mut().map(ViewMut::raw);
+    let (descriptors, values) =
+        latent_descriptors(cache, latent.dv, keys, latent.descale.as_ref(), token_scale)?;
     call_kvcache(q, keys, values, out, lse, descriptors, opts)
 }
 
@@ -108,10 +115,9 @@ pub fn fwd_kvcache_varlen_latent<T: Element, S: Storage>(
     cache: &KvCacheOptions<'_, T>,
     opts: &FwdOptions<'_>,
 ) -> Result<()> {
-    let mut descriptors = latent_descriptors(cache, latent.dv)?;
     let keys = latent.latent.raw_read();
-    let values = leading_columns(keys, latent.dv, "latent")?;
-    descriptors.scales.k_descale = latent.descale.as_ref().map(View::raw);
-    descriptors.scales.k_token_scale = latent.token_scale.as_ref().map(ViewMut::raw_read);
+    let token_scale = latent.token_scale.as_ref().map(ViewMut::raw_read);
+    let (descriptors, values) =
+        latent_descriptors(cache, latent.dv, keys, latent.descale.as_ref(), token_scale)?;
     call_kvcache_varlen(q, keys, values, out, lse, cu_seqlens_q, max_seqlen_q, descriptors, opts)
 }
