@@ -1,5 +1,7 @@
 #include "runtime/cpu_features.h"
 
+#include <cstring>
+
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #endif
@@ -40,6 +42,15 @@ bool detect_amx_bf16() {
 #else
   return false;
 #endif
+}
+
+// CPUID leaf 0's vendor string (EBX, EDX, ECX), as twelve characters.
+constexpr char kAmd[] = "AuthenticAMD";
+constexpr char kHygon[] = "HygonGenuine";
+bool vendor_is(const char (&vendor)[13]) {
+  unsigned eax = 0, regs[3] = {};
+  if (__get_cpuid(0, &eax, &regs[0], &regs[2], &regs[1]) == 0) return false;
+  return std::memcmp(regs, vendor, 12) == 0;
 }
 #endif
 
@@ -99,6 +110,7 @@ CpuFeatures detect() {
   f.avx512bf16 =
       f.avx512f && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 5)) != 0;
   f.amx_bf16 = f.avx512f && detect_amx_bf16();
+  f.fast_subnormal_operands = vendor_is(kAmd) || vendor_is(kHygon);
 #endif
 #if defined(__aarch64__) || defined(_M_ARM64)
   detect_arm(f);

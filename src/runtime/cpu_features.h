@@ -16,6 +16,10 @@ struct CpuFeatures {
   bool avx512bf16 = false;
   // AMX-TILE and AMX-BF16, with the tile state enabled by the OS and granted to this process.
   bool amx_bf16 = false;
+  // f32 arithmetic takes subnormal operands at full speed: AMD and Hygon cores. Intel cores take
+  // a microcode assist for each instruction with a subnormal input (unless MXCSR.DAZ is set), at
+  // the cost of a hundred cycles or more; other vendors are assumed to as well.
+  bool fast_subnormal_operands = false;
 
   // AArch64 Advanced SIMD: part of every AArch64 CPU, so true on every AArch64 build.
   bool neon = false;

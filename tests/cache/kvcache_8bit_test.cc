@@ -7,7 +7,8 @@
 // every ISA path the host runs with 1 and 2 threads. Every append also checks the cache bytes and
 // token scales it wrote against the reference's quantization, and that nothing else changed.
 // Then the hostile scales (0, subnormal, negative, inf, NaN, wrong shapes and dtypes) and the
-// errors, each checking that the cache and out were left untouched.
+// errors, each checking that the cache and out were left untouched. e4m3 cases run under both of
+// the direct decode loop's reads; linked against the library's objects, to reach that switch.
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -25,6 +26,7 @@
 #include "cache/cache_test_support.h"
 #include "common/kv8_convert.h"
 #include "common/test_support.h"
+#include "cpu/decode/e4m3_read.h"
 #include "reference/reference_cache.h"
 
 namespace anyattn {
@@ -278,7 +280,7 @@ struct Q8Problem {
 
 // Runs the case on path `isa` with `threads` threads against the reference: out and lse by the
 // 2x rule, the caches and token scales after the append exactly.
-::testing::AssertionResult run_and_check(Q8Problem* p, anyattn_isa isa, int threads) {
+::testing::AssertionResult run_and_check_once(Q8Problem* p, anyattn_isa isa, int threads) {
   const Q8Case& c = p->c;
   p->restore();
   p->params.isa = isa;
@@ -320,6 +322,22 @@ struct Q8Problem {
   }
   if (!r) r << where;
   return r;
+}
+
+// run_and_check_once, and for e4m3 caches once under each of the direct decode loop's reads (the
+// f32-bits read and the read through f16: cpu/decode/e4m3_read.h), whichever this CPU would take.
+::testing::AssertionResult run_and_check(Q8Problem* p, anyattn_isa isa, int threads) {
+  if (p->c.kv_dtype != ANYATTN_DTYPE_FP8_E4M3) return run_and_check_once(p, isa, threads);
+  for (cpu::E4m3ReadChoice read : {cpu::E4m3ReadChoice::kF32Bits, cpu::E4m3ReadChoice::kViaHalf}) {
+    cpu::set_e4m3_read_for_tests(read);
+    ::testing::AssertionResult r = run_and_check_once(p, isa, threads);
+    cpu::set_e4m3_read_for_tests(cpu::E4m3ReadChoice::kCpuDefault);
+    if (!r) {
+      return r << " e4m3 read "
+               << (read == cpu::E4m3ReadChoice::kF32Bits ? "as f32 bits" : "through f16");
+    }
+  }
+  return ::testing::AssertionSuccess();
 }
 
 // The case variations cycled through by case number n: layout, page size, Sq, append, rotary,

@@ -60,13 +60,18 @@ constexpr int64_t kRowElementBytes = kDtype == DType::kF32 ? 4 : is_kv8(kDtype) 
 //             so that the products are the unscaled ones, exactly.
 //   kViaHalf  Vec::load_fp8_e4m3_finite: the value times 2^-8, through an f16. For the P V of a
 //             block whose V factors are too large for the direct read's scale (a probability
-//             times both could overflow: KeyScales).
+//             times both could overflow: KeyScales); and for every read of a call on a CPU that
+//             is slow on f32 subnormal operands (e4m3_reads_as_f32_bits): there the direct
+//             read's subnormals, every code below 2^-6, cost a microcode assist per instruction.
 // Both give the format's NaN code a finite value (restored afterwards: restore_e4m3_nan_scores).
+// A call's key read (kKeyRead below) is one of the two; its V blocks read the same, or kViaHalf.
 enum class E4m3Read { kDirect, kViaHalf };
 template <E4m3Read kRead>
 constexpr int kE4m3LoadExponent = kRead == E4m3Read::kDirect ? Vec::kE4m3DirectExponent : 8;
-// Whether the path has two e4m3 reads (on the others kViaHalf would repeat kDirect).
-constexpr bool kE4m3TwoReads = kE4m3LoadExponent<E4m3Read::kDirect> !=
+// Whether a call whose key read is kKeyRead has a second read for its wide V blocks (on paths
+// whose kDirect is the f16 read, and for calls that read keys kViaHalf, it would repeat it).
+template <E4m3Read kKeyRead>
+constexpr bool kE4m3TwoReads = kE4m3LoadExponent<kKeyRead> !=
                                kE4m3LoadExponent<E4m3Read::kViaHalf>;
 
 // Vector `index / lanes` of a row of kDtype values, as f32 (an 8-bit cache: the stored values,
@@ -272,7 +277,7 @@ __attribute__((always_inline)) inline void fma_key_vectors(const float* q, int64
 // hints. Always inlined: as a call GCC 12 kept the accumulators in a stack array (zeroed, stored
 // and copied on every call), which slowed the loop markedly (measured: bench/MEASUREMENTS.md,
 // "Design constants").
-template <DType kDtype, int R, int G, bool kFarInMemoryOrder>
+template <DType kDtype, E4m3Read kRead, int R, int G, bool kFarInMemoryOrder>
 __attribute__((always_inline)) inline void direct_key_group(
     const float* q, int64_t ldq, const void* const* k_rows, int64_t head_dim, Vec* partial,
     int64_t first, const PassPrefetcher* prefetch, int64_t pass_key, E4m3NanProbe* nan_probe) {
@@ -310,7 +315,7 @@ __attribute__((always_inline)) inline void direct_key_group(
   };
   auto plain_step = [&](int64_t c) __attribute__((always_inline)) {
     Vec key[G];
-    for (int g = 0; g < G; ++g) key[g] = load_converted<kDtype>(k_rows[g], c);
+    for (int g = 0; g < G; ++g) key[g] = load_converted<kDtype, kRead>(k_rows[g], c);
     fma_key_vectors<kDtype, R, G>(q + c, ldq, key, acc);
   };
   // Whole 64-byte lines of the rows first, each line's hints and then its steps, so that the
@@ -358,7 +363,9 @@ __attribute__((always_inline)) inline void direct_key_group(
   if (c < head_dim) {
     if (c * kElementBytes % 64 == 0) prefetch_lines(c);
     Vec key[G];
-    for (int g = 0; g < G; ++g) key[g] = load_converted_tail<kDtype>(k_rows[g], c, head_dim);
+    for (int g = 0; g < G; ++g) {
+      key[g] = load_converted_tail<kDtype, kRead>(k_rows[g], c, head_dim);
+    }
     fma_key_vectors<kDtype, R, G>(q + c, ldq, key, acc);
   }
   for (int r = 0; r < R; ++r) {
@@ -369,7 +376,7 @@ __attribute__((always_inline)) inline void direct_key_group(
 // s[r][j] = q_r . k_j for R query rows (stride ldq, zero from D to ldq) and the kDirectChunkKeys
 // keys of one pass, kDirectKeyGroup keys at a time; keys past `keys` score 0 (the mask hides
 // them). s: row r at s + r * kKeyBlock.
-template <DType kDtype, int R, bool kFarInMemoryOrder>
+template <DType kDtype, E4m3Read kRead, int R, bool kFarInMemoryOrder>
 inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k_rows, int64_t keys,
                                int64_t head_dim, const PassPrefetcher* prefetch,
                                E4m3NanProbe* nan_probe, float* s) {
@@ -380,13 +387,13 @@ inline void direct_score_chunk(const float* q, int64_t ldq, const void* const* k
       const int64_t j = sub + first;
       const int64_t present = std::clamp<int64_t>(keys - j, 0, kDirectKeyGroup);
       if (present == kDirectKeyGroup) {
-        direct_key_group<kDtype, R, kDirectKeyGroup, kFarInMemoryOrder>(
+        direct_key_group<kDtype, kRead, R, kDirectKeyGroup, kFarInMemoryOrder>(
             q, ldq, k_rows + j, head_dim, partial, first, prefetch, j, nan_probe);
         continue;
       }
       for (int64_t g = 0; g < kDirectKeyGroup; ++g) {
         if (g < present) {
-          direct_key_group<kDtype, R, 1, kFarInMemoryOrder>(
+          direct_key_group<kDtype, kRead, R, 1, kFarInMemoryOrder>(
               q, ldq, k_rows + j + g, head_dim, partial, first + g, prefetch, j + g, nan_probe);
         } else {
           for (int r = 0; r < R; ++r) partial[r * kLanes + first + g] = Vec::zero();
@@ -519,8 +526,9 @@ __attribute__((always_inline)) inline void for_each_row_tile(int64_t rows,
 }
 
 // One pass of scores (the chunk's `keys` keys at k_rows) for `rows` query rows in tiles of
-// kDirectTileRows; the first tile issues the prefetches (for_each_row_tile).
-template <DType kDtype>
+// kDirectTileRows; the first tile issues the prefetches (for_each_row_tile). kRead: how e4m3 rows
+// are read (E4m3Read).
+template <DType kDtype, E4m3Read kRead>
 inline void direct_scores(const float* q, int64_t ldq, int64_t rows, const void* const* k_rows,
                           int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch,
                           E4m3NanProbe* nan_probe, float* s) {
@@ -528,7 +536,8 @@ inline void direct_scores(const float* q, int64_t ldq, int64_t rows, const void*
       rows, prefetch,
       [&](int64_t r, auto tile_rows, auto in_memory_order,
           const PassPrefetcher* tile_prefetch) __attribute__((always_inline)) {
-        direct_score_chunk<kDtype, decltype(tile_rows)::value, decltype(in_memory_order)::value>(
+        direct_score_chunk<kDtype, kRead, decltype(tile_rows)::value,
+                           decltype(in_memory_order)::value>(
             q + r * ldq, ldq, k_rows, keys, head_dim, tile_prefetch, r == 0 ? nan_probe : nullptr,
             s + r * kKeyBlock);
       });
@@ -601,12 +610,14 @@ inline void pass_rows(const BlockStream& stream, int64_t c, int64_t h, const voi
 // token scale holds.
 //
 // e4m3's V load scale. Probabilities reach 2^8 (the online softmax's stale max, kStaleMaxHeadroom),
-// so p * factor * 2^E (E = kE4m3DirectExponent) could overflow. Each kv head h of the task
-// therefore takes the load scale 2^s_h for the direct read, s_h = min(E, 119 - ilogb(descale))
-// (direct_v_exponent: E for descales below 1), and holds its O in units of 2^(E - s_h)
-// (rescaled at the end: unscale_e4m3_outputs); a block whose factors (token scales included)
-// reach 2^(120 - s_h) reads V through f16 (kViaHalf), load scale 2^(8 - (E - s_h)). Both choices
-// depend on the kv head and the block only, never on how tasks are split.
+// so p * factor * 2^E (E = the exponent of the call's key read kKeyRead, kE4m3LoadExponent) could
+// overflow. Each kv head h of the task therefore takes the load scale 2^s_h for the key read,
+// s_h = min(E, 119 - ilogb(descale)) (direct_v_exponent: E for descales below 1), and holds its O
+// in units of 2^(E - s_h) (rescaled at the end: unscale_e4m3_outputs); a block whose factors
+// (token scales included) reach 2^(120 - s_h) reads V through f16 (kViaHalf), load scale
+// 2^(8 - (E - s_h)), which for E = 8 is the key read's own. Both choices depend on the kv head and
+// the block only, never on how tasks are split.
+template <E4m3Read kKeyRead>
 struct KeyScales {
   const FwdArgs& args;
   const SeqInfo& seq;
@@ -614,7 +625,7 @@ struct KeyScales {
 
   // s_h for kv head head_k + h (above), for an e4m3 cache.
   int direct_v_exponent(int64_t h) const {
-    constexpr int kExponent = kE4m3LoadExponent<E4m3Read::kDirect>;
+    constexpr int kExponent = kE4m3LoadExponent<kKeyRead>;
     const float descale = args.v_descale_of(seq.batch, head_k + h);  // finite, >= 0
     if (!(descale > 0.f)) return kExponent;
     return std::clamp(119 - std::ilogb(descale), -7, kExponent);
@@ -655,21 +666,21 @@ struct KeyScales {
 
   // p[r][0 .. keys) *= the V factors of the block's keys times the load scale of the E4m3Read it
   // returns, where p is not 0 (probabilities are 0 or normal numbers: vec_math's exp2 gives no
-  // subnormal), a vector at a time. e4m3 blocks of kv head h (direct exponent s_h) read kDirect
+  // subnormal), a vector at a time. e4m3 blocks of kv head h (direct exponent s_h) read kKeyRead
   // unless a factor reaches 2^(120 - s_h) (infinity included): those read kViaHalf.
   E4m3Read scale_probabilities(const BlockRows& rows, int64_t keys, int64_t h, int64_t rows_count,
                                int direct_exponent, float* p) const {
     alignas(64) float factors[kKeyBlock];
     fill_factors(rows, 0, keys, h, KvStream::kV, factors);
-    E4m3Read read = E4m3Read::kDirect;
+    E4m3Read read = kKeyRead;
     float load_scale = 1.f;
     if (args.kv_dtype == DType::kFp8E4M3) {
       const float direct_limit = std::ldexp(1.f, 120 - direct_exponent);
       bool wide = false;
       for (int64_t j = 0; j < keys; ++j) wide |= factors[j] >= direct_limit;
-      read = wide && kE4m3TwoReads ? E4m3Read::kViaHalf : E4m3Read::kDirect;
-      const int units = kE4m3LoadExponent<E4m3Read::kDirect> - direct_exponent;
-      load_scale = read == E4m3Read::kDirect
+      read = wide && kE4m3TwoReads<kKeyRead> ? E4m3Read::kViaHalf : kKeyRead;
+      const int units = kE4m3LoadExponent<kKeyRead> - direct_exponent;
+      load_scale = read == kKeyRead
                        ? std::ldexp(1.f, direct_exponent)
                        : std::ldexp(1.f, kE4m3LoadExponent<E4m3Read::kViaHalf> - units);
     }
@@ -689,10 +700,12 @@ struct KeyScales {
   }
 };
 
-// o[r][0 .. dv_pad) *= 2^(E - direct_exponent) for `count` rows (stride dv_pad): an e4m3 kv
-// head's O back from the units of its direct exponent (KeyScales), exactly.
+// o[r][0 .. dv_pad) *= 2^(E - direct_exponent) for `count` rows (stride dv_pad), E the exponent
+// of the key read: an e4m3 kv head's O back from the units of its direct exponent (KeyScales),
+// exactly.
+template <E4m3Read kKeyRead>
 inline void unscale_e4m3_outputs(int direct_exponent, int64_t count, float* o, int64_t dv_pad) {
-  const int units = kE4m3LoadExponent<E4m3Read::kDirect> - direct_exponent;  // 0 .. 127
+  const int units = kE4m3LoadExponent<kKeyRead> - direct_exponent;  // 0 .. 127
   if (units == 0) return;
   const Vec scale = Vec::broadcast(std::ldexp(1.f, units));
   for (int64_t r = 0; r < count; ++r) {
@@ -702,16 +715,18 @@ inline void unscale_e4m3_outputs(int direct_exponent, int64_t count, float* o, i
   }
 }
 
-// For e4m3 caches read kDirect (values times 2^-E, E = kE4m3DirectExponent): scales query row r
-// (`count` rows of head_dim from q, stride ldq) by 2^a_r, a_r = E unless the row holds a finite
-// |q| of 2^(128 - E) or more, then the largest a that keeps it finite (127 - ilogb(max |q|)).
+// For e4m3 caches whose keys are read kKeyRead (values times 2^-E, E = kE4m3LoadExponent): scales
+// query row r (`count` rows of head_dim from q, stride ldq) by 2^a_r, a_r = E unless the row holds
+// a finite |q| of 2^(128 - E) or more, then the largest a that keeps it finite
+// (127 - ilogb(max |q|)).
 // Each product q_d 2^a_r * k_d 2^-E is then exactly q_d k_d 2^(a_r - E): the unscaled product
 // where a_r = E, and it underflows no sooner than an f32 product of the unscaled values would,
 // but for rows with |q| >= 2^(128 - E) (whose products below 2^(E - a_r - 126) lose bits).
 // query_unscale[r] = 2^(E - a_r) brings those rows' scores back (KeyScales::scale_scores).
 // ldq is a multiple of the lanes, and the rows are zero from head_dim to ldq.
+template <E4m3Read kKeyRead>
 inline void scale_e4m3_queries(float* q, int64_t ldq, int64_t count, float* query_unscale) {
-  constexpr int kExponent = kE4m3LoadExponent<E4m3Read::kDirect>;
+  constexpr int kExponent = kE4m3LoadExponent<kKeyRead>;
   constexpr float kInfinity = std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < count; ++r) {
     float* row = q + r * ldq;
@@ -735,7 +750,7 @@ inline void scale_e4m3_queries(float* q, int64_t ldq, int64_t count, float* quer
 // CPU has the instruction) bf16. Either way the softmax applies softmax_scale as it reads the
 // scores. For e4m3 caches the rows are scaled to the direct read (scale_e4m3_queries);
 // query_unscale[r] is 1 for the other caches.
-template <DType kDtype>
+template <DType kDtype, E4m3Read kKeyRead>
 void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                          const TaskRows& rows, const Scratch& scratch, bool* dot_head,
                          float* query_unscale) {
@@ -752,7 +767,7 @@ void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const 
   }
 #endif
   if constexpr (kDtype == DType::kFp8E4M3) {
-    scale_e4m3_queries(scratch.q, layout.q_stride, rows.count, query_unscale);
+    scale_e4m3_queries<kKeyRead>(scratch.q, layout.q_stride, rows.count, query_unscale);
   } else {
     for (int64_t r = 0; r < rows.count; ++r) query_unscale[r] = 1.f;
   }
@@ -807,7 +822,8 @@ void boundary_pv_tile(const Mask& mask, const TaskRows& rows, int64_t row0, int6
   }
 }
 
-template <DType kDtype>
+// kKeyRead: how an e4m3 cache's K rows are read (E4m3Read; kDirect for the other dtypes).
+template <DType kDtype, E4m3Read kKeyRead>
 void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                          const Scratch& scratch) {
   const TaskRows rows = task_rows(task);
@@ -821,12 +837,13 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const int64_t rows_per_kv = rows.count / heads;
   bool dot_head[kMaxQBlockRows] = {};
   float query_unscale[kMaxQBlockRows];
-  load_direct_queries<kDtype>(args, layout, task, rows, scratch, dot_head, query_unscale);
+  load_direct_queries<kDtype, kKeyRead>(args, layout, task, rows, scratch, dot_head,
+                                        query_unscale);
   reset_rows(layout, rows, scratch);
 
   const KeyRange blocks = task_blocks(mask, task);
   const int64_t heads_per_kv = task.heads / heads;
-  const KeyScales key_scales{args, seq, head_k};
+  const KeyScales<kKeyRead> key_scales{args, seq, head_k};
   int v_exponent[kMaxQBlockRows];  // per kv head of the task: KeyScales::direct_v_exponent
   for (int64_t h = 0; h < heads; ++h) {
     v_exponent[h] = kDtype == DType::kFp8E4M3 ? key_scales.direct_v_exponent(h) : 0;
@@ -889,9 +906,9 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
         }
 #endif
         E4m3NanProbe nan_probe;
-        direct_scores<kDtype>(scratch.q + h * rows_per_kv * layout.q_stride, layout.q_stride,
-                              rows_per_kv, k_rows, present, args.head_dim, &prefetch, &nan_probe,
-                              s);
+        direct_scores<kDtype, kKeyRead>(scratch.q + h * rows_per_kv * layout.q_stride,
+                                        layout.q_stride, rows_per_kv, k_rows, present,
+                                        args.head_dim, &prefetch, &nan_probe, s);
         if constexpr (kDtype == DType::kFp8E4M3) {
           if (nan_probe.found()) {
             restore_e4m3_nan_scores(k_rows, present, args.head_dim, rows_per_kv, s);
@@ -915,22 +932,22 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
                               crosses_boundary, head_rows, j0, keys, scratch.s + r0 * kKeyBlock,
                               scratch.m + r0, scratch.l + r0 * kRowSumSlots,
                               scratch.o + r0 * dv_pad, dv_pad);
-      v_read[h] = E4m3Read::kDirect;
+      v_read[h] = kKeyRead;
       if constexpr (is_kv8(kDtype)) {
         v_read[h] = key_scales.scale_probabilities(this_block, keys, h, rows_per_kv,
                                                    v_exponent[h], scratch.s + r0 * kKeyBlock);
       }
     }
     // body(std::integral_constant<E4m3Read, read>) for kv head h's read of V: the kViaHalf
-    // variants are compiled only for e4m3 on paths with two reads.
+    // variants of a kDirect key read are compiled only for e4m3 on paths with two reads.
     auto with_v_read = [&](int64_t h, auto&& body) __attribute__((always_inline)) {
-      if constexpr (kDtype == DType::kFp8E4M3 && kE4m3TwoReads) {
+      if constexpr (kDtype == DType::kFp8E4M3 && kE4m3TwoReads<kKeyRead>) {
         if (v_read[h] == E4m3Read::kViaHalf) {
           body(std::integral_constant<E4m3Read, E4m3Read::kViaHalf>{});
           return;
         }
       }
-      body(std::integral_constant<E4m3Read, E4m3Read::kDirect>{});
+      body(std::integral_constant<E4m3Read, kKeyRead>{});
     };
 
     // 3. O += P V.
@@ -977,8 +994,8 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
 
   if constexpr (kDtype == DType::kFp8E4M3) {
     for (int64_t h = 0; h < heads; ++h) {
-      unscale_e4m3_outputs(v_exponent[h], rows_per_kv, scratch.o + h * rows_per_kv * dv_pad,
-                           dv_pad);
+      unscale_e4m3_outputs<kKeyRead>(v_exponent[h], rows_per_kv,
+                                     scratch.o + h * rows_per_kv * dv_pad, dv_pad);
     }
   }
   for (int64_t r = 0; r < rows.count; ++r) {
@@ -991,26 +1008,30 @@ void attend_direct(const FwdArgs& args, const PackedLayout& layout, const Attend
                    const Scratch& scratch) {
   switch (args.kv_dtype) {  // q's dtype is read at run time (load_query_rows)
     case DType::kI8:
-      attend_direct_typed<DType::kI8>(args, layout, task, scratch);
+      attend_direct_typed<DType::kI8, E4m3Read::kDirect>(args, layout, task, scratch);
       break;
     case DType::kFp8E4M3: {
-      // The direct read's values may be f32 subnormals, which MXCSR.DAZ would read as 0.
+      // The f32-bits read's values may be f32 subnormals, which MXCSR.DAZ would read as 0.
       [[maybe_unused]] const SubnormalOperandsScope subnormal_operands;
-      attend_direct_typed<DType::kFp8E4M3>(args, layout, task, scratch);
+      if (e4m3_reads_as_f32_bits()) {
+        attend_direct_typed<DType::kFp8E4M3, E4m3Read::kDirect>(args, layout, task, scratch);
+      } else {
+        attend_direct_typed<DType::kFp8E4M3, E4m3Read::kViaHalf>(args, layout, task, scratch);
+      }
       break;
     }
     case DType::kFp8E5M2:
-      attend_direct_typed<DType::kFp8E5M2>(args, layout, task, scratch);
+      attend_direct_typed<DType::kFp8E5M2, E4m3Read::kDirect>(args, layout, task, scratch);
       break;
     case DType::kBF16:
-      attend_direct_typed<DType::kBF16>(args, layout, task, scratch);
+      attend_direct_typed<DType::kBF16, E4m3Read::kDirect>(args, layout, task, scratch);
       break;
     case DType::kF16:
-      attend_direct_typed<DType::kF16>(args, layout, task, scratch);
+      attend_direct_typed<DType::kF16, E4m3Read::kDirect>(args, layout, task, scratch);
       break;
     case DType::kF32:
     default:
-      attend_direct_typed<DType::kF32>(args, layout, task, scratch);
+      attend_direct_typed<DType::kF32, E4m3Read::kDirect>(args, layout, task, scratch);
       break;
   }
 }

@@ -49,6 +49,7 @@ void attend_direct(const FwdArgs& args, const PackedLayout& layout, const Attend
 // The direct decode loop's headers (decode/fwd_decode_kernel-inl.h).
 #include <type_traits>
 
+#include "cpu/decode/e4m3_read.h"
 #include "cpu/decode/fwd_decode_rows.h"
 #include "cpu/shared/float_env.h"
 #if defined(ANYATTN_DIRECT_BF16_DOT)
