@@ -110,7 +110,9 @@ CpuFeatures detect() {
   f.avx512bf16 =
       f.avx512f && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 5)) != 0;
   f.amx_bf16 = f.avx512f && detect_amx_bf16();
-  f.fast_subnormal_operands = vendor_is(kAmd) || vendor_is(kHygon);
+  const bool amd_design = vendor_is(kAmd) || vendor_is(kHygon);
+  f.fast_subnormal_operands = amd_design;
+  f.bf16_dot_outpaces_fma = amd_design;
 #endif
 #if defined(__aarch64__) || defined(_M_ARM64)
   detect_arm(f);

@@ -16,10 +16,19 @@ struct CpuFeatures {
   bool avx512bf16 = false;
   // AMX-TILE and AMX-BF16, with the tile state enabled by the OS and granted to this process.
   bool amx_bf16 = false;
-  // f32 arithmetic takes subnormal operands at full speed: AMD and Hygon cores. Intel cores take
-  // a microcode assist for each instruction with a subnormal input (unless MXCSR.DAZ is set), at
-  // the cost of a hundred cycles or more; other vendors are assumed to as well.
+  // Properties of the x86 core design that CPUID does not report, inferred from the vendor
+  // (measured: bench/MEASUREMENTS.md, "e4m3 keys as f32 subnormals on an Intel Xeon" and "bf16
+  // decode scores on an Intel Xeon"):
+  //   fast_subnormal_operands  f32 arithmetic takes subnormal operands at full speed: AMD and
+  //                            Hygon cores. Intel cores take a microcode assist for each
+  //                            instruction with a subnormal input (unless MXCSR.DAZ is set),
+  //                            a hundred cycles or more; other vendors are assumed to as well.
+  //   bf16_dot_outpaces_fma    VDPBF16PS issues at the rate of a 512-bit FMA, so bf16 products
+  //                            on it take half the instructions of widened f32 FMAs: AMD and
+  //                            Hygon cores. Intel cores issue 512-bit FMAs on two ports, and
+  //                            the widened FMAs ran faster there.
   bool fast_subnormal_operands = false;
+  bool bf16_dot_outpaces_fma = false;
 
   // AArch64 Advanced SIMD: part of every AArch64 CPU, so true on every AArch64 build.
   bool neon = false;

@@ -20,12 +20,12 @@ namespace anyattn {
 namespace testing {
 namespace {
 
-// Restores the defaults (dot-product scores on where the CPU has them, the default thread count)
+// Restores the defaults (dot-product scores where the CPU takes them, the default thread count)
 // after each test.
 class FwdDecodeBf16Dot : public ::testing::Test {
  protected:
   void TearDown() override {
-    cpu::set_bf16_dot_scores_enabled(true);
+    cpu::set_bf16_dot_scores_for_tests(cpu::Bf16DotScores::kCpuDefault);
     anyattn_set_num_threads(0);
   }
 };
@@ -75,7 +75,7 @@ TEST_F(FwdDecodeBf16Dot, BothScorePathsMatchReferenceAndEachOther) {
   if (!has_isa_path(kDotIsa)) {
     GTEST_SKIP() << "no " << anyattn_isa_name(kDotIsa) << " path on this CPU";
   }
-  cpu::set_bf16_dot_scores_enabled(true);
+  cpu::set_bf16_dot_scores_for_tests(cpu::Bf16DotScores::kWhereAvailable);
   if (!cpu::bf16_dot_scores_available()) GTEST_SKIP() << "no bf16 dot products on this CPU";
   int failures = 0;
   const std::vector<Case> cases = dot_cases();
@@ -85,7 +85,8 @@ TEST_F(FwdDecodeBf16Dot, BothScorePathsMatchReferenceAndEachOther) {
     const reference::DenseOutputs naive = p.naive_same_dtype();
     std::vector<double> outs[2], lses[2];
     for (int dot = 1; dot >= 0; --dot) {
-      cpu::set_bf16_dot_scores_enabled(dot == 1);
+      cpu::set_bf16_dot_scores_for_tests(dot == 1 ? cpu::Bf16DotScores::kWhereAvailable
+                                                  : cpu::Bf16DotScores::kOff);
       p.reset_outputs();
       ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
       const ::testing::AssertionResult r = check_outputs(p, ref, naive);
@@ -123,6 +124,7 @@ TEST(FwdDecodeBf16DotQueries, UnfitElementsAreSubnormalOrAtLeast2To64) {
 // Each input here would lose its scores on the dot products (they flush subnormal inputs) while the
 // true scores are of order 1, so only the f32 FMA scores match the reference.
 TEST_F(FwdDecodeBf16Dot, InputsVdpbf16psWouldFlushTakeTheFmaScores) {
+  cpu::set_bf16_dot_scores_for_tests(cpu::Bf16DotScores::kWhereAvailable);
   for (const Bf16DotFlushCase& extreme : kBf16DotFlushCases) {
     for (anyattn_isa isa : supported_isas()) {
       Case c;
@@ -154,6 +156,7 @@ TEST_F(FwdDecodeBf16Dot, ScorePathPerKvHeadKeepsResultsIndependentOfThreads) {
   if (!has_isa_path(kDotIsa)) {
     GTEST_SKIP() << "no " << anyattn_isa_name(kDotIsa) << " path on this CPU";
   }
+  cpu::set_bf16_dot_scores_for_tests(cpu::Bf16DotScores::kWhereAvailable);
   Case c;
   c.Hq = 32;
   c.Hk = 8;

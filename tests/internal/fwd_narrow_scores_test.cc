@@ -26,7 +26,7 @@ namespace {
 class FwdNarrowScores : public ::testing::Test {
  protected:
   void TearDown() override {
-    cpu::set_bf16_dot_scores_enabled(true);
+    cpu::set_bf16_dot_scores_for_tests(cpu::Bf16DotScores::kCpuDefault);
     cpu::set_f16_fml_scores_enabled(true);
     anyattn_set_num_threads(0);
   }
@@ -35,7 +35,8 @@ class FwdNarrowScores : public ::testing::Test {
 // Turns the extension of `dtype` on or off and says whether it is available.
 bool set_narrow_scores(anyattn_dtype dtype, bool on) {
   if (dtype == ANYATTN_DTYPE_BF16) {
-    cpu::set_bf16_dot_scores_enabled(on);
+    cpu::set_bf16_dot_scores_for_tests(on ? cpu::Bf16DotScores::kWhereAvailable
+                                          : cpu::Bf16DotScores::kOff);
     return cpu::bf16_dot_scores_available();
   }
   cpu::set_f16_fml_scores_enabled(on);

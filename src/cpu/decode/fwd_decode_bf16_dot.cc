@@ -32,7 +32,7 @@
 namespace anyattn::cpu {
 namespace {
 
-std::atomic<bool> g_bf16_dot_enabled{true};
+std::atomic<Bf16DotScores> g_choice{Bf16DotScores::kCpuDefault};
 
 }  // namespace
 
@@ -40,16 +40,27 @@ bool bf16_dot_scores_available() {
   const runtime::CpuFeatures& features = runtime::cpu_features();
 #if defined(__x86_64__) || defined(_M_X64)
   const bool has_kernel = features.has_avx512_path() && features.avx512bf16;
+  const bool preferred = features.bf16_dot_outpaces_fma;
 #elif defined(ANYATTN_NEON_BF16_DOT)
   const bool has_kernel = features.has_neon_path() && features.bf16;
+  const bool preferred = true;
 #else
   const bool has_kernel = false;
+  const bool preferred = false;
 #endif
-  return has_kernel && g_bf16_dot_enabled.load(std::memory_order_relaxed);
+  switch (g_choice.load(std::memory_order_relaxed)) {
+    case Bf16DotScores::kWhereAvailable:
+      return has_kernel;
+    case Bf16DotScores::kOff:
+      return false;
+    case Bf16DotScores::kCpuDefault:
+    default:
+      return has_kernel && preferred;
+  }
 }
 
-void set_bf16_dot_scores_enabled(bool enabled) {
-  g_bf16_dot_enabled.store(enabled, std::memory_order_relaxed);
+void set_bf16_dot_scores_for_tests(Bf16DotScores choice) {
+  g_choice.store(choice, std::memory_order_relaxed);
 }
 
 }  // namespace anyattn::cpu

@@ -22,9 +22,10 @@
 
 namespace anyattn::cpu {
 
-// True when this CPU runs the dot products (the avx512 path plus AVX512_BF16 on x86-64; FEAT_BF16
-// on AArch64, where this build compiled the BFDOT kernel) and the tests have not turned the bf16
-// dot-product scores off.
+// True when bf16 scores run on the dot products: this CPU has them (the avx512 path plus
+// AVX512_BF16 on x86-64, where they are taken only on CPUs whose VDPBF16PS outpaces the FMAs,
+// runtime::CpuFeatures::bf16_dot_outpaces_fma; FEAT_BF16 on AArch64, where this build compiled
+// the BFDOT kernel), unless the tests chose otherwise (set_bf16_dot_scores_for_tests).
 bool bf16_dot_scores_available();
 
 // The largest softmax_scale the dot-product scores take (the exactness bound above).
@@ -39,11 +40,12 @@ inline bool call_takes_bf16_dot_scores(const FwdArgs& args) {
          bf16_dot_scores_available();
 }
 
-// For tests: runs bf16 scores (the direct loop's, and the neon path's packed forward's and
-// backward's) on the f32 FMA path even where the dot products exist (false), or on the dot
-// products where they exist (true, the default). Set it between calls: a call running while it
-// changes may score some kv heads each way.
-void set_bf16_dot_scores_enabled(bool enabled);
+// For tests: where bf16 scores (the direct loop's, and the neon path's packed forward's and
+// backward's) run: kCpuDefault as bf16_dot_scores_available says, kWhereAvailable on the dot
+// products wherever the CPU has them, kOff on the f32 FMAs. Set it between calls: a call running
+// while it changes may score some kv heads each way.
+enum class Bf16DotScores { kCpuDefault, kWhereAvailable, kOff };
+void set_bf16_dot_scores_for_tests(Bf16DotScores choice);
 
 // True when a bf16 query element (its bits) keeps its kv head (in the direct decode loop) or its
 // row (in the neon path's packed forward and backward) off the dot products: subnormal, or finite
