@@ -93,10 +93,15 @@ def _case_data(case, dtype):
 # and portable paths. End to end ("e2e"), the forward and the backward compute every score the
 # same way (fwd_kernel-inl.h, transform_scores), so P is normalised as the forward's was and the
 # cases sit at 0.5-0.8 of the bound, except sinks_fully_masked on portable (1.01x the bound, dq).
+# causal_sq_gt_sk (D 16) lands at 1.3x the bound in dk on the avx512 path, in both kinds (its
+# summation order differs from avx2's, where the case passes); over 30 random causal problems
+# (f32_accuracy_survey.py --dropout 0 --no-sinks --causal) both paths exceed 2x in 0-3 of 30 for
+# each gradient, so which fixed seed fails depends on the path.
 # The naive float32 error on these small problems is only a few ulps, so the rule is tight there;
 # bf16 and f16 pass everywhere. Marked xfail (not loosened, non-strict so a pass shows as XPASS)
 # until the library's f32 backward is tightened.
-_F32_OVER = {"bwd": {"sinks", "sinks_fully_masked"}, "e2e": {"sinks_fully_masked"}}
+_F32_OVER = {"bwd": {"sinks", "sinks_fully_masked", "causal_sq_gt_sk"},
+             "e2e": {"sinks_fully_masked", "causal_sq_gt_sk"}}
 
 
 def _params(kind):

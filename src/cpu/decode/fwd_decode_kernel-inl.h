@@ -18,8 +18,8 @@
 //      2 * lanes values), with q held in the same even/odd order. The
 //      accumulators of `lanes` consecutive keys are then reduced together by lane_sums, one
 //      vector of scores in about three instructions per score. bf16 calls on the avx512 path, on
-//      an AMD CPU with AVX512_BF16, score on VDPBF16PS instead, and on the neon path, on a CPU with
-//      FEAT_BF16, on BFDOT (fwd_decode_bf16_dot.h: raw bf16 q, no widening, half the
+//      an AMD or Hygon CPU with AVX512_BF16, score on VDPBF16PS instead, and on the neon path, on
+//      a CPU with FEAT_BF16, on BFDOT (fwd_decode_bf16_dot.h: raw bf16 q, no widening, half the
 //      instructions), except for kv heads whose q holds values that instruction would flush or
 //      lose (load_bf16_head_queries). q is never scaled: the softmax
 //      applies softmax_scale.
