@@ -26,13 +26,14 @@ constexpr int64_t kKeyBlock = 64;
 // Most query rows one task processes; the scratch buffers are sized for it. Dense q blocks of 128
 // and of 36 rows were no faster (bench/MEASUREMENTS.md, "Where the forward time goes").
 constexpr int64_t kMaxQBlockRows = 64;
-// Most query rows per kv head that an e5m2 cache takes direct, whatever the path's direct_rows
-// (isa_table.inc): the direct loop converts each K and V element again for every tile of 4 rows,
-// and an e5m2 element costs a widening and an F16C conversion, so past 12 rows packing each block
-// once is cheaper. e4m3, three integer instructions on the x86 paths, takes avx2's 20 (measured:
-// bench/MEASUREMENTS.md, "Design constants"); on the paths that read it through f16 (NEON,
-// portable) direct_rows is 12.
-constexpr int64_t kE5m2DirectRows = 12;
+// Most query rows per kv head that a cache the direct loop reads through f16 takes direct,
+// whatever the path's direct_rows (isa_table.inc): e5m2 always, e4m3 where the loop does not read
+// it as f32 bits (cpu/decode/e4m3_read.h: Intel CPUs, NEON, portable). The loop converts each K
+// and V element again for every tile of 4 rows, and such an element costs a widening and an F16C
+// conversion, so past 12 rows packing each block once is cheaper. e4m3 read as f32 bits, three
+// integer instructions, takes the path's 20 (measured: bench/MEASUREMENTS.md, "Design
+// constants").
+constexpr int64_t kF16ReadDirectRows = 12;
 // Keys of one pass of the direct loop's products: a chunk of a key block's keys for one kv head.
 // The loop runs the passes chunk by chunk and, within a chunk, kv head by kv head, so that it
 // reads the task's part of each key row (its kv heads lie side by side) within a short time.

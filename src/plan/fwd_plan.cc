@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cpu/decode/e4m3_read.h"
 #include "runtime/str_cat.h"
 
 namespace anyattn::plan {
@@ -33,8 +34,10 @@ int64_t choose_splits(const cpu::FwdArgs& args, int64_t units, int64_t num_key_b
 
 FwdPath fwd_path(const cpu::FwdArgs& args, int64_t seqlen_q, int64_t direct_rows) {
   const int64_t rows = args.group_size() * seqlen_q;
-  const bool e5m2 = args.kv_dtype == cpu::DType::kFp8E5M2;
-  if (rows <= (e5m2 ? std::min(direct_rows, cpu::kE5m2DirectRows) : direct_rows)) {
+  const bool read_through_f16 =
+      args.kv_dtype == cpu::DType::kFp8E5M2 ||
+      (args.kv_dtype == cpu::DType::kFp8E4M3 && !cpu::e4m3_reads_as_f32_bits());
+  if (rows <= (read_through_f16 ? std::min(direct_rows, cpu::kF16ReadDirectRows) : direct_rows)) {
     return FwdPath::kDirect;
   }
   return rows <= cpu::kMaxQBlockRows ? FwdPath::kStreaming : FwdPath::kPacked;

@@ -15,8 +15,9 @@
 namespace anyattn::plan {
 
 // How a sequence's query rows run, chosen by their count per kv head (group size x Sq):
-//   kDirect     at most direct_rows (the kernel's FwdKernel::direct_rows; at most kE5m2DirectRows
-//               for an e5m2 cache): one task per few kv heads reads K and V rows in place;
+//   kDirect     at most direct_rows (the kernel's FwdKernel::direct_rows; at most
+//               kF16ReadDirectRows for a cache read through f16): one task per few kv heads reads
+//               K and V rows in place;
 //   kStreaming  at most kMaxQBlockRows: one task per kv head packs each block into its scratch;
 //   kPacked     more: K and V are packed once per (sequence, kv head), shared by q-block tasks.
 enum class FwdPath { kDirect, kStreaming, kPacked };

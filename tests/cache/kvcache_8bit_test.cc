@@ -549,8 +549,8 @@ TEST(Kvcache8bit, E4m3DirectReadKeepsLargeQueriesAndScales) {
   Q8Problem mixed(long_case(Scales::kTokenDescale, 32));
   mixed.v_descale.set(0, 100.0);
   for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&mixed, isa, 2));
-  // 16 and 20 query rows per kv head (avx2 takes e4m3 direct up to 20): causal chunks of 4 and 5
-  // positions at GQA 4, one kv head's descale 300.
+  // 16 and 20 query rows per kv head (avx2 and avx512 take e4m3 read as f32 bits direct up to 20):
+  // causal chunks of 4 and 5 positions at GQA 4, one kv head's descale 300.
   for (int64_t sq : {4, 5}) {
     Q8Case c = long_case(Scales::kHead, 40 + sq);
     c.Sq = sq;

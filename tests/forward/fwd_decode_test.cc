@@ -1,9 +1,9 @@
 // The direct decode path (src/cpu/decode/fwd_decode_kernel-inl.h): calls with at most the path's
-// direct_rows query rows per kv head (GQA group x Sq; 12, 20 on avx2) read K and V in place
-// instead of packing them. Every ISA path, row counts 1..12, 14, 16 and 20 (which the kernel runs
-// as tiles of 4, 3, 2 and 1 rows; past 12 only avx2 takes them direct), head dims that are and are
-// not whole vectors, all dtypes, masks, score options and layouts, against the f64 reference by
-// the 2x rule; and the equality of the direct path's results across ISAs.
+// direct_rows query rows per kv head (GQA group x Sq; 12, 20 on avx2 and avx512) read K and V in
+// place instead of packing them. Every ISA path, row counts 1..12, 14, 16 and 20 (which the kernel
+// runs as tiles of 4, 3, 2 and 1 rows; past 12 only avx2 and avx512 take them direct), head dims
+// that are and are not whole vectors, all dtypes, masks, score options and layouts, against the
+// f64 reference by the 2x rule; and the equality of the direct path's results across ISAs.
 #include <gtest/gtest.h>
 
 #include <vector>

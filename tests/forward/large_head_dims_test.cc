@@ -24,7 +24,8 @@ const anyattn_dtype kDtypes[] = {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16, ANYATTN_D
 const int64_t kDims[][2] = {{576, 512}, {512, 512}, {575, 511}, {257, 33}, {320, 448}};
 
 // One case per forward path: rows per kv head (GQA group x Sq) decide direct (<= the path's
-// direct_rows: 12, 20 on avx2), streaming (<= 64) or packed; num_splits = 3 splits the key range.
+// direct_rows: 12, 20 on avx2 and avx512), streaming (<= 64) or packed; num_splits = 3 splits the
+// key range.
 struct PathShape {
   const char* path;
   int64_t B, Sq, Sk, Hq, Hk;

@@ -1,8 +1,8 @@
 // The direct decode block loop: attention for streaming tasks with at most the path's direct_rows
-// query rows per kv head (isa_table.inc: 12, 20 on avx2; decode: Sq = 1 or a few positions, times
-// the GQA group), reading K and V rows where they lie instead of packing them. Compiled once per
-// ISA, included by fwd_<isa>.cc right after fwd_kernel-inl.h, whose helpers (task set-up,
-// transforms, online softmax, dropout) it shares.
+// query rows per kv head (isa_table.inc: 12, 20 on avx2 and avx512; decode: Sq = 1 or a few
+// positions, times the GQA group), reading K and V rows where they lie instead of packing them.
+// Compiled once per ISA, included by fwd_<isa>.cc right after fwd_kernel-inl.h, whose helpers
+// (task set-up, transforms, online softmax, dropout) it shares.
 //
 // Design. With R <= direct_rows query rows per kv head every K/V element is used only R times, so
 // the packed path's conversion, transpose and copy of each block cost more than the products, and
