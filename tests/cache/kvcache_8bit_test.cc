@@ -563,8 +563,8 @@ TEST(Kvcache8bit, E4m3DirectReadKeepsLargeQueriesAndScales) {
 
 #if defined(__x86_64__) || defined(__i386__)
 // A caller that set MXCSR.DAZ (denormals are zero) gets e4m3 subnormal codes read as their values
-// all the same (the direct read makes them f32 subnormals; the loop clears DAZ while it runs), and
-// gets DAZ back set.
+// all the same (the f32-bits read makes them f32 subnormals, and the loop clears DAZ while it runs;
+// the read through f16 makes them normal f32 values), and gets DAZ back set.
 TEST(Kvcache8bit, E4m3SubnormalCodesReadUnderCallersDenormalsAreZero) {
   constexpr unsigned kDenormalsAreZero = 1u << 6;
   for (int64_t sq : {1, 3}) {

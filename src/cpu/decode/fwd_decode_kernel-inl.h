@@ -1010,16 +1010,16 @@ void attend_direct(const FwdArgs& args, const PackedLayout& layout, const Attend
     case DType::kI8:
       attend_direct_typed<DType::kI8, E4m3Read::kDirect>(args, layout, task, scratch);
       break;
-    case DType::kFp8E4M3: {
-      // The f32-bits read's values may be f32 subnormals, which MXCSR.DAZ would read as 0.
-      [[maybe_unused]] const SubnormalOperandsScope subnormal_operands;
+    case DType::kFp8E4M3:
       if (e4m3_reads_as_f32_bits()) {
+        // The f32-bits read's values may be f32 subnormals, which MXCSR.DAZ would read as 0 (the
+        // read through f16 gives only normal values).
+        [[maybe_unused]] const SubnormalOperandsScope subnormal_operands;
         attend_direct_typed<DType::kFp8E4M3, E4m3Read::kDirect>(args, layout, task, scratch);
       } else {
         attend_direct_typed<DType::kFp8E4M3, E4m3Read::kViaHalf>(args, layout, task, scratch);
       }
       break;
-    }
     case DType::kFp8E5M2:
       attend_direct_typed<DType::kFp8E5M2, E4m3Read::kDirect>(args, layout, task, scratch);
       break;
