@@ -46,6 +46,7 @@ class AnyattnFwdParams(ctypes.Structure):
         ("dropout_offset", ctypes.c_uint64),
         ("num_splits", ctypes.c_int32),
         ("isa", ctypes.c_int32),
+        ("bwd_own_forward", ctypes.c_int32),
     ]
 
 

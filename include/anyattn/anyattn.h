@@ -230,6 +230,14 @@ typedef struct anyattn_fwd_params {
   /* Instruction-set path; ANYATTN_ISA_AUTO (default) picks the fastest. Forcing a path the CPU
    * cannot run returns ANYATTN_E_UNSUPPORTED. */
   int32_t isa;
+  /* Backward only; the forward calls ignore it. Non-zero promises that the out and lse handed to
+   * anyattn_bwd or anyattn_bwd_varlen are this library's forward results for exactly these q, k,
+   * v and params, as an autograd function that saved them has them. In f32 the backward then
+   * normalises each query row whose visible keys lie in one block of 64 from that row's own
+   * scores, and takes its delta as sum_j P_ij dP_ij rather than <dout_i, out_i>: that removes the
+   * rounding of lse and out from those rows (docs/backward.md). 0 (the default) uses out and lse
+   * as handed over, whatever they are; ring attention, for one, hands over merged results. */
+  int32_t bwd_own_forward;
 } anyattn_fwd_params;
 
 /* Fills `params` with defaults (see the field comments) and sets struct_size. */

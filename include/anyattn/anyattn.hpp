@@ -454,6 +454,10 @@ struct FwdOptions {
   int num_splits = 0;
   // Forces an instruction-set path; one the CPU cannot run throws ANYATTN_E_UNSUPPORTED.
   Isa isa = Isa::kAuto;
+  // Backward only: the out and lse handed to bwd() are this library's forward results for these
+  // inputs and options, so that f32 rows of at most 64 keys may be normalised from their own
+  // scores (anyattn_fwd_params::bwd_own_forward). false uses out and lse as handed over.
+  bool bwd_own_forward = false;
 
   // The equivalent C parameters. Its alibi_slopes and sinks pointers point into this object, so
   // the result is valid only while this object lives unchanged.
@@ -479,6 +483,7 @@ struct FwdOptions {
     p.dropout_offset = dropout_offset;
     p.num_splits = num_splits;
     p.isa = static_cast<int32_t>(isa);
+    p.bwd_own_forward = bwd_own_forward ? 1 : 0;
     return p;
   }
 };

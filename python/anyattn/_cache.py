@@ -113,8 +113,11 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q:
 
 
 def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                    max_seqlen_q: int, max_seqlen_k: int, options: KernelOptions):
-    """anyattn_bwd_varlen on CPU torch tensors, with the forward's arguments and options.
+                    max_seqlen_q: int, max_seqlen_k: int, options: KernelOptions,
+                    own_forward: bool = False):
+    """anyattn_bwd_varlen on CPU torch tensors, with the forward's arguments and options;
+    ``own_forward``: out and lse are this library's forward results for these inputs
+    (anyattn_fwd_params::bwd_own_forward).
 
     Returns (dq, dk, dv in q's dtype, shaped like q, k, v, zero in rows outside every sequence
     and, for dk/dv, keys beyond seqused_k; dsinks f32 (Hq,), or (0,) without sinks).
@@ -132,7 +135,8 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused
                      specs(dq, code), specs(dk, code), specs(dv, code),
                      None if sinks is None else specs(dsinks, _core.DTYPE_F32),
                      specs.i32(cu_seqlens_q), specs.i32(cu_seqlens_k), specs.i32(seqused_k),
-                     int(max_seqlen_q), int(max_seqlen_k), binding_options(options, specs.f32))
+                     int(max_seqlen_q), int(max_seqlen_k),
+                     binding_options(options, specs.f32, own_forward=own_forward))
     return dq, dk, dv, dsinks
 
 

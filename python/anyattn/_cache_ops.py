@@ -44,8 +44,8 @@ _LIB.define(
     "bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
     "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, "
     "int max_seqlen_k, float softmax_scale, float softcap, bool causal, int window_left, "
-    "int window_right, Tensor? alibi_slopes, Tensor? sinks, float dropout_p, Tensor? rng_state) "
-    "-> (Tensor, Tensor, Tensor, Tensor)"
+    "int window_right, Tensor? alibi_slopes, Tensor? sinks, float dropout_p, Tensor? rng_state, "
+    "bool own_forward=False) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 _LIB.define(
     "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, "
@@ -83,7 +83,7 @@ def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, m
 
 def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                      max_seqlen_q, max_seqlen_k, softmax_scale, softcap, causal, window_left,
-                     window_right, alibi_slopes, sinks, dropout_p, rng_state):
+                     window_right, alibi_slopes, sinks, dropout_p, rng_state, own_forward=False):
     """dq, dk, dv shaped like q, k, v in q's dtype; dsinks float32 (Hq,) or (0,)."""
     n_sinks = 0 if sinks is None else sinks.shape[0]
     return (q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape),
@@ -134,8 +134,11 @@ def _varlen_cpu(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, *options):
 
 
 def _bwd_varlen_cpu(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, *options):
+    """options: the 7 score arguments, dropout_p, rng_state, then own_forward unless the
+    dispatcher dropped it as a trailing default."""
     return varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k,
-                           KernelOptions(*options))
+                           KernelOptions(*options[:9]),
+                           own_forward=len(options) > 9 and bool(options[9]))
 
 
 def _scales(scale_args):
@@ -184,12 +187,13 @@ def _varlen_setup_context(ctx, inputs, output) -> None:
 
 
 def _varlen_backward(ctx, dout, dlse):
-    """Gradients for fwd_varlen's inputs: q, k, v and sinks; None for the rest."""
+    """Gradients for fwd_varlen's inputs: q, k, v and sinks; None for the rest. out and lse are
+    that forward's, so the backward runs with own_forward."""
     q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi_slopes, sinks, rng_state = ctx.saved_tensors
     max_q, max_k, scale, softcap, causal, wl, wr, dropout_p = ctx.scalars
     dq, dk, dv, dsinks = torch.ops.anyattn.bwd_varlen(
         dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, scale, softcap, causal, wl,
-        wr, alibi_slopes, sinks, dropout_p, rng_state)
+        wr, alibi_slopes, sinks, dropout_p, rng_state, own_forward=True)
     return (dq, dk, dv) + (None,) * 11 + (None if sinks is None else dsinks, None, None)
 
 

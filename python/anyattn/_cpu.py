@@ -80,13 +80,14 @@ def _dense_forward(q, k, v, out, lse, code: int, options: KernelOptions, spec_of
 
 
 def torch_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
-                   options: KernelOptions) -> Tuple[Any, Any, Any, Any]:
+                   options: KernelOptions, own_forward: bool = False) -> Tuple[Any, Any, Any, Any]:
     """Dense backward on CPU torch tensors: the body of the ``anyattn::bwd`` op.
 
-    ``options`` must be the forward's (its rng_state included). Returns contiguous (dq in q's
-    shape, dk in k's, dv in v's, all in q's dtype; dsinks float32 (Hq,), or an empty (0,) tensor
-    when there are no sinks). Views of any stride are read in place; only a non-unit
-    last-dimension stride (e.g. an expanded dout) is copied.
+    ``options`` must be the forward's (its rng_state included); ``own_forward``: out and lse are
+    this library's forward results for these inputs (anyattn_fwd_params::bwd_own_forward).
+    Returns contiguous (dq in q's shape, dk in k's, dv in v's, all in q's dtype; dsinks float32
+    (Hq,), or an empty (0,) tensor when there are no sinks). Views of any stride are read in
+    place; only a non-unit last-dimension stride (e.g. an expanded dout) is copied.
     """
     torch = torch_module()
     code = torch_dtype_code(q.dtype)
@@ -111,5 +112,5 @@ def torch_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
               spec(out, code), spec(lse, f32), spec(dq, code), spec(dk, code), spec(dv, code),
               None if sinks is None else spec(dsinks, f32),
               binding_options(options, lambda x: spec(
-                  None if x is None else x.to(torch.float32), f32)))
+                  None if x is None else x.to(torch.float32), f32), own_forward=own_forward))
     return dq, dk, dv, dsinks

@@ -73,11 +73,14 @@ def seed_offset(rng_state: Optional[Any]) -> Tuple[int, int]:
 
 
 def binding_options(options: KernelOptions, f32_spec: Callable[[Any], Any],
-                    num_splits: int = 0) -> Tuple:
+                    num_splits: int = 0, own_forward: bool = False) -> Tuple:
     """The tuple every ``_core`` attention function takes as ``options``, which the binding turns
     into anyattn_fwd_params (python/src/core_module.cc, ScoreParams): the per-head tensors become
-    specs through ``f32_spec`` (which keeps them alive), rng_state becomes (seed, offset)."""
+    specs through ``f32_spec`` (which keeps them alive), rng_state becomes (seed, offset).
+    ``own_forward`` (backward only): out and lse are this library's forward results for the same
+    inputs (anyattn_fwd_params::bwd_own_forward)."""
     seed, offset = seed_offset(options.rng_state)
     return (float(options.softmax_scale), float(options.softcap), bool(options.causal),
             int(options.window_left), int(options.window_right), f32_spec(options.alibi_slopes),
-            f32_spec(options.sinks), int(num_splits), float(options.dropout_p), seed, offset)
+            f32_spec(options.sinks), int(num_splits), float(options.dropout_p), seed, offset,
+            bool(own_forward))

@@ -2,8 +2,12 @@
 the autograd formula that ties them together, without compiling against libtorch.
 
     anyattn::fwd(q, k, v, ..., dropout_p, rng_state) -> (out (B, Sq, Hq, Dv), lse (B, Hq, Sq))
-    anyattn::bwd(dout, q, k, v, out, lse, ..., dropout_p, rng_state)
+    anyattn::bwd(dout, q, k, v, out, lse, ..., dropout_p, rng_state, own_forward=False)
         -> (dq, dk, dv, dsinks)     dsinks is float32 (Hq,), or (0,) when there are no sinks
+
+own_forward=True states that out and lse are this library's forward results for the same inputs
+(anyattn_fwd_params::bwd_own_forward in anyattn.h): the autograd formula below passes it; the
+flash-attn backward functions do not, since ring attention hands them merged results.
 
 The ops are defined with ``torch.library.Library`` (schema + CPU kernel + fake kernel) rather than
 ``torch.library.custom_op``: the latter wraps every call in Python-level dispatch layers that cost
@@ -38,7 +42,8 @@ SCHEMA = (
 )
 BWD_SCHEMA = (
     f"bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_SCORE_ARGS}, "
-    "float dropout_p, Tensor? rng_state) -> (Tensor, Tensor, Tensor, Tensor)"
+    "float dropout_p, Tensor? rng_state, bool own_forward=False) "
+    "-> (Tensor, Tensor, Tensor, Tensor)"
 )
 
 _LIB = torch.library.Library("anyattn", "DEF")
@@ -66,9 +71,12 @@ def _fwd_cpu(
                                                 rng_state))
 
 
-def _bwd_cpu(dout, q, k, v, out, lse, *score_and_dropout):
-    """CPU kernel of anyattn::bwd: runs the C library (see anyattn._cpu.torch_backward)."""
-    return torch_backward(dout, q, k, v, out, lse, KernelOptions(*score_and_dropout))
+def _bwd_cpu(dout, q, k, v, out, lse, *options):
+    """CPU kernel of anyattn::bwd: runs the C library (see anyattn._cpu.torch_backward). options:
+    the 7 score arguments, dropout_p, rng_state, then own_forward unless the dispatcher dropped
+    it as a trailing default."""
+    return torch_backward(dout, q, k, v, out, lse, KernelOptions(*options[:9]),
+                          own_forward=len(options) > 9 and bool(options[9]))
 
 
 def _fwd_fake(
@@ -93,7 +101,7 @@ def _fwd_fake(
 
 
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, softcap, causal, window_left, window_right,
-              alibi_slopes, sinks, dropout_p, rng_state):
+              alibi_slopes, sinks, dropout_p, rng_state, own_forward=False):
     """Fake (meta) kernel: contiguous dq, dk, dv shaped like q, k, v in q's dtype; dsinks f32."""
     n_sinks = 0 if sinks is None else sinks.shape[0]
     return (q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape),
@@ -116,12 +124,13 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, dout, dlse):
-    """Gradients for (q, k, v, ..., sinks, ...): anyattn::bwd with the forward's arguments."""
+    """Gradients for (q, k, v, ..., sinks, ...): anyattn::bwd with the forward's arguments, and
+    own_forward, since out and lse are that forward's."""
     q, k, v, out, lse, alibi_slopes, sinks, rng_state = ctx.saved_tensors
     scale, softcap, causal, wl, wr, dropout_p = ctx.scalars
     dq, dk, dv, dsinks = torch.ops.anyattn.bwd(
         dout, q, k, v, out, lse, scale, softcap, causal, wl, wr, alibi_slopes, sinks, dropout_p,
-        rng_state,
+        rng_state, own_forward=True,
     )
     return (dq, dk, dv, None, None, None, None, None, None,
             None if sinks is None else dsinks, None, None)

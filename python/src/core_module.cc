@@ -145,8 +145,8 @@ class ScoreParams {
  public:
   explicit ScoreParams(nb::handle options) {
     const nb::tuple t = nb::borrow<nb::tuple>(options);
-    if (t.size() != 11) {
-      throw nb::value_error("options: expected the 11-tuple of anyattn._kernel_options");
+    if (t.size() != 12) {
+      throw nb::value_error("options: expected the 12-tuple of anyattn._kernel_options");
     }
     anyattn_fwd_params_init(&params_);
     params_.softmax_scale = nb::cast<float>(t[0]);
@@ -160,6 +160,7 @@ class ScoreParams {
     params_.dropout_p = nb::cast<float>(t[8]);
     params_.dropout_seed = nb::cast<uint64_t>(t[9]);
     params_.dropout_offset = nb::cast<uint64_t>(t[10]);
+    params_.bwd_own_forward = nb::cast<bool>(t[11]) ? 1 : 0;
   }
   ScoreParams(const ScoreParams&) = delete;
   ScoreParams& operator=(const ScoreParams&) = delete;

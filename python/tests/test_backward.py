@@ -87,34 +87,18 @@ def _case_data(case, dtype):
             tdtype)
 
 
-# In float32 these cases exceed flash-attn's 2x rule by a small factor. The backward recomputes P
-# as exp(s - lse): fed the exact out and an lse rounded to f32 ("bwd"), its scores are not the
-# ones that lse normalised, and sinks / sinks_fully_masked land just above the bound on the avx2
-# and portable paths. End to end ("e2e"), the forward and the backward compute every score the
-# same way (fwd_kernel-inl.h, transform_scores), so P is normalised as the forward's was and the
-# cases sit at 0.5-0.8 of the bound, except sinks_fully_masked on portable (1.01x the bound, dq).
-# causal_sq_gt_sk (D 16) lands at 1.3x the bound in dk on the avx512 path, in both kinds (its
-# summation order differs from avx2's, where the case passes); over 30 random causal problems
-# (f32_accuracy_survey.py --dropout 0 --no-sinks --causal) both paths exceed 2x in 0-3 of 30 for
-# each gradient, so which fixed seed fails depends on the path.
-# The naive float32 error on these small problems is only a few ulps, so the rule is tight there;
-# bf16 and f16 pass everywhere. Marked xfail (not loosened, non-strict so a pass shows as XPASS)
-# until the library's f32 backward is tightened.
-_F32_OVER = {"bwd": {"sinks", "sinks_fully_masked", "causal_sq_gt_sk"},
-             "e2e": {"sinks_fully_masked", "causal_sq_gt_sk"}}
+# In float32 the naive error on these small problems is only a few ulps, so the 2x rule is tight.
+# Both kinds below run the backward with own_forward (the autograd formula passes it; "bwd" hands
+# over the exact forward's out and lse), so that its f32 rows of at most 64 keys, which are all
+# of these cases' rows, are normalised from their own scores and take delta as sum_j P_ij dP_ij
+# (bwd_kernel-inl.h, tile_gradients). Without that, sinks, sinks_fully_masked and causal_sq_gt_sk
+# exceeded the rule by up to 1.7x: P = exp(s - lse) carried the rounding of the f32 LSE, and
+# delta = <dout, out> the rounding of out's elements, where the naive backward's delta is a sum of
+# one or two products.
+PARAMS = [pytest.param(case, dtype, id=f"{case[0]}-{dtype}") for case in CASES for dtype in DTYPES]
 
 
-def _params(kind):
-    for case in CASES:
-        for dtype in DTYPES:
-            marks = ()
-            if dtype == "float32" and case[0] in _F32_OVER[kind]:
-                marks = pytest.mark.xfail(reason="float32 error just above the 2x rule; see "
-                                          "_F32_OVER", strict=False)
-            yield pytest.param(case, dtype, marks=marks, id=f"{case[0]}-{dtype}")
-
-
-@pytest.mark.parametrize("case,dtype", list(_params("bwd")))
+@pytest.mark.parametrize("case,dtype", PARAMS)
 def test_backward_op_matches_float64_autograd_by_2x_rule(case, dtype):
     """anyattn::bwd given the exact forward (out rounded to the dtype, lse to f32), as the C++
     suite feeds anyattn_bwd: the backward's own error against the 2x rule."""
@@ -124,12 +108,12 @@ def test_backward_op_matches_float64_autograd_by_2x_rule(case, dtype):
         dout.to(tdtype), q.to(tdtype), k.to(tdtype), v.to(tdtype), out64.to(tdtype),
         lse64.float(), opts.get("softmax_scale") or 0.0, opts.get("softcap", 0.0),
         opts.get("causal", False), wl, wr, None if alibi is None else alibi.float(),
-        None if sinks is None else sinks.float(), 0.0, None)
+        None if sinks is None else sinks.float(), 0.0, None, own_forward=True)
     got = _named(got if sinks is not None else got[:3], sinks is not None)
     grads_2x(got, ref64, naive, dtype)
 
 
-@pytest.mark.parametrize("case,dtype", list(_params("e2e")))
+@pytest.mark.parametrize("case,dtype", PARAMS)
 def test_autograd_matches_float64_autograd_by_2x_rule(case, dtype):
     """flash_attn_func's autograd (forward, then backward) against float64 torch autograd."""
     q, k, v, dout, sinks, alibi, opts, _, _, ref64, naive, tdtype = _case_data(case, dtype)
@@ -144,21 +128,48 @@ def test_autograd_matches_float64_autograd_by_2x_rule(case, dtype):
     grads_2x(got, ref64, naive, dtype)
 
 
+@pytest.mark.parametrize("own_forward", [True, False], ids=["own_forward", "as_handed_over"])
 @pytest.mark.parametrize("seed", range(4))
-def test_f32_autograd_at_large_scores_meets_the_2x_rule(seed):
+def test_f32_backward_at_large_scores_meets_the_2x_rule(seed, own_forward):
     """Scores of a few units: q and k twice unit normal (standard deviation 4 after the default
-    scale), f32_accuracy_survey.py's problem with --amplitude 2. The backward's P = exp(s - lse)
-    is normalised only if it recomputes, bit for bit, the scores the forward's LSE came from;
-    before they agreed, dv broke the rule in 30 of 30 such seeds. Now 1 of 60 does (1.03x the
-    bound on avx2); seeds 0-3, as drawn, sit at 0.5-0.65 of the bound on avx2 and portable
-    (bench/MEASUREMENTS.md, "Re-landed with a consistent backward")."""
+    scale), f32_accuracy_survey.py's problem with --amplitude 2 (Sk 29). The backward's
+    P = exp(s - lse) is normalised only if it recomputes, bit for bit, the scores the forward's LSE
+    came from; before they agreed, dv broke the rule in 30 of 30 such seeds. With own_forward
+    (what autograd passes) these rows of 29 keys are normalised from their own scores; without
+    it (what ring attention's calls get) they take P and delta from the lse and out handed over
+    (bench/MEASUREMENTS.md, "Re-landed with a consistent backward" and "Short rows normalised
+    from their own scores")."""
     q, k, v, dout, _ = problem(seed, amplitude=2.0)
-    ins = [leaf(x, torch.float32) for x in (q, k, v)]
-    _, got = gradients(lambda q_, k_, v_: anyattn.flash_attn_func(q_, k_, v_), ins, dout)
+    if own_forward:
+        ins = [leaf(x, torch.float32) for x in (q, k, v)]
+        _, got = gradients(lambda q_, k_, v_: anyattn.flash_attn_func(q_, k_, v_), ins, dout)
+    else:
+        q32, k32, v32 = (x.float() for x in (q, k, v))
+        out, lse = torch.ops.anyattn.fwd(q32, k32, v32, 0.0, 0.0, False, -1, -1, None, None)
+        got = torch.ops.anyattn.bwd(dout.float(), q32, k32, v32, out, lse, 0.0, 0.0, False, -1,
+                                    -1, None, None, 0.0, None)[:3]
     ins64 = [leaf(x, torch.float64) for x in (q, k, v)]
     ref64 = dict(zip(("dq", "dk", "dv"), torch.autograd.grad(attention_torch(*ins64), ins64, dout)))
     naive = dict(zip(("dq", "dk", "dv"), naive_gradients(q, k, v, dout, dtype=torch.float32)))
     grads_2x(dict(zip(("dq", "dk", "dv"), got)), ref64, naive, "float32")
+
+
+def test_f32_rows_that_see_one_key_get_exactly_zero_dq():
+    """Causal with Sq > Sk: query row Sq - Sk sees key 0 alone, so its P is 1 and
+    dS = P (dP - delta) is exactly 0 in exact arithmetic, as in the naive backward. The autograd
+    formula runs the backward with own_forward, whose f32 rows of few keys take delta as
+    sum_j P_ij dP_ij (bwd_kernel-inl.h, tile_gradients), which is then dP itself; <dout, out>
+    would differ from dP by a rounding that reaches dq and dk. Rows before it see no key at all
+    and get 0 too."""
+    g = torch.Generator().manual_seed(7)
+    b, sq, sk, h, d = 2, 24, 9, 2, 40
+    tdtype = torch.float32
+    q, k, v, dout = (torch.randn(b, n, h, d, generator=g) for n in (sq, sk, sk, sq))
+    ins = [leaf(x, tdtype) for x in (q, k, v)]
+    _, (dq, _, _) = gradients(lambda q_, k_, v_: anyattn.flash_attn_func(q_, k_, v_, causal=True),
+                              ins, dout)
+    assert torch.equal(dq[:, :sq - sk + 1], torch.zeros_like(dq[:, :sq - sk + 1]))
+    assert dq[:, sq - sk + 1:].abs().amax() > 0
 
 
 @pytest.mark.parametrize("which", ["q", "k", "v", "sinks"])

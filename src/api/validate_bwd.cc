@@ -27,6 +27,7 @@ void check_gradients(CallCheck* call, const TensorTable& gradient_table, bool ba
   bwd->dropout_p = params.dropout_p;
   bwd->dropout_seed = params.dropout_seed;
   bwd->dropout_offset = params.dropout_offset;
+  bwd->own_forward = params.bwd_own_forward != 0;
 
   if (params.sinks != nullptr && g.dsinks == nullptr) {
     fail_invalid(fn,

@@ -34,6 +34,11 @@ struct BwdArgs {
   float dropout_p = 0.f;
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;
+
+  // fwd.out and fwd.lse are this library's forward results for exactly these inputs
+  // (anyattn_fwd_params::bwd_own_forward): f32 rows whose keys lie in one block may then be
+  // normalised from their own scores (bwd_kernel-inl.h, tile_gradients).
+  bool own_forward = false;
 };
 
 }  // namespace anyattn::cpu

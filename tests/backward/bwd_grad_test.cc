@@ -284,6 +284,69 @@ TEST(BwdGrad, OneChunkPerKvHead) {
   EXPECT_TRUE(run_and_check_bwd(bc));
 }
 
+// With bwd_own_forward, f32 rows whose keys lie in one block of 64 are normalised from their own
+// scores and take delta = sum_j P_ij dP_ij (bwd_kernel-inl.h, tile_gradients). Every feature that
+// changes P or delta, on short rows: sinks (their probability joins the row's sum), a sink over a
+// fully masked row, causal rows of one key, windows, softcap, ALiBi, dropout (Z in the delta),
+// GQA, on every ISA path.
+TEST(BwdGrad, OwnForwardShortRowsF32) {
+  std::vector<BwdCase> cases;
+  for (anyattn_isa isa : supported_isas()) {
+    for (int variant = 0; variant < 6; ++variant) {
+      Case c = base_case();
+      c.isa = isa;
+      c.Sq = 40;
+      c.Sk = 17;
+      c.D = 16;
+      c.Dv = 16;
+      c.Hq = 4;
+      c.Hk = 2;
+      c.seed = 100 + variant;
+      BwdCase b;
+      switch (variant) {
+        case 0: c.sinks = true; break;
+        case 1: c.sinks = true; c.causal = true; break;
+        case 2: c.causal = true; c.Dv = 40; break;
+        case 3: c.window_left = 5; c.window_right = 2; c.softcap = 2.f; c.Sk = 50; break;
+        case 4: c.alibi = Alibi::kPerHead; c.Sq = 30; c.Sk = 64; break;
+        default: c.Sq = 23; c.Sk = 29; break;
+      }
+      b.fwd = c;
+      b.own_forward = true;
+      if (variant == 5) b.dropout_p = 0.25f;
+      cases.push_back(b);
+    }
+  }
+  expect_all(cases);
+}
+
+// A row that sees one key has P = 1 and dS = dP - delta, exactly 0 in exact arithmetic. With
+// bwd_own_forward its delta is that key's dP itself, so dq of the row is exactly 0 (f32), where
+// delta = <dout, out> could differ from dP by a rounding.
+TEST(BwdGrad, OwnForwardRowOfOneKeyGetsZeroDq) {
+  for (anyattn_isa isa : supported_isas()) {
+    Case c = base_case();
+    c.isa = isa;
+    c.Sq = 24;
+    c.Sk = 9;
+    c.causal = true;  // rows 0..14 see no key, row 15 sees key 0 alone
+    BwdCase b = with(c);
+    b.own_forward = true;
+    BwdProblem p(b);
+    ASSERT_EQ(p.prepare_forward(), ANYATTN_OK) << anyattn_last_error();
+    ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+    const Gradients g = p.gradients();
+    for (int64_t i = 0; i <= c.Sq - c.Sk; ++i) {
+      for (int64_t h = 0; h < c.Hq; ++h) {
+        for (int64_t d = 0; d < c.D; ++d) {
+          const size_t at = static_cast<size_t>((i * c.Hq + h) * c.D + d);
+          ASSERT_EQ(g.dq[at], 0.0) << "isa " << isa << " row " << i << " head " << h;
+        }
+      }
+    }
+  }
+}
+
 TEST(BwdGrad, EmptyAndFullyMasked) {
   Case c = base_case();
   c.sinks = true;

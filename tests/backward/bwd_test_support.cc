@@ -116,7 +116,8 @@ double max_abs(const std::vector<double>& values) {
 
 std::string BwdCase::describe() const {
   std::ostringstream s;
-  s << fwd.describe() << " dropout=" << dropout_p << " padded_grads=" << padded_grads;
+  s << fwd.describe() << " dropout=" << dropout_p << " padded_grads=" << padded_grads
+    << " own_forward=" << own_forward;
   return s.str();
 }
 
@@ -146,6 +147,7 @@ BwdProblem::BwdProblem(const BwdCase& c) : fwd(c.fwd), case_(c) {
   fwd.params.dropout_p = c.dropout_p;
   fwd.params.dropout_seed = c.dropout_seed;
   fwd.params.dropout_offset = c.dropout_offset;
+  fwd.params.bwd_own_forward = c.own_forward ? 1 : 0;
 }
 
 anyattn_status BwdProblem::prepare_forward() {

@@ -23,6 +23,7 @@ struct BwdCase {
   uint64_t dropout_seed = 0x5eed;
   uint64_t dropout_offset = 0;
   bool padded_grads = false;  // dq, dk, dv with padded strides (and bytes around to check)
+  bool own_forward = false;   // anyattn_fwd_params::bwd_own_forward
 
   std::string describe() const;
 };

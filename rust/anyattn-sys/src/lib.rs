@@ -180,6 +180,10 @@ pub struct anyattn_fwd_params {
     pub num_splits: i32,
     /// An `anyattn_isa` value; `ANYATTN_ISA_AUTO` picks the fastest.
     pub isa: i32,
+    /// Backward only: non-zero promises that the out and lse handed to the backward are this
+    /// library's forward results for these inputs and params (see anyattn.h); 0 uses them as
+    /// handed over.
+    pub bwd_own_forward: i32,
 }
 
 extern "C" {

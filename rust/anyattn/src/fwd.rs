@@ -53,6 +53,11 @@ pub struct FwdOptions<'a> {
     pub num_splits: usize,
     /// Instruction-set path; [`Isa::Auto`] picks the fastest the CPU runs.
     pub isa: Isa,
+    /// Backward only: `true` promises that the `out` and `lse` handed to [`bwd`] or
+    /// [`bwd_varlen`] are this library's forward results for these inputs and options, so that
+    /// f32 rows whose keys lie in one block of 64 are normalised from their own scores (more
+    /// accurate; `anyattn_fwd_params::bwd_own_forward`). `false` uses them as handed over.
+    pub bwd_own_forward: bool,
 }
 
 fn window_to_c(name: &str, window: Option<usize>) -> Result<i32> {
@@ -112,6 +117,7 @@ pub(crate) fn c_params(
         ))
     })?;
     p.isa = opts.isa.raw();
+    p.bwd_own_forward = i32::from(opts.bwd_own_forward);
     Ok(p)
 }
 

@@ -208,31 +208,26 @@ inline void store_row(const float* src, int64_t n, float scale, DType dtype, voi
 // The elementwise step: probabilities and score gradients of one tile row
 // ---------------------------------------------------------------------------------------------
 
-// One row of a tile, kTile columns (keys): s_row holds raw scores <q, k>, dp_row holds
-// <dout, v>. On return s_row holds P Z and dp_row holds dX (the gradient of the pre-softcap
-// score, unscaled). Columns outside [lo, hi) get 0 in both when `mask`. m: the call's score
-// modifiers (common/mask.h); neg_lse is minus the row's LSE (-inf for a row that saw no key, so
-// that its P is exactly 0), delta its rowsum(dout * out); the ALiBi distance of column c is
-// |alibi_base + c|; z_row holds the dropout factors, read only with `dropout`. Each score is
-// formed exactly as the forward's softmax formed it (transform_scores, online_softmax_row: the
-// same factors, each product rounded once, no fused multiply-add), so P = exp(s - lse) sums to 1
-// over a row as the forward's probabilities did; s - lse is taken in natural-log units and only
-// then scaled by log2(e) for exp2.
-inline void tile_row_gradients(const ScoreModifiers& m, bool dropout, float neg_slope,
-                               float* s_row, float* dp_row, const float* z_row, float neg_lse_row,
-                               float delta_row, float alibi_base, bool mask, float lo, float hi) {
-  const Vec iota = Vec::iota();
-  const Vec zero = Vec::zero();
-  const Vec log2e = Vec::broadcast(kLog2eF);
-  const Vec neg_lse = Vec::broadcast(neg_lse_row);
-  const Vec delta = Vec::broadcast(delta_row);
-  for (int64_t c = 0; c < kTile; c += kLanes) {
-    const Vec position = iota + Vec::broadcast(static_cast<float>(c));
-    const Vec x = Vec::load(s_row + c);
-    Vec t = zero, sech2 = zero, factor, score;
+// The probabilities of one tile row, kLanes columns at a time: P = exp(s - lse) of the raw scores
+// x = <q, k> at column positions `position`, and *sech2 = 1 - t^2, the softcap's derivative (0
+// without softcap). m: the call's score modifiers (common/mask.h); neg_lse is minus the row's LSE
+// (-inf for a row that saw no key, so that its P is exactly 0); the ALiBi distance of column c is
+// |alibi_base + c|. Each score is formed exactly as the forward's softmax formed it
+// (transform_scores, online_softmax_row: the same factors, each product rounded once, no fused
+// multiply-add), so P = exp(s - lse) sums to 1 over a row as the forward's probabilities did;
+// s - lse is taken in natural-log units and only then scaled by log2(e) for exp2.
+struct RowProbabilities {
+  const ScoreModifiers& m;
+  float neg_slope;
+  float alibi_base;
+  float neg_lse;
+
+  Vec operator()(Vec x, Vec position, Vec* sech2) const {
+    Vec t = Vec::zero(), factor, score;
+    *sech2 = Vec::zero();
     if (m.softcap) {
       tanh_and_sech2(x * Vec::broadcast(m.tanh_scale_first) * Vec::broadcast(m.tanh_scale_second),
-                     &t, &sech2);
+                     &t, sech2);
       score = t;
       factor = Vec::broadcast(m.cap);
     } else {
@@ -243,11 +238,30 @@ inline void tile_row_gradients(const ScoreModifiers& m, bool dropout, float neg_
     if (m.alibi) {
       const Vec s = fma(Vec::broadcast(neg_slope), abs(Vec::broadcast(alibi_base) + position),
                         score * factor);
-      centered = s + neg_lse;
+      centered = s + Vec::broadcast(neg_lse);
     } else {
-      centered = score * factor + neg_lse;
+      centered = score * factor + Vec::broadcast(neg_lse);
     }
-    const Vec p = exp2(centered * log2e);
+    return exp2(centered * Vec::broadcast(kLog2eF));
+  }
+};
+
+// One row of a tile, kTile columns (keys): s_row holds raw scores <q, k>, dp_row holds
+// <dout, v>. On return s_row holds P Z and dp_row holds dX (the gradient of the pre-softcap
+// score, unscaled). Columns outside [lo, hi) get 0 in both when `mask`. Each P is multiplied by
+// `normalise` (1, or the factor tile_row_sums found); delta is the row's sum_j P_ij Z_ij dP_ij;
+// z_row holds the dropout factors, read only with `dropout`.
+inline void tile_row_gradients(const RowProbabilities& probabilities, float normalise,
+                               bool dropout, float* s_row, float* dp_row, const float* z_row,
+                               float delta_row, bool mask, float lo, float hi) {
+  const Vec iota = Vec::iota();
+  const Vec zero = Vec::zero();
+  const Vec delta = Vec::broadcast(delta_row);
+  for (int64_t c = 0; c < kTile; c += kLanes) {
+    const Vec position = iota + Vec::broadcast(static_cast<float>(c));
+    Vec sech2;
+    const Vec p =
+        probabilities(Vec::load(s_row + c), position, &sech2) * Vec::broadcast(normalise);
     Vec dp = Vec::load(dp_row + c);
     Vec kept = p;
     if (dropout) {
@@ -256,7 +270,7 @@ inline void tile_row_gradients(const ScoreModifiers& m, bool dropout, float neg_
       dp = dp * z;
     }
     Vec ds = p * (dp - delta);
-    if (m.softcap) ds = ds * sech2;  // 1 - t^2, without its cancellation near t = +-1
+    if (probabilities.m.softcap) ds = ds * sech2;  // 1 - t^2, without its cancellation near t = +-1
     if (mask) {
       kept = select_in_range(kept, position, lo, hi, zero);
       ds = select_in_range(ds, position, lo, hi, zero);
@@ -264,6 +278,32 @@ inline void tile_row_gradients(const ScoreModifiers& m, bool dropout, float neg_
     kept.store(s_row + c);
     ds.store(dp_row + c);
   }
+}
+
+// Over columns [lo, hi) of one tile row (s_row, dp_row and z_row as tile_row_gradients takes
+// them): sum P and sum P Z dP, for a row whose visible keys all lie in this tile
+// (tile_gradients).
+struct RowSums {
+  float probabilities = 0.f;
+  float probability_value_scores = 0.f;
+};
+
+inline RowSums tile_row_sums(const RowProbabilities& probabilities, bool dropout,
+                             const float* s_row, const float* dp_row, const float* z_row,
+                             int64_t lo, int64_t hi) {
+  const Vec iota = Vec::iota();
+  Vec p_sum = Vec::zero(), p_dp_sum = Vec::zero();
+  for (int64_t c = lo / kLanes * kLanes; c < hi; c += kLanes) {
+    const Vec position = iota + Vec::broadcast(static_cast<float>(c));
+    Vec sech2;
+    const Vec p = select_in_range(probabilities(Vec::load(s_row + c), position, &sech2), position,
+                                  static_cast<float>(lo), static_cast<float>(hi), Vec::zero());
+    Vec dp = Vec::load(dp_row + c);
+    if (dropout) dp = dp * Vec::load(z_row + c);
+    p_sum = p_sum + p;
+    p_dp_sum = fma(p, dp, p_dp_sum);
+  }
+  return {reduce_add(p_sum), reduce_add(p_dp_sum)};
 }
 
 // -lse of row i; -inf for a row that saw no key (lse = -inf), so that its P is exactly 0.
@@ -292,23 +332,51 @@ inline TileDropout tile_dropout(const BwdArgs& args) {
 // The elementwise step of the tile of query rows [i0, i0 + rows) of head h of sequence b and the
 // keys from j0: s.s (S) becomes P Z and s.dp (dP) becomes dX, with the dropout factors of the
 // tile in s.z and, on tiles that cross the mask's boundary, zeros outside each row's visible keys.
-inline void tile_gradients(const Mask& mask, const TileDropout& dropout, int64_t b, int64_t h,
-                           int64_t i0, int64_t rows, int64_t j0, const BwdScratch& s) {
+//
+// Every row takes P = exp(s - lse) and delta_i = <dout_i, out_i> (s.delta, from row_dots), from
+// the lse and out handed over. With `normalise_short_rows` (f32 calls whose out and lse are this
+// library's own forward results: BwdArgs::own_forward) a row whose visible keys all lie in this
+// tile is normalised here instead, as the naive backward does: its P are divided by their sum
+// (with the sink's exp(sink - lse)), which removes the rounding of its f32 LSE, and its delta is
+// sum_j P_ij Z_ij dP_ij of the tile, which removes the rounding of out's Dv elements; its dS then
+// sum to 0 as the exact ones do (a row that sees one key gets dS = 0 exactly). Those two roundings
+// are the largest errors left where a row sees few keys. The normalised rows are every row of a
+// sequence of at most 64 keys and the first rows of a causal one; they form their P twice.
+inline void tile_gradients(const Mask& mask, const TileDropout& dropout, bool normalise_short_rows,
+                           int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
+                           const BwdScratch& s) {
   if (dropout.on) {
     for (int64_t r = 0; r < rows; ++r) {
       dropout_row_factors(dropout.key, b, h, i0 + r, j0, dropout.threshold,
                           dropout.keep_scale, s.z + r * kTile);
     }
   }
+  const ScoreModifiers& m = mask.modifiers();
   const bool masked = mask.crosses_boundary(i0, i0 + rows, j0, kTile);
   const float slope = mask.neg_alibi_slope(h);
+  const float sink = m.sinks ? m.sink(h) : -kInfinityF;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
+    float* s_row = s.s + r * kTile;
+    float* dp_row = s.dp + r * kTile;
+    const float* z_row = s.z + r * kTile;
     const KeyRange range = mask.row_keys_in_block(i, j0, kTile);
-    tile_row_gradients(mask.modifiers(), dropout.on, slope, s.s + r * kTile, s.dp + r * kTile,
-                       s.z + r * kTile, s.neg_lse[r], s.delta[r],
-                       static_cast<float>(j0 - mask.diagonal(i)), masked,
-                       static_cast<float>(range.begin), static_cast<float>(range.end));
+    const float lo = static_cast<float>(range.begin), hi = static_cast<float>(range.end);
+    const RowProbabilities probabilities{m, slope, static_cast<float>(j0 - mask.diagonal(i)),
+                                         s.neg_lse[r]};
+    float normalise = 1.f, delta = s.delta[r];
+    const KeyRange keys = normalise_short_rows ? mask.visible_keys(i, i + 1) : KeyRange{};
+    if (!keys.empty() && keys.begin >= j0 && keys.end <= j0 + kTile) {
+      const RowSums sums =
+          tile_row_sums(probabilities, dropout.on, s_row, dp_row, z_row, range.begin, range.end);
+      const float total = sums.probabilities + std::exp(sink + s.neg_lse[r]);
+      if (total > 0.f && total < kInfinityF) {
+        normalise = 1.f / total;
+        delta = sums.probability_value_scores * normalise;
+      }
+    }
+    tile_row_gradients(probabilities, normalise, dropout.on, s_row, dp_row, z_row, delta, masked,
+                       lo, hi);
   }
 }
 
@@ -521,6 +589,7 @@ void bwd_blocks(const BwdArgs& args, const BwdLayout& layout, const BwdTask& tas
   const BwdScratch s = BwdScratch::carve(scratch_base, layout);
   const Mask mask(f, seq);
   const TileDropout dropout = tile_dropout(args);
+  const bool normalise_short_rows = args.own_forward && f.dtype == DType::kF32;
   Products products(f, layout, s);
   pack_chunk(f, layout, task, s, products);
 
@@ -540,7 +609,7 @@ void bwd_blocks(const BwdArgs& args, const BwdLayout& layout, const BwdTask& tas
           const int64_t keys = std::min(kTile, task.key_end - j0);
           products.scores(kb, rows);
           products.value_scores(kb, rows);
-          tile_gradients(mask, dropout, seq.batch, h, i0, rows, j0, s);
+          tile_gradients(mask, dropout, normalise_short_rows, seq.batch, h, i0, rows, j0, s);
           products.add_dv(kb, rows, keys);
           products.add_dk(kb, rows, keys);
           products.add_dq(kb, rows, keys);
