@@ -1,7 +1,8 @@
 // libFuzzer harness for anyattn_bwd: random small shapes, dtypes, strides (padded, permuted, zero,
 // negative) for every one of the nine tensors, GQA ratios, masks, softcap, ALiBi, sinks (with
 // dsinks), dropout, ISA paths and thread counts; hostile values (NaN and subnormals in q, k, v or
-// dout; NaN or infinite LSE entries) and hostile parameters; misuse the validation must reject
+// dout; NaN or infinite LSE entries) and hostile parameters, with and without bwd_own_forward;
+// misuse the validation must reject
 // (null data, a gradient overlapping an input or another gradient, a missing LSE, dsinks without
 // sinks or sinks without dsinks, bad ranks, negative sizes).
 //
@@ -165,15 +166,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   }
   // A broadcast (stride 0) lse holds one value for several rows: not the forward's. (A broadcast
   // out is fine: the expected gradients are computed from the out as stored.)
-  bool broadcast_lse = false;
-  for (int d = 0; d < 3; ++d) {
-    if (lse.t.strides[d] == 0 && lse.t.shape[d] > 1) broadcast_lse = true;
-  }
+  const bool broadcast_lse = lse.aliases_elements();
   const bool numeric_check =
       !must_fail && computable && moderate_params && lse_poison >= 3 && !broadcast_lse;
 
   const int threads = data.ConsumeIntegralInRange<int>(1, 3);
   anyattn_set_num_threads(threads);
+  // Drawn last, so that earlier corpus entries keep their meaning. out is the reference's forward
+  // rounded to the dtype, and lse the reference's rounded to f32: the forward's own up to those
+  // roundings, which is what the flag promises, unless two of out's elements share an address
+  // (then out holds one row's values for another). The expected gradients, those for the out
+  // handed over, differ from the flag's by about those roundings, inside check_gradient's bound.
+  params.bwd_own_forward = data.ConsumeBool() && !out.aliases_elements() ? 1 : 0;
   const anyattn_fuzz::Snapshot dq_before(&dq), dk_before(&dk), dv_before(&dv),
       dsinks_before(&dsinks), q_before(&q), out_before(&out), lse_before(&lse);
   const anyattn_status status = anyattn_bwd(&dout.t, q_arg, &k.t, &v.t, &out.t, lse_arg, dq_arg,
@@ -192,9 +196,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     anyattn_fuzz::print_tensor("dk", &dk.t);
     anyattn_fuzz::print_tensor("dv", dv_arg);
     anyattn_fuzz::print_tensor("dsinks", dsinks_arg);
-    std::fprintf(stderr, "  scale %g softcap %g window (%d, %d) dropout %g isa %d causal %d\n",
+    std::fprintf(stderr,
+                 "  scale %g softcap %g window (%d, %d) dropout %g isa %d causal %d own_forward %d\n",
                  params.softmax_scale, params.softcap, params.window_left, params.window_right,
-                 params.dropout_p, params.isa, params.causal);
+                 params.dropout_p, params.isa, params.causal, params.bwd_own_forward);
     std::fprintf(stderr, "  alibi %d sinks %d poisoned %d\n", params.alibi_slopes != nullptr,
                  params.sinks != nullptr, poisoned);
   };

@@ -1,7 +1,7 @@
 // libFuzzer harness for anyattn_bwd_varlen: packed dout/q/k/v/out with random strides and dtypes,
 // random cu_seqlens (leading rows outside every sequence, empty sequences), optional seqused_k,
-// masks, softcap, ALiBi (shared or per sequence), sinks with dsinks, dropout, ISA paths and
-// thread counts, NaN and subnormal values, corrupted sequence metadata (fuzz_varlen_meta.h) and
+// masks, softcap, ALiBi (shared or per sequence), sinks with dsinks, dropout, bwd_own_forward, ISA
+// paths and thread counts, NaN and subnormal values, corrupted sequence metadata (fuzz_varlen_meta.h) and
 // misuse the validation must reject (a missing LSE, dq aliasing q, dsinks without sinks).
 //
 // out and lse are the f64 reference's forward, rounded into their tensors; the expected gradients
@@ -167,6 +167,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
 
   const int threads = data.ConsumeIntegralInRange<int>(1, 3);
   anyattn_set_num_threads(threads);
+  // Drawn last, so that earlier corpus entries keep their meaning. out is the reference's forward
+  // rounded to the dtype, and lse the reference's rounded to f32: the forward's own up to those
+  // roundings, which is what the flag promises, unless two of out's elements share an address
+  // (then out holds one row's values for another). The expected gradients, those for the out
+  // handed over, differ from the flag's by about those roundings, inside check_gradient's bound.
+  params.bwd_own_forward = data.ConsumeBool() && !out.aliases_elements() ? 1 : 0;
   const anyattn_fuzz::Snapshot dq_before(&dq), dk_before(&dk), dv_before(&dv),
       dsinks_before(&dsinks), q_before(&q), out_before(&out), lse_before(&lse);
   const anyattn_status status = anyattn_bwd_varlen(

@@ -98,6 +98,15 @@ struct FuzzTensor {
     }
     return result;
   }
+
+  // True when two logical elements share one address (a stride of 0 over a dimension of more
+  // than one element): what is stored there is the last write, not each element's own value.
+  bool aliases_elements() const {
+    for (int d = 0; d < t.ndim; ++d) {
+      if (t.strides[d] == 0 && t.shape[d] > 1) return true;
+    }
+    return false;
+  }
 };
 
 // Builds a tensor of `shape` (ndim dims) with strides of `kind`, over a buffer filled with
