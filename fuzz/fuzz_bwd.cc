@@ -196,10 +196,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     anyattn_fuzz::print_tensor("dk", &dk.t);
     anyattn_fuzz::print_tensor("dv", dv_arg);
     anyattn_fuzz::print_tensor("dsinks", dsinks_arg);
-    std::fprintf(stderr,
-                 "  scale %g softcap %g window (%d, %d) dropout %g isa %d causal %d own_forward %d\n",
+    std::fprintf(stderr, "  scale %g softcap %g window (%d, %d) dropout %g isa %d causal %d",
                  params.softmax_scale, params.softcap, params.window_left, params.window_right,
-                 params.dropout_p, params.isa, params.causal, params.bwd_own_forward);
+                 params.dropout_p, params.isa, params.causal);
+    std::fprintf(stderr, " own_forward %d\n", params.bwd_own_forward);
     std::fprintf(stderr, "  alibi %d sinks %d poisoned %d\n", params.alibi_slopes != nullptr,
                  params.sinks != nullptr, poisoned);
   };

@@ -1,8 +1,9 @@
 // libFuzzer harness for anyattn_bwd_varlen: packed dout/q/k/v/out with random strides and dtypes,
 // random cu_seqlens (leading rows outside every sequence, empty sequences), optional seqused_k,
 // masks, softcap, ALiBi (shared or per sequence), sinks with dsinks, dropout, bwd_own_forward, ISA
-// paths and thread counts, NaN and subnormal values, corrupted sequence metadata (fuzz_varlen_meta.h) and
-// misuse the validation must reject (a missing LSE, dq aliasing q, dsinks without sinks).
+// paths and thread counts, NaN and subnormal values, corrupted sequence metadata
+// (fuzz_varlen_meta.h) and misuse the validation must reject (a missing LSE, dq aliasing q, dsinks
+// without sinks).
 //
 // out and lse are the f64 reference's forward, rounded into their tensors; the expected gradients
 // are the reference's for that out (reference_bwd.h, bwd_varlen). Checks: a rejected call writes
