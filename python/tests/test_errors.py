@@ -61,7 +61,8 @@ def test_c_abi_errors_surface_with_the_library_message():
     bad = (q.ctypes.data, _core.DTYPE_F32, (1, 2, 2, 8), (64, 32, 16, 2))
     out = np.zeros((1, 2, 2, 16), np.float32)
     with pytest.raises(ValueError, match=r"\bq\b"):
-        _core.fwd(bad, q, q, out, None, (0.0, 0.0, False, -1, -1, None, None, 0, 0.0, 0, 0))
+        _core.fwd(bad, q, q, out, None,
+                  (0.0, 0.0, False, -1, -1, None, None, 0, 0.0, 0, 0, False))
     with pytest.raises(ValueError, match="isa"):
         _core.isa_code("sse9")
 
