@@ -466,3 +466,71 @@ fn kvcache_malformed_block_table_is_rejected_before_the_call() {
     assert_eq!(err.status(), Status::InvalidArgument);
     assert!(err.message().starts_with("block_table: 3 entries"), "{err}");
 }
+
+/// `bwd_own_forward` reaches the kernels from Rust: causal with Sq > Sk, row Sq - Sk sees key 0
+/// alone (P = 1), so dS = dP - delta is exactly 0 in exact arithmetic. With the flag its delta is
+/// that key's dP (the row is normalised from its own scores), so its dq is exactly 0; rows before
+/// it see no key. The rows after it get non-zero gradients, and the flag changes only f32 rows of
+/// few keys, so dk and dv stay close to the plain backward's.
+#[test]
+fn bwd_own_forward_gives_a_row_of_one_key_zero_dq() {
+    let (sq, sk, h, d) = (12, 5, 2, 16);
+    let mut rng = Rng(11);
+    let q = rng.vec(sq * h * d);
+    let k = rng.vec(sk * h * d);
+    let v = rng.vec(sk * h * d);
+    let dout = rng.vec(sq * h * d);
+    let plain = FwdOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let (out, lse) = dense(&q, &k, &v, (sq, sk, h, h, d), &plain);
+    let gradients = |opts: &FwdOptions| {
+        let (mut dq, mut dk, mut dv) = (
+            vec![0f32; sq * h * d],
+            vec![0f32; sk * h * d],
+            vec![0f32; sk * h * d],
+        );
+        bwd(
+            &View::contiguous(&dout, &[1, sq, h, d]).unwrap(),
+            &View::contiguous(&q, &[1, sq, h, d]).unwrap(),
+            &View::contiguous(&k, &[1, sk, h, d]).unwrap(),
+            &View::contiguous(&v, &[1, sk, h, d]).unwrap(),
+            &View::contiguous(&out, &[1, sq, h, d]).unwrap(),
+            &View::contiguous(&lse, &[1, h, sq]).unwrap(),
+            &mut ViewMut::contiguous(&mut dq, &[1, sq, h, d]).unwrap(),
+            &mut ViewMut::contiguous(&mut dk, &[1, sk, h, d]).unwrap(),
+            &mut ViewMut::contiguous(&mut dv, &[1, sk, h, d]).unwrap(),
+            None,
+            opts,
+        )
+        .unwrap();
+        (dq, dk, dv)
+    };
+    let own = FwdOptions {
+        bwd_own_forward: true,
+        ..plain
+    };
+    let (dq, dk, dv) = gradients(&own);
+    let one_key_rows = (sq - sk + 1) * h * d;
+    assert!(
+        dq[..one_key_rows].iter().all(|&x| x == 0.0),
+        "dq of rows that see at most one key"
+    );
+    assert!(
+        dq[one_key_rows..].iter().any(|&x| x != 0.0),
+        "dq of rows that see several keys"
+    );
+    let (_, dk_plain, dv_plain) = gradients(&plain);
+    for (name, a, b) in [("dk", &dk, &dk_plain), ("dv", &dv, &dv_plain)] {
+        let worst = a
+            .iter()
+            .zip(b.iter())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst < 1e-5,
+            "{name}: own_forward and plain differ by {worst}"
+        );
+    }
+}
