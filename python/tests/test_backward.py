@@ -154,20 +154,28 @@ def test_f32_backward_at_large_scores_meets_the_2x_rule(seed, own_forward):
     grads_2x(dict(zip(("dq", "dk", "dv"), got)), ref64, naive, "float32")
 
 
-def test_f32_rows_that_see_one_key_get_exactly_zero_dq():
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "varlen"])
+def test_f32_rows_that_see_one_key_get_exactly_zero_dq(packed):
     """Causal with Sq > Sk: query row Sq - Sk sees key 0 alone, so its P is 1 and
     dS = P (dP - delta) is exactly 0 in exact arithmetic, as in the naive backward. The autograd
-    formula runs the backward with own_forward, whose f32 rows of few keys take delta as
-    sum_j P_ij dP_ij (bwd_kernel-inl.h, tile_gradients), which is then dP itself; <dout, out>
-    would differ from dP by a rounding that reaches dq and dk. Rows before it see no key at all
-    and get 0 too."""
+    formulas (anyattn::fwd's and anyattn::fwd_varlen's) run the backward with own_forward, whose
+    f32 rows of few keys take delta as sum_j P_ij dP_ij (bwd_kernel-inl.h, tile_gradients), which
+    is then dP itself; <dout, out> would differ from dP by a rounding that reaches dq and dk. Rows
+    before it see no key at all and get 0 too."""
     g = torch.Generator().manual_seed(7)
     b, sq, sk, h, d = 2, 24, 9, 2, 40
-    tdtype = torch.float32
     q, k, v, dout = (torch.randn(b, n, h, d, generator=g) for n in (sq, sk, sk, sq))
-    ins = [leaf(x, tdtype) for x in (q, k, v)]
-    _, (dq, _, _) = gradients(lambda q_, k_, v_: anyattn.flash_attn_func(q_, k_, v_, causal=True),
-                              ins, dout)
+    if packed:
+        cu_q = torch.tensor([0, sq, 2 * sq], dtype=torch.int32)
+        cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32)
+        ins = [leaf(x.reshape(-1, h, d), torch.float32) for x in (q, k, v)]
+        _, (dq, _, _) = gradients(lambda q_, k_, v_: anyattn.flash_attn_varlen_func(
+            q_, k_, v_, cu_q, cu_k, sq, sk, causal=True), ins, dout.reshape(-1, h, d))
+        dq = dq.reshape(b, sq, h, d)
+    else:
+        ins = [leaf(x, torch.float32) for x in (q, k, v)]
+        _, (dq, _, _) = gradients(
+            lambda q_, k_, v_: anyattn.flash_attn_func(q_, k_, v_, causal=True), ins, dout)
     assert torch.equal(dq[:, :sq - sk + 1], torch.zeros_like(dq[:, :sq - sk + 1]))
     assert dq[:, sq - sk + 1:].abs().amax() > 0
 
