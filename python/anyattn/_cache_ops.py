@@ -30,7 +30,7 @@ import torch
 
 from ._cache import (kvcache_forward, kvcache_varlen_forward, merge_states, varlen_backward,
                      varlen_forward)
-from ._kernel_options import KernelOptions
+from ._kernel_options import KernelOptions, backward_options
 from ._kv_scales import CacheScales
 
 _LIB = torch.library.Library("anyattn", "FRAGMENT")
@@ -133,12 +133,10 @@ def _varlen_cpu(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, *options):
     return varlen_forward(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, KernelOptions(*options))
 
 
-def _bwd_varlen_cpu(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, *options):
-    """options: the 7 score arguments, dropout_p, rng_state, then own_forward unless the
-    dispatcher dropped it as a trailing default."""
-    return varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k,
-                           KernelOptions(*options[:9]),
-                           own_forward=len(options) > 9 and bool(options[9]))
+def _bwd_varlen_cpu(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, *scalars):
+    options, own_forward = backward_options(scalars)
+    return varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, options,
+                           own_forward=own_forward)
 
 
 def _scales(scale_args):

@@ -40,6 +40,13 @@ class KernelOptions(NamedTuple):
         return tuple(self[:7])
 
 
+def backward_options(scalars: Tuple) -> Tuple[KernelOptions, bool]:
+    """(KernelOptions, own_forward) from the trailing arguments of a backward op: the 7 score
+    arguments, dropout_p, rng_state, then own_forward, which the dispatcher drops when it is the
+    schema's default (False)."""
+    return KernelOptions(*scalars[:9]), len(scalars) > 9 and bool(scalars[9])
+
+
 def kernel_options(options: AttnOptions, alibi_slopes=None, sinks=None,
                    rng_state=None) -> KernelOptions:
     """The KernelOptions of a call with ``options``. An explicit softmax_scale of 0 also maps to

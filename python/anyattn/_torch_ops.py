@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._cpu import torch_backward, torch_forward
-from ._kernel_options import KernelOptions
+from ._kernel_options import KernelOptions, backward_options
 
 _SCORE_ARGS = (
     "float softmax_scale, float softcap, bool causal, int window_left, int window_right, "
@@ -71,12 +71,10 @@ def _fwd_cpu(
                                                 rng_state))
 
 
-def _bwd_cpu(dout, q, k, v, out, lse, *options):
-    """CPU kernel of anyattn::bwd: runs the C library (see anyattn._cpu.torch_backward). options:
-    the 7 score arguments, dropout_p, rng_state, then own_forward unless the dispatcher dropped
-    it as a trailing default."""
-    return torch_backward(dout, q, k, v, out, lse, KernelOptions(*options[:9]),
-                          own_forward=len(options) > 9 and bool(options[9]))
+def _bwd_cpu(dout, q, k, v, out, lse, *scalars):
+    """CPU kernel of anyattn::bwd: runs the C library (see anyattn._cpu.torch_backward)."""
+    options, own_forward = backward_options(scalars)
+    return torch_backward(dout, q, k, v, out, lse, options, own_forward=own_forward)
 
 
 def _fwd_fake(
