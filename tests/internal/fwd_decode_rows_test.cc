@@ -218,16 +218,21 @@ TEST(FwdDecodePrefetch, SharesThatAreNotOneRunKeepThePassOrderTargets) {
 
 TEST(FwdDecodePrefetch, NearHintsGoToTheRowPassOrderReadsLater) {
   const TestStream s = dense_stream(8, 256, 2048);
-  const int64_t c = 16, l1_keys = 8;
-  const std::vector<PassPrefetcher> passes = chunk_passes(s, c, 8, l1_keys, 1, true, 256);
-  for (int64_t h = 0; h < 8; ++h) {
-    for (int64_t j = 0; j < kDirectChunkKeys; ++j) {
-      // Pass order: the chunk's keys for kv head 0, then for kv head 1, ..., then the next chunk.
-      const int64_t position = h * kDirectChunkKeys + j + l1_keys;
-      const int64_t head = position / kDirectChunkKeys;
-      const int64_t key = c + position % kDirectChunkKeys;
-      const char* expected = head < 8 ? s.row(key, head) : s.row(key + kDirectChunkKeys, 0);
-      EXPECT_EQ(passes[h].near_target(j, 64), expected + 64) << "pass " << h << " key " << j;
+  const int64_t c = 16;
+  // 1 and a whole chunk are the distances' bounds (prefetch_distances).
+  for (int64_t l1_keys : {int64_t{1}, int64_t{8}, kDirectChunkKeys}) {
+    const std::vector<PassPrefetcher> passes = chunk_passes(s, c, 8, l1_keys, 1, true, 256);
+    for (int64_t h = 0; h < 8; ++h) {
+      for (int64_t j = 0; j < kDirectChunkKeys; ++j) {
+        // Pass order: the chunk's keys for kv head 0, then for kv head 1, ..., then the next
+        // chunk.
+        const int64_t position = h * kDirectChunkKeys + j + l1_keys;
+        const int64_t head = position / kDirectChunkKeys;
+        const int64_t key = c + position % kDirectChunkKeys;
+        const char* expected = head < 8 ? s.row(key, head) : s.row(key + kDirectChunkKeys, 0);
+        EXPECT_EQ(passes[h].near_target(j, 64), expected + 64)
+            << "l1_keys " << l1_keys << " pass " << h << " key " << j;
+      }
     }
   }
 }

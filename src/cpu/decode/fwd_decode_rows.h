@@ -88,16 +88,18 @@ class PassPrefetcher {
                  int64_t l2_chunks, bool heads_side_by_side, int64_t row_bytes)
       : row_bytes_(row_bytes) {
     const int64_t far_chunk = c + l2_chunks * kDirectChunkKeys;
-    for (int64_t j = 0; j < kDirectChunkKeys; ++j) {
-      const int64_t ahead = j + l1_keys;  // position in pass order, l1_keys <= a chunk
-      const bool this_pass = ahead < kDirectChunkKeys;
-      const bool next_chunk = !this_pass && h + 1 == heads;
-      const int64_t key =
-          c + (this_pass ? ahead : ahead - kDirectChunkKeys) + (next_chunk ? kDirectChunkKeys : 0);
-      const int64_t head = this_pass ? h : next_chunk ? 0 : h + 1;
-      l1_[j] = stream.row(key, head);
-      far_[j] = stream.row(far_chunk + j, h);
+    // The near targets in two runs of consecutive keys (l1_keys <= a chunk): this pass's keys from
+    // l1_keys on, then the first keys of the next pass in pass order (the next kv head's pass of
+    // this chunk, or the first kv head's pass of the next chunk).
+    const int64_t split = kDirectChunkKeys - l1_keys;
+    const bool next_chunk = h + 1 == heads;
+    const int64_t wrap_key = next_chunk ? c + kDirectChunkKeys : c;
+    const int64_t wrap_head = next_chunk ? 0 : h + 1;
+    for (int64_t j = 0; j < split; ++j) l1_[j] = stream.row(c + l1_keys + j, h);
+    for (int64_t j = split; j < kDirectChunkKeys; ++j) {
+      l1_[j] = stream.row(wrap_key + j - split, wrap_head);
     }
+    for (int64_t j = 0; j < kDirectChunkKeys; ++j) far_[j] = stream.row(far_chunk + j, h);
     // The share's first and last slices. The bytes between two rows of one stream belong to its
     // buffer, so a run whose ends lie 15 rows apart is safe to sweep whatever lies inside it.
     const char* first = far_[0];
