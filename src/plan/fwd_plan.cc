@@ -54,7 +54,6 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape, const ch
   plan.streaming = path != FwdPath::kPacked;
   plan.direct = path == FwdPath::kDirect;
   plan.q_block_rows = std::clamp<int64_t>(shape.max_seqlen_q, 1, cpu::kMaxQBlockRows);
-  const int64_t q_blocks = cpu::ceil_div(shape.max_seqlen_q, plan.q_block_rows);
   if (plan.streaming) {
     // As many kv heads per task as fit its 64 rows and ~1 MiB of packed panels: one task then
     // sweeps whole key rows (all heads are contiguous in memory), which streams far better.
@@ -66,7 +65,8 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape, const ch
   }
   const int64_t units = plan.streaming
                             ? shape.sequences * cpu::ceil_div(args.heads_k, plan.stream_heads_k)
-                            : shape.sequences * args.heads_q * q_blocks;
+                            : shape.sequences * args.heads_k *
+                                  plan.tasks_per_pair(args, shape.max_seqlen_q);
   plan.num_splits = choose_splits(args, units, cpu::ceil_div(shape.max_seqlen_k, cpu::kKeyBlock));
   if (plan.streaming) {
     // Too few tasks to occupy every thread (a short cache: few key splits): fewer kv heads per
@@ -82,6 +82,13 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape, const ch
   plan.scratch_floats =
       cpu::round_up(cpu::Scratch::floats_needed(plan.layout, plan.panel_heads_k()), 16);
   return plan;
+}
+
+int64_t FwdPlan::tasks_per_pair(const cpu::FwdArgs& args, int64_t seqlen_q) const {
+  if (streaming) return 1;
+  const int64_t q_blocks = cpu::ceil_div(seqlen_q, q_block_rows);
+  return cpu::ceil_div(args.group_size(), packed_heads_per_task(args.group_size(), seqlen_q)) *
+         q_blocks;
 }
 
 std::string FwdPlan::describe(const cpu::FwdArgs& args) const {

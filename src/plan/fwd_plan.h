@@ -6,6 +6,7 @@
 #ifndef ANYATTN_PLAN_FWD_PLAN_H_
 #define ANYATTN_PLAN_FWD_PLAN_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -19,7 +20,9 @@ namespace anyattn::plan {
 //               kF16ReadDirectRows for a cache read through f16): one task per few kv heads reads
 //               K and V rows in place;
 //   kStreaming  at most kMaxQBlockRows: one task per kv head packs each block into its scratch;
-//   kPacked     more: K and V are packed once per (sequence, kv head), shared by q-block tasks.
+//   kPacked     more: K and V are packed once per (sequence, kv head), shared by the tasks of
+//               its query rows (packed_heads_per_task of the group's heads each, a q block of
+//               their positions).
 enum class FwdPath { kDirect, kStreaming, kPacked };
 FwdPath fwd_path(const cpu::FwdArgs& args, int64_t seqlen_q, int64_t direct_rows);
 
@@ -50,6 +53,9 @@ struct FwdPlan {
 
   // Packed panels in each thread's scratch: streaming tasks that pack need one per kv head.
   int64_t panel_heads_k() const { return streaming && !direct ? stream_heads_k : 0; }
+  // Attend tasks of one (sequence, kv head) of seqlen_q positions before key splits: streaming
+  // one, packed its q blocks times its head groups (packed_heads_per_task).
+  int64_t tasks_per_pair(const cpu::FwdArgs& args, int64_t seqlen_q) const;
   // Key blocks per split for a sequence with `blocks` key blocks.
   int64_t blocks_per_split(int64_t blocks) const { return cpu::ceil_div(blocks, num_splits); }
 
@@ -57,6 +63,17 @@ struct FwdPlan {
 
   std::string describe(const cpu::FwdArgs& args) const;
 };
+
+// Query heads of one kv head per task of the packed path, for a sequence of seqlen_q positions.
+// Where one q block holds every position (seqlen_q <= kMaxQBlockRows) a task takes as many of the
+// group's heads as fit its kMaxQBlockRows rows, spread evenly over the fewest tasks: a decode step
+// of a large group (MQA, absorbed MLA: 64 to 128 query heads on one kv head) then runs tasks of
+// up to 64 rows, not one single-row task per head. 1 where a head's positions fill a task.
+inline int64_t packed_heads_per_task(int64_t group_size, int64_t seqlen_q) {
+  const int64_t most =
+      std::clamp<int64_t>(cpu::kMaxQBlockRows / std::max<int64_t>(seqlen_q, 1), 1, group_size);
+  return cpu::ceil_div(group_size, cpu::ceil_div(group_size, most));
+}
 
 // Most key-range splits of one q block (a bound of the merge).
 constexpr int64_t kMaxSplits = 64;

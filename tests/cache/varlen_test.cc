@@ -240,6 +240,24 @@ TEST(Varlen, HeadDimsAndGqa) {
   }
 }
 
+// A group of 48 query heads on one kv head: the sequences of 2 to 4 positions run the packed
+// path in tasks of several heads (FwdPlan::packed_heads_per_task, planned for the longest of
+// them), the one-position decode steps the streaming path, the long ones one head per task.
+TEST(Varlen, LargeGroupSharesPackedTasksAcrossHeads) {
+  VarlenCase c;
+  c.lens_q = {1, 3, 2, 4, 1, 70, 3};
+  c.lens_k = {300, 3, 130, 65, 1, 70, 200};
+  c.Hq = 48;
+  c.Hk = 1;
+  c.causal = true;
+  c.alibi = Alibi::kPerHead;
+  c.sinks = true;
+  for (anyattn_dtype dtype : {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_BF16}) {
+    c.dtype = dtype;
+    EXPECT_TRUE(run_and_check_varlen(c));
+  }
+}
+
 TEST(Varlen, SequsedK) {
   for (bool causal : {false, true}) {
     VarlenCase c = mixed_lengths();

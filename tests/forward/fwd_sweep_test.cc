@@ -15,6 +15,10 @@
 //   Scale      default and explicit softmax_scale x dtype x head dim.
 //   SmallDv    value head dims 1-15 (below one vector on some path: V packed transposed) x mask,
 //              on every path of the CPU; D, shape, dtype, features and layout assigned.
+//   LargeGroups  groups of 24 to 128 query heads per kv head at Sq 1 to 4 (more rows per kv head
+//              than one task holds: the packed path's tasks then take several heads, evenly
+//              spread) x mask x ALiBi, with and without key splits; dtype, sinks, softcap,
+//              layout and the CPU's path assigned.
 // Cases whose f64 reference would be slow are shrunk by fit_budget() (B, then heads, then head
 // dims), so the longest sequences run with B = 1 and few heads; the groups above keep every axis
 // value reachable anyway. Seeds are fixed (group * 100000 + case index). The sweep costs about 30
@@ -349,6 +353,50 @@ TEST(FwdSweep, SmallValueHeadDims) {
     }
   }
   run_cases(cases, 8);
+}
+
+TEST(FwdSweep, LargeGroups) {
+  struct GroupShape {
+    int64_t hq, hk, sq;  // tasks of the packed path: heads per task x sq rows
+  };
+  const GroupShape shapes[] = {
+      {72, 1, 1},   // 2 tasks of 36 heads
+      {65, 1, 1},   // 33 and 32
+      {128, 1, 1},  // 2 tasks of 64
+      {130, 2, 1},  // 33 and 32 per kv head
+      {96, 1, 2},   // 3 tasks of 32 heads x 2 positions
+      {40, 1, 2},   // 2 tasks of 20 x 2
+      {33, 1, 3},   // 17 and 16, x 3
+      {24, 1, 4},   // 2 tasks of 12 x 4
+  };
+  const Alibi alibis[] = {Alibi::kNone, Alibi::kPerHead, Alibi::kPerBatchHead};
+  const int64_t key_counts[] = {63, 300, 1000};  // 1000: 16 blocks, key splits by default
+  const std::vector<anyattn_isa> isas = supported_isas();
+  std::vector<Case> cases;
+  for (int64_t i = 0; i < count(shapes); ++i) {
+    for (int64_t m = 0; m < 4; ++m) {
+      for (int64_t a = 0; a < count(alibis); ++a) {
+        Case c;
+        c.Hq = shapes[i].hq;
+        c.Hk = shapes[i].hk;
+        c.Sq = shapes[i].sq;
+        c.Sk = pick(key_counts, 1, i, 1, m + a);
+        c.B = (i + m) % 2 ? 2 : 1;
+        c.D = (i + a) % 2 ? 64 : 40;
+        c.Dv = (m + a) % 3 ? 64 : 24;
+        apply(kMasks[m], &c);
+        c.alibi = alibis[a];
+        c.sinks = (i + m + a) % 2 == 1;
+        c.softcap = (i + 2 * m + a) % 4 == 3 ? 5.0f : 0.0f;
+        c.dtype = pick(kDtypes, 1, i, 1, m + 2 * a);
+        c.layout = pick(kLayouts, 1, i + a, 2, m);
+        c.num_splits = (i + m + a) % 5 == 4 ? 3 : 0;
+        c.isa = isas[(i + m + 2 * a) % isas.size()];
+        cases.push_back(c);
+      }
+    }
+  }
+  run_cases(cases, 9);
 }
 
 }  // namespace

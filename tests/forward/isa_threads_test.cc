@@ -157,6 +157,15 @@ std::vector<Case> determinism_cases() {
   Case short_cache_packed = short_cache;  // 24 rows per kv head: the streaming path that packs
   short_cache_packed.Sq = 6;
   cases.push_back(short_cache_packed);
+  // 80 rows per kv head on the packed path, in tasks of 20 query heads x 2 positions, with key
+  // splits.
+  Case large_group = decode;
+  large_group.Sq = 2;
+  large_group.Sk = 1000;
+  large_group.Hq = 40;
+  large_group.Hk = 1;
+  large_group.sinks = true;
+  cases.push_back(large_group);
   Case prefill;
   prefill.B = 2;
   prefill.Sq = 257;

@@ -66,8 +66,7 @@ std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
     current.packed_blocks += packed;
     current.partial_rows += group_size * pair.seq.seqlen_q;
     current.pairs += 1;
-    const int64_t q_blocks = ceil_div(pair.seq.seqlen_q, plan.q_block_rows);
-    current_tasks += (plan.streaming ? 1 : group_size * q_blocks) * plan.num_splits;
+    current_tasks += plan.tasks_per_pair(args, pair.seq.seqlen_q) * plan.num_splits;
   }
   if (current.pairs > 0) groups.push_back(std::move(current));
   return groups;
@@ -138,7 +137,8 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
   std::vector<int64_t> pair_of_task;
   std::vector<int64_t> pair_costs(group.pairs, 0);
   // Streaming: one task (per split) holds every query row of stream_heads_k consecutive kv heads
-  // of one sequence; packed: one task per query head and q block.
+  // of one sequence; packed: one task per q block and plan::packed_heads_per_task query heads
+  // (the group's last task may hold fewer).
   int64_t p = group.first_pair;
   while (p < group.first_pair + group.pairs) {
     const Pair& pair = pairs[p];
@@ -150,13 +150,15 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
     }
     const int64_t q_blocks = ceil_div(pair.seq.seqlen_q, plan.q_block_rows);
     const int64_t blocks_per_split = plan.blocks_per_split(pair.blocks);
-    const int64_t heads_per_task = plan.streaming ? heads_k * group_size : 1;
-    for (int64_t g = 0; g < heads_k * group_size; g += heads_per_task) {
+    const int64_t task_heads = heads_k * group_size;  // query heads of this pair (or these)
+    const int64_t heads_per_task =
+        plan.streaming ? task_heads : plan::packed_heads_per_task(group_size, pair.seq.seqlen_q);
+    for (int64_t g = 0; g < task_heads; g += heads_per_task) {
       for (int64_t qb = 0; qb < q_blocks; ++qb) {
         AttendTask task;
         task.seq = pair.seq;
         task.head_q_begin = pair.head_k * group_size + g;
-        task.heads = heads_per_task;
+        task.heads = std::min(heads_per_task, task_heads - g);
         task.heads_k = plan.streaming ? heads_k : 1;
         task.q_begin = qb * plan.q_block_rows;
         task.q_end = std::min(task.q_begin + plan.q_block_rows, pair.seq.seqlen_q);
@@ -171,7 +173,7 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
           task.block_end = std::min(task.block_begin + blocks_per_split, pair.blocks);
           if (splits > 1) {
             // Partial rows are ordered (pair, head in group, position); a task's rows are
-            // consecutive in that order (a streaming task covers every position).
+            // consecutive in that order (a task of several heads covers every position).
             const int64_t row = pair.partial_first + g * pair.seq.seqlen_q + task.q_begin;
             const int64_t slot = row * splits + s;
             task.partial.o = ws.partial_o + slot * layout.dv_pad;
