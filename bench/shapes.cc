@@ -219,6 +219,17 @@ std::vector<DecodeShape> DecodeTableShapes(bool quick) {
       shapes.push_back(shape);
     }
   }
+  // The same with DeepSeek-V3's 128 query heads on the latent head: more rows than one task
+  // holds, so the packed path runs tasks of 64 heads.
+  DecodeShape wide_mla;
+  wide_mla.heads_q = 128;
+  wide_mla.heads_k = 1;
+  wide_mla.head_dim = 576;
+  wide_mla.head_dim_v = 512;
+  wide_mla.seqlen_k = 32768;
+  wide_mla.page_size = 64;
+  wide_mla.shared_latent = true;
+  shapes.push_back(wide_mla);
   return shapes;
 }
 

@@ -124,10 +124,12 @@ struct AttendTask {
   int64_t q_end = 0;
   int64_t block_begin = 0;
   int64_t block_end = 0;
-  // Packed K/V of this (batch, kv head), first block; nullptr to stream: the task then packs each
-  // block into its scratch panel just before use (each block is used by this task only).
+  // Packed K/V of this (batch, kv head), from block block_begin on; nullptr to stream: the task
+  // then packs each block into its scratch panel just before use (each block is used by this
+  // task only).
   const float* packed = nullptr;
-  const uint8_t* block_flags = nullptr;  // per packed block: what pack_block found (kBlock*)
+  const uint8_t* block_flags = nullptr;  // per packed block from block_begin: what pack_block found
+                                         // (kBlock*)
   PartialOutput partial;                 // o == nullptr: write out/lse directly
 };
 

@@ -67,7 +67,23 @@ FwdPlan make_fwd_plan(const cpu::FwdArgs& args, const PlanShape& shape, const ch
                             ? shape.sequences * cpu::ceil_div(args.heads_k, plan.stream_heads_k)
                             : shape.sequences * args.heads_k *
                                   plan.tasks_per_pair(args, shape.max_seqlen_q);
-  plan.num_splits = choose_splits(args, units, cpu::ceil_div(shape.max_seqlen_k, cpu::kKeyBlock));
+  const int64_t key_blocks = cpu::ceil_div(shape.max_seqlen_k, cpu::kKeyBlock);
+  plan.num_splits = choose_splits(args, units, key_blocks);
+  if (!plan.streaming && args.num_splits == 0) {
+    // K/V of one (sequence, kv head) beyond kPackBudgetBytes are packed and attended a piece of
+    // whole key splits at a time (fwd_driver.cc), so that the packed buffer stays bounded (and
+    // within the kept workspace) instead of holding the whole cache as f32: enough splits for
+    // pieces within the budget, where the merge's partial rows (group size x Sq per split) stay
+    // within it too, as in decode and short chunks against a long cache.
+    const int64_t pair_bytes = key_blocks * plan.layout.block_floats * 4;
+    const int64_t pieces = cpu::ceil_div(pair_bytes, kPackBudgetBytes);
+    const int64_t partial_bytes_per_split =
+        args.group_size() * shape.max_seqlen_q * (plan.layout.dv_pad + 2) * 4;
+    if (pieces > 1 && pieces * partial_bytes_per_split <= kPackBudgetBytes) {
+      plan.num_splits = std::clamp<int64_t>(std::max(plan.num_splits, pieces), 1,
+                                            std::min(kMaxSplits, key_blocks));
+    }
+  }
   if (plan.streaming) {
     // Too few tasks to occupy every thread (a short cache: few key splits): fewer kv heads per
     // task until there are enough. Unlike the split count this may depend on the thread count:

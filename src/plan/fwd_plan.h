@@ -77,7 +77,8 @@ inline int64_t packed_heads_per_task(int64_t group_size, int64_t seqlen_q) {
 
 // Most key-range splits of one q block (a bound of the merge).
 constexpr int64_t kMaxSplits = 64;
-// Bytes of packed K/V held at once (at least one (batch, kv head) pair is always packed whole).
+// Bytes of packed K/V held at once: a pair ((batch, kv head)) beyond it is packed a piece of whole
+// key splits at a time where the plan has enough splits (make_fwd_plan), else whole.
 constexpr int64_t kPackBudgetBytes = int64_t{48} << 20;
 // Attend tasks per thread in one packing group: enough for the cost-ordered queue to balance.
 constexpr int64_t kTasksPerThread = 8;

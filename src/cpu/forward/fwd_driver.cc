@@ -28,18 +28,54 @@ struct Pair {
   int64_t partial_first = 0;  // index of its first partial row within its group (split plans)
 };
 
-// Pairs packed together, then attended, then merged, before the next group is packed.
+// Pairs packed together, then attended, then merged, before the next group is packed; or a piece
+// of one pair: its key splits [split_begin, split_end), whose blocks from first_block on are
+// packed and attended, the pair merged after its last piece.
 struct Group {
   int64_t first_pair = 0;
   int64_t pairs = 0;
   int64_t packed_blocks = 0;
   int64_t partial_rows = 0;
+  int64_t split_begin = 0;
+  int64_t split_end = 0;    // the plan's num_splits for a group of whole pairs
+  int64_t first_block = 0;  // of the pair, for a piece; 0 otherwise
+  bool merges = true;       // false for a piece before its pair's last
   std::vector<AttendTask> tasks;  // most expensive first
 };
 
+// Appends the pieces of `pair` (index p; packed blocks beyond kPackBudgetBytes): runs of equally
+// many consecutive key splits, as few as fit the budget (a piece holds at least one split).
+void add_pieces(const plan::FwdPlan& plan, int64_t p, int64_t group_size, int64_t block_bytes,
+                Pair& pair, std::vector<Group>& groups) {
+  const int64_t splits = plan.num_splits;
+  const int64_t per_split = plan.blocks_per_split(pair.blocks);
+  const int64_t fewest_pieces = ceil_div(pair.blocks * block_bytes, plan::kPackBudgetBytes);
+  const int64_t splits_per_piece =
+      std::clamp<int64_t>(std::min(ceil_div(splits, fewest_pieces),
+                                   plan::kPackBudgetBytes / (per_split * block_bytes)),
+                          1, splits);
+  auto split_block = [&](int64_t s) { return std::min(s * per_split, pair.blocks); };
+  pair.packed_first = 0;
+  pair.partial_first = 0;
+  for (int64_t begin = 0; begin < splits; begin += splits_per_piece) {
+    const int64_t end = std::min(begin + splits_per_piece, splits);
+    Group piece;
+    piece.first_pair = p;
+    piece.pairs = 1;
+    piece.split_begin = begin;
+    piece.split_end = end;
+    piece.first_block = split_block(begin);
+    piece.packed_blocks = split_block(end) - piece.first_block;
+    piece.partial_rows = group_size * pair.seq.seqlen_q;
+    piece.merges = end == splits;
+    groups.push_back(std::move(piece));
+  }
+}
+
 // Splits the pairs into groups: each packs at most kPackBudgetBytes (but at least one pair) and
 // stops growing once it holds enough attend tasks to keep every thread busy and about
-// kPackGroupTargetBytes of packed K/V, which is then still in the caches when it is used.
+// kPackGroupTargetBytes of packed K/V, which is then still in the caches when it is used. A pair
+// beyond the budget forms pieces of its own where the plan splits its keys (add_pieces).
 // Streaming plans pack nothing: one group.
 std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
                                std::vector<Pair>& pairs) {
@@ -48,9 +84,19 @@ std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
   std::vector<Group> groups;
   Group current;
   int64_t current_tasks = 0;
+  current.split_end = plan.num_splits;
   for (int64_t p = 0; p < static_cast<int64_t>(pairs.size()); ++p) {
     Pair& pair = pairs[p];
     const int64_t packed = plan.streaming ? 0 : pair.blocks;
+    if (packed * block_bytes > plan::kPackBudgetBytes && plan.num_splits > 1) {
+      if (current.pairs > 0) groups.push_back(std::move(current));
+      add_pieces(plan, p, group_size, block_bytes, pair, groups);
+      current = Group{};
+      current.first_pair = p + 1;
+      current.split_end = plan.num_splits;
+      current_tasks = 0;
+      continue;
+    }
     const bool over_budget =
         (current.packed_blocks + packed) * block_bytes > plan::kPackBudgetBytes;
     const bool big_enough = current_tasks >= plan.wanted_tasks &&
@@ -59,6 +105,7 @@ std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
       groups.push_back(std::move(current));
       current = Group{};
       current.first_pair = p;
+      current.split_end = plan.num_splits;
       current_tasks = 0;
     }
     pair.packed_first = current.packed_blocks;
@@ -162,15 +209,16 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
         task.heads_k = plan.streaming ? heads_k : 1;
         task.q_begin = qb * plan.q_block_rows;
         task.q_end = std::min(task.q_begin + plan.q_block_rows, pair.seq.seqlen_q);
-        if (!plan.streaming) {
-          task.packed = ws.packed + pair.packed_first * layout.block_floats;
-          task.block_flags = ws.block_flags + pair.packed_first;
-        }
         const KeyRange visible =
             Mask(args, pair.seq).visible_blocks(task.q_begin, task.q_end, kKeyBlock);
-        for (int64_t s = 0; s < splits; ++s) {
+        for (int64_t s = group.split_begin; s < group.split_end; ++s) {
           task.block_begin = std::min(s * blocks_per_split, pair.blocks);
           task.block_end = std::min(task.block_begin + blocks_per_split, pair.blocks);
+          if (!plan.streaming) {
+            const int64_t first = pair.packed_first + task.block_begin - group.first_block;
+            task.packed = ws.packed + first * layout.block_floats;
+            task.block_flags = ws.block_flags + first;
+          }
           if (splits > 1) {
             // Partial rows are ordered (pair, head in group, position); a task's rows are
             // consecutive in that order (a task of several heads covers every position).
@@ -301,7 +349,8 @@ void run_part(const FwdArgs& args, const FwdKernel& kernel, const runtime::PoolL
         const Pair& pair = *owner;
         const Scratch scratch = Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout,
                                                plan.panel_heads_k());
-        kernel.pack_block(args, layout, pair.seq, pair.head_k, t - pair.packed_first,
+        kernel.pack_block(args, layout, pair.seq, pair.head_k,
+                          group.first_block + t - pair.packed_first,
                           ws.packed + t * layout.block_floats, ws.block_flags + t,
                           scratch.staging);
       });
@@ -312,7 +361,7 @@ void run_part(const FwdArgs& args, const FwdKernel& kernel, const runtime::PoolL
       const AttendFn attend = plan.direct ? kernel.attend_direct : kernel.attend;
       attend(args, layout, group.tasks[t], scratch);
     });
-    if (plan.num_splits > 1) merge_splits(args, plan, ws, lease, pairs, group);
+    if (plan.num_splits > 1 && group.merges) merge_splits(args, plan, ws, lease, pairs, group);
   }
 }
 

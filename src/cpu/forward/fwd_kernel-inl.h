@@ -1040,8 +1040,9 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
     const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
     for (int64_t h = 0; h < task.heads_k; ++h) {
       const float* kt = streaming ? scratch.panel + h * layout.block_floats
-                                  : task.packed + block * layout.block_floats;
-      const uint8_t block_flags = streaming ? stream_flags[h] : task.block_flags[block];
+                                  : task.packed + (block - task.block_begin) * layout.block_floats;
+      const uint8_t block_flags =
+          streaming ? stream_flags[h] : task.block_flags[block - task.block_begin];
       const float* v_panel = kt + layout.kt_floats;
       const int64_t r0 = h * rows_per_kv;
       const TaskRows head_rows{rows.q_begin, rows.positions, rows.head_begin + h * heads_per_kv,
