@@ -16,8 +16,13 @@
 
 namespace anyattn::runtime {
 
-// The largest workspace kept between calls: 96 MiB.
-constexpr int64_t kKeptWorkspaceLimitFloats = int64_t{96} << 18;
+// The largest workspace kept between calls: 256 MiB, which holds the backward's dQ partials at
+// their budget (128 MiB, plan/bwd_plan.cc) with its per-thread chunk scratch for a few dozen
+// threads at Sk 2048 (5.2 MiB each at D 128), and the forward's packing groups (48 MiB). A call
+// that needs more pays for fresh pages each time, which a call of that size hardly notices; one
+// that fits in it pays once. Keeping it costs no peak memory: each call that fills it would
+// allocate as much for itself otherwise.
+constexpr int64_t kKeptWorkspaceLimitFloats = int64_t{256} << 18;
 
 // At least `floats` uninitialised, 64-byte aligned floats for the call that holds `lease`: the
 // kept buffer (grown if needed) when the lease owns the pool and `floats` is within the limit,
