@@ -203,32 +203,26 @@ std::vector<DecodeShape> DecodeTableShapes(bool quick) {
   // Absorbed MLA decode (DeepSeek-V2-Lite's 16 heads): one latent kv head of 512 + 64 dims, read
   // once as K and V, in bf16 and as 8-bit latent caches (V with K's scales), and the same call
   // with V in a buffer of its own (what reading it twice costs).
-  for (bool shared_latent : {true, false}) {
-    DecodeShape shape;
-    shape.heads_q = 16;
-    shape.heads_k = 1;
-    shape.head_dim = 576;
-    shape.head_dim_v = 512;
-    shape.seqlen_k = 32768;
-    shape.page_size = 64;
-    shape.shared_latent = shared_latent;
+  DecodeShape mla;
+  mla.heads_q = 16;
+  mla.heads_k = 1;
+  mla.head_dim = 576;
+  mla.head_dim_v = 512;
+  mla.seqlen_k = 32768;
+  mla.page_size = 64;
+  mla.shared_latent = true;
+  for (CacheFormat cache : {CacheFormat::kAsQ, CacheFormat::kFp8E4M3, CacheFormat::kI8PerToken}) {
+    DecodeShape shape = mla;
+    shape.cache = cache;
     shapes.push_back(shape);
-    if (!shared_latent) continue;
-    for (CacheFormat cache : {CacheFormat::kFp8E4M3, CacheFormat::kI8PerToken}) {
-      shape.cache = cache;
-      shapes.push_back(shape);
-    }
   }
+  DecodeShape separate_v = mla;
+  separate_v.shared_latent = false;
+  shapes.push_back(separate_v);
   // The same with DeepSeek-V3's 128 query heads on the latent head: more rows than one task
   // holds, so the packed path runs tasks of 64 heads.
-  DecodeShape wide_mla;
+  DecodeShape wide_mla = mla;
   wide_mla.heads_q = 128;
-  wide_mla.heads_k = 1;
-  wide_mla.head_dim = 576;
-  wide_mla.head_dim_v = 512;
-  wide_mla.seqlen_k = 32768;
-  wide_mla.page_size = 64;
-  wide_mla.shared_latent = true;
   shapes.push_back(wide_mla);
   return shapes;
 }
