@@ -128,9 +128,9 @@ struct AttendTask {
   // then packs each block into its scratch panel just before use (each block is used by this
   // task only).
   const float* packed = nullptr;
-  const uint8_t* block_flags = nullptr;  // per packed block from block_begin: what pack_block found
-                                         // (kBlock*)
-  PartialOutput partial;                 // o == nullptr: write out/lse directly
+  // What pack_block found in each packed block from block_begin on (kBlock*).
+  const uint8_t* block_flags = nullptr;
+  PartialOutput partial;  // o == nullptr: write out/lse directly
 };
 
 // Flags pack_block sets for a key block (AttendTask::block_flags).
