@@ -3,8 +3,8 @@
 flash_attn_func at D = 576 / Dv = 512 (forward and autograd) against float64 torch math by the
 2x rule; flash_attn_with_kvcache with one latent cache passed as both k_cache and v_cache
 (v_cache = latent[..., :512], the way FlashMLA, vLLM and sglang call it), contiguous and paged,
-with and without appending new tokens given as one latent row (k = new, v = new[..., :512]); and
-head dims past the limits rejected before any backend runs.
+with and without appending new tokens given as one latent row (k = new, v = new[..., :512]), for
+16 and 128 query heads; and head dims past the limits rejected before any backend runs.
 """
 
 from __future__ import annotations
@@ -61,11 +61,14 @@ def test_autograd_at_the_largest_head_dims():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("sq,append", [(1, False), (1, True), (4, True)])
-def test_mla_decode_on_a_shared_latent_cache(dtype, paged, sq, append):
-    """Hq = 16 query heads against one latent kv head; v_cache is a view of k_cache."""
+@pytest.mark.parametrize("hq", [16, 128])
+def test_mla_decode_on_a_shared_latent_cache(dtype, paged, sq, append, hq):
+    """Hq = 16 (DeepSeek-V2-Lite) or 128 (DeepSeek-V3: more rows than one task holds, so tasks of
+    several heads on the packed path) query heads against one latent kv head; v_cache is a view
+    of k_cache."""
     g = torch.Generator().manual_seed(7 + sq + 2 * append + 4 * paged)
     tdt = getattr(torch, dtype)
-    b, hq, cap, page = 2, 16, 144, 16
+    b, cap, page = 2, 144, 16
     seqlens = torch.tensor([70, 129], dtype=torch.int32)
     latent_log = torch.randn(b, cap, 1, D, generator=g).to(tdt)  # logical cache
     q = torch.randn(b, sq, hq, D, generator=g).to(tdt)
