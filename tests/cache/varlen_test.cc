@@ -241,8 +241,9 @@ TEST(Varlen, HeadDimsAndGqa) {
 }
 
 // A group of 48 query heads on one kv head: the sequences of 2 to 4 positions run the packed
-// path in tasks of several heads (FwdPlan::packed_heads_per_task, planned for the longest of
-// them), the one-position decode steps the streaming path, the long ones one head per task.
+// path in tasks of several heads (plan::packed_heads_per_task, chosen per sequence: 24 or 16 of
+// them), the one-position decode steps the streaming path, the one of 70 positions one head per
+// task.
 TEST(Varlen, LargeGroupSharesPackedTasksAcrossHeads) {
   VarlenCase c;
   c.lens_q = {1, 3, 2, 4, 1, 70, 3};
