@@ -50,6 +50,38 @@ fn dense(
     (out, lse)
 }
 
+/// Dense backward of `dense`'s call (same shapes), from its out and lse; returns (dq, dk, dv).
+#[allow(clippy::too_many_arguments)]
+fn dense_bwd(
+    dout: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+    lse: &[f32],
+    (sq, sk, hq, hk, d): (usize, usize, usize, usize, usize),
+    opts: &FwdOptions,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut dq = vec![0f32; sq * hq * d];
+    let mut dk = vec![0f32; sk * hk * d];
+    let mut dv = vec![0f32; sk * hk * d];
+    bwd(
+        &View::contiguous(dout, &[1, sq, hq, d]).unwrap(),
+        &View::contiguous(q, &[1, sq, hq, d]).unwrap(),
+        &View::contiguous(k, &[1, sk, hk, d]).unwrap(),
+        &View::contiguous(v, &[1, sk, hk, d]).unwrap(),
+        &View::contiguous(out, &[1, sq, hq, d]).unwrap(),
+        &View::contiguous(lse, &[1, hq, sq]).unwrap(),
+        &mut ViewMut::contiguous(&mut dq, &[1, sq, hq, d]).unwrap(),
+        &mut ViewMut::contiguous(&mut dk, &[1, sk, hk, d]).unwrap(),
+        &mut ViewMut::contiguous(&mut dv, &[1, sk, hk, d]).unwrap(),
+        None,
+        opts,
+    )
+    .unwrap();
+    (dq, dk, dv)
+}
+
 const B: usize = 2;
 const SQ: usize = 2;
 const HQ: usize = 4;
@@ -363,24 +395,9 @@ fn bwd_varlen_equals_dense_bwd_per_sequence() {
         let rq = |x: &[f32]| x[q0 * hq * d..q1 * hq * d].to_vec();
         let rk = |x: &[f32]| x[k0 * hk * d..k1 * hk * d].to_vec();
         let (qs, ks, vs, dos) = (rq(&q), rk(&k), rk(&v), rq(&dout));
-        let (o, l) = dense(&qs, &ks, &vs, (sq, sk, hq, hk, d), &opts);
-        let mut dqs = vec![0f32; sq * hq * d];
-        let mut dks = vec![0f32; sk * hk * d];
-        let mut dvs = vec![0f32; sk * hk * d];
-        bwd(
-            &View::contiguous(&dos, &[1, sq, hq, d]).unwrap(),
-            &View::contiguous(&qs, &[1, sq, hq, d]).unwrap(),
-            &View::contiguous(&ks, &[1, sk, hk, d]).unwrap(),
-            &View::contiguous(&vs, &[1, sk, hk, d]).unwrap(),
-            &View::contiguous(&o, &[1, sq, hq, d]).unwrap(),
-            &View::contiguous(&l, &[1, hq, sq]).unwrap(),
-            &mut ViewMut::contiguous(&mut dqs, &[1, sq, hq, d]).unwrap(),
-            &mut ViewMut::contiguous(&mut dks, &[1, sk, hk, d]).unwrap(),
-            &mut ViewMut::contiguous(&mut dvs, &[1, sk, hk, d]).unwrap(),
-            None,
-            &opts,
-        )
-        .unwrap();
+        let dims = (sq, sk, hq, hk, d);
+        let (o, l) = dense(&qs, &ks, &vs, dims, &opts);
+        let (dqs, dks, dvs) = dense_bwd(&dos, &qs, &ks, &vs, &o, &l, dims, &opts);
         assert_eq!(bits(&rq(&dq)), bits(&dqs), "dq of sequence {s}");
         assert_eq!(bits(&rk(&dk)), bits(&dks), "dk of sequence {s}");
         assert_eq!(bits(&rk(&dv)), bits(&dvs), "dv of sequence {s}");
@@ -484,29 +501,9 @@ fn bwd_own_forward_gives_a_row_of_one_key_zero_dq() {
         causal: true,
         ..Default::default()
     };
-    let (out, lse) = dense(&q, &k, &v, (sq, sk, h, h, d), &plain);
-    let gradients = |opts: &FwdOptions| {
-        let (mut dq, mut dk, mut dv) = (
-            vec![0f32; sq * h * d],
-            vec![0f32; sk * h * d],
-            vec![0f32; sk * h * d],
-        );
-        bwd(
-            &View::contiguous(&dout, &[1, sq, h, d]).unwrap(),
-            &View::contiguous(&q, &[1, sq, h, d]).unwrap(),
-            &View::contiguous(&k, &[1, sk, h, d]).unwrap(),
-            &View::contiguous(&v, &[1, sk, h, d]).unwrap(),
-            &View::contiguous(&out, &[1, sq, h, d]).unwrap(),
-            &View::contiguous(&lse, &[1, h, sq]).unwrap(),
-            &mut ViewMut::contiguous(&mut dq, &[1, sq, h, d]).unwrap(),
-            &mut ViewMut::contiguous(&mut dk, &[1, sk, h, d]).unwrap(),
-            &mut ViewMut::contiguous(&mut dv, &[1, sk, h, d]).unwrap(),
-            None,
-            opts,
-        )
-        .unwrap();
-        (dq, dk, dv)
-    };
+    let dims = (sq, sk, h, h, d);
+    let (out, lse) = dense(&q, &k, &v, dims, &plain);
+    let gradients = |opts: &FwdOptions| dense_bwd(&dout, &q, &k, &v, &out, &lse, dims, opts);
     let own = FwdOptions {
         bwd_own_forward: true,
         ..plain

@@ -84,30 +84,29 @@ std::vector<Group> make_groups(const FwdArgs& args, const plan::FwdPlan& plan,
   std::vector<Group> groups;
   Group current;
   int64_t current_tasks = 0;
-  current.split_end = plan.num_splits;
+  // Closes the current group (if it holds a pair) and opens one of whole pairs from `first`.
+  auto start_group = [&](int64_t first) {
+    if (current.pairs > 0) groups.push_back(std::move(current));
+    current = Group{};
+    current.first_pair = first;
+    current.split_end = plan.num_splits;
+    current_tasks = 0;
+  };
+  start_group(0);
   for (int64_t p = 0; p < static_cast<int64_t>(pairs.size()); ++p) {
     Pair& pair = pairs[p];
     const int64_t packed = plan.streaming ? 0 : pair.blocks;
     if (packed * block_bytes > plan::kPackBudgetBytes && plan.num_splits > 1) {
-      if (current.pairs > 0) groups.push_back(std::move(current));
+      start_group(p);  // pushes the pairs before p
       add_pieces(plan, p, group_size, block_bytes, pair, groups);
-      current = Group{};
       current.first_pair = p + 1;
-      current.split_end = plan.num_splits;
-      current_tasks = 0;
       continue;
     }
     const bool over_budget =
         (current.packed_blocks + packed) * block_bytes > plan::kPackBudgetBytes;
     const bool big_enough = current_tasks >= plan.wanted_tasks &&
                             current.packed_blocks * block_bytes >= plan::kPackGroupTargetBytes;
-    if (current.pairs > 0 && !plan.streaming && (over_budget || big_enough)) {
-      groups.push_back(std::move(current));
-      current = Group{};
-      current.first_pair = p;
-      current.split_end = plan.num_splits;
-      current_tasks = 0;
-    }
+    if (current.pairs > 0 && !plan.streaming && (over_budget || big_enough)) start_group(p);
     pair.packed_first = current.packed_blocks;
     pair.partial_first = current.partial_rows;
     current.packed_blocks += packed;
