@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <queue>
 
 #include "cpu/decode/e4m3_read.h"
 #include "runtime/str_cat.h"
@@ -105,6 +107,24 @@ int64_t FwdPlan::tasks_per_pair(const cpu::FwdArgs& args, int64_t seqlen_q) cons
   const int64_t q_blocks = cpu::ceil_div(seqlen_q, q_block_rows);
   return cpu::ceil_div(args.group_size(), packed_heads_per_task(args.group_size(), seqlen_q)) *
          q_blocks;
+}
+
+bool pairs_balance_on_threads(std::vector<int64_t> pair_costs, int threads) {
+  if (pair_costs.empty() || threads <= 1) return true;
+  std::sort(pair_costs.begin(), pair_costs.end(), std::greater<int64_t>());
+  // Each pair goes to the thread that frees up first: the one with the least work so far.
+  std::priority_queue<int64_t, std::vector<int64_t>, std::greater<int64_t>> loads;
+  for (int t = 0; t < threads; ++t) loads.push(0);
+  int64_t total = 0;
+  int64_t makespan = 0;
+  for (const int64_t cost : pair_costs) {
+    const int64_t load = loads.top() + cost;
+    loads.pop();
+    loads.push(load);
+    total += cost;
+    makespan = std::max(makespan, load);
+  }
+  return makespan * 32 * threads <= total * 33;
 }
 
 std::string FwdPlan::describe(const cpu::FwdArgs& args) const {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/fwd_args.h"
 #include "plan/fwd_layout.h"
@@ -86,6 +87,20 @@ constexpr int64_t kTasksPerThread = 8;
 // small enough to stay in the last-level cache while attended, large enough that the barrier
 // between packing and attending is paid rarely.
 constexpr int64_t kPackGroupTargetBytes = int64_t{8} << 20;
+
+// Pair-local packing groups (fwd_driver.cc): each (sequence, kv head) pair is packed and then
+// attended by the one thread that takes it, so that its packed K/V are read back from that core's
+// L2 by its q-block tasks, instead of being packed by every thread, written out to memory and
+// read back from there by every thread. For pairs whose packed K/V take at most
+// kPairLocalMaxBytes (short sequences: packing is then a large share of the call), where whole
+// pairs still keep every thread busy (pairs_balance_on_threads).
+constexpr int64_t kPairLocalMaxBytes = int64_t{5} << 18;
+
+// Whether pairs of the attend costs `pair_costs`, each run whole by one of `threads` threads
+// and handed out most expensive first, finish within 1/32 of an even share of their total: the
+// makespan of that greedy schedule, which the thread pool's queue follows when its threads run
+// at one speed. 8 equal pairs balance on 1, 2, 4 or 8 threads, not on 3.
+bool pairs_balance_on_threads(std::vector<int64_t> pair_costs, int threads);
 
 // The plan for the sequences `shape` describes, all of one FwdPath, run by the kernel named
 // kernel_name (static storage), whose direct loop takes up to direct_rows rows per kv head, on

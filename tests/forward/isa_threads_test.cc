@@ -166,6 +166,15 @@ std::vector<Case> determinism_cases() {
   large_group.Hk = 1;
   large_group.sinks = true;
   cases.push_back(large_group);
+  // Eight pairs of a short sequence, packed per pair: pair-local (each pair packed and attended
+  // by the thread that takes it) on 1, 2 and 8 threads; on 3 packed by every thread, then
+  // attended by every thread (plan::pairs_balance_on_threads).
+  Case short_mha = decode;
+  short_mha.Sq = short_mha.Sk = 130;
+  short_mha.Hq = short_mha.Hk = 8;
+  short_mha.D = short_mha.Dv = 64;
+  short_mha.causal = true;
+  cases.push_back(short_mha);
   Case prefill;
   prefill.B = 2;
   prefill.Sq = 257;

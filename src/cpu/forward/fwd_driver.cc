@@ -40,7 +40,13 @@ struct Group {
   int64_t split_end = 0;    // the plan's num_splits for a group of whole pairs
   int64_t first_block = 0;  // of the pair, for a piece; 0 otherwise
   bool merges = true;       // false for a piece before its pair's last
-  std::vector<AttendTask> tasks;  // most expensive first
+  std::vector<AttendTask> tasks;  // pair by pair, most expensive pair first (build_tasks)
+  // The pairs in the order of `tasks`, and where each one's tasks begin (a last entry: the end).
+  std::vector<int64_t> pair_order;
+  std::vector<int64_t> task_begin;
+  // Pair-local (plan::kPairLocalMaxBytes): each pair packed and attended by one thread, rather
+  // than the whole group packed by every thread and then attended by every thread.
+  bool pair_local = false;
 };
 
 // Appends the pieces of `pair` (index p; packed blocks beyond kPackBudgetBytes): runs of equally
@@ -166,15 +172,15 @@ Workspace carve_workspace(const plan::FwdPlan& plan, const WorkspaceSizes& sizes
   return ws;
 }
 
-// The attend tasks of one group, pair by pair: pairs in decreasing total cost, and each pair's
+// Fills the attend tasks of `group`, pair by pair: pairs in decreasing total cost, and each pair's
 // tasks most expensive first. Expensive work first keeps the threads' finishing times close
 // (causal q blocks differ in cost up to Sk/64 times, varlen sequences far more), and keeping a
 // pair's tasks together keeps its packed K/V (up to a few MiB) in the caches while they run: a
 // plain most-expensive-first order over the whole group interleaves every pair's causal q blocks,
-// and each task then streams its panel from L3.
-std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& plan,
-                                    const Workspace& ws, const std::vector<Pair>& pairs,
-                                    const Group& group) {
+// and each task then streams its panel from L3. Makes the group pair-local where every pair packs
+// within plan::kPairLocalMaxBytes and whole pairs balance on the plan's threads.
+void build_tasks(const FwdArgs& args, const plan::FwdPlan& plan, const Workspace& ws,
+                 const std::vector<Pair>& pairs, Group& group) {
   const PackedLayout& layout = plan.layout;
   const int64_t group_size = args.group_size();
   const int64_t splits = plan.num_splits;
@@ -251,10 +257,26 @@ std::vector<AttendTask> build_tasks(const FwdArgs& args, const plan::FwdPlan& pl
     }
     return costs[a] > costs[b];
   });
-  std::vector<AttendTask> sorted;
-  sorted.reserve(tasks.size());
-  for (int64_t index : order) sorted.push_back(tasks[index]);
-  return sorted;
+  group.tasks.clear();
+  group.tasks.reserve(tasks.size());
+  group.pair_order.clear();
+  group.task_begin.clear();
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int64_t pair = pair_of_task[order[i]];
+    if (i == 0 || pair != pair_of_task[order[i - 1]]) {
+      group.pair_order.push_back(group.first_pair + pair);
+      group.task_begin.push_back(static_cast<int64_t>(i));
+    }
+    group.tasks.push_back(tasks[order[i]]);
+  }
+  group.task_begin.push_back(static_cast<int64_t>(tasks.size()));
+
+  bool pairs_fit = !plan.streaming && group.first_block == 0;  // not a piece of a pair
+  for (int64_t i = group.first_pair; i < group.first_pair + group.pairs; ++i) {
+    pairs_fit = pairs_fit &&
+                pairs[i].blocks * layout.block_floats * 4 <= plan::kPairLocalMaxBytes;
+  }
+  group.pair_local = pairs_fit && plan::pairs_balance_on_threads(pair_costs, plan.threads);
 }
 
 // Merges the split partials of one group into out and lse, in split order.
@@ -335,31 +357,44 @@ void run_part(const FwdArgs& args, const FwdKernel& kernel, const runtime::PoolL
   const PackedLayout& layout = plan.layout;
   const std::vector<Pair>& pairs = part.pairs;
   const Workspace& ws = part.ws;
+  const AttendFn attend_fn = plan.direct ? kernel.attend_direct : kernel.attend;
+  auto scratch_of = [&](int worker) {
+    return Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout, plan.panel_heads_k());
+  };
   for (const Group& group : part.groups) {
-    if (!plan.streaming) {
-      lease.run_each(group.packed_blocks, [&](int64_t t, int worker) {
-        // The pair that owns packed block t: the last one whose first block is <= t.
-        const auto first = pairs.begin() + group.first_pair;
-        const auto owner = std::upper_bound(first + 1, first + group.pairs, t,
-                                            [](int64_t block, const Pair& candidate) {
-                                              return block < candidate.packed_first;
-                                            }) -
-                           1;
-        const Pair& pair = *owner;
-        const Scratch scratch = Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout,
-                                               plan.panel_heads_k());
-        kernel.pack_block(args, layout, pair.seq, pair.head_k,
-                          group.first_block + t - pair.packed_first,
-                          ws.packed + t * layout.block_floats, ws.block_flags + t,
-                          scratch.staging);
+    // Packs the group's block t, of `pair`, on `worker`.
+    auto pack = [&](const Pair& pair, int64_t t, int worker) {
+      kernel.pack_block(args, layout, pair.seq, pair.head_k,
+                        group.first_block + t - pair.packed_first,
+                        ws.packed + t * layout.block_floats, ws.block_flags + t,
+                        scratch_of(worker).staging);
+    };
+    auto attend = [&](int64_t t, int worker) {
+      attend_fn(args, layout, group.tasks[t], scratch_of(worker));
+    };
+    if (group.pair_local) {
+      lease.run_each(static_cast<int64_t>(group.pair_order.size()), [&](int64_t i, int worker) {
+        const Pair& pair = pairs[group.pair_order[i]];
+        for (int64_t t = pair.packed_first; t < pair.packed_first + pair.blocks; ++t) {
+          pack(pair, t, worker);
+        }
+        for (int64_t t = group.task_begin[i]; t < group.task_begin[i + 1]; ++t) attend(t, worker);
       });
+    } else {
+      if (!plan.streaming) {
+        lease.run_each(group.packed_blocks, [&](int64_t t, int worker) {
+          // The pair that owns packed block t: the last one whose first block is <= t.
+          const auto first = pairs.begin() + group.first_pair;
+          const auto owner = std::upper_bound(first + 1, first + group.pairs, t,
+                                              [](int64_t block, const Pair& candidate) {
+                                                return block < candidate.packed_first;
+                                              }) -
+                             1;
+          pack(*owner, t, worker);
+        });
+      }
+      lease.run_each(static_cast<int64_t>(group.tasks.size()), attend);
     }
-    lease.run_each(static_cast<int64_t>(group.tasks.size()), [&](int64_t t, int worker) {
-      const Scratch scratch =
-          Scratch::carve(ws.scratch + worker * plan.scratch_floats, layout, plan.panel_heads_k());
-      const AttendFn attend = plan.direct ? kernel.attend_direct : kernel.attend;
-      attend(args, layout, group.tasks[t], scratch);
-    });
     if (plan.num_splits > 1 && group.merges) merge_splits(args, plan, ws, lease, pairs, group);
   }
 }
@@ -400,10 +435,16 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
   AlignedBuffer<float> owned;
   float* base = runtime::reserve_workspace(workspace_floats, lease, &owned);
   for (PlannedPart& part : parts) {
-    if (plan::verbose_enabled()) std::fprintf(stderr, "%s\n", part.plan.describe(args).c_str());
     part.ws = carve_workspace(part.plan, part.sizes, base);
+    int64_t pair_local_groups = 0;
     for (Group& group : part.groups) {
-      group.tasks = build_tasks(args, part.plan, part.ws, part.pairs, group);
+      build_tasks(args, part.plan, part.ws, part.pairs, group);
+      pair_local_groups += group.pair_local ? 1 : 0;
+    }
+    if (plan::verbose_enabled()) {
+      std::fprintf(stderr, "%s groups=%lld pair_local=%lld\n", part.plan.describe(args).c_str(),
+                   static_cast<long long>(part.groups.size()),
+                   static_cast<long long>(pair_local_groups));
     }
   }
   for (const PlannedPart& part : parts) run_part(args, *kernel, lease, part);
