@@ -6,10 +6,12 @@
 // micro-kernel column count is a whole number of vectors on every ISA and padded columns
 // contribute exact zeros.
 //
-// A task is (sequence, kv head, key chunk): a chunk is a run of consecutive 64-key blocks. The
-// number of chunks per sequence depends only on the shape (BwdLayout::num_chunks), never on the
-// thread count; with one chunk a task writes dq directly, with several each chunk writes an f32
-// dq partial and a final pass sums the partials in chunk order.
+// A task is (sequence, kv head, head split, key chunk): a head split is a range of the GQA group's
+// query heads, a chunk a run of consecutive 64-key blocks. The number of head splits per group and
+// of chunks per sequence depend only on the shape (BwdLayout::head_splits, num_chunks), never on
+// the thread count. With one head split a task writes dk and dv directly, with several each split
+// writes f32 dK/dV partials; with one chunk a task writes dq directly, with several each chunk
+// writes an f32 dq partial. Final passes sum the partials in split and chunk order.
 #ifndef ANYATTN_PLAN_BWD_LAYOUT_H_
 #define ANYATTN_PLAN_BWD_LAYOUT_H_
 
@@ -32,28 +34,38 @@ struct BwdSeq {
   int64_t dq_offset = 0;    // element offset of dq position 0, head 0
   // Workspace row of (head h, position i) is row_first + h * seq.seqlen_q + i.
   int64_t row_first = 0;
+  // dK/dV partial row of (kv head hk, key j) is key_row_first + hk * seq.seqlen_k + j.
+  int64_t key_row_first = 0;
 };
 
-inline BwdSeq bwd_sequence(const BwdArgs& args, int64_t b, int64_t row_first) {
+inline BwdSeq bwd_sequence(const BwdArgs& args, int64_t b, int64_t row_first,
+                           int64_t key_row_first) {
   BwdSeq s;
   s.seq = sequence_info(args.fwd, b);
   const int64_t q_start = args.fwd.cu_seqlens_q != nullptr ? args.fwd.cu_seqlens_q[b] : 0;
   s.dout_offset = b * args.dout_batch_stride + q_start * args.dout_row_stride;
   s.dq_offset = b * args.dq_batch_stride + q_start * args.dq_row_stride;
   s.row_first = row_first;
+  s.key_row_first = key_row_first;
   return s;
 }
 
-// One task of the fused pass: keys [key_begin, key_end) of one sequence and kv head, for every
-// query head of the GQA group. key_begin is a multiple of 64.
+// One task of the fused pass: keys [key_begin, key_end) of one sequence and kv head, for query
+// heads [group_begin, group_end) of the GQA group (0 .. group size). key_begin is a multiple of 64.
 struct BwdTask {
   BwdSeq seq;
   int64_t head_k = 0;
+  int64_t group_begin = 0;
+  int64_t group_end = 1;
   int64_t key_begin = 0;
   int64_t key_end = 0;
   // f32 dq partial rows of this chunk (indexed by workspace row, d_pad floats each), or null when
   // the sequence has one chunk and the task writes dq itself.
   float* dq_partial = nullptr;
+  // f32 dK and dV partial rows of this head split (indexed by dK/dV partial row, d_pad floats of
+  // dK then dv_pad of dV, both unscaled), or null when the group has one head split and the task
+  // writes dk and dv itself.
+  float* dkv_partial = nullptr;
 };
 
 // The key blocks of the task's chunk (0 = its first) that hold a key at least one of query rows
@@ -69,10 +81,11 @@ inline KeyRange chunk_blocks_seen(const Mask& mask, const BwdTask& task, int64_t
 }
 
 struct BwdLayout {
-  int64_t d_pad = 0;       // D rounded up to 16
-  int64_t dv_pad = 0;      // Dv rounded up to 16
-  int64_t num_chunks = 1;  // key chunks per sequence (fewer when a sequence has fewer blocks)
-  int64_t chunk_keys = 0;  // keys of the largest chunk, a multiple of 64
+  int64_t d_pad = 0;        // D rounded up to 16
+  int64_t dv_pad = 0;       // Dv rounded up to 16
+  int64_t head_splits = 1;  // query-head ranges per GQA group, at most the group size
+  int64_t num_chunks = 1;   // key chunks per sequence (fewer when a sequence has fewer blocks)
+  int64_t chunk_keys = 0;   // keys of the largest chunk, a multiple of 64
   // The products on AMX tiles (bf16 calls on the avx512_amx path): the scratch then also holds
   // bf16 copies of K, V, Q and dout in the tiles' formats (BwdScratch).
   bool bf16_tiles = false;
@@ -98,6 +111,12 @@ struct BwdLayout {
     return blocks * c / chunks;
   }
   int64_t chunks_for(int64_t blocks) const { return std::min(num_chunks, blocks); }
+  // Query heads [first, next first) of head split `split` of a group of `group_size`: even ranges.
+  int64_t split_first_head(int64_t group_size, int64_t split) const {
+    return group_size * split / head_splits;
+  }
+  // Floats of one dK/dV partial row.
+  int64_t dkv_row_floats() const { return d_pad + dv_pad; }
 
   // Floats of one thread's scratch (BwdScratch::carve).
   int64_t scratch_floats() const {

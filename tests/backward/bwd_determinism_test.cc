@@ -59,8 +59,9 @@ TEST(BwdDeterminism, BitwiseAcrossThreadCountsBf16) {
   expect_bitwise_across_threads(c);
 }
 
-// B * Hk >= 16: one key chunk per (batch, kv head), so each task writes its dq directly (the
-// cases above split the keys into chunks and sum dq partials).
+// B * Hk >= 16: one key chunk and one head split per (batch, kv head), so each task writes its
+// dq, dk and dv directly (the cases above split each group's 2 query heads and the keys, and sum
+// dK/dV and dq partials).
 TEST(BwdDeterminism, BitwiseAcrossThreadCountsOneChunk) {
   BwdCase c;
   c.fwd = determinism_case();
@@ -69,6 +70,17 @@ TEST(BwdDeterminism, BitwiseAcrossThreadCountsOneChunk) {
   c.fwd.Hk = 8;
   c.fwd.Sq = 100;
   c.fwd.Sk = 140;
+  expect_bitwise_across_threads(c);
+}
+
+// MQA: 6 head splits of one query head, 3 key chunks.
+TEST(BwdDeterminism, BitwiseAcrossThreadCountsHeadSplits) {
+  BwdCase c;
+  c.fwd = determinism_case();
+  c.fwd.B = 1;
+  c.fwd.Hq = 6;
+  c.fwd.Hk = 1;
+  c.fwd.dtype = ANYATTN_DTYPE_BF16;
   expect_bitwise_across_threads(c);
 }
 

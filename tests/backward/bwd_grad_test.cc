@@ -262,9 +262,9 @@ TEST(BwdGrad, StridedLayouts) {
   }
 }
 
-// B * Hk >= 16 gives one key chunk per (batch, kv head): tasks write dq directly rather than
-// through the chunk partials the smaller cases use (bwd_layout.h). Also with Sq > Sk causal, where
-// leading query rows see no key and must get dq = 0.
+// B * Hk >= 16 gives one key chunk and one head split per (batch, kv head): tasks write dq, dk and
+// dv directly rather than through the partials the smaller cases use (bwd_layout.h). Also with
+// Sq > Sk causal, where leading query rows see no key and must get dq = 0.
 TEST(BwdGrad, OneChunkPerKvHead) {
   Case c = base_case();
   c.B = 2;
@@ -282,6 +282,41 @@ TEST(BwdGrad, OneChunkPerKvHead) {
   bc = with(c);
   bc.dropout_p = 0.2f;
   EXPECT_TRUE(run_and_check_bwd(bc));
+}
+
+// Fewer than 16 (batch, kv head) pairs split the keys into chunks of at least 8 blocks, then each
+// GQA group's query heads, then into shorter chunks (plan/bwd_plan.cc): B2 Hq8/Hk4 Sk90 runs 2
+// head splits of 2 heads and one key chunk (dk and dv summed from the splits' partials, dq written
+// directly); B1 Hq6/Hk1 Sk200 6 splits of one head and 3 key chunks (both kinds of partials), with
+// a window, softcap, ALiBi and dropout; B1 Hq16/Hk1 Sk1100 2 chunks of 9 blocks and 8 head splits
+// of 2 heads.
+TEST(BwdGrad, HeadSplits) {
+  Case c = base_case();
+  c.B = 2;
+  c.Hq = 8;
+  c.Hk = 4;
+  c.causal = true;
+  c.sinks = true;
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
+  c.B = 1;
+  c.Hq = 6;
+  c.Hk = 1;
+  c.Sq = 90;
+  c.Sk = 200;
+  c.causal = false;
+  c.window_left = 70;
+  c.window_right = 20;
+  c.softcap = 4.f;
+  c.alibi = Alibi::kPerHead;
+  BwdCase bc = with(c);
+  bc.dropout_p = 0.15f;
+  EXPECT_TRUE(run_and_check_bwd(bc));
+  c = base_case();
+  c.Hq = 16;
+  c.Sq = 64;
+  c.Sk = 1100;
+  c.causal = true;
+  EXPECT_TRUE(run_and_check_bwd(with(c)));
 }
 
 // With bwd_own_forward, f32 rows whose keys lie in one block of 64 are normalised from their own

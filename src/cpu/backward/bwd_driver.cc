@@ -27,6 +27,8 @@ namespace anyattn::cpu {
                   const float* delta, float* scratch);                                       \
     void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, int64_t h, \
                    const float* partials, int64_t chunk_stride, int64_t chunks);             \
+    void reduce_dkv(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s,           \
+                    int64_t head_k, const float* partials, int64_t split_stride);            \
   })
 #include "cpu/isa_table.inc"
 #undef ANYATTN_ISA
@@ -39,6 +41,7 @@ struct BwdKernel {
   decltype(&bwd_portable::row_dots) row_dots;
   decltype(&bwd_portable::bwd_task) bwd_task;
   decltype(&bwd_portable::reduce_dq) reduce_dq;
+  decltype(&bwd_portable::reduce_dkv) reduce_dkv;
   const bool* bf16_tiles;  // the products of bf16 calls on AMX tiles (BwdLayout::bf16_tiles)
   decltype(&bwd_portable::takes_rows16) takes_rows16;  // S and dP on 16-bit kernels (rows16)
 };
@@ -48,8 +51,8 @@ struct BwdKernel {
 #define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, direct_rows,         \
                     bwd_name)                                                               \
   ANYATTN_IF_ARCH_##arch(BwdKernel{isa, bwd_name, &bwd_##id::row_dots, &bwd_##id::bwd_task, \
-                                   &bwd_##id::reduce_dq, &bwd_##id::kBf16Tiles,             \
-                                   &bwd_##id::takes_rows16}, )
+                                   &bwd_##id::reduce_dq, &bwd_##id::reduce_dkv,             \
+                                   &bwd_##id::kBf16Tiles, &bwd_##id::takes_rows16}, )
 const BwdKernel kBwdKernels[] = {
 #include "cpu/isa_table.inc"
 };
@@ -123,11 +126,16 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
   const int64_t scratch_floats = plan.layout.scratch_floats();
   runtime::AlignedBuffer<float> owned;
   float* const workspace = runtime::reserve_workspace(
-      plan.delta_floats + plan.partial_floats + lease.num_threads() * scratch_floats, lease, &owned);
+      plan.delta_floats + plan.partial_floats + plan.dkv_partial_floats +
+          lease.num_threads() * scratch_floats,
+      lease, &owned);
   float* delta = workspace;
   float* partial_base = plan.partial_floats > 0 ? workspace + plan.delta_floats : nullptr;
-  float* scratch = workspace + plan.delta_floats + plan.partial_floats;
-  plan.bind_partials(partial_base);
+  float* dkv_partial_base =
+      plan.dkv_partial_floats > 0 ? workspace + plan.delta_floats + plan.partial_floats : nullptr;
+  float* scratch =
+      workspace + plan.delta_floats + plan.partial_floats + plan.dkv_partial_floats;
+  plan.bind_partials(partial_base, dkv_partial_base);
 
   // Every allocation is done; from here on outputs are written.
   lease.run_each(f.batch * f.heads_q, [&](int64_t t, int) {
@@ -162,6 +170,16 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
                         seq_chunks);
     }
   });
+  // dk and dv of calls with several head splits, for every (sequence, kv head) with keys.
+  if (plan.layout.head_splits > 1) {
+    lease.run_each(f.batch * f.heads_k, [&](int64_t t, int) {
+      const BwdSeq& s = seqs[t / f.heads_k];
+      if (plan.chunks_of(s) > 0) {
+        kernel->reduce_dkv(args, plan.layout, s, t % f.heads_k, dkv_partial_base,
+                           plan.head_split_stride);
+      }
+    });
+  }
   if (f.cu_seqlens_k != nullptr && f.seqlens_k != nullptr) {
     // Varlen keys beyond seqused_k take no part in attention: their gradients are exact zeros.
     zero_key_gradients(args, lease, true);

@@ -1,15 +1,17 @@
 // Runs a validated backward call (dense or varlen) on the CPU: allocates all workspace up front
 // (so an allocation failure leaves the gradients untouched), then runs on the thread pool:
 //   0. delta = rowsum(dout * out) per query row, and dsinks from it;
-//   1. the fused pass, one task per (sequence, kv head, key chunk): dK and dV of the chunk and its
-//      dQ contributions (bwd_kernel-inl.h);
-//   2. dQ of sequences split into several key chunks: the chunks' partials summed in chunk order.
+//   1. the fused pass, one task per (sequence, kv head, head split, key chunk): dK and dV of the
+//      chunk from the split's query heads and their dQ contributions (bwd_kernel-inl.h);
+//   2. dQ of sequences split into several key chunks, and dK and dV of calls with several head
+//      splits: the partials summed in chunk and split order.
 // Every gradient element is written by exactly one task in a fixed summation order, and the
-// chunking depends on the shape only, so results are bitwise identical for any thread count.
+// splits depend on the shape only, so results are bitwise identical for any thread count.
 // Workspace: total query rows (B * Hq * Sq dense) floats for delta, per thread
-// BwdLayout::scratch_floats() (the packed key chunk and its accumulators plus 64-row tiles), and
-// with several chunks num_chunks * total query rows * d_pad floats of dQ partials (bounded by
-// 128 MiB). Nothing grows with Sq x Sk.
+// BwdLayout::scratch_floats() (the packed key chunk and its accumulators plus 64-row tiles), with
+// several chunks num_chunks * total query rows * d_pad floats of dQ partials, and with several
+// head splits head_splits * total key rows * (d_pad + dv_pad) floats of dK/dV partials (each
+// bounded by 128 MiB). Nothing grows with Sq x Sk.
 #ifndef ANYATTN_CPU_BACKWARD_BWD_DRIVER_H_
 #define ANYATTN_CPU_BACKWARD_BWD_DRIVER_H_
 

@@ -15,7 +15,7 @@
 //                                 (amx/bwd_tiles_amx-inl.h)
 //     ANYATTN_BWD_NARROW_SCORES   S and dP of bf16 and f16 calls on BFDOT and FMLAL
 //                                 (backward/bwd_narrow_scores_neon-inl.h)
-// Defines row_dots, bwd_task, reduce_dq, kBf16Tiles and takes_rows16 (registered by
+// Defines row_dots, bwd_task, reduce_dq, reduce_dkv, kBf16Tiles and takes_rows16 (registered by
 // backward/bwd_driver.cc).
 #include <algorithm>
 #include <cmath>

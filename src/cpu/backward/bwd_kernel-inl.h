@@ -19,12 +19,13 @@
 //   dS_ij = P_ij (dP_ij - delta_i)        dX_ij = dS_ij (1 - t_ij^2)   (dS_ij without softcap)
 //   dQ_i  = scale sum_j dX_ij k_j          dK_j = scale sum_i dX_ij q_i
 //
-// One fused pass. A task is (sequence, kv head, key chunk of 64-key blocks) (bwd_layout.h):
+// One fused pass. A task is (sequence, kv head, range of the GQA group's query heads, key chunk of
+// 64-key blocks) (bwd_layout.h):
 //
 //   1. Pack the chunk once, converting to f32: K transposed into 64-key panels kt[d][64], K rows
 //      k[j][d], V transposed into panels vt[d][64]. Every query block of every query head of the
-//      GQA group reuses them; each K/V row is read from the caller's memory exactly once per task.
-//   2. For each query head h of the group and each 64-row query block that sees the chunk: pack
+//      task reuses them; each K/V row is read from the caller's memory exactly once per task.
+//   2. For each query head h of the task and each 64-row query block that sees the chunk: pack
 //      its Q and dout rows (f32, row-major) once, then for each 64-key block it sees:
 //        S  [rows][64] = Q    kt      depth D    A = Q (broadcast), B = kt panel
 //        dP [rows][64] = dout vt      depth Dv   A = dout, B = vt panel
@@ -39,7 +40,9 @@
 //   3. dQ of a query block is complete after its key blocks: with one chunk per sequence it is
 //      scaled and written to dq; with several, written unscaled to this chunk's f32 partial and
 //      summed over the chunks, in chunk order, by reduce_dq. dK and dV (f32 accumulators for the
-//      whole chunk) are written once when the task ends.
+//      whole chunk) are written once when the task ends: to dk and dv when the task holds every
+//      query head of the group, else unscaled to its head split's f32 partials, summed over the
+//      splits, in split order, by reduce_dkv.
 //
 // Every micro-kernel call is C[M][N] (+)= A[M][K] B[K][N] with a kGemmRows x kGemmVecs register
 // tile (6 x 64 floats on AVX-512): per k it loads kGemmVecs vectors of B's row k and broadcasts
@@ -561,13 +564,25 @@ inline void store_query_gradients(const BwdArgs& args, const BwdLayout& layout,
   }
 }
 
-// Writes the chunk's dK (scaled) and dV rows from their accumulators.
+// Writes the chunk's dK (scaled) and dV rows from their accumulators, or with a head split's
+// partials both unscaled to the partial rows.
 inline void store_key_gradients(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
                                 const BwdScratch& s) {
   const FwdArgs& f = args.fwd;
   const SeqInfo& seq = task.seq.seq;
   for (int64_t j = 0; j < task.key_end - task.key_begin; ++j) {
     const int64_t key = task.key_begin + j;
+    if (task.dkv_partial != nullptr) {
+      float* partial = task.dkv_partial + (task.seq.key_row_first + task.head_k * seq.seqlen_k +
+                                           key) * layout.dkv_row_floats();
+      for (int64_t c = 0; c < layout.d_pad; c += kLanes) {
+        Vec::load(s.dk + j * layout.d_pad + c).store(partial + c);
+      }
+      for (int64_t c = 0; c < layout.dv_pad; c += kLanes) {
+        Vec::load(s.dv + j * layout.dv_pad + c).store(partial + layout.d_pad + c);
+      }
+      continue;
+    }
     store_row(s.dk + j * layout.d_pad, f.head_dim, f.softmax_scale, f.dtype,
               element_address(args.dk, f.dtype,
                               key_row_offset(f, seq, key, task.head_k, args.dk_batch_stride,
@@ -580,7 +595,7 @@ inline void store_key_gradients(const BwdArgs& args, const BwdLayout& layout, co
 }
 
 // One task (bwd_layout.h) with the products of `Products`: pack the chunk, then for every query
-// head of the group and every query block, the tiles of the key blocks that block sees.
+// head of the task and every query block, the tiles of the key blocks that block sees.
 template <class Products>
 void bwd_blocks(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
                 const float* delta_all, float* scratch_base) {
@@ -593,7 +608,7 @@ void bwd_blocks(const BwdArgs& args, const BwdLayout& layout, const BwdTask& tas
   Products products(f, layout, s);
   pack_chunk(f, layout, task, s, products);
 
-  for (int64_t g = 0; g < f.group_size(); ++g) {
+  for (int64_t g = task.group_begin; g < task.group_end; ++g) {
     const int64_t h = task.head_k * f.group_size() + g;
     const float* delta_head = delta_all + task.seq.row_first + h * seq.seqlen_q;
     for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kTile) {
@@ -622,8 +637,19 @@ void bwd_blocks(const BwdArgs& args, const BwdLayout& layout, const BwdTask& tas
 }
 
 // ---------------------------------------------------------------------------------------------
-// dQ from the chunks' partials
+// Gradients from the partials of chunks and head splits
 // ---------------------------------------------------------------------------------------------
+
+// sum[0 .. n_pad) = the sum over p < parts of partials[p * stride + c], in order of p (n_pad a
+// multiple of 16). parts == 0 gives zeros.
+inline void sum_partial_row(const float* partials, int64_t stride, int64_t parts, int64_t n_pad,
+                            float* sum) {
+  for (int64_t c = 0; c < n_pad; c += kLanes) {
+    Vec acc = Vec::zero();
+    for (int64_t p = 0; p < parts; ++p) acc = acc + Vec::load(partials + p * stride + c);
+    acc.store(sum + c);
+  }
+}
 
 // dq of query head h of sequence `s` = softmax_scale * sum over c < chunks of the partial rows
 // partials + c * chunk_stride (floats), summed in chunk order. chunks == 0 writes zeros.
@@ -634,16 +660,34 @@ void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, in
   alignas(64) float sum[kMaxHeadDim];  // d_pad <= kMaxHeadDim, a multiple of 16
   for (int64_t i = 0; i < s.seq.seqlen_q; ++i) {
     const int64_t row = (s.row_first + h * s.seq.seqlen_q + i) * d_pad;
-    for (int64_t c = 0; c < d_pad; c += kLanes) {
-      Vec acc = Vec::zero();
-      for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-        acc = acc + Vec::load(partials + chunk * chunk_stride + row + c);
-      }
-      acc.store(sum + c);
-    }
+    sum_partial_row(partials + row, chunk_stride, chunks, d_pad, sum);
     store_row(sum, f.head_dim, f.softmax_scale, f.dtype,
               element_address(args.dq, f.dtype,
                               s.dq_offset + i * args.dq_row_stride + h * args.dq_head_stride));
+  }
+}
+
+// dk (times softmax_scale) and dv of kv head head_k of sequence `s` = the sums over the
+// layout's head splits of their partial rows (partials + split * split_stride floats), in split
+// order.
+void reduce_dkv(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, int64_t head_k,
+                const float* partials, int64_t split_stride) {
+  const FwdArgs& f = args.fwd;
+  const SeqInfo& seq = s.seq;
+  alignas(64) float sum[kMaxHeadDim];  // d_pad, dv_pad <= kMaxHeadDim, multiples of 16
+  for (int64_t j = 0; j < seq.seqlen_k; ++j) {
+    const float* row =
+        partials + (s.key_row_first + head_k * seq.seqlen_k + j) * layout.dkv_row_floats();
+    sum_partial_row(row, split_stride, layout.head_splits, layout.d_pad, sum);
+    store_row(sum, f.head_dim, f.softmax_scale, f.dtype,
+              element_address(args.dk, f.dtype,
+                              key_row_offset(f, seq, j, head_k, args.dk_batch_stride,
+                                             args.dk_row_stride, args.dk_head_stride)));
+    sum_partial_row(row + layout.d_pad, split_stride, layout.head_splits, layout.dv_pad, sum);
+    store_row(sum, f.head_dim_v, 1.f, f.dtype,
+              element_address(args.dv, f.dtype,
+                              key_row_offset(f, seq, j, head_k, args.dv_batch_stride,
+                                             args.dv_row_stride, args.dv_head_stride)));
   }
 }
 
