@@ -271,11 +271,15 @@ void build_tasks(const FwdArgs& args, const plan::FwdPlan& plan, const Workspace
   }
   group.task_begin.push_back(static_cast<int64_t>(tasks.size()));
 
-  bool pairs_fit = !plan.streaming && group.first_block == 0;  // not a piece of a pair
+  // Every pair packed whole (not a piece) and within the limit.
+  bool pairs_fit = !plan.streaming;
+  int64_t pair_blocks = 0;
   for (int64_t i = group.first_pair; i < group.first_pair + group.pairs; ++i) {
     pairs_fit = pairs_fit &&
                 pairs[i].blocks * layout.block_floats * 4 <= plan::kPairLocalMaxBytes;
+    pair_blocks += pairs[i].blocks;
   }
+  pairs_fit = pairs_fit && pair_blocks == group.packed_blocks;
   group.pair_local = pairs_fit && plan::pairs_balance_on_threads(pair_costs, plan.threads);
 }
 
