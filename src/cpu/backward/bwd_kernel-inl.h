@@ -640,13 +640,13 @@ void bwd_blocks(const BwdArgs& args, const BwdLayout& layout, const BwdTask& tas
 // Gradients from the partials of chunks and head splits
 // ---------------------------------------------------------------------------------------------
 
-// sum[0 .. n_pad) = the sum over p < parts of partials[p * stride + c], in order of p (n_pad a
-// multiple of 16). parts == 0 gives zeros.
-inline void sum_partial_row(const float* partials, int64_t stride, int64_t parts, int64_t n_pad,
-                            float* sum) {
+// sum[0 .. n_pad) = the sum over p < parts of partials[p * stride + offset + c], in order of p
+// (n_pad a multiple of 16). parts == 0 gives zeros without touching `partials` (null then).
+inline void sum_partial_row(const float* partials, int64_t offset, int64_t stride, int64_t parts,
+                            int64_t n_pad, float* sum) {
   for (int64_t c = 0; c < n_pad; c += kLanes) {
     Vec acc = Vec::zero();
-    for (int64_t p = 0; p < parts; ++p) acc = acc + Vec::load(partials + p * stride + c);
+    for (int64_t p = 0; p < parts; ++p) acc = acc + Vec::load(partials + p * stride + offset + c);
     acc.store(sum + c);
   }
 }
@@ -660,7 +660,7 @@ void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, in
   alignas(64) float sum[kMaxHeadDim];  // d_pad <= kMaxHeadDim, a multiple of 16
   for (int64_t i = 0; i < s.seq.seqlen_q; ++i) {
     const int64_t row = (s.row_first + h * s.seq.seqlen_q + i) * d_pad;
-    sum_partial_row(partials + row, chunk_stride, chunks, d_pad, sum);
+    sum_partial_row(partials, row, chunk_stride, chunks, d_pad, sum);
     store_row(sum, f.head_dim, f.softmax_scale, f.dtype,
               element_address(args.dq, f.dtype,
                               s.dq_offset + i * args.dq_row_stride + h * args.dq_head_stride));
@@ -676,14 +676,14 @@ void reduce_dkv(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, i
   const SeqInfo& seq = s.seq;
   alignas(64) float sum[kMaxHeadDim];  // d_pad, dv_pad <= kMaxHeadDim, multiples of 16
   for (int64_t j = 0; j < seq.seqlen_k; ++j) {
-    const float* row =
-        partials + (s.key_row_first + head_k * seq.seqlen_k + j) * layout.dkv_row_floats();
-    sum_partial_row(row, split_stride, layout.head_splits, layout.d_pad, sum);
+    const int64_t row = (s.key_row_first + head_k * seq.seqlen_k + j) * layout.dkv_row_floats();
+    sum_partial_row(partials, row, split_stride, layout.head_splits, layout.d_pad, sum);
     store_row(sum, f.head_dim, f.softmax_scale, f.dtype,
               element_address(args.dk, f.dtype,
                               key_row_offset(f, seq, j, head_k, args.dk_batch_stride,
                                              args.dk_row_stride, args.dk_head_stride)));
-    sum_partial_row(row + layout.d_pad, split_stride, layout.head_splits, layout.dv_pad, sum);
+    sum_partial_row(partials, row + layout.d_pad, split_stride, layout.head_splits, layout.dv_pad,
+                    sum);
     store_row(sum, f.head_dim_v, 1.f, f.dtype,
               element_address(args.dv, f.dtype,
                               key_row_offset(f, seq, j, head_k, args.dv_batch_stride,
