@@ -72,11 +72,15 @@ BwdLayout chunked_layout(const cpu::FwdArgs& f, const std::vector<BwdSeq>& seqs,
   layout.rows16 = rows16;
   pairs = std::max<int64_t>(pairs, 1);
   const int64_t wanted_parts = ceil_div64(kWantedTasks, pairs);  // tasks wanted per pair
-  // Key chunks first, each of at least kMinChunkBlocks blocks, within the dq partial budget...
+  // Chunks for `wanted` parts, at most `most` (at least 1), within kMaxChunks and the dq partial
+  // budget.
   const int64_t partial_row_bytes = std::max<int64_t>(total_rows * layout.d_pad * 4, 1);
-  int64_t chunks = std::min({wanted_parts, kMaxChunks,
-                             std::max<int64_t>(max_blocks / kMinChunkBlocks, 1),
-                             std::max<int64_t>(kPartialBudgetBytes / partial_row_bytes, 1)});
+  auto chunks_within = [&](int64_t wanted, int64_t most) {
+    return std::min({wanted, kMaxChunks, std::max<int64_t>(most, 1),
+                     std::max<int64_t>(kPartialBudgetBytes / partial_row_bytes, 1)});
+  };
+  // Key chunks first, each of at least kMinChunkBlocks blocks...
+  int64_t chunks = chunks_within(wanted_parts, max_blocks / kMinChunkBlocks);
   // ...then as many head splits as the tasks still want, within the dK/dV partial budget.
   const int64_t dkv_split_bytes =
       std::max<int64_t>(total_key_rows * layout.dkv_row_floats() * 4, 1);
@@ -85,9 +89,7 @@ BwdLayout chunked_layout(const cpu::FwdArgs& f, const std::vector<BwdSeq>& seqs,
                 std::max<int64_t>(kPartialBudgetBytes / dkv_split_bytes, 1)});
   // Where the head splits fall short too (MHA, small groups), shorter chunks after all.
   if (chunks * layout.head_splits < wanted_parts) {
-    chunks = std::min({ceil_div64(wanted_parts, layout.head_splits), kMaxChunks,
-                       std::max<int64_t>(max_blocks, 1),
-                       std::max<int64_t>(kPartialBudgetBytes / partial_row_bytes, 1)});
+    chunks = chunks_within(ceil_div64(wanted_parts, layout.head_splits), max_blocks);
   }
   layout.num_chunks = chunks;
   layout.chunk_keys = ceil_div64(max_blocks, chunks) * kBwdBlock;
