@@ -127,6 +127,17 @@ bool pairs_balance_on_threads(std::vector<int64_t> pair_costs, int threads) {
   return makespan * 32 * threads <= total * 33;
 }
 
+int64_t pair_local_count(const std::vector<int64_t>& sorted_pair_costs, int threads) {
+  const int64_t pairs = static_cast<int64_t>(sorted_pair_costs.size());
+  if (pairs_balance_on_threads(sorted_pair_costs, threads)) return pairs;
+  for (int64_t count = pairs / threads * threads; count > 0; count -= threads) {
+    const std::vector<int64_t> front(sorted_pair_costs.begin(),
+                                     sorted_pair_costs.begin() + count);
+    if (pairs_balance_on_threads(front, threads)) return count;
+  }
+  return 0;
+}
+
 std::string FwdPlan::describe(const cpu::FwdArgs& args) const {
   const char* path = direct ? " direct" : streaming ? " streaming" : " packed";
   return runtime::str_cat(

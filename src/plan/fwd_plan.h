@@ -88,12 +88,12 @@ constexpr int64_t kTasksPerThread = 8;
 // between packing and attending is paid rarely.
 constexpr int64_t kPackGroupTargetBytes = int64_t{8} << 20;
 
-// Pair-local packing groups (fwd_driver.cc): each (sequence, kv head) pair is packed and then
-// attended by the one thread that takes it, so that its packed K/V are read back from that core's
-// L2 by its q-block tasks, instead of being packed by every thread, written out to memory and
-// read back from there by every thread. For pairs whose packed K/V take at most
-// kPairLocalMaxBytes (short sequences: packing is then a large share of the call), where whole
-// pairs still keep every thread busy (pairs_balance_on_threads).
+// Pair-local pairs (fwd_driver.cc): each (sequence, kv head) pair is packed and then attended by
+// the one thread that takes it, so that its packed K/V are read back from that core's L2 by its
+// q-block tasks, instead of being packed by every thread, written out to memory and read back
+// from there by every thread. For groups whose pairs each pack within kPairLocalMaxBytes (short
+// sequences: packing is then a large share of the call), as many of the most expensive pairs as
+// whole pairs keep every thread busy (pair_local_count).
 constexpr int64_t kPairLocalMaxBytes = int64_t{5} << 18;
 
 // Whether pairs of the attend costs `pair_costs`, each run whole by one of `threads` threads
@@ -101,6 +101,13 @@ constexpr int64_t kPairLocalMaxBytes = int64_t{5} << 18;
 // makespan of that greedy schedule, which the thread pool's queue follows when its threads run
 // at one speed. 8 equal pairs balance on 1, 2, 4 or 8 threads, not on 3.
 bool pairs_balance_on_threads(std::vector<int64_t> pair_costs, int threads);
+
+// How many pairs of a group run pair-local, given their attend costs in the order the group hands
+// them out (most expensive first): the most pairs from the front, in whole rounds of `threads`,
+// that balance on the threads (pairs_balance_on_threads); all of them where every pair does. The
+// rest are packed by every thread and then attended by every thread. 8 equal pairs on 3 threads:
+// 6.
+int64_t pair_local_count(const std::vector<int64_t>& sorted_pair_costs, int threads);
 
 // The plan for the sequences `shape` describes, all of one FwdPath, run by the kernel named
 // kernel_name (static storage), whose direct loop takes up to direct_rows rows per kv head, on

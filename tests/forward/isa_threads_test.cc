@@ -166,15 +166,20 @@ std::vector<Case> determinism_cases() {
   large_group.Hk = 1;
   large_group.sinks = true;
   cases.push_back(large_group);
-  // Eight pairs of a short sequence, packed per pair: pair-local (each pair packed and attended
-  // by the thread that takes it) on 1, 2 and 8 threads; on 3 packed by every thread, then
-  // attended by every thread (plan::pairs_balance_on_threads).
+  // Eight pairs of a short sequence: all pair-local (each pair packed and attended by the thread
+  // that takes it) on 1, 2 and 8 threads; on 3 the first 6, and the last 2 packed by every
+  // thread, then attended by every thread (plan::pair_local_count).
   Case short_mha = decode;
   short_mha.Sq = short_mha.Sk = 130;
   short_mha.Hq = short_mha.Hk = 8;
   short_mha.D = short_mha.Dv = 64;
   short_mha.causal = true;
   cases.push_back(short_mha);
+  // Three pairs: 2 pair-local and 1 shared on 2 threads, all 3 on 1 and 3 threads, none on 8.
+  Case short_three_pairs = short_mha;
+  short_three_pairs.Hq = 6;
+  short_three_pairs.Hk = 3;
+  cases.push_back(short_three_pairs);
   Case prefill;
   prefill.B = 2;
   prefill.Sq = 257;

@@ -1,6 +1,7 @@
-// plan::pairs_balance_on_threads, which decides whether a packing group of the forward runs each
-// (sequence, kv head) pair whole on one thread (pair-local, fwd_driver.cc): the greedy schedule's
-// makespan against an even share of the work, within 1/32.
+// plan::pairs_balance_on_threads and plan::pair_local_count, which decide how many (sequence, kv
+// head) pairs of a packing group of the forward run whole on one thread each (pair-local,
+// fwd_driver.cc): the greedy schedule's makespan against an even share of the work, within 1/32,
+// over the most expensive pairs in whole rounds of the threads.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -36,6 +37,33 @@ TEST(PairsBalanceOnThreads, UnequalPairsAreScheduledMostExpensiveFirst) {
 TEST(PairsBalanceOnThreads, NoPairsOrOneThreadAlwaysBalance) {
   EXPECT_TRUE(pairs_balance_on_threads({}, 4));
   EXPECT_TRUE(pairs_balance_on_threads({5, 1000, 3}, 1));
+}
+
+TEST(PairLocalCount, AllPairsWhereTheyBalance) {
+  EXPECT_EQ(pair_local_count(std::vector<int64_t>(8, 100), 2), 8);
+  EXPECT_EQ(pair_local_count({9, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 2), 10);
+  EXPECT_EQ(pair_local_count({5, 3}, 1), 2);
+  EXPECT_EQ(pair_local_count({}, 4), 0);
+}
+
+TEST(PairLocalCount, WholeRoundsOfTheMostExpensivePairsOtherwise) {
+  // 8 equal pairs on 3 threads: two rounds, the last 2 pairs shared.
+  EXPECT_EQ(pair_local_count(std::vector<int64_t>(8, 100), 3), 6);
+  // 3 on 2: one round.
+  EXPECT_EQ(pair_local_count({7, 7, 7}, 2), 2);
+  // 29 on 3 (unbalanced as a whole, above): 27.
+  EXPECT_EQ(pair_local_count(std::vector<int64_t>(29, 7), 3), 27);
+  // Fewer pairs than threads: none.
+  EXPECT_EQ(pair_local_count({7, 7, 7}, 4), 0);
+  EXPECT_EQ(pair_local_count({7}, 2), 0);
+}
+
+TEST(PairLocalCount, NoneWhereTheFrontDoesNotBalance) {
+  // The first round holds 100 against 10: it does not balance, and no shorter front exists.
+  EXPECT_EQ(pair_local_count({100, 10, 10}, 2), 0);
+  // All 5: 100 + 10 + 10 against 60 + 50, 120 against an even 115 (4.3% over); the first two
+  // rounds: 110 and 110.
+  EXPECT_EQ(pair_local_count({100, 60, 50, 10, 10}, 2), 4);
 }
 
 }  // namespace

@@ -44,9 +44,17 @@ struct Group {
   // The pairs in the order of `tasks`, and where each one's tasks begin (a last entry: the end).
   std::vector<int64_t> pair_order;
   std::vector<int64_t> task_begin;
-  // Pair-local (plan::kPairLocalMaxBytes): each pair packed and attended by one thread, rather
-  // than the whole group packed by every thread and then attended by every thread.
-  bool pair_local = false;
+  // Pair-local pairs (plan::kPairLocalMaxBytes): the first local_pairs of pair_order, each
+  // packed and attended by one thread. Every thread then packs the other pairs' blocks (the
+  // shared runs) and attends their tasks.
+  int64_t local_pairs = 0;
+  struct SharedRun {
+    int64_t pair = 0;    // index into the part's pairs
+    int64_t first = 0;   // its first block in the group's packed blocks
+    int64_t offset = 0;  // the run's first index among the shared blocks
+  };
+  std::vector<SharedRun> shared_runs;  // in pair_order, from local_pairs on; none if streaming
+  int64_t shared_blocks = 0;
 };
 
 // Appends the pieces of `pair` (index p; packed blocks beyond kPackBudgetBytes): runs of equally
@@ -178,7 +186,7 @@ Workspace carve_workspace(const plan::FwdPlan& plan, const WorkspaceSizes& sizes
 // pair's tasks together keeps its packed K/V (up to a few MiB) in the caches while they run: a
 // plain most-expensive-first order over the whole group interleaves every pair's causal q blocks,
 // and each task then streams its panel from L3. Makes the group pair-local where every pair packs
-// within plan::kPairLocalMaxBytes and whole pairs balance on the plan's threads.
+// within plan::kPairLocalMaxBytes, as many pairs pair-local as plan::pair_local_count allows.
 void build_tasks(const FwdArgs& args, const plan::FwdPlan& plan, const Workspace& ws,
                  const std::vector<Pair>& pairs, Group& group) {
   const PackedLayout& layout = plan.layout;
@@ -280,7 +288,20 @@ void build_tasks(const FwdArgs& args, const plan::FwdPlan& plan, const Workspace
     pair_blocks += pairs[i].blocks;
   }
   pairs_fit = pairs_fit && pair_blocks == group.packed_blocks;
-  group.pair_local = pairs_fit && plan::pairs_balance_on_threads(pair_costs, plan.threads);
+  std::vector<int64_t> sorted_pair_costs;
+  for (const int64_t pair : group.pair_order) {
+    sorted_pair_costs.push_back(pair_costs[pair - group.first_pair]);
+  }
+  group.local_pairs = pairs_fit ? plan::pair_local_count(sorted_pair_costs, plan.threads) : 0;
+  group.shared_runs.clear();
+  group.shared_blocks = 0;
+  if (plan.streaming) return;
+  for (size_t i = static_cast<size_t>(group.local_pairs); i < group.pair_order.size(); ++i) {
+    const Pair& pair = pairs[group.pair_order[i]];
+    group.shared_runs.push_back({group.pair_order[i], pair.packed_first, group.shared_blocks});
+    // A piece (one pair) packs only its own blocks.
+    group.shared_blocks += std::min(pair.blocks, group.packed_blocks);
+  }
 }
 
 // Merges the split partials of one group into out and lse, in split order.
@@ -376,29 +397,27 @@ void run_part(const FwdArgs& args, const FwdKernel& kernel, const runtime::PoolL
     auto attend = [&](int64_t t, int worker) {
       attend_fn(args, layout, group.tasks[t], scratch_of(worker));
     };
-    if (group.pair_local) {
-      lease.run_each(static_cast<int64_t>(group.pair_order.size()), [&](int64_t i, int worker) {
-        const Pair& pair = pairs[group.pair_order[i]];
-        for (int64_t t = pair.packed_first; t < pair.packed_first + pair.blocks; ++t) {
-          pack(pair, t, worker);
-        }
-        for (int64_t t = group.task_begin[i]; t < group.task_begin[i + 1]; ++t) attend(t, worker);
-      });
-    } else {
-      if (!plan.streaming) {
-        lease.run_each(group.packed_blocks, [&](int64_t t, int worker) {
-          // The pair that owns packed block t: the last one whose first block is <= t.
-          const auto first = pairs.begin() + group.first_pair;
-          const auto owner = std::upper_bound(first + 1, first + group.pairs, t,
-                                              [](int64_t block, const Pair& candidate) {
-                                                return block < candidate.packed_first;
-                                              }) -
-                             1;
-          pack(*owner, t, worker);
-        });
+    lease.run_each(group.local_pairs, [&](int64_t i, int worker) {
+      const Pair& pair = pairs[group.pair_order[i]];
+      for (int64_t t = pair.packed_first; t < pair.packed_first + pair.blocks; ++t) {
+        pack(pair, t, worker);
       }
-      lease.run_each(static_cast<int64_t>(group.tasks.size()), attend);
-    }
+      for (int64_t t = group.task_begin[i]; t < group.task_begin[i + 1]; ++t) attend(t, worker);
+    });
+    // Then every thread packs the other pairs' blocks, and every thread attends their tasks.
+    const int64_t shared_task_begin = group.task_begin[group.local_pairs];
+    const int64_t shared_tasks = static_cast<int64_t>(group.tasks.size()) - shared_task_begin;
+    lease.run_each(group.shared_blocks, [&](int64_t i, int worker) {
+      // The run that holds shared block i: the last one whose offset is <= i.
+      const auto run = std::upper_bound(group.shared_runs.begin() + 1, group.shared_runs.end(), i,
+                                        [](int64_t block, const Group::SharedRun& candidate) {
+                                          return block < candidate.offset;
+                                        }) -
+                       1;
+      pack(pairs[run->pair], run->first + i - run->offset, worker);
+    });
+    lease.run_each(shared_tasks,
+                   [&](int64_t t, int worker) { attend(shared_task_begin + t, worker); });
     if (plan.num_splits > 1 && group.merges) merge_splits(args, plan, ws, lease, pairs, group);
   }
 }
@@ -440,15 +459,15 @@ void run_fwd(const FwdArgs& args, anyattn_isa isa) {
   float* base = runtime::reserve_workspace(workspace_floats, lease, &owned);
   for (PlannedPart& part : parts) {
     part.ws = carve_workspace(part.plan, part.sizes, base);
-    int64_t pair_local_groups = 0;
+    int64_t pair_local_pairs = 0;
     for (Group& group : part.groups) {
       build_tasks(args, part.plan, part.ws, part.pairs, group);
-      pair_local_groups += group.pair_local ? 1 : 0;
+      pair_local_pairs += group.local_pairs;
     }
     if (plan::verbose_enabled()) {
       std::fprintf(stderr, "%s groups=%lld pair_local=%lld\n", part.plan.describe(args).c_str(),
                    static_cast<long long>(part.groups.size()),
-                   static_cast<long long>(pair_local_groups));
+                   static_cast<long long>(pair_local_pairs));
     }
   }
   for (const PlannedPart& part : parts) run_part(args, *kernel, lease, part);
