@@ -288,9 +288,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     pq, q0, q_used, q_span, q_end = query_extents(q, cu_seqlens_q, seqused_q)
     batch = q0.numel()
     if page_table is not None:
-        table = page_table_of(page_table, batch, k)
-        span = torch.full((batch,), table.shape[1] * k.shape[1], dtype=torch.int64)
-        k_used = span if seqused_k is None else _used_counts(seqused_k, "seqused_k", span, "keys")
+        table, k_used = paged_keys(page_table, k, batch, seqused_k)
         seqs = Seqs(q0, q_used, q_span, torch.zeros_like(q0), k_used, q_end, 0)
         out, lse = run_cache(pq, k, v, plan_subsequences(seqs, chunk), table, None, options,
                              sinks, num_splits)
@@ -301,6 +299,14 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     if seqused_q is not None and sinks is not None:
         lse = forget_unused_rows(lse, seqs)
     return unpack(out, lse, q, cu_seqlens_q is None)
+
+
+def paged_keys(page_table: Any, k_cache: torch.Tensor, batch: int, seqused_k: Any):
+    """(table (batch, max_blocks), keys per sequence) of a paged cache read through page_table:
+    seqused_k[b] keys, else the table's full capacity."""
+    table = page_table_of(page_table, batch, k_cache)
+    span = torch.full((batch,), table.shape[1] * k_cache.shape[1], dtype=torch.int64)
+    return table, span if seqused_k is None else _used_counts(seqused_k, "seqused_k", span, "keys")
 
 
 def _max_length(cu: Any) -> int:
