@@ -16,11 +16,6 @@ from ._options import AttnOptions, make_options
 # Parameters of FA3/FA4 that anyattn cannot honour, with what they are for.
 _UNSUPPORTED = {
     "qv": "the extra q.v score term of absorbed MLA",
-    "q_descale": "FP8 descaling of q; q, k and v stay float32/float16/bfloat16",
-    "k_descale": "FP8 descaling of k and v inputs; only a KV cache may be 8-bit "
-                 "(flash_attn_with_kvcache's k_descale/v_descale)",
-    "v_descale": "FP8 descaling of k and v inputs; only a KV cache may be 8-bit "
-                 "(flash_attn_with_kvcache's k_descale/v_descale)",
     "gather_kv_indices": "top-k gathering of keys for sparse absorbed MLA",
     "score_mod": "a CuTe-DSL score modifier, compiled for NVIDIA GPUs",
     "score_mod_bwd": "a CuTe-DSL score modifier, compiled for NVIDIA GPUs",

@@ -35,12 +35,12 @@ def is_8bit(x: Any) -> bool:
 
 
 def reject_q_descale(q_descale: Any) -> None:
-    """q_descale must be None: queries stay float32/float16/bfloat16."""
+    """q_descale must be None in anyattn's own cache calls, whose q is float32/float16/bfloat16."""
     if q_descale is not None:
         raise NotImplementedError(
-            "q_descale: not supported by anyattn (q, the new keys/values and out stay float32, "
-            "float16 or bfloat16; only the KV cache may be 8-bit, read through "
-            "k_descale/v_descale); got "
+            "q_descale: not supported by anyattn's own cache calls (q, the new keys/values and "
+            "out are float32, float16 or bfloat16; only the KV cache may be 8-bit, read through "
+            "k_descale/v_descale; anyattn.fa3_interface takes float8 q with q_descale); got "
             f"{_describe(q_descale)}, pass q_descale=None")
 
 
@@ -160,6 +160,20 @@ def _per_sequence(descale, batch: int, hk: int):
         return torch.ones(batch, hk)
     return torch.broadcast_to(descale if descale.dim() == 2 else descale.reshape(1, -1),
                               (batch, hk))
+
+
+def descale_rows(x: Any, name: str, hk: int, batch: int):
+    """A descale ((1,), (Hk,) or (B, Hk); a float) as float32 (B, Hk) rows, checked: shape and
+    dtype as _descale, values finite and >= 0. For descales that scale values in torch before the
+    C call (FA3's q_descale), which the library therefore never sees."""
+    torch = torch_module()
+    rows = _per_sequence(_descale(x, name, hk, batch), batch, hk)
+    bad = ~(torch.isfinite(rows) & (rows >= 0))
+    if bool(bad.any()):
+        b, h = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name}: entry ({b}, {h}) is {float(rows[b, h])}; supported: finite "
+                         "values >= 0")
+    return rows
 
 
 def descales_by_sequence(scales: CacheScales, seq) -> CacheScales:

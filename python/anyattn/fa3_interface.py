@@ -23,13 +23,17 @@ anyattn's flash-attn 2.x functions:
   ``flash_attn_with_kvcache`` a cache whose k_cache columns follow v_cache's in one row [v | k]
   (DeepSeek's latent layout) is read in place as a shared latent cache, 8-bit included; separate
   caches are gathered into a copy (float caches only).
+- FP8 inputs (_fa3_fp8.py): ``torch.float8_e4m3fn`` or ``torch.float8_e5m2`` q, k and v with
+  ``q_descale``/``k_descale``/``v_descale`` ((batch, nheads_k), (nheads_k,) or (1,) float32)
+  in the three attention functions, and float8 q (and qv) with ``q_descale`` against an 8-bit
+  KV cache in ``flash_attn_with_kvcache``, whose ``k_descale``/``v_descale`` are the cache's
+  (anyattn.kv_quant). Attention over the dequantized values with P in float32; out is bfloat16,
+  as in FA3; no backward, as in FA3. Descales given for float inputs raise ValueError.
 - What a CPU cannot honour raises NotImplementedError naming the parameter, only when it is given
-  a non-default value: the FP8 ``q_descale``/``k_descale``/``v_descale`` of FP8 q/k/v inputs.
-  ``flash_attn_with_kvcache`` takes ``k_descale``/``v_descale`` of an 8-bit KV cache
-  (anyattn.kv_quant); its ``q_descale`` stays unsupported (q is f32/f16/bf16).
+  a non-default value (none of FA3's parameters today; FA4's CuTe-DSL hooks, fa4_interface).
 - The LSE is float32, natural log, not differentiable (as in FA3).
 
-The machinery lives in _fa_arguments.py, _fa_plan.py and _fa3_cache.py, shared with
+The machinery lives in _fa_arguments.py, _fa_plan.py, _fa3_cache.py and _fa3_fp8.py, shared with
 ``fa4_interface`` where FA4 has the same feature.
 """
 
@@ -40,11 +44,11 @@ from typing import Optional
 import torch
 
 from ._fa3_cache import empty_accumulators, kvcache_general
+from ._fa3_fp8 import fp8_attention, fp8_cache_queries, is_float8
 from ._fa_qv import CachePlan, widen
-from ._fa_arguments import (as_int, check_hints, chunk_size, fa3_options, pick_sinks,
-                            reject_unsupported)
+from ._fa_arguments import as_int, check_hints, chunk_size, fa3_options, pick_sinks
 from ._fa_plan import combine_partials, dense_attention, varlen_attention
-from ._kv_scales import reject_q_descale
+from ._kv_scales import is_8bit
 from .kvcache import flash_attn_with_kvcache as _fa2_kvcache
 
 
@@ -56,6 +60,23 @@ __all__ = [
     "flash_attn_with_kvcache",
     "get_scheduler_metadata",
 ]
+
+
+def _fp8_call(q, k, v, qv, **descales) -> bool:
+    """Whether a call takes FA3's FP8 call style (a float8 q, k or v): descales given for float
+    inputs raise ValueError naming them, qv with float8 inputs NotImplementedError."""
+    if not any(is_float8(x) for x in (q, k, v)):
+        for name, value in descales.items():
+            if value is not None:
+                raise ValueError(f"{name}: given for {str(q.dtype).replace('torch.', '')} inputs; "
+                                 "descales scale float8 q, k and v only (torch.float8_e4m3fn, "
+                                 "torch.float8_e5m2)")
+        return False
+    if qv is not None:
+        raise NotImplementedError("qv: not supported by anyattn with float8 q, k and v (the "
+                                  "value-side query of absorbed MLA); got a tensor, pass qv=None "
+                                  "or bfloat16 inputs")
+    return True
 
 
 # ---- FA3's public functions -------------------------------------------------------------------
@@ -140,18 +161,24 @@ def flash_attn_func(
         qv: (batch, seqlen_q, nheads, headdim_v), q's dtype: adds qv . v to the scores (absorbed
             MLA); softmax_scale then defaults to (headdim + headdim_v) ** -0.5, and headdim +
             headdim_v is at most 576.
-        q_descale, k_descale, v_descale: raise NotImplementedError unless None.
+        q, k, v in torch.float8_e4m3fn / torch.float8_e5m2 (FA3's FP8 call style, _fa3_fp8.py):
+            q_descale, k_descale, v_descale float32 (batch, nheads_k), (nheads_k,) or (1,), or
+            None (1); out is then bfloat16 and has no backward. Not with qv.
     Returns:
-        out (batch, seqlen_q, nheads, headdim_v) in q's dtype, or with return_attn_probs
-        (out, softmax_lse (batch, nheads, seqlen_q) float32).
+        out (batch, seqlen_q, nheads, headdim_v) in q's dtype (bfloat16 for float8 inputs), or
+        with return_attn_probs (out, softmax_lse (batch, nheads, seqlen_q) float32).
     Autograd: q, k, v, qv and the sinks get gradients, also with attention_chunk (FA3 has none
-    there, and none for qv).
+    there, and none for qv); none for float8 inputs.
     Raises:
         TypeError / ValueError naming the argument for bad input.
     """
-    reject_unsupported(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     check_hints(num_splits=num_splits, sm_margin=sm_margin)
     options = fa3_options(softmax_scale, causal, window_size, softcap, deterministic)
+    if _fp8_call(q, k, v, qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale):
+        out, lse = fp8_attention(q, k, v, None, None, None, None, None, options,
+                                 pick_sinks(sinks, learnable_sink), chunk_size(attention_chunk),
+                                 0, q_descale, k_descale, v_descale)
+        return (out, lse) if return_attn_probs else out
     if qv is not None:
         q, k = widen(q, k, v, qv)
     out, lse = dense_attention(q, k, v, options, chunk_size(attention_chunk),
@@ -200,25 +227,30 @@ def flash_attn_varlen_func(
             flash_attn_func.
         Other arguments as in flash_attn_func; ``return_softmax_lse`` (keyword-only, sgl-kernel's
         name) is a synonym of return_attn_probs.
+        float8 q, k, v and their descales: as in flash_attn_func (out bfloat16, no backward).
     Returns:
         out (total_q, nheads, headdim_v) (batched like q without cu_seqlens_q), or with
         return_attn_probs (out, softmax_lse (nheads, total_q) float32; (batch, nheads, seqlen_q)
         for batched q).
-    Autograd: q, k, v, qv and sinks get gradients.
+    Autograd: q, k, v, qv and sinks get gradients (none for float8 inputs).
     Raises:
-        NotImplementedError for the descale tensors; ValueError naming the argument for
-        inconsistent cu_seqlens / seqused / shapes.
+        ValueError naming the argument for inconsistent cu_seqlens / seqused / shapes.
     """
-    reject_unsupported(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     check_hints(num_splits=num_splits, sm_margin=sm_margin)
     options = fa3_options(softmax_scale, causal, window_size, softcap, deterministic)
+    need_lse = bool(return_attn_probs or return_softmax_lse)
+    if _fp8_call(q, k, v, qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale):
+        out, lse = fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, None,
+                                 options, pick_sinks(sinks, learnable_sink),
+                                 chunk_size(attention_chunk), 0, q_descale, k_descale, v_descale)
+        return (out, lse) if need_lse else out
     if qv is not None:
         q, k = widen(q, k, v, qv)
     out, lse = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 seqused_q, seqused_k, None, options,
                                 pick_sinks(sinks, learnable_sink), chunk_size(attention_chunk),
-                                0, bool(return_attn_probs or return_softmax_lse))
-    return (out, lse) if (return_attn_probs or return_softmax_lse) else out
+                                0, need_lse)
+    return (out, lse) if need_lse else out
 
 
 def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
@@ -319,7 +351,10 @@ def flash_attn_with_kvcache(
             Otherwise the keys [k | v] are gathered into a copy for the call (float caches only;
             rotary needs this path, its rotary_dim at most headdim) and new keys are copied back
             into k_cache.
-        q_descale: raises NotImplementedError unless None.
+        q (and qv) in torch.float8_e4m3fn / torch.float8_e5m2 against an 8-bit cache (FA3's
+            FP8 call style, as sglang's FA3 backend passes it): q_descale float32 (batch,
+            nheads_k), (nheads_k,) or (1,), or None (1); out is then bfloat16. New keys and
+            values stay float32/float16/bfloat16 (the call quantizes them).
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) (or (total_q, ...) for packed q); with
         return_softmax_lse, FA3's 4-tuple (out, softmax_lse (batch, nheads, seqlen_q) or
@@ -328,9 +363,23 @@ def flash_attn_with_kvcache(
     Raises:
         ValueError naming the argument for indices out of range (checked before any write).
     """
-    reject_q_descale(q_descale)
     check_hints(num_splits=num_splits, sm_margin=sm_margin, max_seqlen_q=max_seqlen_q)
     options = fa3_options(softmax_scale, causal, window_size, softcap, False)
+    float8_q = is_float8(q)
+    if float8_q:
+        if not is_8bit(k_cache):
+            raise TypeError(f"q: float8 queries ({q.dtype}) read an 8-bit KV cache; k_cache is "
+                            f"{k_cache.dtype} (pass q in the cache's dtype)")
+        q = fp8_cache_queries(q, q_descale, cu_seqlens_q, k_cache.shape[2])
+        if is_float8(qv):
+            qv = fp8_cache_queries(qv, q_descale, cu_seqlens_q, k_cache.shape[2])
+        if k is not None and q.dtype == torch.float32:
+            # The call takes q and the new rows in one dtype; widening them is exact, and the
+            # append quantizes them either way.
+            k, v = k.float(), None if v is None else v.float()
+    elif q_descale is not None:
+        raise ValueError(f"q_descale: given for {str(q.dtype).replace('torch.', '')} queries; it "
+                         "scales float8 queries only (torch.float8_e4m3fn, torch.float8_e5m2)")
     scales = (k_descale, v_descale, k_token_scale, v_token_scale)
     plan = None
     if qv is not None:
@@ -358,6 +407,8 @@ def flash_attn_with_kvcache(
                                    rotary_interleaved, chunk, sinks, splits, scales)
     if plan is not None:
         plan.finish()
+    if float8_q:
+        out = out.to(torch.bfloat16)
     if return_softmax_lse:
         return (out, lse) + empty_accumulators(out)
     return out

@@ -568,7 +568,7 @@ def test_fa3_combine_matches_logsumexp_reference(out_dtype):
         fa3.flash_attn_combine(out_partial, lse_partial[:, :, :2])
 
 
-# ---- FA3: unsupported parameters and bad input ------------------------------------------------
+# ---- FA3: bad input ---------------------------------------------------------------------------
 
 
 FA3_CALLS = {
@@ -584,20 +584,8 @@ FA3_CALLS = {
 }
 
 
-# The cache call takes k_descale/v_descale of 8-bit caches: see
-# test_fa3_kvcache_descale_of_a_float_cache_is_rejected and test_kvcache_8bit.py; qv is
-# supported everywhere (test_fa3_qv.py).
-FA3_UNSUPPORTED = [(fn, name) for fn in sorted(FA3_CALLS)
-                   for name in ("q_descale", "k_descale", "v_descale")
-                   if not (fn == "flash_attn_with_kvcache" and name in ("k_descale", "v_descale"))]
-
-
-@pytest.mark.parametrize("fn, name", FA3_UNSUPPORTED)
-def test_fa3_unsupported_parameters_raise_naming_them(fn, name):
-    call = FA3_CALLS[fn]
-    call(**{name: None})  # the default is accepted
-    with pytest.raises(NotImplementedError, match=rf"^{name}: not supported by anyattn"):
-        call(**{name: torch.ones(1, 2)})
+# The descales read float8 inputs and 8-bit caches (test_fa3_fp8.py, test_kvcache_8bit.py); qv
+# is supported everywhere (test_fa3_qv.py).
 
 
 @pytest.mark.parametrize("name", ["k_descale", "v_descale"])
@@ -606,12 +594,6 @@ def test_fa3_kvcache_descale_of_a_float_cache_is_rejected(name):
     with pytest.raises(ValueError, match=rf"^{name}: given for a float32 KV cache; scales read "
                                          "8-bit caches only"):
         call(**{name: torch.ones(1, 2)})
-
-
-def test_fa3_qkvpacked_rejects_descale():
-    with pytest.raises(NotImplementedError, match="q_descale"):
-        fa3.flash_attn_qkvpacked_func(randn((1, 3, 3, 2, 8), "float32", 1),
-                                      q_descale=torch.ones(1, 2))
 
 
 def test_fa3_bad_input_names_the_argument():

@@ -289,7 +289,8 @@ def test_fa3_cache_call_takes_descales_and_matches_the_fa2_call():
         k_descale=k_descale, v_descale=v_descale, causal=True, return_softmax_lse=True)
     assert torch.equal(out3, out2) and torch.equal(lse3, lse2)
     assert torch.equal(k8.view(torch.uint8), k8b.view(torch.uint8))
-    with pytest.raises(NotImplementedError, match="^q_descale: not supported by anyattn"):
+    # q_descale scales float8 queries (test_fa3_fp8.py), not float32 ones.
+    with pytest.raises(ValueError, match="^q_descale: given for float32 queries"):
         fa3.flash_attn_with_kvcache(q, k8, v8, q_descale=torch.ones(b, hk))
 
 
