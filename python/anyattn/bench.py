@@ -13,6 +13,12 @@ an f32 torch.mm measured alongside.
 op through the dispatcher, and the torch API (flash_attn_func, flash_attn_with_kvcache over the
 same keys as a full cache, flash_attn_varlen_func over them as one sequence, and the FA3 and FA4
 call styles), each beside torch SDPA in the same process.
+
+``--fp8`` times FA3's FP8 call style (anyattn.fa3_interface, float8 e4m3 q, k and v with
+(batch, nheads_k) descales) beside the same call on the dequantized values in bfloat16 and torch
+SDPA on those: prefill (B=1, Hq=16, Hk=4, D=128, causal, S 1024 and 2048) through
+flash_attn_func, and decode (B=1, Hq=32, Hk=8, D=128, Sk 4096 and 32768) through
+flash_attn_with_kvcache with float8 q against a float8 cache, as sglang's FA3 backend calls it.
 """
 
 from __future__ import annotations
@@ -159,11 +165,68 @@ def run_overhead() -> Dict[str, float]:
     return results
 
 
+def run_fp8() -> List[Dict[str, object]]:
+    """FA3's FP8 call style against bfloat16 on the same (dequantized) values and torch SDPA;
+    medians, in one process on anyattn's threads (module docstring)."""
+    import torch  # noqa: PLC0415
+
+    from anyattn import fa3_interface  # noqa: PLC0415
+
+    torch.set_num_threads(anyattn.get_num_threads())
+    f8 = torch.float8_e4m3fn
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    rows = []
+    print(f"threads={anyattn.get_num_threads()} isa={anyattn.isa()} torch={torch.__version__}")
+    print(f"{'call':9} {'shape':28} | {'fp8 ms':>8} {'bf16 ms':>8} {'bf16/fp8':>8} | "
+          f"{'sdpa ms':>8} {'sdpa/fp8':>8}")
+
+    def quantized(shape, hk):
+        """(float8 values, (1, hk) descale, the dequantized values in bfloat16)."""
+        x = torch.randn(shape)
+        descale = x.abs().amax(dim=(0, 1, 3)).reshape(1, hk) / 448
+        x8 = (x / descale[:, None, :, None]).to(f8)
+        return x8, descale, (x8.float() * descale[:, None, :, None]).to(torch.bfloat16)
+
+    def report(call, shape, fn8, fn16, fn_sdpa, flops=None):
+        with torch.no_grad():
+            t8, t16, ts = (_median_seconds(fn, max_runs=10) for fn in (fn8, fn16, fn_sdpa))
+        row = dict(call=call, shape=shape, fp8_s=t8, bf16_s=t16, sdpa_s=ts)
+        if flops is not None:
+            row["fp8_gflops"] = flops / t8 / 1e9
+        rows.append(row)
+        print(f"{call:9} {shape:28} | {t8 * 1e3:8.3f} {t16 * 1e3:8.3f} {t16 / t8:8.2f} | "
+              f"{ts * 1e3:8.3f} {ts / t8:8.2f}", flush=True)
+
+    for s in (1024, 2048):
+        (q8, qd, q), (k8, kd, k), (v8, vd, v) = (quantized((1, s, h, 128), 4)
+                                                 for h in (16, 4, 4))
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        report("prefill", f"Hq16/Hk4 D128 S{s} causal",
+               lambda: fa3_interface.flash_attn_func(q8, k8, v8, causal=True, q_descale=qd,
+                                                     k_descale=kd, v_descale=vd),
+               lambda: fa3_interface.flash_attn_func(q, k, v, causal=True),
+               lambda: sdpa(qt, kt, vt, is_causal=True, enable_gqa=True),
+               4 * 16 * 128 * s * (s + 1) // 2)
+    for sk in (4096, 32768):
+        (k8, kd, k), (v8, vd, v) = (quantized((1, sk, 8, 128), 8) for _ in range(2))
+        q = torch.randn(1, 1, 32, 128).to(torch.bfloat16)
+        q8 = q.to(f8)
+        qt, kt, vt = (x.transpose(1, 2) for x in (q8.to(torch.bfloat16), k, v))
+        report("decode", f"Hq32/Hk8 D128 Sk{sk}",
+               lambda: fa3_interface.flash_attn_with_kvcache(q8, k8, v8, k_descale=kd,
+                                                             v_descale=vd),
+               lambda: fa3_interface.flash_attn_with_kvcache(q, k, v),
+               lambda: sdpa(qt, kt, vt, enable_gqa=True))
+    return rows
+
+
 def main() -> None:
     """Command-line entry point; see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="S up to 8192 (slow on 2 cores)")
     parser.add_argument("--overhead", action="store_true", help="per-call overhead at a decode shape, beside torch SDPA")
+    parser.add_argument("--fp8", action="store_true",
+                        help="FA3's FP8 call style beside bfloat16 and torch SDPA")
     parser.add_argument("--json", default="anyattn_python_bench.json", help="JSON output path")
     parser.add_argument("--png", default="anyattn_python_bench.png", help="PNG plot path")
     parser.add_argument("--peak", type=float, default=None,
@@ -172,6 +235,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.overhead:
         result = {"overhead_us": run_overhead()}
+    elif args.fp8:
+        result = {"threads": anyattn.get_num_threads(), "isa": anyattn.isa(), "fp8": run_fp8()}
     else:
         rows = run_table(args.full)
         if args.peak is not None:
