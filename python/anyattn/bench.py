@@ -45,6 +45,22 @@ def _median_seconds(fn: Callable[[], object], min_time: float = 0.3, max_runs: i
     return statistics.median(times)
 
 
+def _interleaved_medians(fns, min_time: float = 1.0, max_rounds: int = 15) -> List[float]:
+    """Median seconds of each of ``fns``, timed in alternation (a round calls each once), so that
+    a busy minute on a shared machine slows all of them alike."""
+    for fn in fns:
+        fn()
+    times: List[List[float]] = [[] for _ in fns]
+    start = time.perf_counter()
+    while len(times[0]) < 5 or (time.perf_counter() - start < min_time
+                                and len(times[0]) < max_rounds):
+        for fn, record in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            record.append(time.perf_counter() - t0)
+    return [statistics.median(record) for record in times]
+
+
 def _visible_pairs(s: int, causal: bool) -> int:
     return s * (s + 1) // 2 if causal else s * s
 
@@ -181,15 +197,18 @@ def run_fp8() -> List[Dict[str, object]]:
           f"{'sdpa ms':>8} {'sdpa/fp8':>8}")
 
     def quantized(shape, hk):
-        """(float8 values, (1, hk) descale, the dequantized values in bfloat16)."""
+        """(float8 values, (1, hk) descale, the dequantized values in bfloat16) of random values
+        of shape (1, S, H, D), one descale per kv head (its group of H / hk heads)."""
         x = torch.randn(shape)
-        descale = x.abs().amax(dim=(0, 1, 3)).reshape(1, hk) / 448
-        x8 = (x / descale[:, None, :, None]).to(f8)
-        return x8, descale, (x8.float() * descale[:, None, :, None]).to(torch.bfloat16)
+        group = shape[2] // hk
+        descale = x.abs().amax(dim=(0, 1, 3)).reshape(hk, group).amax(dim=1).reshape(1, hk) / 448
+        per_head = descale.repeat_interleave(group, dim=1)[:, None, :, None]
+        x8 = (x / per_head).to(f8)
+        return x8, descale, (x8.float() * per_head).to(torch.bfloat16)
 
     def report(call, shape, fn8, fn16, fn_sdpa, flops=None):
         with torch.no_grad():
-            t8, t16, ts = (_median_seconds(fn, max_runs=10) for fn in (fn8, fn16, fn_sdpa))
+            t8, t16, ts = _interleaved_medians((fn8, fn16, fn_sdpa))
         row = dict(call=call, shape=shape, fp8_s=t8, bf16_s=t16, sdpa_s=ts)
         if flops is not None:
             row["fp8_gflops"] = flops / t8 / 1e9
