@@ -8,8 +8,10 @@ attention over the dequantized values with P in float32 (FA3 rounds P to float8 
 product):
 
 - q: float8 values are bfloat16 values exactly (2 or 3 mantissa bits, exponents within
-  bfloat16's range), so q runs as bfloat16; with a q_descale, as q * q_descale in float32 (one
-  rounding per element), each sequence's descale row for its rows.
+  bfloat16's range), so q runs as bfloat16. q_descale joins k_descale (their product, one float32
+  rounding) in the dense and varlen calls; in the cache call, which may append keys quantized by
+  k_descale, q runs as q * q_descale in float32 instead (one rounding per element), each
+  sequence's descale row for its rows.
 - k, v: read in place as an 8-bit cache of the library, k_descale and v_descale being its
   descales (docs/kvcache_8bit.md): batched q against batched or paged keys through one plain
   cache call; packed q or keys through the packed-query cache call, packed keys as one cache
@@ -57,13 +59,17 @@ def widened(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return table.take(x.contiguous().view(torch.uint8).long())
 
 
+def _require_float8(x: torch.Tensor, name: str) -> None:
+    if not is_float8(x):
+        raise TypeError(f"{name}: dtype {x.dtype} in FA3's FP8 call style (float8 inputs or "
+                        "descales given), which takes q, k and v in torch.float8_e4m3fn or "
+                        "torch.float8_e5m2")
+
+
 def _packed_queries(pq: torch.Tensor, q0: torch.Tensor, q_span: torch.Tensor, q_descale: Any,
                     nheads_k: int) -> torch.Tensor:
     """Packed float8 q (total, Hq, D), sequence b in rows q0[b] .. q0[b] + q_span[b] - 1, as the
     kernels take it: bfloat16, or q * q_descale in float32."""
-    if not is_float8(pq):
-        raise TypeError(f"q: dtype {pq.dtype} with q_descale or float8 keys; FA3's FP8 call "
-                        "style takes q in torch.float8_e4m3fn or torch.float8_e5m2")
     if q_descale is None:
         return widened(pq, torch.bfloat16)
     nheads = pq.shape[1]
@@ -92,26 +98,29 @@ def fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, pag
     layout, out bfloat16: (total_q, Hq, Dv) and (Hq, total_q), or (B, Sq, Hq, Dv) and
     (B, Hq, Sq) for batched q. k/v: batched, packed with cu_seqlens_k, or paged with
     page_table."""
-    for name, x in (("k", k), ("v", v)):
-        if not is_float8(x):
-            raise TypeError(f"{name}: dtype {x.dtype} with float8 inputs or descales; FA3's FP8 "
-                            "call style takes q, k and v in torch.float8_e4m3fn or "
-                            "torch.float8_e5m2")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _require_float8(x, name)
     if page_table is not None and cu_seqlens_k is not None:
         raise ValueError("cu_seqlens_k: must be None with page_table (the key counts come from "
                          "seqused_k, else every sequence has the page_table's full capacity)")
+    pq, q0, q_used, q_span, q_end = query_extents(q, cu_seqlens_q, seqused_q)
+    batch, hk = q0.numel(), k.shape[-2]
+    if q_descale is not None:
+        # These calls append nothing, so q's descale may join k's (one float32 rounding of the
+        # product): q then runs as bfloat16, exactly, instead of as q * q_descale in float32.
+        k_descale = (descale_rows(q_descale, "q_descale", hk, batch)
+                     * descale_rows(1.0 if k_descale is None else k_descale, "k_descale", hk,
+                                    batch))
+    pq = _packed_queries(pq, q0, q_span, None, hk)
     if cu_seqlens_q is None and cu_seqlens_k is None and seqused_q is None and chunk == 0:
         # Batched q against batched or paged keys: the keys are the cache of one plain cache
         # call (faster than the packed-query cache call, which the other forms take).
         out, lse = _plain_cache_call(
-            fp8_cache_queries(q, q_descale, None, k.shape[-2]), k, v, cache_seqlens=seqused_k,
+            pq.reshape(q.shape), k, v, cache_seqlens=seqused_k,
             block_table=page_table, softmax_scale=options.softmax_scale, causal=options.causal,
             window_size=options.window_size, softcap=options.softcap, num_splits=num_splits,
             return_softmax_lse=True, sinks=sinks, k_descale=k_descale, v_descale=v_descale)
         return out.to(torch.bfloat16), lse
-    pq, q0, q_used, q_span, q_end = query_extents(q, cu_seqlens_q, seqused_q)
-    batch = q0.numel()
-    pq = _packed_queries(pq, q0, q_span, q_descale, k.shape[-2])
     if page_table is not None:
         table, k_used = paged_keys(page_table, k, batch, seqused_k)
         seqs = Seqs(q0, q_used, q_span, torch.zeros_like(q0), k_used, q_end, 0)

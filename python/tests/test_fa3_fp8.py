@@ -218,9 +218,9 @@ def test_descales_of_float_inputs_raise_naming_them(fn, name):
 
 def test_bad_fp8_calls_raise_naming_the_argument():
     q8, k8, v8 = _inputs(torch.float8_e4m3fn, 1, 4, 4, 2, 2, 16)
-    with pytest.raises(TypeError, match=r"^q: dtype torch.bfloat16 with q_descale or float8 keys"):
+    with pytest.raises(TypeError, match=r"^q: dtype torch.bfloat16 in FA3's FP8 call style"):
         fa3.flash_attn_func(q8.to(torch.bfloat16), k8, v8)
-    with pytest.raises(TypeError, match=r"^v: dtype torch.bfloat16 with float8 inputs"):
+    with pytest.raises(TypeError, match=r"^v: dtype torch.bfloat16 in FA3's FP8 call style"):
         fa3.flash_attn_func(q8, k8, v8.to(torch.bfloat16))
     with pytest.raises(NotImplementedError, match=r"^qv: not supported by anyattn with float8"):
         fa3.flash_attn_func(q8, k8, v8, qv=q8)
