@@ -190,6 +190,22 @@ ANYATTN_API void anyattn_set_num_threads(int n);
 /* The thread count later calls will use. */
 ANYATTN_API int anyattn_get_num_threads(void);
 
+/* A host's parallel region (see anyattn_set_host_parallel): runs body(context, worker) once on
+ * each of up to `threads` of the host's threads, the worker indices distinct and in [0, threads),
+ * and returns when every body has returned. It may run fewer bodies, down to one on the calling
+ * thread with worker 0 (a nested region): the library's tasks are claimed from a shared counter,
+ * so any number of bodies completes them. It must accept calls from any thread. */
+typedef void (*anyattn_parallel_body)(void* context, int worker);
+typedef void (*anyattn_host_parallel_fn)(int threads, anyattn_parallel_body body, void* context);
+
+/* Runs the parallel phases of later calls on the host's threads through `parallel` instead of the
+ * library's own pool; NULL restores the pool. For processes whose runtime keeps its own threads
+ * busy between its parallel regions (an OpenMP team spins on its cores for a while after each
+ * region, as PyTorch's does): there the pool's workers would compete with those threads for the
+ * cores. The thread count (anyattn_set_num_threads) and the one-caller-at-a-time rule are
+ * unchanged, and so are the results (bitwise). Set it before concurrent calls start. */
+ANYATTN_API void anyattn_set_host_parallel(anyattn_host_parallel_fn parallel);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Forward attention                                                                              */
 /* ---------------------------------------------------------------------------------------------- */

@@ -11,6 +11,8 @@ ordinary path, through the ``anyattn::`` ops) and always true without torch.
 
 from __future__ import annotations
 
+import os
+
 from . import _core
 from ._tensors import torch_module
 
@@ -20,6 +22,10 @@ if _torch is not None:
     _core.bind_torch(_torch.Tensor, _torch.float32, _torch.float16, _torch.bfloat16, _torch.int32,
                      _torch.is_grad_enabled)
     tracing = _torch.compiler.is_compiling
+    # Run the library's parallel phases on torch's OpenMP team (python/src/host_openmp.cc), unless
+    # ANYATTN_HOST_OPENMP=0.
+    if os.environ.get("ANYATTN_HOST_OPENMP", "1") != "0":
+        _core.use_host_openmp(True)
 else:
     def tracing() -> bool:
         """Without torch there is no plain torch call: always take the ordinary path."""

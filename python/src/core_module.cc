@@ -21,6 +21,7 @@
 #include <string>
 
 #include "anyattn/anyattn.h"
+#include "host_openmp.h"
 #include "torch_plain_call.h"
 
 namespace nb = nanobind;
@@ -481,4 +482,5 @@ NB_MODULE(_core, m) {
         "Variable-length backward (anyattn_bwd_varlen): writes dq, dk, dv (and dsinks). Releases "
         "the GIL.");
   register_torch_plain_call(m);
+  register_host_openmp(m);
 }

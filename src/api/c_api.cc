@@ -18,6 +18,7 @@
 #include "cpu/ops/kvcache_append.h"
 #include "cpu/ops/merge_states.h"
 #include "runtime/num_threads.h"
+#include "runtime/thread_pool.h"
 
 using anyattn::api::guarded_call;
 
@@ -129,6 +130,10 @@ void anyattn_set_num_threads(int n) {
 
 int anyattn_get_num_threads(void) {
   return anyattn::runtime::get_num_threads();
+}
+
+void anyattn_set_host_parallel(anyattn_host_parallel_fn parallel) {
+  anyattn::runtime::set_host_parallel(parallel);
 }
 
 void anyattn_fwd_params_init(anyattn_fwd_params* params) {

@@ -1,5 +1,6 @@
 #include "runtime/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <memory>
@@ -21,6 +22,26 @@ namespace anyattn::runtime {
 namespace {
 
 thread_local bool t_is_pool_worker = false;
+
+std::atomic<HostParallelFn> g_host_parallel{nullptr};
+
+// A job run through the host's parallel region: each host thread claims tasks from `next` until
+// none is left.
+struct HostJob {
+  std::atomic<int64_t> next{0};
+  int64_t tasks = 0;
+  TaskFn fn = nullptr;
+  void* context = nullptr;
+
+  static void claim_tasks(void* job_pointer, int worker) {
+    HostJob& job = *static_cast<HostJob*>(job_pointer);
+    for (;;) {
+      const int64_t task = job.next.fetch_add(1);
+      if (task >= job.tasks) return;
+      job.fn(job.context, task, worker);
+    }
+  }
+};
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -208,6 +229,8 @@ class Pool {
 
 }  // namespace
 
+void set_host_parallel(HostParallelFn parallel) { g_host_parallel.store(parallel); }
+
 PoolLease acquire_pool(int requested_threads) {
   if (t_is_pool_worker) return PoolLease(1, false);
   Pool& pool = Pool::instance();
@@ -215,6 +238,7 @@ PoolLease acquire_pool(int requested_threads) {
   const int threads = requested_threads < 1             ? 1
                       : requested_threads > kMaxThreads ? kMaxThreads
                                                         : requested_threads;
+  if (g_host_parallel.load() != nullptr) return PoolLease(threads, true);
   try {
     pool.ensure_workers(threads);
   } catch (...) {
@@ -237,6 +261,15 @@ void PoolLease::run(int64_t num_tasks, TaskFn fn, void* context) const {
   if (num_tasks <= 0) return;
   if (num_threads_ <= 1 || num_tasks == 1) {
     for (int64_t task = 0; task < num_tasks; ++task) fn(context, task, 0);
+    return;
+  }
+  if (const HostParallelFn host = g_host_parallel.load()) {
+    HostJob job;
+    job.tasks = num_tasks;
+    job.fn = fn;
+    job.context = context;
+    host(static_cast<int>(std::min<int64_t>(num_threads_, num_tasks)), &HostJob::claim_tasks,
+         &job);
     return;
   }
   Pool::instance().run(num_threads_, num_tasks, fn, context);

@@ -4,7 +4,8 @@
 // no thread creation per call; a call that finds the pool busy (another caller thread) or that runs
 // on a pool worker runs inline on its own thread instead of oversubscribing cores; the pool
 // survives fork() (the child recreates workers on first use); and it coexists with OpenMP (PyTorch)
-// and rayon (candle) pools, which it knows nothing about.
+// and rayon (candle) pools, which it knows nothing about. A host may instead run the library's
+// parallel phases on its own threads (set_host_parallel below).
 //
 // Work is handed out as task indices from one atomic counter, so the mapping of tasks to threads
 // varies from run to run. Kernels make results independent of that mapping: every output element
@@ -20,6 +21,19 @@ namespace anyattn::runtime {
 
 // A task body: called as fn(context, task_index, worker_index).
 using TaskFn = void (*)(void* context, int64_t task_index, int worker_index);
+
+// A host runtime's parallel region (anyattn_host_parallel_fn, anyattn.h): runs body(context,
+// worker) once on each of up to `threads` of the host's threads, worker indices distinct and below
+// `threads`, and returns when all have returned; possibly just once, on the caller, as worker 0.
+using HostParallelFn = void (*)(int threads, void (*body)(void* context, int worker),
+                                void* context);
+
+// Runs every later PoolLease::run of more than one thread through `parallel` instead of the pool's
+// workers (null: the pool again; anyattn_set_host_parallel). Leases keep their meaning: one caller
+// at a time holds the threads (others run inline), and worker indices stay below num_threads().
+// Tasks are still claimed one at a time from one counter, so the bodies the host runs complete
+// them whatever their number.
+void set_host_parallel(HostParallelFn parallel);
 
 class PoolLease;
 

@@ -281,6 +281,52 @@ TEST(ReliabilityConcurrency, BitwiseIdenticalForThreadCountsOneToEight) {
   }
 }
 
+// Host parallel regions (anyattn_set_host_parallel) for the test below: one that runs the bodies
+// on threads of its own (the caller as worker 0), and one that runs a single body on the caller,
+// as a nested OpenMP region does. Each counts its regions.
+std::atomic<int> g_host_regions{0};
+
+void threaded_host(int threads, anyattn_parallel_body body, void* context) {
+  g_host_regions.fetch_add(1);
+  std::vector<std::thread> team;
+  for (int worker = 1; worker < threads; ++worker) team.emplace_back(body, context, worker);
+  body(context, 0);
+  for (std::thread& t : team) t.join();
+}
+
+void single_body_host(int, anyattn_parallel_body body, void* context) {
+  g_host_regions.fetch_add(1);
+  body(context, 0);
+}
+
+struct HostParallelGuard {
+  ~HostParallelGuard() { anyattn_set_host_parallel(nullptr); }
+};
+
+// Every entry point gives the pool's bits on a host's threads, and on a host that runs one body.
+TEST(ReliabilityConcurrency, HostParallelRegionsGiveThePoolsBits) {
+  ThreadCountGuard threads_guard;
+  HostParallelGuard host_guard;
+  anyattn_set_num_threads(3);
+  for (const NamedWorkload& w : workloads()) {
+    SCOPED_TRACE(w.name);
+    anyattn_set_host_parallel(nullptr);
+    const std::vector<unsigned char> expected = w.run();
+    ASSERT_FALSE(expected.empty()) << anyattn_last_error();
+    for (anyattn_host_parallel_fn host : {&threaded_host, &single_body_host}) {
+      anyattn_set_host_parallel(host);
+      const int regions = g_host_regions.load();
+      EXPECT_TRUE(w.run() == expected) << (host == &threaded_host ? "threaded" : "one body");
+      EXPECT_GT(g_host_regions.load(), regions) << "the host ran no region";
+    }
+  }
+  // NULL restores the pool.
+  anyattn_set_host_parallel(nullptr);
+  const int regions = g_host_regions.load();
+  EXPECT_FALSE(workloads().front().run().empty());
+  EXPECT_EQ(g_host_regions.load(), regions);
+}
+
 // The dense workloads are also right, so the bitwise checks above compare meaningful results.
 TEST(ReliabilityConcurrency, DenseWorkloadsMatchTheReference) {
   Case c;

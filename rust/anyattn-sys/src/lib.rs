@@ -94,6 +94,14 @@ pub const ANYATTN_ISA_AVX512_AMX: anyattn_isa = 4;
 /// AArch64 Advanced SIMD (NEON).
 pub const ANYATTN_ISA_NEON: anyattn_isa = 5;
 
+/// `anyattn_parallel_body`: one body of a host's parallel region, `body(context, worker)`.
+pub type anyattn_parallel_body =
+    Option<unsafe extern "C" fn(context: *mut core::ffi::c_void, worker: c_int)>;
+/// `anyattn_host_parallel_fn`: a host's parallel region (`anyattn_set_host_parallel`).
+pub type anyattn_host_parallel_fn = Option<
+    unsafe extern "C" fn(threads: c_int, body: anyattn_parallel_body, context: *mut core::ffi::c_void),
+>;
+
 /// `anyattn_kernel_info`: one forward kernel of the library's registry.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -217,6 +225,9 @@ extern "C" {
     pub fn anyattn_set_num_threads(n: c_int);
     /// The thread count later calls will use.
     pub fn anyattn_get_num_threads() -> c_int;
+    /// Runs the parallel phases of later calls on the host's threads through `parallel`; `None`
+    /// restores the library's pool (see `anyattn.h`).
+    pub fn anyattn_set_host_parallel(parallel: anyattn_host_parallel_fn);
     /// Fills `params` with defaults and sets `struct_size`.
     pub fn anyattn_fwd_params_init(params: *mut anyattn_fwd_params);
     /// Dense forward attention; see `anyattn.h` for the full contract.
@@ -328,6 +339,7 @@ pub const DECLARED_FUNCTIONS: &[&str] = &[
     "anyattn_fwd_kernel_info",
     "anyattn_set_num_threads",
     "anyattn_get_num_threads",
+    "anyattn_set_host_parallel",
     "anyattn_fwd_params_init",
     "anyattn_fwd",
     "anyattn_fwd_varlen",
