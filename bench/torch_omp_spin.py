@@ -2,12 +2,15 @@
 """How much an anyattn call slows down right after a parallel torch op.
 
 torch's OpenMP workers keep spinning on their cores for a while after each parallel op (unless
-OMP_WAIT_POLICY=PASSIVE was set before Python started), and an anyattn call made in that window
-competes with them for the cores. This script times one anyattn call alone and right after a
-torch matmul, alternately, and prints the medians:
+OMP_WAIT_POLICY=PASSIVE was set before Python started). The package therefore runs anyattn's
+parallel phases on torch's OpenMP team (python/src/host_openmp.cc); on anyattn's own pool
+(ANYATTN_HOST_OPENMP=0) a call made in that window competes with the spinning workers for the
+cores. This script times one anyattn call alone and right after a torch matmul, alternately, and
+prints the medians:
 
-    .venv/bin/python bench/torch_omp_spin.py                          # torch's default waiting
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/torch_omp_spin.py  # passive waiting
+    .venv/bin/python bench/torch_omp_spin.py                          # on torch's team
+    ANYATTN_HOST_OPENMP=0 .venv/bin/python bench/torch_omp_spin.py    # on the pool
+    ANYATTN_HOST_OPENMP=0 OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/torch_omp_spin.py
 
 The call is a decode step through the installed anyattn package: flash_attn_with_kvcache, bf16,
 B=1, Hq=32, Hk=8, D=128, a cache of 4096 keys; the torch op is a 64x2048 by 2048x2048 f32 matmul.
@@ -55,6 +58,9 @@ def main():
         return statistics.median(times) * 1e3
 
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")
+    from anyattn import _core
+    runtime = _core.host_openmp()
+    print(f"parallel phases on {'the pool' if runtime is None else runtime}")
     print(f"OMP_WAIT_POLICY={policy}, {args.threads} threads, anyattn {anyattn.__version__}, "
           f"torch {torch.__version__}")
     median_ms(False)
