@@ -185,8 +185,8 @@ Workspace carve_workspace(const plan::FwdPlan& plan, const WorkspaceSizes& sizes
 // (causal q blocks differ in cost up to Sk/64 times, varlen sequences far more), and keeping a
 // pair's tasks together keeps its packed K/V (up to a few MiB) in the caches while they run: a
 // plain most-expensive-first order over the whole group interleaves every pair's causal q blocks,
-// and each task then streams its panel from L3. Makes the group pair-local where every pair packs
-// within plan::kPairLocalMaxBytes, as many pairs pair-local as plan::pair_local_count allows.
+// and each task then streams its panel from L3. Where every pair of the group packs whole within
+// plan::kPairLocalMaxBytes, runs as many of them pair-local as plan::pair_local_count allows.
 void build_tasks(const FwdArgs& args, const plan::FwdPlan& plan, const Workspace& ws,
                  const std::vector<Pair>& pairs, Group& group) {
   const PackedLayout& layout = plan.layout;
