@@ -373,10 +373,11 @@ def flash_attn_with_kvcache(
         q = fp8_cache_queries(q, q_descale, cu_seqlens_q, k_cache.shape[2])
         if is_float8(qv):
             qv = fp8_cache_queries(qv, q_descale, cu_seqlens_q, k_cache.shape[2])
-        if k is not None and q.dtype == torch.float32:
-            # The call takes q and the new rows in one dtype; widening them is exact, and the
-            # append quantizes them either way.
-            k, v = k.float(), None if v is None else v.float()
+        if q.dtype == torch.float32 and k is not None and v is not None and not (
+                is_float8(k) or is_float8(v)):
+            # The call takes q and the new rows in one dtype; widening float rows is exact, and
+            # the append quantizes them either way. (Float8 rows are rejected, naming them.)
+            k, v = k.float(), v.float()
     elif q_descale is not None:
         raise ValueError(f"q_descale: given for {str(q.dtype).replace('torch.', '')} queries; it "
                          "scales float8 queries only (torch.float8_e4m3fn, torch.float8_e5m2)")

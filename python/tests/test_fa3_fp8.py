@@ -234,6 +234,18 @@ def test_bad_fp8_calls_raise_naming_the_argument():
                                     cache_seqlens=4)
 
 
+def test_float8_new_keys_are_rejected_naming_them():
+    """The cache call quantizes new keys and values itself: they come as float32, float16 or
+    bfloat16, also when float8 q has a q_descale (q then runs in float32)."""
+    cache = torch.zeros(1, 8, 2, 16, dtype=torch.float8_e4m3fn)
+    q8 = torch.randn(1, 1, 2, 16).to(torch.float8_e4m3fn)
+    new = torch.randn(1, 1, 2, 16).to(torch.float8_e4m3fn)
+    for q_descale in (None, torch.ones(1, 2)):
+        with pytest.raises(TypeError, match=r"^k: dtype torch.float8_e4m3fn is not supported"):
+            fa3.flash_attn_with_kvcache(q8, cache, cache.clone(), new, new, cache_seqlens=3,
+                                        q_descale=q_descale)
+
+
 def test_fp8_calls_have_no_backward():
     q8, k8, v8 = _inputs(torch.float8_e4m3fn, 1, 4, 4, 2, 2, 16)
     q8.requires_grad_(True)
