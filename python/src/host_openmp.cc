@@ -88,10 +88,7 @@ bool bind_loaded_runtime() {
 bool bind_loaded_runtime() { return false; }
 #endif
 
-// enable: route the library's parallel phases through the loaded OpenMP runtime, if the process
-// has one; else (or with enable false) through the library's pool. Returns the runtime's path, or
-// None when the pool is in use.
-bool g_in_use = false;
+bool g_in_use = false;  // whether the library's parallel phases run on the loaded runtime
 
 nb::object runtime_in_use() {
   return g_in_use ? nb::object(nb::str(g_runtime_path.c_str())) : nb::none();
@@ -105,6 +102,9 @@ void use_pool_after_fork() {
   anyattn_set_host_parallel(nullptr);
 }
 
+// enable: route the library's parallel phases through the loaded OpenMP runtime, if the process
+// has one; else (or with enable false) through the library's pool. Returns the runtime's path, or
+// None when the pool is in use.
 nb::object use_host_openmp(bool enable) {
   g_in_use = enable && bind_loaded_runtime();
   anyattn_set_host_parallel(g_in_use ? &host_parallel : nullptr);

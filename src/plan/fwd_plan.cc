@@ -109,33 +109,58 @@ int64_t FwdPlan::tasks_per_pair(const cpu::FwdArgs& args, int64_t seqlen_q) cons
          q_blocks;
 }
 
-bool pairs_balance_on_threads(std::vector<int64_t> pair_costs, int threads) {
-  if (pair_costs.empty() || threads <= 1) return true;
-  std::sort(pair_costs.begin(), pair_costs.end(), std::greater<int64_t>());
-  // Each pair goes to the thread that frees up first: the one with the least work so far.
+namespace {
+
+// Hands out `sorted_costs` (most expensive first) greedily on `threads` threads, each pair to the
+// thread that frees up first (the one with the least work so far), and calls
+// after_each(pairs_so_far, makespan, total) after each pair. The schedule of the first n pairs is
+// the first n steps of the whole schedule, so one pass serves every prefix.
+template <class AfterEach>
+void schedule_most_expensive_first(const std::vector<int64_t>& sorted_costs, int threads,
+                                   AfterEach&& after_each) {
   std::priority_queue<int64_t, std::vector<int64_t>, std::greater<int64_t>> loads;
   for (int t = 0; t < threads; ++t) loads.push(0);
   int64_t total = 0;
   int64_t makespan = 0;
-  for (const int64_t cost : pair_costs) {
-    const int64_t load = loads.top() + cost;
+  for (size_t i = 0; i < sorted_costs.size(); ++i) {
+    const int64_t load = loads.top() + sorted_costs[i];
     loads.pop();
     loads.push(load);
-    total += cost;
+    total += sorted_costs[i];
     makespan = std::max(makespan, load);
+    after_each(static_cast<int64_t>(i) + 1, makespan, total);
   }
+}
+
+// The balance rule: a makespan within 1/32 of an even share of the total.
+bool within_even_share(int64_t makespan, int64_t total, int threads) {
   return makespan * 32 * threads <= total * 33;
+}
+
+}  // namespace
+
+bool pairs_balance_on_threads(std::vector<int64_t> pair_costs, int threads) {
+  if (pair_costs.empty() || threads <= 1) return true;
+  std::sort(pair_costs.begin(), pair_costs.end(), std::greater<int64_t>());
+  bool balanced = true;
+  schedule_most_expensive_first(pair_costs, threads, [&](int64_t, int64_t makespan,
+                                                         int64_t total) {
+    balanced = within_even_share(makespan, total, threads);
+  });
+  return balanced;
 }
 
 int64_t pair_local_count(const std::vector<int64_t>& sorted_pair_costs, int threads) {
   const int64_t pairs = static_cast<int64_t>(sorted_pair_costs.size());
-  if (pairs_balance_on_threads(sorted_pair_costs, threads)) return pairs;
-  for (int64_t count = pairs / threads * threads; count > 0; count -= threads) {
-    const std::vector<int64_t> front(sorted_pair_costs.begin(),
-                                     sorted_pair_costs.begin() + count);
-    if (pairs_balance_on_threads(front, threads)) return count;
-  }
-  return 0;
+  if (threads <= 1) return pairs;
+  int64_t count = 0;
+  schedule_most_expensive_first(sorted_pair_costs, threads, [&](int64_t front, int64_t makespan,
+                                                                int64_t total) {
+    if ((front == pairs || front % threads == 0) && within_even_share(makespan, total, threads)) {
+      count = front;
+    }
+  });
+  return count;
 }
 
 std::string FwdPlan::describe(const cpu::FwdArgs& args) const {
