@@ -15,8 +15,6 @@ from ._options import AttnOptions, make_options
 
 # Parameters of FA3/FA4 that anyattn cannot honour, with what they are for.
 _UNSUPPORTED = {
-    "qv": "the extra q.v score term of absorbed MLA",
-    "gather_kv_indices": "top-k gathering of keys for sparse absorbed MLA",
     "score_mod": "a CuTe-DSL score modifier, compiled for NVIDIA GPUs",
     "score_mod_bwd": "a CuTe-DSL score modifier, compiled for NVIDIA GPUs",
     "mask_mod": "a CuTe-DSL mask modifier, compiled for NVIDIA GPUs",

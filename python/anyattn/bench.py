@@ -19,6 +19,15 @@ call styles), each beside torch SDPA in the same process.
 SDPA on those: prefill (B=1, Hq=16, Hk=4, D=128, causal, S 1024 and 2048) through
 flash_attn_func, and decode (B=1, Hq=32, Hk=8, D=128, Sk 4096 and 32768) through
 flash_attn_with_kvcache with float8 q against a float8 cache, as sglang's FA3 backend calls it.
+
+``--sparse-mla`` times FA4's top-k sparse absorbed MLA (anyattn.fa4_interface.flash_attn_varlen_func
+with gather_kv_indices, called as vLLM's FA4 sparse MLA backend calls it: one query row per
+sequence, global rows of a flat bfloat16 latent cache [v | k] of 32768 rows, 512 + 64 columns,
+topk 2048) beside what torch offers: gathering each row's keys (index_select), then batched
+matmuls and a float32 softmax (torch's SDPA takes seconds here: it expands the one latent head
+to every query head). Decode (4 tokens, 128 heads) and a prefill chunk (64 tokens,
+16 heads). Last column: anyattn over the same keys copied out beforehand into a contiguous
+cache (copy not timed), the gather's own cost being the difference.
 """
 
 from __future__ import annotations
@@ -239,6 +248,63 @@ def run_fp8() -> List[Dict[str, object]]:
     return rows
 
 
+def run_sparse_mla() -> List[Dict[str, object]]:
+    """FA4's top-k sparse MLA against torch's gather + matmuls; medians, in one process on
+    anyattn's threads (module docstring)."""
+    import torch  # noqa: PLC0415
+
+    from anyattn import fa4_interface  # noqa: PLC0415
+
+    torch.set_num_threads(anyattn.get_num_threads())
+    rows, n_rows, topk, latent, rope = [], 32768, 2048, 512, 64
+    scale = (latent + rope) ** -0.5
+    cache = torch.randn(n_rows, 1, latent + rope).to(torch.bfloat16)
+    print(f"threads={anyattn.get_num_threads()} isa={anyattn.isa()} torch={torch.__version__}")
+    print(f"{'call':8} {'shape':26} | {'anyattn ms':>10} {'GFLOP/s':>8} | {'torch ms':>9} "
+          f"{'torch/anyattn':>13} | {'pre-gathered':>12}")
+    for call, tokens, heads in (("decode", 4, 128), ("prefill", 64, 16)):
+        g = torch.Generator().manual_seed(tokens)
+        idx = torch.stack([torch.randperm(n_rows, generator=g)[:topk] for _ in range(tokens)])
+        idx = idx.to(torch.int32)
+        q_nope = torch.randn(tokens, heads, latent).to(torch.bfloat16)
+        q_pe = torch.randn(tokens, heads, rope).to(torch.bfloat16)
+        cu_q = torch.arange(tokens + 1, dtype=torch.int32)
+
+        def ours():
+            return fa4_interface.flash_attn_varlen_func(
+                q_pe, cache[..., latent:], cache[..., :latent], q_nope, cu_seqlens_q=cu_q,
+                cu_seqlens_k=torch.zeros_like(cu_q), max_seqlen_q=1, max_seqlen_k=n_rows,
+                seqused_k=torch.full((tokens,), n_rows, dtype=torch.int32),
+                gather_kv_indices=idx, softmax_scale=scale)[0]
+
+        q_wide = torch.cat([q_nope, q_pe], -1)  # (tokens, heads, 576)
+
+        def gather_matmul():
+            keys = cache[:, 0].index_select(0, idx.reshape(-1).long())
+            keys = keys.reshape(tokens, topk, latent + rope)
+            scores = torch.matmul(q_wide, keys.transpose(1, 2)).float() * scale
+            probs = torch.softmax(scores, -1).to(torch.bfloat16)
+            return torch.matmul(probs, keys[..., :latent])
+
+        gathered = cache[:, 0].index_select(0, idx.reshape(-1).long())
+        gathered = gathered.reshape(tokens, topk, 1, latent + rope)
+
+        def pre_gathered():  # the same attention over keys copied out beforehand
+            return anyattn.flash_attn_with_kvcache(q_wide[:, None], gathered,
+                                                   gathered[..., :latent], softmax_scale=scale)
+
+        with torch.no_grad():
+            t_ours, t_torch, t_copy = _interleaved_medians((ours, gather_matmul, pre_gathered))
+        flops = 2 * tokens * heads * topk * (2 * latent + rope)
+        rows.append(dict(call=call, tokens=tokens, heads=heads, topk=topk, anyattn_s=t_ours,
+                         torch_s=t_torch, pre_gathered_s=t_copy,
+                         anyattn_gflops=flops / t_ours / 1e9))
+        print(f"{call:8} {f'T{tokens} H{heads} topk{topk}':26} | {t_ours * 1e3:10.3f} "
+              f"{flops / t_ours / 1e9:8.1f} | {t_torch * 1e3:9.3f} {t_torch / t_ours:13.2f} | "
+              f"{t_copy * 1e3:12.3f}", flush=True)
+    return rows
+
+
 def main() -> None:
     """Command-line entry point; see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -246,6 +312,8 @@ def main() -> None:
     parser.add_argument("--overhead", action="store_true", help="per-call overhead at a decode shape, beside torch SDPA")
     parser.add_argument("--fp8", action="store_true",
                         help="FA3's FP8 call style beside bfloat16 and torch SDPA")
+    parser.add_argument("--sparse-mla", action="store_true",
+                        help="FA4's top-k sparse MLA beside torch's gather + matmuls")
     parser.add_argument("--json", default="anyattn_python_bench.json", help="JSON output path")
     parser.add_argument("--png", default="anyattn_python_bench.png", help="PNG plot path")
     parser.add_argument("--peak", type=float, default=None,
@@ -256,6 +324,9 @@ def main() -> None:
         result = {"overhead_us": run_overhead()}
     elif args.fp8:
         result = {"threads": anyattn.get_num_threads(), "isa": anyattn.isa(), "fp8": run_fp8()}
+    elif args.sparse_mla:
+        result = {"threads": anyattn.get_num_threads(), "isa": anyattn.isa(),
+                  "sparse_mla": run_sparse_mla()}
     else:
         rows = run_table(args.full)
         if args.peak is not None:

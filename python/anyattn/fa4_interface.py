@@ -21,9 +21,12 @@ anyattn's dispatch), with these meanings:
   default scale (headdim + headdim_v) ** -0.5; q (and k) may be None, leaving qv . v (scale
   headdim_v ** -0.5). As in FA4 the LSE then comes heads-last: (batch, seqlen_q, nheads) or
   (total_q, nheads). A paged varlen cache laid out as one row [v | k] is read in place.
-- GPU-only features raise NotImplementedError naming the parameter when given:
-  ``gather_kv_indices``, ``score_mod``, ``score_mod_bwd``, ``mask_mod``, ``aux_tensors``,
-  ``aux_scalars``, block sparsity (and the block-sparsity keywords of older FA4 releases).
+- ``gather_kv_indices`` (top-k sparse attention, _fa4_gather.py): each query row attends the
+  keys its index row names, masked as FA4 masks them; with any q/k/v (FA4: with qv only) and a
+  page_table (FA4: not with it); forward only.
+- GPU-only features raise NotImplementedError naming the parameter when given: ``score_mod``,
+  ``score_mod_bwd``, ``mask_mod``, ``aux_tensors``, ``aux_scalars``, block sparsity (and the
+  block-sparsity keywords of older FA4 releases).
 - The LSE is float32, natural log, and not differentiable (FA4 now back-propagates through a
   returned LSE; here a loss that uses it gets no gradient through it).
 """
@@ -37,6 +40,7 @@ import torch
 from ._options import AttnOptions, make_options
 from ._fa_arguments import as_int, check_hints, reject_unsupported
 from ._fa_qv import fa4_query_and_keys
+from ._fa4_gather import gathered_attention
 from ._fa_plan import combine_partials, dense_attention, index_vector, varlen_attention
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
@@ -138,19 +142,22 @@ def flash_attn_func(
         num_splits, pack_gqa, deterministic: accepted hints.
         qv: (batch, seqlen_q, nheads, headdim_v) in q's dtype: adds qv . v to the scores
             (absorbed MLA; headdim + headdim_v <= 576); q and k may then be None.
-        gather_kv_indices, score_mod, score_mod_bwd, mask_mod, aux_tensors, aux_scalars,
-            block_sparse_tensors, block_sparse_tensors_bwd, and the keyword-only block-sparsity
-            names of older FA4 releases: raise NotImplementedError unless None.
+        gather_kv_indices: (batch, seqlen_q, topk) integer key positions per query row
+            (_fa4_gather.py: -1 or out of range counts for nothing); forward only.
+        score_mod, score_mod_bwd, mask_mod, aux_tensors, aux_scalars, block_sparse_tensors,
+            block_sparse_tensors_bwd, and the keyword-only block-sparsity names of older FA4
+            releases: raise NotImplementedError unless None.
     Returns:
         (out (batch, seqlen_q, nheads, headdim_v) in q's dtype, lse (batch, nheads, seqlen_q)
         float32 or None; with qv, (batch, seqlen_q, nheads)): lse is returned when return_lse
         or an input requires grad.
-    Autograd: q, k, v, qv and learnable_sink get gradients; the LSE does not back-propagate.
+    Autograd: q, k, v, qv and learnable_sink get gradients (none with gather_kv_indices:
+    backward raises NotImplementedError); the LSE does not back-propagate.
     Raises:
         TypeError / ValueError naming the argument for bad input.
     """
     _check_qv(qv, "softmax_scale")
-    reject_unsupported(gather_kv_indices=gather_kv_indices, score_mod=score_mod,
+    reject_unsupported(score_mod=score_mod,
                        score_mod_bwd=score_mod_bwd, mask_mod=mask_mod, aux_tensors=aux_tensors,
                        aux_scalars=aux_scalars, block_sparse_tensors=block_sparse_tensors,
                        block_sparse_tensors_bwd=block_sparse_tensors_bwd,
@@ -160,10 +167,15 @@ def flash_attn_func(
     check_hints(num_splits=num_splits)
     options = _fa4_options(softmax_scale, causal, window_size, softcap, deterministic)
     inputs = (q, k, v, qv)
+    gather = gather_kv_indices is not None
     if qv is not None:
-        q, k = fa4_query_and_keys(q, k, v, qv, paged=False)
-    out, lse = dense_attention(q, k, v, options, 0, learnable_sink,
-                               _wants_lse(return_lse, inputs))
+        q, k = fa4_query_and_keys(q, k, v, qv, paged=gather)
+    if gather:
+        out, lse = gathered_attention(q, k, v, gather_kv_indices, None, None, None, None, None,
+                                      options, learnable_sink, 0)
+    else:
+        out, lse = dense_attention(q, k, v, options, 0, learnable_sink,
+                                   _wants_lse(return_lse, inputs))
     return out, _qv_lse(_lse_result(lse, return_lse, inputs), qv)
 
 
@@ -216,6 +228,9 @@ def flash_attn_varlen_func(
         qv: (total_q, nheads, headdim_v) (batched like q), as in flash_attn_func; with
             page_table, k and v laid out as one row [v | k] (v = cache[..., :headdim_v],
             k = cache[..., headdim_v:]) are read in place, other layouts gathered.
+        gather_kv_indices: (total_q, topk), or (batch, seqlen_q, topk) for batched q, integer
+            key positions per query row within its sequence (with page_table: its paged
+            sequence); seqused_k may then run past the next cu_seqlens_k entry.
         Other arguments as in flash_attn_func; ``cu_total_m_blocks``/``cu_total_n_blocks``
         (keyword-only, older FA4 block sparsity) raise NotImplementedError unless None.
     Returns:
@@ -223,13 +238,14 @@ def flash_attn_varlen_func(
         gives (batch, seqlen_q, nheads, headdim_v) and (batch, nheads, seqlen_q). With qv the
         lse is heads-last, (total_q, nheads) or (batch, seqlen_q, nheads). lse is returned when
         return_lse or an input requires grad.
-    Autograd: q, k, v and learnable_sink get gradients without page_table; with page_table the
-    call is forward only (backward raises NotImplementedError).
+    Autograd: q, k, v and learnable_sink get gradients without page_table and
+    gather_kv_indices; with either the call is forward only (backward raises
+    NotImplementedError).
     Raises:
         TypeError / ValueError naming the argument for bad input.
     """
     _check_qv(qv, "cu_seqlens_q")
-    reject_unsupported(gather_kv_indices=gather_kv_indices, score_mod=score_mod,
+    reject_unsupported(score_mod=score_mod,
                        score_mod_bwd=score_mod_bwd, mask_mod=mask_mod,
                        block_sparse_tensors=block_sparse_tensors, aux_tensors=aux_tensors,
                        aux_scalars=aux_scalars, cu_total_m_blocks=cu_total_m_blocks,
@@ -238,12 +254,18 @@ def flash_attn_varlen_func(
                 max_seqlen_k=max_seqlen_k)
     options = _fa4_options(softmax_scale, causal, window_size, softcap, deterministic)
     inputs = (q, k, v, qv)
+    gather = gather_kv_indices is not None
     if qv is not None:
-        q, k = fa4_query_and_keys(q, k, v, qv, paged=page_table is not None)
-    out, lse = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                seqused_q, seqused_k, page_table, options, learnable_sink, 0,
-                                max(as_int(num_splits, "num_splits"), 0),
-                                _wants_lse(return_lse, inputs))
+        q, k = fa4_query_and_keys(q, k, v, qv, paged=gather or page_table is not None)
+    splits = max(as_int(num_splits, "num_splits"), 0)
+    if gather:
+        out, lse = gathered_attention(q, k, v, gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
+                                      seqused_q, seqused_k, page_table, options, learnable_sink,
+                                      splits)
+    else:
+        out, lse = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, seqused_q, seqused_k, page_table, options,
+                                    learnable_sink, 0, splits, _wants_lse(return_lse, inputs))
     return out, _qv_lse(_lse_result(lse, return_lse, inputs), qv)
 
 

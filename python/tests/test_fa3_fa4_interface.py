@@ -781,8 +781,8 @@ def test_fa4_varlen_batched_layout_and_backward():
 # ---- FA4: unsupported parameters, combine, names ----------------------------------------------
 
 
-# qv is supported (test_fa3_qv.py).
-FA4_SHARED = ["gather_kv_indices", "score_mod", "score_mod_bwd", "mask_mod", "aux_tensors",
+# qv and gather_kv_indices are supported (test_fa3_qv.py, test_fa4_gather.py).
+FA4_SHARED = ["score_mod", "score_mod_bwd", "mask_mod", "aux_tensors",
               "aux_scalars", "block_sparse_tensors"]
 FA4_UNSUPPORTED = (
     [(False, name) for name in FA4_SHARED + ["block_sparse_tensors_bwd", "full_block_cnt",
