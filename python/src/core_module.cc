@@ -21,6 +21,7 @@
 #include <string>
 
 #include "anyattn/anyattn.h"
+#include "code_table.h"
 #include "host_openmp.h"
 #include "torch_plain_call.h"
 
@@ -483,4 +484,5 @@ NB_MODULE(_core, m) {
         "the GIL.");
   register_torch_plain_call(m);
   register_host_openmp(m);
+  register_code_table(m);
 }

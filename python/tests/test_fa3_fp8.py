@@ -252,3 +252,17 @@ def test_fp8_calls_have_no_backward():
     out = fa3.flash_attn_func(q8, k8, v8)
     with pytest.raises(NotImplementedError):
         out.float().sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("wide", [torch.bfloat16, torch.float32])
+def test_widening_is_torchs_conversion_for_every_code(dtype, wide):
+    """The table widening (_core.widen_codes for bfloat16) gives torch's own conversion for all
+    256 codes, NaN codes included, and for odd sizes and strided inputs."""
+    from anyattn._fa3_fp8 import widened
+
+    codes = torch.arange(256, dtype=torch.uint8).view(dtype)
+    for x in (codes, codes[:13], codes.reshape(16, 16)[:, ::3], codes[:0]):
+        got, want = widened(x, wide), x.to(wide)
+        assert got.shape == want.shape and got.dtype == wide
+        assert bool(((got == want) | (got.isnan() & want.isnan())).all())
