@@ -17,8 +17,12 @@ How it runs: every query row becomes a one-row sequence of one paged varlen call
 hold one key each: k and v are viewed in place as (rows, 1, nheads_k, headdim) caches, the row's
 valid slots (as key rows, in the order given) are its block table and their count its key count.
 The masks were applied in choosing the slots, so the call runs without them. The kernel reads
-each selected row once per kv head, as FA4's gather does. Forward only: a backward through the
-call raises NotImplementedError.
+each selected row once per kv head, as FA4's gather does.
+
+Gradients (FA4 has a sparse backward too): when autograd records the call, the selected rows are
+copied out (index_select) into one packed varlen call with a sequence per query row, whose
+backward is anyattn's; the copies' gradients are summed back into k and v. That route runs in
+float32 and costs float32 copies of k, v and every selected row, which the other avoids.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ._fa_arguments import describe_value
 from ._fa_plan import (Plan, first_true_index, index_vector, paged_keys, prefix_sums,
                        query_extents, run_cache, unpack)
 from ._options import AttnOptions
+from .varlen import flash_attn_varlen_func as _fa2_varlen_func
 
 
 def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: Any,
@@ -65,16 +70,48 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indice
     live = _live_rows(q0, q_used)
     table, counts = _key_table(slots, live, q0, q_used, keys, options)
     total = pq.shape[0]
-    plan = Plan(torch.arange(total + 1, dtype=torch.int32), torch.zeros(total, dtype=torch.int64),
-                counts, torch.arange(total), 1)
     unmasked = options._replace(causal=False, window_size=(-1, -1))
-    out, lse = run_cache(pq, keys.rows_k.unsqueeze(1), keys.rows_v.unsqueeze(1), plan, table,
-                         None, unmasked, sinks, num_splits)
+    if records_grad(pq, keys.rows_k, keys.rows_v, sinks):
+        out, lse = _differentiable(pq, keys, table, counts, unmasked, sinks)
+    else:
+        plan = Plan(torch.arange(total + 1, dtype=torch.int32),
+                    torch.zeros(total, dtype=torch.int64), counts, torch.arange(total), 1)
+        out, lse = run_cache(pq, keys.rows_k.unsqueeze(1), keys.rows_v.unsqueeze(1), plan, table,
+                             None, unmasked, sinks, num_splits)
     if sinks is not None:  # rows not computed hold -inf, not the sink's logit
         dead = torch.ones(total, dtype=torch.bool)
         dead[live] = False
         lse = lse.masked_fill(dead.to(lse.device)[None, :], float("-inf"))
     return unpack(out, lse, q, cu_seqlens_q is None)
+
+
+def records_grad(*tensors: Any) -> bool:
+    """True when autograd records a call on ``tensors`` (some tensor among them requires grad)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in tensors)
+
+
+def _differentiable(pq: torch.Tensor, keys: "_Keys", table: torch.Tensor, counts: torch.Tensor,
+                    options: AttnOptions, sinks: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The same attention through autograd: each row's keys copied out (index_select) into one
+    packed varlen call, one sequence per row. Its backward is anyattn's varlen backward, and the
+    copies' gradients are added back into the rows they came from (index_select's backward).
+    16-bit inputs run in float32, so that a key's gradient, a sum over every row that selected
+    it, is accumulated in float32 and rounded once (as the dense backward does), not once per
+    row; out is rounded back to q's dtype."""
+    total, topk = table.shape
+    chosen = table[torch.arange(topk)[None, :] < counts[:, None]]  # row by row, in slot order
+    rows = chosen.to(keys.rows_k.device)
+    cu_k = torch.zeros(total + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=cu_k[1:])
+    wide = torch.float32
+    result = _fa2_varlen_func(
+        pq.to(wide), keys.rows_k.to(wide).index_select(0, rows),
+        keys.rows_v.to(wide).index_select(0, rows), torch.arange(total + 1, dtype=torch.int32),
+        cu_k.to(torch.int32), 1, max(int(counts.max()) if total else 0, 1),
+        softmax_scale=options.softmax_scale, softcap=options.softcap, return_attn_probs=True,
+        sinks=sinks)
+    return result[0].to(pq.dtype), result[1]
 
 
 class _Keys(NamedTuple):

@@ -23,7 +23,7 @@ anyattn's dispatch), with these meanings:
   (total_q, nheads). A paged varlen cache laid out as one row [v | k] is read in place.
 - ``gather_kv_indices`` (top-k sparse attention, _fa4_gather.py): each query row attends the
   keys its index row names, masked as FA4 masks them; with any q/k/v (FA4: with qv only) and a
-  page_table (FA4: not with it); forward only.
+  page_table (FA4: not with it); gradients as FA4's sparse backward gives them.
 - GPU-only features raise NotImplementedError naming the parameter when given: ``score_mod``,
   ``score_mod_bwd``, ``mask_mod``, ``aux_tensors``, ``aux_scalars``, block sparsity (and the
   block-sparsity keywords of older FA4 releases).
@@ -40,7 +40,7 @@ import torch
 from ._options import AttnOptions, make_options
 from ._fa_arguments import as_int, check_hints, reject_unsupported
 from ._fa_qv import fa4_query_and_keys
-from ._fa4_gather import gathered_attention
+from ._fa4_gather import gathered_attention, records_grad
 from ._fa_plan import combine_partials, dense_attention, index_vector, varlen_attention
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
@@ -143,7 +143,7 @@ def flash_attn_func(
         qv: (batch, seqlen_q, nheads, headdim_v) in q's dtype: adds qv . v to the scores
             (absorbed MLA; headdim + headdim_v <= 576); q and k may then be None.
         gather_kv_indices: (batch, seqlen_q, topk) integer key positions per query row
-            (_fa4_gather.py: -1 or out of range counts for nothing); forward only.
+            (_fa4_gather.py: -1 or out of range counts for nothing).
         score_mod, score_mod_bwd, mask_mod, aux_tensors, aux_scalars, block_sparse_tensors,
             block_sparse_tensors_bwd, and the keyword-only block-sparsity names of older FA4
             releases: raise NotImplementedError unless None.
@@ -151,8 +151,7 @@ def flash_attn_func(
         (out (batch, seqlen_q, nheads, headdim_v) in q's dtype, lse (batch, nheads, seqlen_q)
         float32 or None; with qv, (batch, seqlen_q, nheads)): lse is returned when return_lse
         or an input requires grad.
-    Autograd: q, k, v, qv and learnable_sink get gradients (none with gather_kv_indices:
-    backward raises NotImplementedError); the LSE does not back-propagate.
+    Autograd: q, k, v, qv and learnable_sink get gradients; the LSE does not back-propagate.
     Raises:
         TypeError / ValueError naming the argument for bad input.
     """
@@ -168,8 +167,8 @@ def flash_attn_func(
     options = _fa4_options(softmax_scale, causal, window_size, softcap, deterministic)
     inputs = (q, k, v, qv)
     gather = gather_kv_indices is not None
-    if qv is not None:
-        q, k = fa4_query_and_keys(q, k, v, qv, paged=gather)
+    if qv is not None:  # a latent row [v | k] is read in place unless autograd follows it
+        q, k = fa4_query_and_keys(q, k, v, qv, paged=gather and not records_grad(*inputs))
     if gather:
         out, lse = gathered_attention(q, k, v, gather_kv_indices, None, None, None, None, None,
                                       options, learnable_sink, 0)
@@ -238,9 +237,8 @@ def flash_attn_varlen_func(
         gives (batch, seqlen_q, nheads, headdim_v) and (batch, nheads, seqlen_q). With qv the
         lse is heads-last, (total_q, nheads) or (batch, seqlen_q, nheads). lse is returned when
         return_lse or an input requires grad.
-    Autograd: q, k, v and learnable_sink get gradients without page_table and
-    gather_kv_indices; with either the call is forward only (backward raises
-    NotImplementedError).
+    Autograd: q, k, v, qv and learnable_sink get gradients, except with page_table and no
+    gather_kv_indices: that call is forward only (backward raises NotImplementedError).
     Raises:
         TypeError / ValueError naming the argument for bad input.
     """
@@ -256,7 +254,9 @@ def flash_attn_varlen_func(
     inputs = (q, k, v, qv)
     gather = gather_kv_indices is not None
     if qv is not None:
-        q, k = fa4_query_and_keys(q, k, v, qv, paged=gather or page_table is not None)
+        # a latent row [v | k] is read in place, unless autograd follows a gather through it
+        paged = not records_grad(*inputs) if gather else page_table is not None
+        q, k = fa4_query_and_keys(q, k, v, qv, paged=paged)
     splits = max(as_int(num_splits, "num_splits"), 0)
     if gather:
         out, lse = gathered_attention(q, k, v, gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
