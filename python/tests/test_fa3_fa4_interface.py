@@ -19,16 +19,12 @@ import anyattn  # noqa: E402
 from anyattn import fa3_interface as fa3  # noqa: E402
 from anyattn import fa4_interface as fa4  # noqa: E402
 from reference import check_2x, lse_eps, out_eps  # noqa: E402
+from torch_reference import f64, randn  # noqa: E402
 
 DTYPES = ["float32", "bfloat16", "float16"]
 
 
 # ---- Oracles --------------------------------------------------------------------------------
-
-
-def randn(shape, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g, dtype=torch.float64).to(getattr(torch, dtype))
 
 
 def fa_mask(sq, sk, causal=False, window=(-1, -1), chunk=0):
@@ -83,10 +79,6 @@ def masked_ref(q, k, v, mask, *, scale=None, softcap=0.0, sinks=None, dtype=None
     p = rnd(p[..., :k.shape[1]])
     out = rnd(torch.einsum("bhqk,bkhd->bqhd", p, v))
     return out, lse
-
-
-def f64(x):
-    return x.detach().to(torch.float64).numpy()
 
 
 def assert_2x(name, out, lse, q, k, v, mask, dtype, **kw):

@@ -18,18 +18,9 @@ torch = pytest.importorskip("torch")
 
 from anyattn import fa4_interface as fa4  # noqa: E402
 from reference import attention_ref, check_2x, lse_eps, out_eps  # noqa: E402
-from torch_reference import attention_torch, grads_2x, naive_gradients  # noqa: E402
+from torch_reference import attention_torch, f64, grads_2x, naive_gradients, randn  # noqa: E402
 
 D, DV = 16, 48  # the rotary and latent widths of the tests (DeepSeek: 64 and 512)
-
-
-def randn(shape, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g, dtype=torch.float64).to(getattr(torch, dtype))
-
-
-def f64(x):
-    return x.detach().to(torch.float64).numpy()
 
 
 def slots(shape, low, high, seed):

@@ -6,6 +6,7 @@ unfused forward and backward in the input dtype, defined exactly as the C++ suit
 (tests/backward/bwd_test_support.cc, ``BwdProblem::naive_same_dtype``): every matmul and row sum
 accumulates sequentially in float32 and rounds its result to the dtype, as do the scale, softcap,
 ALiBi, the probabilities and each step of the softmax backward. ``grads_2x`` applies the rule.
+``randn`` and ``f64`` make and read the tests' inputs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,18 @@ import numpy as np
 import torch
 
 from reference import check_2x, out_eps
+
+
+def randn(shape, dtype: str, seed: int) -> torch.Tensor:
+    """Standard normal values drawn in float64 from a generator seeded with ``seed``, rounded to
+    the torch dtype named ``dtype``."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(getattr(torch, dtype))
+
+
+def f64(x: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a float64 numpy array."""
+    return x.detach().to(torch.float64).numpy()
 
 
 def _visible(sq: int, sk: int, window, causal: bool) -> torch.Tensor:
