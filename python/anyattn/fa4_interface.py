@@ -27,6 +27,9 @@ anyattn's dispatch), with these meanings:
 - GPU-only features raise NotImplementedError naming the parameter when given: ``score_mod``,
   ``score_mod_bwd``, ``mask_mod``, ``aux_tensors``, ``aux_scalars``, block sparsity (and the
   block-sparsity keywords of older FA4 releases).
+- float8 q, k and v (``torch.float8_e4m3fn`` / ``float8_e5m2``, as FA4 takes them on SM100,
+  with unit descales): attention over their values with P in float32, out bfloat16, forward
+  only (_fa3_fp8.py); not with qv or gather_kv_indices.
 - The LSE is float32, natural log, and not differentiable (FA4 now back-propagates through a
   returned LSE; here a loss that uses it gets no gradient through it).
 """
@@ -40,6 +43,7 @@ import torch
 from ._options import AttnOptions, make_options
 from ._fa_arguments import as_int, check_hints, reject_unsupported
 from ._fa_qv import fa4_query_and_keys
+from ._fa3_fp8 import fp8_attention, is_float8
 from ._fa4_gather import gathered_attention, records_grad
 from ._fa_plan import combine_partials, dense_attention, index_vector, varlen_attention
 
@@ -94,6 +98,18 @@ def _wants_lse(return_lse: bool, inputs) -> bool:
     """FA4 returns the LSE when asked for, or when an input requires grad."""
     return bool(return_lse) or any(isinstance(t, torch.Tensor) and t.requires_grad
                                    for t in inputs)
+
+
+def _float8_call(q: Any, k: Any, v: Any, qv: Any, gather: bool) -> bool:
+    """Whether a call has float8 inputs (FA4 takes them on SM100 with unit descales: out is
+    bfloat16, forward only); not with qv or gather_kv_indices (NotImplementedError)."""
+    if not any(is_float8(x) for x in (q, k, v)):
+        return False
+    for name, value in (("qv", qv), ("gather_kv_indices", gather or None)):
+        if value is not None:
+            raise NotImplementedError(f"{name}: not supported by anyattn with float8 q, k and v; "
+                                      f"pass {name}=None or bfloat16 inputs")
+    return True
 
 
 def _lse_result(lse: torch.Tensor, return_lse: bool, inputs) -> Optional[torch.Tensor]:
@@ -167,6 +183,10 @@ def flash_attn_func(
     options = _fa4_options(softmax_scale, causal, window_size, softcap, deterministic)
     inputs = (q, k, v, qv)
     gather = gather_kv_indices is not None
+    if _float8_call(q, k, v, qv, gather):
+        out, lse = fp8_attention(q, k, v, None, None, None, None, None, options, learnable_sink,
+                                 0, 0, None, None, None)
+        return out, _lse_result(lse, return_lse, inputs)
     if qv is not None:  # a latent row [v | k] is read in place unless autograd follows it
         q, k = fa4_query_and_keys(q, k, v, qv, paged=gather and not records_grad(*inputs))
     if gather:
@@ -253,11 +273,15 @@ def flash_attn_varlen_func(
     options = _fa4_options(softmax_scale, causal, window_size, softcap, deterministic)
     inputs = (q, k, v, qv)
     gather = gather_kv_indices is not None
+    splits = max(as_int(num_splits, "num_splits"), 0)
+    if _float8_call(q, k, v, qv, gather):
+        out, lse = fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                                 page_table, options, learnable_sink, 0, splits, None, None, None)
+        return out, _lse_result(lse, return_lse, inputs)
     if qv is not None:
         # a latent row [v | k] is read in place, unless autograd follows a gather through it
         paged = not records_grad(*inputs) if gather else page_table is not None
         q, k = fa4_query_and_keys(q, k, v, qv, paged=paged)
-    splits = max(as_int(num_splits, "num_splits"), 0)
     if gather:
         out, lse = gathered_attention(q, k, v, gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
                                       seqused_q, seqused_k, page_table, options, learnable_sink,

@@ -1,9 +1,10 @@
 """FlashAttention 3's FP8 call style (anyattn._fa3_fp8): float8 q, k and v with q_descale,
 k_descale and v_descale in flash_attn_func, flash_attn_varlen_func and flash_attn_qkvpacked_func,
 and float8 q against an 8-bit KV cache in flash_attn_with_kvcache (sglang's FA3 backend casts q
-to the cache's dtype). Each result is checked against attention over the dequantized values in
-float64, by flash-attn's rule against a naive bfloat16 run of the same dequantized problem: FA3
-returns bfloat16 for float8 inputs."""
+to the cache's dtype); and FA4's functions with float8 inputs (unit descales). Each result is
+checked against attention over the dequantized values in float64, by flash-attn's rule against a
+naive bfloat16 run of the same dequantized problem: FA3 and FA4 return bfloat16 for float8
+inputs."""
 
 from __future__ import annotations
 
@@ -266,3 +267,57 @@ def test_widening_is_torchs_conversion_for_every_code(dtype, wide):
         got, want = widened(x, wide), x.to(wide)
         assert got.shape == want.shape and got.dtype == wide
         assert bool(((got == want) | (got.isnan() & want.isnan())).all())
+
+
+# ---- FlashAttention 4's functions with float8 inputs -------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT8, ids=_name)
+def test_fa4_func_with_float8_inputs(dtype):
+    """FA4 takes float8 q, k and v with unit descales: the FP8 route's result, LSE included."""
+    from anyattn import fa4_interface as fa4
+
+    q, k, v = _inputs(dtype, 2, 5, 9, 4, 2, 32, seed=40)
+    sink = torch.randn(4, generator=torch.Generator().manual_seed(41))
+    out, lse = fa4.flash_attn_func(q, k, v, causal=True, learnable_sink=sink, return_lse=True)
+    assert lse.shape == (2, 4, 5)
+    _check(out, lse, q.double(), k.double(), v.double(), causal=True, sinks=sink.double().numpy())
+    want = fa3.flash_attn_func(q, k, v, causal=True, learnable_sink=sink)
+    assert torch.equal(out, want)
+    assert fa4.flash_attn_func(q, k, v, causal=True)[1] is None
+
+
+def test_fa4_varlen_with_float8_inputs_packed_and_paged():
+    from anyattn import fa4_interface as fa4
+
+    q, k, v = _inputs(torch.float8_e4m3fn, 1, 7, 12, 4, 1, 32, seed=42)
+    cu_q = torch.tensor([0, 3, 7], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 12], dtype=torch.int32)
+    out, lse = fa4.flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                          causal=True, return_lse=True)
+    assert out.dtype == torch.bfloat16 and lse.shape == (4, 7)
+    for b in range(2):
+        rq, rk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        _check(out[rq][None], lse[:, rq][None], q[0, rq][None].double(), k[0, rk][None].double(),
+               v[0, rk][None].double(), causal=True)
+    table = torch.tensor([[2, 0], [1, 2]], dtype=torch.int32)  # pages of 4 keys from k's 12
+    pages_k, pages_v = k[0].reshape(3, 4, 1, 32), v[0].reshape(3, 4, 1, 32)
+    used = torch.tensor([6, 8], dtype=torch.int32)
+    out, _ = fa4.flash_attn_varlen_func(q[0], pages_k, pages_v, cu_seqlens_q=cu_q,
+                                        page_table=table, seqused_k=used)
+    for b in range(2):
+        rows = torch.cat([pages_k[int(p)] for p in table[b]])[:int(used[b])]
+        vals = torch.cat([pages_v[int(p)] for p in table[b]])[:int(used[b])]
+        rq = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        _check(out[rq][None], None, q[0, rq][None].double(), rows[None].double(),
+               vals[None].double())
+
+
+def test_fa4_float8_with_qv_or_gather_is_rejected_naming_them():
+    from anyattn import fa4_interface as fa4
+
+    q, k, v = _inputs(torch.float8_e4m3fn, 1, 2, 4, 2, 1, 16, seed=43)
+    with pytest.raises(NotImplementedError, match="^qv: not supported by anyattn with float8"):
+        fa4.flash_attn_func(q, k, v, q)
+    with pytest.raises(NotImplementedError, match="^gather_kv_indices: not supported by anyattn"):
+        fa4.flash_attn_func(q, k, v, gather_kv_indices=torch.zeros((1, 2, 3), dtype=torch.int32))
