@@ -107,8 +107,9 @@ def _differentiable(pq: torch.Tensor, keys: "_Keys", table: torch.Tensor, counts
     wide = torch.float32
     result = _fa2_varlen_func(
         pq.to(wide), keys.rows_k.to(wide).index_select(0, rows),
-        keys.rows_v.to(wide).index_select(0, rows), torch.arange(total + 1, dtype=torch.int32),
-        cu_k.to(torch.int32), 1, max(int(counts.max()) if total else 0, 1),
+        keys.rows_v.to(wide).index_select(0, rows),
+        torch.arange(total + 1, dtype=torch.int32, device=pq.device),
+        cu_k.to(device=pq.device, dtype=torch.int32), 1, max(int(counts.max()) if total else 0, 1),
         softmax_scale=options.softmax_scale, softcap=options.softcap, return_attn_probs=True,
         sinks=sinks)
     return result[0].to(pq.dtype), result[1]
@@ -144,6 +145,7 @@ class _Keys(NamedTuple):
 
 def _keys(k: torch.Tensor, v: torch.Tensor, cu_seqlens_k: Any, seqused_k: Any,
           page_table: Any, batch: int) -> _Keys:
+    """The checked keys of a call (gathered_attention's arguments), as rows."""
     if page_table is not None:
         if cu_seqlens_k is not None:
             raise ValueError("cu_seqlens_k: must be None with page_table")
