@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional, Tuple
 
+import numpy as np
 import torch
 
 from ._fa_arguments import describe_value
@@ -40,8 +41,8 @@ from .varlen import flash_attn_varlen_func as _fa2_varlen_func
 
 def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: Any,
                        cu_seqlens_q: Any, cu_seqlens_k: Any, seqused_q: Any, seqused_k: Any,
-                       page_table: Any, options: AttnOptions, sinks: Any,
-                       num_splits: int) -> Tuple[torch.Tensor, torch.Tensor]:
+                       page_table: Any, options: AttnOptions,
+                       sinks: Any) -> Tuple[torch.Tensor, torch.Tensor]:
     """Top-k sparse attention of q against the k/v rows ``indices`` selects (module docstring).
 
     Arguments:
@@ -67,8 +68,8 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indice
     batch = q0.numel()
     keys = _keys(k, v, cu_seqlens_k, seqused_k, page_table, batch)
     slots = _index_rows(indices, q, cu_seqlens_q is None)
-    live = _live_rows(q0, q_used)
-    table, counts = _key_table(slots, live, q0, q_used, keys, options)
+    rows = _Rows.of(q0.numpy(), q_used.numpy())
+    table, counts = _key_table(slots, rows, keys, options)
     total = pq.shape[0]
     unmasked = options._replace(causal=False, window_size=(-1, -1))
     if records_grad(pq, keys.rows_k, keys.rows_v, sinks):
@@ -77,11 +78,11 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indice
         plan = Plan(torch.arange(total + 1, dtype=torch.int32),
                     torch.zeros(total, dtype=torch.int64), counts, torch.arange(total), 1)
         out, lse = run_cache(pq, keys.rows_k.unsqueeze(1), keys.rows_v.unsqueeze(1), plan, table,
-                             None, unmasked, sinks, num_splits)
+                             None, unmasked, sinks, 0)
     if sinks is not None:  # rows not computed hold -inf, not the sink's logit
-        dead = torch.ones(total, dtype=torch.bool)
-        dead[live] = False
-        lse = lse.masked_fill(dead.to(lse.device)[None, :], float("-inf"))
+        dead = np.ones(total, dtype=bool)
+        dead[rows.packed] = False
+        lse = lse.masked_fill(torch.from_numpy(dead).to(lse.device)[None, :], float("-inf"))
     return unpack(out, lse, q, cu_seqlens_q is None)
 
 
@@ -116,30 +117,30 @@ def _differentiable(pq: torch.Tensor, keys: "_Keys", table: torch.Tensor, counts
 
 
 class _Keys(NamedTuple):
-    """Where the keys are: k and v as rows (rows, Hk, D[v]), the keys per sequence, and how a
-    sequence's key position maps to a row: ``first[b] + position``, or through the page table
-    ``pages`` (batch, max_blocks) of pages of ``page`` rows."""
+    """Where the keys are: k and v as rows (rows, Hk, D[v]), the keys per sequence (int64), and
+    how a sequence's key position maps to a row: ``first[b] + position``, or through the page
+    table ``pages`` (batch, max_blocks) of pages of ``page`` rows (int64 numpy arrays)."""
 
     rows_k: torch.Tensor
     rows_v: torch.Tensor
-    used: torch.Tensor
-    first: Optional[torch.Tensor]
-    pages: Optional[torch.Tensor]
+    used: np.ndarray
+    first: Optional[np.ndarray]
+    pages: Optional[np.ndarray]
     page: int
 
-    def rows_of(self, seq: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def rows_of(self, seq: np.ndarray, pos: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """The rows of key positions ``pos`` (n, topk) of sequences ``seq`` (n,); only the
         ``valid`` entries are meaningful."""
         if self.pages is None:
             return pos + self.first[seq][:, None]
-        pos = torch.where(valid, pos, torch.zeros_like(pos))
-        blocks = torch.gather(self.pages.index_select(0, seq), 1, pos // self.page)
-        bad = valid & ((blocks < 0) | (blocks >= self.rows_k.shape[0] // self.page))
-        if bool(bad.any()):
-            r = first_true_index(bad.any(1))
+        pos = np.where(valid, pos, 0)
+        blocks = np.take_along_axis(self.pages[seq], pos // self.page, 1)
+        num_pages = self.rows_k.shape[0] // self.page
+        bad = valid & ((blocks < 0) | (blocks >= num_pages))
+        if bad.any():
+            r = int(np.flatnonzero(bad.any(1))[0])
             raise ValueError(f"page_table: sequence {int(seq[r])} names page "
-                             f"{int(blocks[r][bad[r]][0])}; supported: 0 .. "
-                             f"{self.rows_k.shape[0] // self.page - 1}")
+                             f"{int(blocks[r][bad[r]][0])}; supported: 0 .. {num_pages - 1}")
         return blocks * self.page + pos % self.page
 
 
@@ -155,7 +156,7 @@ def _keys(k: torch.Tensor, v: torch.Tensor, cu_seqlens_k: Any, seqused_k: Any,
                              f"shape {tuple(v.shape)}")
         n = k.shape[0] * k.shape[1]
         return _Keys(k.reshape(n, k.shape[2], k.shape[3]), v.reshape(n, v.shape[2], v.shape[3]),
-                     used, None, pages, k.shape[1])
+                     used.numpy(), None, pages.numpy(), k.shape[1])
     if cu_seqlens_k is None:
         if k.dim() != 4 or k.shape[0] != batch:
             raise ValueError(f"k: expected ({batch}, seqlen_k, nheads_k, headdim) without "
@@ -183,11 +184,11 @@ def _keys(k: torch.Tensor, v: torch.Tensor, cu_seqlens_k: Any, seqused_k: Any,
             b = first_true_index(bad)
             raise ValueError(f"seqused_k: sequence {b} uses {int(used[b])} keys; supported: 0 .. "
                              f"{int(room[b])} (the rows of k from its first key)")
-    return _Keys(rows_k, rows_v, used, first, None, 1)
+    return _Keys(rows_k, rows_v, used.numpy(), first.numpy(), None, 1)
 
 
 def _index_rows(indices: Any, q: torch.Tensor, batched: bool) -> torch.Tensor:
-    """gather_kv_indices as an int64 CPU tensor (rows of packed q, topk)."""
+    """gather_kv_indices as an int64 array (rows of packed q, topk)."""
     if not isinstance(indices, torch.Tensor):
         raise TypeError(f"gather_kv_indices: expected an integer tensor, got "
                         f"{describe_value(indices)}")
@@ -200,43 +201,50 @@ def _index_rows(indices: Any, q: torch.Tensor, batched: bool) -> torch.Tensor:
         raise ValueError(f"gather_kv_indices: expected {want} = {lead + ('topk',)} (q's leading "
                          f"dimensions), got shape {tuple(indices.shape)}")
     rows = lead[0] * lead[1] if batched else lead[0]
-    return indices.to(device="cpu", dtype=torch.int64).reshape(rows, indices.shape[-1])
+    return indices.to(device="cpu", dtype=torch.int64).reshape(rows, indices.shape[-1]).numpy()
 
 
-def _live_rows(q0: torch.Tensor, q_used: torch.Tensor) -> torch.Tensor:
-    """The packed rows computed: q0[b] .. q0[b] + q_used[b] - 1 of every sequence b."""
-    seq = torch.repeat_interleave(torch.arange(q0.numel()), q_used)
-    first = torch.cumsum(q_used, 0) - q_used
-    return q0[seq] + torch.arange(seq.numel()) - first[seq]
+class _Rows(NamedTuple):
+    """The packed rows a call computes, with their sequences: row packed[i] is query pos[i] of
+    sequence seq[i] (the first q_used[b] rows of each sequence b, in order; int64 arrays)."""
+
+    packed: np.ndarray
+    seq: np.ndarray
+    pos: np.ndarray
+    q_used: np.ndarray
+
+    @staticmethod
+    def of(q0: np.ndarray, q_used: np.ndarray) -> "_Rows":
+        seq = np.repeat(np.arange(q0.size), q_used)
+        pos = np.arange(seq.size) - (np.cumsum(q_used) - q_used)[seq]
+        return _Rows(q0[seq] + pos, seq, pos, q_used)
 
 
-def _key_table(slots: torch.Tensor, rows: torch.Tensor, q0: torch.Tensor, q_used: torch.Tensor,
-               keys: _Keys, options: AttnOptions) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(table (total_q, topk) int64, counts (total_q,) int64): the valid slots of each of the
-    computed packed ``rows`` as key rows, its first counts[r] entries in the order given, 0 after
-    them; other rows have none."""
+def _key_table(slots: np.ndarray, rows: _Rows, keys: _Keys,
+               options: AttnOptions) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(table (total_q, topk) int64, counts (total_q,) int64): the valid slots of each computed
+    row as key rows, its first counts[r] entries in the order given, 0 after them; other rows
+    have none. numpy: these are a few dozen operations on small arrays, where torch's per-call
+    cost would dominate a decode step."""
     total, topk = slots.shape
-    table = torch.zeros((total, topk), dtype=torch.int64)
-    counts = torch.zeros(total, dtype=torch.int64)
-    if rows.numel() == 0 or topk == 0:
-        return table, counts
-    seq = torch.repeat_interleave(torch.arange(q0.numel()), q_used)
-    pos = rows - q0[seq]
-    k_used = keys.used[seq]
-    diag = (pos + k_used - q_used[seq])[:, None]  # the key aligned with each row
-    idx = slots.index_select(0, rows)
-    valid = (idx >= 0) & (idx < k_used[:, None])
-    left, right = options.effective_window()
-    if right >= 0:
-        valid &= idx <= diag + right
-    if left >= 0:
-        valid &= idx >= diag - left
-    n_valid = valid.sum(1)
-    chosen = keys.rows_of(seq, idx, valid)
-    if bool((valid[:, 1:] & ~valid[:, :-1]).any()):  # an invalid slot before a valid one
-        order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices
-        chosen = torch.gather(chosen, 1, order)
-    chosen = chosen.masked_fill(torch.arange(topk)[None, :] >= n_valid[:, None], 0)
-    table.index_copy_(0, rows, chosen)
-    counts.index_copy_(0, rows, n_valid)
-    return table, counts
+    table = np.zeros((total, topk), dtype=np.int64)
+    counts = np.zeros(total, dtype=np.int64)
+    if rows.packed.size and topk:
+        seq = rows.seq
+        k_used = keys.used[seq]
+        diag = (rows.pos + k_used - rows.q_used[seq])[:, None]  # the key aligned with each row
+        idx = slots[rows.packed]
+        valid = (idx >= 0) & (idx < k_used[:, None])
+        left, right = options.effective_window()
+        if right >= 0:
+            valid &= idx <= diag + right
+        if left >= 0:
+            valid &= idx >= diag - left
+        n_valid = valid.sum(1)
+        chosen = keys.rows_of(seq, idx, valid)
+        if (valid[:, 1:] & ~valid[:, :-1]).any():  # an invalid slot before a valid one
+            chosen = np.take_along_axis(chosen, np.argsort(~valid, axis=1, kind="stable"), 1)
+        chosen[np.arange(topk)[None, :] >= n_valid[:, None]] = 0
+        table[rows.packed] = chosen
+        counts[rows.packed] = n_valid
+    return torch.from_numpy(table), torch.from_numpy(counts)

@@ -191,7 +191,7 @@ def flash_attn_func(
         q, k = fa4_query_and_keys(q, k, v, qv, paged=gather and not records_grad(*inputs))
     if gather:
         out, lse = gathered_attention(q, k, v, gather_kv_indices, None, None, None, None, None,
-                                      options, learnable_sink, 0)
+                                      options, learnable_sink)
     else:
         out, lse = dense_attention(q, k, v, options, 0, learnable_sink,
                                    _wants_lse(return_lse, inputs))
@@ -273,10 +273,11 @@ def flash_attn_varlen_func(
     options = _fa4_options(softmax_scale, causal, window_size, softcap, deterministic)
     inputs = (q, k, v, qv)
     gather = gather_kv_indices is not None
-    splits = max(as_int(num_splits, "num_splits"), 0)
+    # num_splits (FA4's default 1: do not split) schedules FA4's GPU kernels; every call below
+    # passes 0, letting anyattn's plan split each call's keys for the CPU's threads.
     if _float8_call(q, k, v, qv, gather):
         out, lse = fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-                                 page_table, options, learnable_sink, 0, splits, None, None, None)
+                                 page_table, options, learnable_sink, 0, 0, None, None, None)
         return out, _lse_result(lse, return_lse, inputs)
     if qv is not None:
         # a latent row [v | k] is read in place, unless autograd follows a gather through it
@@ -284,12 +285,11 @@ def flash_attn_varlen_func(
         q, k = fa4_query_and_keys(q, k, v, qv, paged=paged)
     if gather:
         out, lse = gathered_attention(q, k, v, gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
-                                      seqused_q, seqused_k, page_table, options, learnable_sink,
-                                      splits)
+                                      seqused_q, seqused_k, page_table, options, learnable_sink)
     else:
         out, lse = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, seqused_q, seqused_k, page_table, options,
-                                    learnable_sink, 0, splits, _wants_lse(return_lse, inputs))
+                                    learnable_sink, 0, 0, _wants_lse(return_lse, inputs))
     return out, _qv_lse(_lse_result(lse, return_lse, inputs), qv)
 
 
