@@ -25,8 +25,8 @@ with gather_kv_indices, called as vLLM's FA4 sparse MLA backend calls it: one qu
 sequence, global rows of a flat bfloat16 latent cache [v | k] of 32768 rows, 512 + 64 columns,
 topk 2048) beside what torch offers: gathering each row's keys (index_select), then batched
 matmuls and a float32 softmax (torch's SDPA takes seconds here: it expands the one latent head
-to every query head). Decode (4 tokens, 128 heads) and a prefill chunk (64 tokens,
-16 heads). Last column: anyattn over the same keys copied out beforehand into a contiguous
+to every query head). Decode (1 token with 16 heads, as on one of 8 tensor-parallel ranks; 4
+tokens with 128 heads) and a prefill chunk (64 tokens, 16 heads). Last column: anyattn over the same keys copied out beforehand into a contiguous
 cache (copy not timed), the gather's own cost being the difference.
 """
 
@@ -262,7 +262,7 @@ def run_sparse_mla() -> List[Dict[str, object]]:
     print(f"threads={anyattn.get_num_threads()} isa={anyattn.isa()} torch={torch.__version__}")
     print(f"{'call':8} {'shape':26} | {'anyattn ms':>10} {'GFLOP/s':>8} | {'torch ms':>9} "
           f"{'torch/anyattn':>13} | {'pre-gathered':>12}")
-    for call, tokens, heads in (("decode", 4, 128), ("prefill", 64, 16)):
+    for call, tokens, heads in (("decode", 1, 16), ("decode", 4, 128), ("prefill", 64, 16)):
         g = torch.Generator().manual_seed(tokens)
         idx = torch.stack([torch.randperm(n_rows, generator=g)[:topk] for _ in range(tokens)])
         idx = idx.to(torch.int32)
