@@ -100,12 +100,12 @@ def _wants_lse(return_lse: bool, inputs) -> bool:
                                    for t in inputs)
 
 
-def _float8_call(q: Any, k: Any, v: Any, qv: Any, gather: bool) -> bool:
+def _float8_call(q: Any, k: Any, v: Any, qv: Any, gather_kv_indices: Any) -> bool:
     """Whether a call has float8 inputs (FA4 takes them on SM100 with unit descales: out is
     bfloat16, forward only); not with qv or gather_kv_indices (NotImplementedError)."""
     if not any(is_float8(x) for x in (q, k, v)):
         return False
-    for name, value in (("qv", qv), ("gather_kv_indices", gather or None)):
+    for name, value in (("qv", qv), ("gather_kv_indices", gather_kv_indices)):
         if value is not None:
             raise NotImplementedError(f"{name}: not supported by anyattn with float8 q, k and v; "
                                       f"pass {name}=None or bfloat16 inputs")
@@ -167,7 +167,8 @@ def flash_attn_func(
         (out (batch, seqlen_q, nheads, headdim_v) in q's dtype, lse (batch, nheads, seqlen_q)
         float32 or None; with qv, (batch, seqlen_q, nheads)): lse is returned when return_lse
         or an input requires grad.
-    Autograd: q, k, v, qv and learnable_sink get gradients; the LSE does not back-propagate.
+    Autograd: q, k, v, qv and learnable_sink get gradients (none for float8 inputs); the LSE
+    does not back-propagate.
     Raises:
         TypeError / ValueError naming the argument for bad input.
     """
@@ -183,7 +184,7 @@ def flash_attn_func(
     options = _fa4_options(softmax_scale, causal, window_size, softcap, deterministic)
     inputs = (q, k, v, qv)
     gather = gather_kv_indices is not None
-    if _float8_call(q, k, v, qv, gather):
+    if _float8_call(q, k, v, qv, gather_kv_indices):
         out, lse = fp8_attention(q, k, v, None, None, None, None, None, options, learnable_sink,
                                  0, 0, None, None, None)
         return out, _lse_result(lse, return_lse, inputs)
@@ -257,8 +258,9 @@ def flash_attn_varlen_func(
         gives (batch, seqlen_q, nheads, headdim_v) and (batch, nheads, seqlen_q). With qv the
         lse is heads-last, (total_q, nheads) or (batch, seqlen_q, nheads). lse is returned when
         return_lse or an input requires grad.
-    Autograd: q, k, v, qv and learnable_sink get gradients, except with page_table and no
-    gather_kv_indices: that call is forward only (backward raises NotImplementedError).
+    Autograd: q, k, v, qv and learnable_sink get gradients, except with float8 inputs, or with
+    page_table and no gather_kv_indices: those calls are forward only (backward raises
+    NotImplementedError).
     Raises:
         TypeError / ValueError naming the argument for bad input.
     """
@@ -275,7 +277,7 @@ def flash_attn_varlen_func(
     gather = gather_kv_indices is not None
     # num_splits (FA4's default 1: do not split) schedules FA4's GPU kernels; every call below
     # passes 0, letting anyattn's plan split each call's keys for the CPU's threads.
-    if _float8_call(q, k, v, qv, gather):
+    if _float8_call(q, k, v, qv, gather_kv_indices):
         out, lse = fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                                  page_table, options, learnable_sink, 0, 0, None, None, None)
         return out, _lse_result(lse, return_lse, inputs)
