@@ -16,6 +16,8 @@ from typing import Optional
 
 import torch
 
+from ._segments import segment_positions
+
 _I64_MIN = -(1 << 63)
 _I64_MAX = (1 << 63) - 1
 # Keys per one-hot forward in dropout_pattern (the C ABI's largest Dv).
@@ -88,11 +90,9 @@ def dropout_pattern(q, k, score_args, dropout_p: float, rng_state: torch.Tensor)
 def _varlen_rows(cu_seqlens: torch.Tensor):
     """(rows, sequence, position): every packed row in [cu[0], cu[-1]), its sequence index and its
     position within that sequence, as int64 tensors."""
-    cu = cu_seqlens.to(torch.int64)
-    lengths = cu[1:] - cu[:-1]
-    rows = torch.arange(int(cu[0]), int(cu[-1]))
-    sequence = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-    return rows, sequence, rows - cu[sequence]
+    cu = cu_seqlens.to(device="cpu", dtype=torch.int64)
+    sequence, position = segment_positions(cu[1:] - cu[:-1])
+    return cu[sequence] + position, sequence, position
 
 
 def _varlen_probs_times(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,

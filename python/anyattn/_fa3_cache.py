@@ -15,6 +15,7 @@ from ._fa_plan import (Seqs, first_true_index, index_vector, page_table_of, plan
 from ._kv_scales import CacheScales, cache_scales, descales_by_sequence, is_8bit
 from ._kvcache_route import rotate, store_quantized
 from ._options import AttnOptions
+from ._segments import segment_positions
 
 
 # ---- KV cache: appending new keys outside the kernel -------------------------------------------
@@ -54,13 +55,6 @@ def _new_tokens(k, v, cu_seqlens_k_new, batch: int, k_cache, v_cache):
     return counts, k, v
 
 
-def _positions(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(sequence, index within it) of each of sum(counts) packed items."""
-    seq = torch.repeat_interleave(torch.arange(counts.numel()), counts)
-    first = torch.cumsum(counts, 0) - counts
-    return seq, torch.arange(seq.numel()) - first[seq]
-
-
 def _rotary_rows(cos, sin, positions: torch.Tensor, head_dim: int):
     """cos/sin rows at ``positions``, after checking the table's shape and length."""
     for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
@@ -84,7 +78,7 @@ def append_to_cache(k_cache, v_cache, k_new, v_new, counts, stored, table, batch
     rotary_base[b] + t). ``table``: paged cache rows; else ``batch_idx`` picks cache batches. An
     8-bit cache (``scales``) stores the rows quantized, with their token scales if it has them
     (sequence b's (B, Hk) descale row for its rows)."""
-    seq, t = _positions(counts)
+    seq, t = segment_positions(counts)
     pos = stored[seq] + t
     if table is not None:
         page, num_blocks = k_cache.shape[1], k_cache.shape[0]
@@ -197,7 +191,7 @@ def kvcache_general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
 def _rotate_queries(pq, q0, q_span, q_end, base, rotary, per_row: bool):
     """Packed q with sequence b's rows rotated at base[b] + i (``per_row``) or all at base[b]."""
     cos, sin, interleaved = rotary
-    seq, i = _positions(q_span)
+    seq, i = segment_positions(q_span)
     pos = base[seq] + (i if per_row else torch.zeros_like(i))
     c, s = _rotary_rows(cos, sin, pos, pq.shape[-1])
     start = int(q0[0]) if q0.numel() else 0

@@ -28,11 +28,11 @@ from typing import Any
 import torch
 
 from . import _core
-from ._fa3_cache import _positions
 from ._fa_plan import (Seqs, forget_unused_rows, key_extents, paged_keys, plan_subsequences,
                        query_extents, run_cache, unpack)
 from ._kv_scales import cache_scales, descale_rows
 from ._options import AttnOptions
+from ._segments import segment_positions
 from .kvcache import flash_attn_with_kvcache as _plain_cache_call
 
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -92,7 +92,7 @@ def _packed_queries(pq: torch.Tensor, q0: torch.Tensor, q_span: torch.Tensor, q_
         raise ValueError(f"q: {nheads} heads are not a multiple of the {nheads_k} kv heads")
     per_head = descale_rows(q_descale, "q_descale", nheads_k, q0.numel()).repeat_interleave(
         nheads // nheads_k, dim=1)  # (batch, Hq)
-    seq, index = _positions(q_span)
+    seq, index = segment_positions(q_span)
     scale = torch.ones(pq.shape[0], nheads)  # rows outside every sequence: never read
     scale[q0[seq] + index] = per_head[seq]
     return widened(pq, torch.float32) * scale[:, :, None].to(pq.device)

@@ -36,6 +36,7 @@ from ._fa_arguments import describe_value
 from ._fa_plan import (Plan, first_true_index, index_vector, paged_keys, prefix_sums,
                        query_extents, run_cache, unpack)
 from ._options import AttnOptions
+from ._segments import segment_positions_np
 from .varlen import flash_attn_varlen_func as _fa2_varlen_func
 
 
@@ -215,8 +216,7 @@ class _Rows(NamedTuple):
 
     @staticmethod
     def of(q0: np.ndarray, q_used: np.ndarray) -> "_Rows":
-        seq = np.repeat(np.arange(q0.size), q_used)
-        pos = np.arange(seq.size) - (np.cumsum(q_used) - q_used)[seq]
+        seq, pos = segment_positions_np(q_used)
         return _Rows(q0[seq] + pos, seq, pos, q_used)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple, Optional, Tuple
 
+import numpy as np
 import torch
 
 from . import _cache_ops
@@ -16,6 +17,7 @@ from ._fa_arguments import describe_value
 from ._kernel_options import kernel_options, kernel_query
 from ._kv_scales import descales_by_sequence
 from ._options import AttnOptions
+from ._segments import segment_positions_np
 from .flash_attn_interface import flash_attn_func as _fa2_func
 from .varlen import flash_attn_varlen_func as _fa2_varlen_func
 
@@ -58,34 +60,29 @@ def plan_subsequences(s: Seqs, chunk: int) -> Plan:
     see no key under chunking; none without it), one sub-sequence per key chunk (the whole key
     range without chunking), and the rows beyond q_used (no keys). A chunk's sub-sequence holds
     the rows whose diagonal falls in the chunk and the chunk's keys; its rows and keys keep their
-    distance to the diagonal, so causal and window masks apply unchanged. Built with tensor ops,
-    without a loop over sequences.
+    distance to the diagonal, so causal and window masks apply unchanged. Built with numpy array
+    operations (_segments.py says why not torch's), without a loop over sequences.
     """
-    batch = s.q0.numel()
-    qu, ku = s.q_used, s.k_used
-    if chunk > 0:
-        n_chunks = (ku + chunk - 1) // chunk
-    else:
-        n_chunks = torch.ones_like(ku)
+    qu, ku = s.q_used.numpy(), s.k_used.numpy()
+    n_chunks = (ku + chunk - 1) // chunk if chunk > 0 else np.ones_like(ku)
     per_seq = n_chunks + 2
-    seq = torch.repeat_interleave(torch.arange(batch), per_seq)
-    first = torch.cumsum(per_seq, 0) - per_seq
-    c = torch.arange(seq.numel()) - first[seq] - 1  # -1: negative diagonals; n: unused rows
+    seq, c = segment_positions_np(per_seq)
+    c = c - 1  # -1: the negative diagonals' rows; n_chunks: the unused rows
     qu, ku = qu[seq], ku[seq]
     if chunk > 0:
         offset = ku - qu  # diagonal key of row i is i + offset
-        row = torch.where(c < 0, torch.zeros_like(c), (c * chunk - offset).clamp(min=0))
-        row = torch.minimum(row, qu)
-        k_lo = torch.where(c < 0, torch.zeros_like(c), torch.minimum(c * chunk, ku))
-        k_hi = torch.where(c < 0, torch.zeros_like(c), torch.minimum((c + 1) * chunk, ku))
+        row = np.minimum(np.where(c < 0, 0, np.maximum(c * chunk - offset, 0)), qu)
+        k_lo = np.where(c < 0, 0, np.minimum(c * chunk, ku))
+        k_hi = np.where(c < 0, 0, np.minimum((c + 1) * chunk, ku))
     else:
-        row = torch.where(c > 0, qu, torch.zeros_like(c))
-        k_lo = torch.where(c > 0, ku, torch.zeros_like(c))
-        k_hi = torch.where(c < 0, torch.zeros_like(c), ku)
-    cu_q = torch.cat([s.q0[seq] + row, torch.tensor([s.q_end])])
-    k0 = s.k0[seq]
-    max_q = int((cu_q[1:] - cu_q[:-1]).max()) if seq.numel() else 0
-    return Plan(cu_q.to(torch.int32), k0 + k_lo, k0 + k_hi, seq, max(max_q, 1))
+        row = np.where(c > 0, qu, 0)
+        k_lo = np.where(c > 0, ku, 0)
+        k_hi = np.where(c < 0, 0, ku)
+    cu_q = np.append(s.q0.numpy()[seq] + row, s.q_end)
+    k0 = s.k0.numpy()[seq]
+    max_q = int(np.diff(cu_q).max()) if seq.size else 0
+    return Plan(torch.from_numpy(cu_q.astype(np.int32)), torch.from_numpy(k0 + k_lo),
+                torch.from_numpy(k0 + k_hi), torch.from_numpy(seq), max(max_q, 1))
 
 
 def unused_rows(s: Seqs, total_q: int) -> torch.Tensor:
