@@ -22,9 +22,14 @@ if _torch is not None:
     _core.bind_torch(_torch.Tensor, _torch.float32, _torch.float16, _torch.bfloat16, _torch.int32,
                      _torch.is_grad_enabled)
     tracing = _torch.compiler.is_compiling
-    # Run the library's parallel phases on torch's OpenMP team (python/src/host_openmp.cc), unless
-    # ANYATTN_HOST_OPENMP=0.
-    if os.environ.get("ANYATTN_HOST_OPENMP", "1") != "0":
+    # Run the library's parallel phases on torch's OpenMP team (python/src/host_openmp.cc): its
+    # workers spin for a while after each torch op, and the library's own pool would compete with
+    # them for the cores. Under OMP_WAIT_POLICY=PASSIVE they sleep instead, and the team would
+    # only add a wake-up to every call, so the pool stays. ANYATTN_HOST_OPENMP=0 keeps the pool
+    # and =1 takes the team, whatever the policy.
+    choice = os.environ.get("ANYATTN_HOST_OPENMP", "")
+    passive = os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
+    if choice != "0" and (choice == "1" or not passive):
         _core.use_host_openmp(True)
 else:
     def tracing() -> bool:

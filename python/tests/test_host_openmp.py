@@ -1,6 +1,7 @@
 """anyattn's parallel phases on torch's OpenMP team (python/src/host_openmp.cc): importing anyattn
 with torch loaded routes them through the OpenMP runtime torch loaded (anyattn_set_host_parallel),
-unless ANYATTN_HOST_OPENMP=0. The results are the library pool's, bit for bit."""
+unless ANYATTN_HOST_OPENMP=0 or OMP_WAIT_POLICY=PASSIVE. The results are the library pool's, bit
+for bit."""
 
 from __future__ import annotations
 
@@ -47,11 +48,17 @@ def _calls():
     }
 
 
-def test_import_with_torch_runs_on_its_openmp_runtime():
-    path = _core.host_openmp()
-    assert path is not None and os.path.basename(path).startswith(("libgomp", "libomp",
-                                                                      "libiomp5"))
-    assert _core.use_host_openmp(True) == path
+def test_anyattn_runs_on_the_openmp_runtime_torch_loaded():
+    """The runtime torch loaded is found; the import took it unless the environment said not to
+    (test_environment_variables_choose_the_pool_or_the_team)."""
+    chosen = _core.host_openmp()
+    path = _core.use_host_openmp(True)
+    try:
+        assert path is not None and os.path.basename(path).startswith(("libgomp", "libomp",
+                                                                          "libiomp5"))
+        assert chosen in (None, path)
+    finally:
+        _core.use_host_openmp(chosen is not None)
 
 
 @pytest.mark.parametrize("threads", [2, 3])
@@ -70,13 +77,22 @@ def test_openmp_team_gives_the_pools_bits(pool_then_openmp, threads):
         anyattn.set_num_threads(before)
 
 
-def test_environment_variable_keeps_the_pool():
+def test_environment_variables_choose_the_pool_or_the_team():
+    """ANYATTN_HOST_OPENMP=0 keeps the pool, =1 takes the team; unset, the team unless torch's
+    OpenMP threads sleep between regions (OMP_WAIT_POLICY=PASSIVE)."""
     code = ("import torch, anyattn; from anyattn import _core; "
             "print(_core.host_openmp() is None)")
-    for value, expected in (("0", "True"), ("1", "False")):
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("ANYATTN_HOST_OPENMP", "OMP_WAIT_POLICY")}
+    cases = [({"ANYATTN_HOST_OPENMP": "0"}, "True"), ({"ANYATTN_HOST_OPENMP": "1"}, "False"),
+             ({}, "False"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "False"),
+             ({"OMP_WAIT_POLICY": "passive"}, "True"),
+             ({"OMP_WAIT_POLICY": "PASSIVE", "ANYATTN_HOST_OPENMP": "1"}, "False"),
+             ({"OMP_WAIT_POLICY": "PASSIVE", "ANYATTN_HOST_OPENMP": "0"}, "True")]
+    for extra, expected in cases:
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                env={**os.environ, "ANYATTN_HOST_OPENMP": value}, check=True)
-        assert result.stdout.strip() == expected
+                                env={**base, **extra}, check=True)
+        assert result.stdout.strip() == expected, extra
 
 
 def test_a_forked_child_runs_on_the_pool():
