@@ -220,9 +220,14 @@ class NoGrad(torch.autograd.Function):
         )
 
 
+def records_grad(*tensors) -> bool:
+    """True when autograd records a call on ``tensors`` (some tensor among them requires grad)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in tensors)
+
+
 def call(op, *args):
     """``op(*args)``, through NoGrad when autograd would record the call."""
-    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
-                                       for a in args):
+    if records_grad(*args):
         return NoGrad.apply(op, *args)
     return op(*args)

@@ -56,13 +56,12 @@ def widened(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     key = (x.dtype, dtype)
     if key not in _WIDENING_TABLES:
         _WIDENING_TABLES[key] = torch.arange(256, dtype=torch.uint8).view(x.dtype).to(dtype)
-    table = _WIDENING_TABLES[key]
     codes = x.contiguous().view(torch.uint8)
     if x.device.type == "cpu" and dtype == torch.bfloat16:
         out = torch.empty(x.shape, dtype=dtype)
         _core.widen_codes(codes.data_ptr(), codes.numel(), _table_bytes(key), out.data_ptr())
         return out
-    return table.to(x.device).take(codes.long())
+    return _WIDENING_TABLES[key].to(x.device).take(codes.long())
 
 
 _TABLE_BYTES = {}  # (float8 dtype, 16-bit dtype) -> the table's 512 bytes, for _core.widen_codes

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
+from ._cache_ops import records_grad
 from ._fa_arguments import describe_value
 from ._fa_plan import (Plan, first_true_index, index_vector, paged_keys, prefix_sums,
                        query_extents, run_cache, unpack)
@@ -85,12 +86,6 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indice
         dead[rows.packed] = False
         lse = lse.masked_fill(torch.from_numpy(dead).to(lse.device)[None, :], float("-inf"))
     return unpack(out, lse, q, cu_seqlens_q is None)
-
-
-def records_grad(*tensors: Any) -> bool:
-    """True when autograd records a call on ``tensors`` (some tensor among them requires grad)."""
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                           for t in tensors)
 
 
 def _differentiable(pq: torch.Tensor, keys: "_Keys", table: torch.Tensor, counts: torch.Tensor,
@@ -188,7 +183,7 @@ def _keys(k: torch.Tensor, v: torch.Tensor, cu_seqlens_k: Any, seqused_k: Any,
     return _Keys(rows_k, rows_v, used.numpy(), first.numpy(), None, 1)
 
 
-def _index_rows(indices: Any, q: torch.Tensor, batched: bool) -> torch.Tensor:
+def _index_rows(indices: Any, q: torch.Tensor, batched: bool) -> np.ndarray:
     """gather_kv_indices as an int64 array (rows of packed q, topk)."""
     if not isinstance(indices, torch.Tensor):
         raise TypeError(f"gather_kv_indices: expected an integer tensor, got "

@@ -15,22 +15,13 @@ import numpy as np
 import torch
 
 
-def segment_owners_np(counts: np.ndarray) -> np.ndarray:
-    """For segments of ``counts`` elements (int64, >= 0), the segment of each element: b repeated
-    counts[b] times, in order."""
-    return np.repeat(np.arange(counts.size), counts)
-
-
 def segment_positions_np(counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """(segment, position within it) of each of sum(counts) elements (int64 arrays)."""
-    owner = segment_owners_np(counts)
+    """(segment, position within it) of each of sum(counts) elements, for segments of
+    ``counts`` (>= 0) elements laid end to end: segment b repeated counts[b] times, in order, and
+    0 .. counts[b] - 1 (int64 arrays)."""
+    owner = np.repeat(np.arange(counts.size), counts)
     first = np.cumsum(counts) - counts
     return owner, np.arange(owner.size) - first[owner]
-
-
-def segment_owners(counts: torch.Tensor) -> torch.Tensor:
-    """segment_owners_np for an int64 CPU tensor, as one."""
-    return torch.from_numpy(segment_owners_np(counts.numpy()))
 
 
 def segment_positions(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

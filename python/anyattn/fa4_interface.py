@@ -44,7 +44,8 @@ from ._options import AttnOptions, make_options
 from ._fa_arguments import as_int, check_hints, reject_unsupported
 from ._fa_qv import fa4_query_and_keys
 from ._fa3_fp8 import fp8_attention, is_float8
-from ._fa4_gather import gathered_attention, records_grad
+from ._cache_ops import records_grad
+from ._fa4_gather import gathered_attention
 from ._fa_plan import combine_partials, dense_attention, index_vector, varlen_attention
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
