@@ -11,12 +11,13 @@ from typing import Any, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
-from . import _cache_ops
+from . import _cache_ops, _core
 from ._checks import check_dense_shapes, check_same_dtype
 from ._fa_arguments import describe_value
 from ._kernel_options import kernel_options, kernel_query
 from ._kv_scales import descales_by_sequence
 from ._options import AttnOptions
+from ._plain_call import tracing
 from ._segments import segment_positions_np
 from .flash_attn_interface import flash_attn_func as _fa2_func
 from .varlen import flash_attn_varlen_func as _fa2_varlen_func
@@ -229,6 +230,21 @@ def run_cache(q, k_cache, v_cache, plan: Plan, table, batch_idx, options: AttnOp
     return out.to(device), lse.to(device)
 
 
+def plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, table,
+                     options: AttnOptions, num_splits: int):
+    """Packed q (total_q, Hq, D) with cu_seqlens_q against a cache read in place (paged with
+    ``table``, else contiguous; keys 0 .. cache_seqlens[b] - 1 of sequence b), without sinks,
+    chunks, seqused_q or an LSE: a sequence per plan entry, so a plain call runs in one C function
+    (_plain_call.py). Returns out (total_q, Hq, Dv), or None, having done nothing, when the call
+    is not plain (the caller then plans it)."""
+    if tracing():
+        return None
+    return _core.fwd_kvcache_varlen_torch_plain(
+        q, k_cache, v_cache, cu_seqlens_q, None, cache_seqlens, table, 0.0,
+        options.softmax_scale, options.causal, options.window_size, options.softcap, None, False,
+        None, num_splits)
+
+
 def forget_unused_rows(lse: torch.Tensor, s: Seqs) -> torch.Tensor:
     """lse (Hq, total_q) with -inf in rows beyond q_used (a sink would otherwise stand there)."""
     dead = unused_rows(s, lse.shape[1]).to(lse.device)
@@ -282,6 +298,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             window_size=options.window_size, softcap=options.softcap,
             return_attn_probs=need_lse, sinks=sinks, seqused_k=seqused_k)
         return _lse_of(result) if need_lse else (result, None)
+    if (page_table is not None and cu_seqlens_q is not None and seqused_q is None and chunk == 0
+            and sinks is None and not need_lse):
+        out = plain_cache_call(q, k, v, cu_seqlens_q, seqused_k, page_table, options, num_splits)
+        if out is not None:
+            return out, None
     pq, q0, q_used, q_span, q_end = query_extents(q, cu_seqlens_q, seqused_q)
     batch = q0.numel()
     if page_table is not None:

@@ -47,7 +47,7 @@ from ._fa3_cache import empty_accumulators, kvcache_general
 from ._fa3_fp8 import fp8_attention, fp8_cache_queries, is_float8
 from ._fa_qv import CachePlan, widen
 from ._fa_arguments import as_int, check_hints, chunk_size, fa3_options, pick_sinks
-from ._fa_plan import combine_partials, dense_attention, varlen_attention
+from ._fa_plan import combine_partials, dense_attention, plain_cache_call, varlen_attention
 from ._kv_scales import is_8bit
 from .kvcache import flash_attn_with_kvcache as _fa2_kvcache
 
@@ -402,10 +402,21 @@ def flash_attn_with_kvcache(
             v_descale=scales[1], k_token_scale=scales[2], v_token_scale=scales[3])
         out, lse = result if return_softmax_lse else (result, None)
     else:
-        out, lse = kvcache_general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                   cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
-                                   cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, options,
-                                   rotary_interleaved, chunk, sinks, splits, scales)
+        # sglang's decode and extend steps (packed q against a float cache it has appended to
+        # already) run in one C function when the call is plain.
+        reads_only = (k is None and v is None and rotary_cos is None and rotary_sin is None
+                      and plan is None and cache_batch_idx is None and cache_leftpad is None
+                      and chunk == 0 and sinks is None and all(s is None for s in scales)
+                      and not return_softmax_lse)
+        out, lse = None, None
+        if reads_only:
+            out = plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, page_table,
+                                   options, splits)
+        if out is None:
+            out, lse = kvcache_general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                       cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
+                                       cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, options,
+                                       rotary_interleaved, chunk, sinks, splits, scales)
     if plan is not None:
         plan.finish()
     if float8_q:

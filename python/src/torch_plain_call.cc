@@ -1,5 +1,6 @@
-// anyattn._core's plain-call functions: flash_attn_func, flash_attn_varlen_func and
-// flash_attn_with_kvcache on plain CPU torch tensors, each in one C function.
+// anyattn._core's plain-call functions: flash_attn_func, flash_attn_varlen_func (also against a
+// paged cache), flash_attn_with_kvcache, and packed queries against a cache read in place (the
+// FA3/FA4 cache calls), on plain CPU torch tensors, each in one C function.
 //
 // A one-token decode step costs a few microseconds in the kernel, so the Python layer's argument
 // handling (option objects, shape checks, tensor specs, the torch.library dispatcher) would
@@ -378,6 +379,16 @@ bool read_cache_seqlens(PyObject* obj, anyattn_tensor& tensor, anyattn_kvcache_p
   return true;
 }
 
+// An exact int in 0 .. INT32_MAX (num_splits) into params.num_splits; false otherwise.
+bool read_num_splits(PyObject* obj, anyattn_fwd_params& params) {
+  if (!PyLong_CheckExact(obj)) return false;
+  int overflow = 0;
+  const long long splits = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  if (overflow != 0 || splits < 0 || splits > INT32_MAX) return false;
+  params.num_splits = static_cast<int32_t>(splits);
+  return true;
+}
+
 nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle v_cache,
                                    nb::handle k, nb::handle v, nb::handle rotary_cos,
                                    nb::handle rotary_sin, nb::handle cache_seqlens,
@@ -391,18 +402,15 @@ nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle 
   if (!g_torch.tensor_type) return nb::none();
   if (!rotary_cos.is_none() || !rotary_sin.is_none() || !cache_batch_idx.is_none() ||
       !cache_leftpad.is_none() || !alibi_slopes.is_none() || !sinks.is_none() ||
-      return_softmax_lse.ptr() != Py_False || !PyLong_CheckExact(num_splits.ptr())) {
+      return_softmax_lse.ptr() != Py_False) {
     return nb::none();
   }
   anyattn_fwd_params params;
   if (!read_score_options(softmax_scale.ptr(), causal.ptr(), window_size.ptr(), softcap.ptr(),
-                          params)) {
+                          params) ||
+      !read_num_splits(num_splits.ptr(), params)) {
     return nb::none();
   }
-  int overflow = 0;
-  const long long splits = PyLong_AsLongLongAndOverflow(num_splits.ptr(), &overflow);
-  if (overflow != 0 || splits < 0 || splits > INT32_MAX) return nb::none();
-  params.num_splits = static_cast<int32_t>(splits);
 
   anyattn_kvcache_params cache;
   anyattn_kvcache_params_init(&cache);
@@ -434,6 +442,65 @@ nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle 
   if (!out) return nb::none();
   return run_released(out, [&] {
     return anyattn_fwd_kvcache(&tq, &tkc, &tvc, &tout, nullptr, &cache, &params);
+  });
+}
+
+// The longest sequence of a cu_seqlens tensor (i32, 1-D, unit stride, as describe_tensor
+// accepts it); false if it ever decreases (the library then names the error).
+bool longest_sequence(const anyattn_tensor& cu, int64_t& longest) {
+  const int32_t* starts = static_cast<const int32_t*>(cu.data);
+  longest = 0;
+  for (int64_t b = 0; b + 1 < cu.shape[0]; ++b) {
+    const int64_t length = int64_t{starts[b + 1]} - starts[b];
+    if (length < 0) return false;
+    if (length > longest) longest = length;
+  }
+  return true;
+}
+
+nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::handle v_cache,
+                                          nb::handle cu_seqlens_q, nb::handle max_seqlen_q,
+                                          nb::handle cache_seqlens, nb::handle block_table,
+                                          nb::handle dropout_p, nb::handle softmax_scale,
+                                          nb::handle causal, nb::handle window_size,
+                                          nb::handle softcap, nb::handle alibi_slopes,
+                                          nb::handle return_attn_probs, nb::handle sinks,
+                                          nb::handle num_splits) {
+  if (!g_torch.tensor_type) return nb::none();
+  anyattn_fwd_params params;
+  if (!read_attention_options(dropout_p.ptr(), softmax_scale.ptr(), causal.ptr(),
+                              window_size.ptr(), softcap.ptr(), alibi_slopes.ptr(),
+                              return_attn_probs.ptr(), sinks.ptr(), params) ||
+      !read_num_splits(num_splits.ptr(), params)) {
+    return nb::none();
+  }
+  anyattn_kvcache_params cache;
+  anyattn_kvcache_params_init(&cache);
+  anyattn_tensor tq{}, tkc{}, tvc{}, tcq{}, tseqlens{}, tblocks{};
+  if (!describe_tensor(q.ptr(), 3, Elements::kFloat, tq) ||
+      !describe_tensor(k_cache.ptr(), 4, Elements::kFloat, tkc) ||
+      !describe_tensor(v_cache.ptr(), 4, Elements::kFloat, tvc) ||
+      !describe_tensor(cu_seqlens_q.ptr(), 1, Elements::kInt32, tcq) ||
+      !read_cache_seqlens(cache_seqlens.ptr(), tseqlens, cache)) {
+    return nb::none();
+  }
+  if (!block_table.is_none()) {
+    if (!describe_tensor(block_table.ptr(), 2, Elements::kInt32, tblocks)) return nb::none();
+    cache.block_table = &tblocks;
+  }
+  int64_t max_q = 0;
+  if (max_seqlen_q.is_none() ? !longest_sequence(tcq, max_q)
+                             : !read_length(max_seqlen_q.ptr(), max_q)) {
+    return nb::none();
+  }
+  if (needs_autograd({q.ptr(), k_cache.ptr(), v_cache.ptr()})) return nb::none();
+  anyattn_tensor tout{};
+  // Rows outside every sequence are not written by the library; the ordinary path returns 0.
+  PyObject* out = new_output(q.ptr(), tq, tvc.shape[3], g_names.new_zeros, tout);
+  if (!out) return nb::none();
+  return run_released(out, [&] {
+    return anyattn_fwd_kvcache_varlen(&tq, &tkc, &tvc, &tout, nullptr, &tcq, max_q, &cache,
+                                      &params);
   });
 }
 
@@ -487,4 +554,17 @@ void register_torch_plain_call(nb::module_& m) {
         "flash_attn_with_kvcache's arguments, in its order: the output when the call is plain "
         "and ran (new keys and values appended in place); otherwise None, with nothing changed. "
         "Releases the GIL while the kernel runs.");
+  m.def("fwd_kvcache_varlen_torch_plain", &fwd_kvcache_varlen_torch_plain,
+        nb::arg("q").none(), nb::arg("k_cache").none(), nb::arg("v_cache").none(),
+        nb::arg("cu_seqlens_q").none(), nb::arg("max_seqlen_q").none(),
+        nb::arg("cache_seqlens").none(), nb::arg("block_table").none(),
+        nb::arg("dropout_p").none(), nb::arg("softmax_scale").none(), nb::arg("causal").none(),
+        nb::arg("window_size").none(), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
+        nb::arg("return_attn_probs").none(), nb::arg("sinks").none(),
+        nb::arg("num_splits").none(),
+        "Packed queries against a cache read in place (anyattn_fwd_kvcache_varlen: "
+        "flash_attn_varlen_func with block_table and seqused_k, the FA3/FA4 cache calls with "
+        "cu_seqlens_q): the output when the call is plain and ran (rows outside every sequence "
+        "0); otherwise None, with nothing changed. max_seqlen_q None: the longest sequence of "
+        "cu_seqlens_q. Releases the GIL while the kernel runs.");
 }

@@ -357,3 +357,145 @@ def test_varlen_takes_the_fast_path_for_plain_calls_and_errors_stay_the_ordinary
     monkeypatch.setattr(varlen, "make_options", no_ordinary_path)
     assert anyattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 8, 7, causal=True).shape == \
         (13, 4, 16)
+
+
+# ---- Packed queries against a cache read in place ---------------------------------------------
+# flash_attn_varlen_func with block_table and seqused_k (vLLM's call), FA3's flash_attn_with_kvcache
+# with cu_seqlens_q (sglang's decode and extend steps) and FA4's flash_attn_varlen_func with
+# page_table hand their calls to _core.fwd_kvcache_varlen_torch_plain.
+
+
+def _cache_varlen(dtype=torch.float32, paged=True, seed=0):
+    """q (13, 4, 32) packed as in _packed (sequences of 3, 0 and 8 queries from row 1); a cache of
+    Hk 2, D 32, Dv 16: paged (12 pages of 4 positions, a shuffled (3, 4) table) or contiguous
+    (3, 16, ...); the sequences hold 6, 2 and 13 keys."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(13, 4, 32, generator=g).to(dtype)
+    shape = (12, 4) if paged else (3, 16)
+    k_cache = torch.randn(*shape, 2, 32, generator=g).to(dtype)
+    v_cache = torch.randn(*shape, 2, 16, generator=g).to(dtype)
+    table = (torch.randperm(12, generator=g).reshape(3, 4).to(torch.int32) if paged
+             else None)
+    cu_q = torch.tensor([1, 4, 4, 12], dtype=torch.int32)
+    used = torch.tensor([6, 2, 13], dtype=torch.int32)
+    return q, k_cache, v_cache, table, cu_q, used
+
+
+def _cache_varlen_plain(q, k_cache, v_cache, cu_q, used, table, max_q=None, dropout_p=0.0,
+                        softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                        alibi_slopes=None, return_attn_probs=False, sinks=None, num_splits=0):
+    return _core.fwd_kvcache_varlen_torch_plain(
+        q, k_cache, v_cache, cu_q, max_q, used, table, dropout_p, softmax_scale, causal,
+        window_size, softcap, alibi_slopes, return_attn_probs, sinks, num_splits)
+
+
+def _fa3_cache_call(q, k_cache, v_cache, table, cu_q, used, **kwargs):
+    from anyattn import fa3_interface
+
+    return fa3_interface.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=used,
+                                                 page_table=table, cu_seqlens_q=cu_q,
+                                                 max_seqlen_q=8, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("paged", [True, False])
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"causal": True, "num_splits": 2},
+    {"softmax_scale": 0.3, "softcap": 5.0, "window_size": (2, 1)},
+])
+def test_cache_varlen_runs_plain_calls_bitwise_like_the_ordinary_path(dtype, paged, kwargs):
+    """Against FA3's planned route (a q that requires grad keeps its call off the fast path)."""
+    q, k_cache, v_cache, table, cu_q, used = _cache_varlen(dtype, paged)
+    out = _cache_varlen_plain(q, k_cache, v_cache, cu_q, used, table, **kwargs)
+    assert out is not None and out.shape == (13, 4, 16) and out.dtype == dtype
+    want = _fa3_cache_call(q.clone().requires_grad_(), k_cache, v_cache, table, cu_q, used,
+                           **kwargs).detach()
+    assert torch.equal(out, want)
+    assert not out[0].any() and not out[12].any()  # rows of no sequence are 0, as ordinarily
+
+
+def test_cache_varlen_checks_a_given_max_seqlen_q():
+    q, k_cache, v_cache, table, cu_q, used = _cache_varlen()
+    assert _cache_varlen_plain(q, k_cache, v_cache, cu_q, used, table, max_q=8) is not None
+    assert _cache_varlen_plain(q, k_cache, v_cache, cu_q, used, table, max_q=7) is None
+
+
+def _cache_varlen_declined_cases():
+    q, k_cache, v_cache, table, cu_q, used = _cache_varlen()
+    base = (q, k_cache, v_cache, cu_q, used, table)
+    yield "alibi", base, {"alibi_slopes": torch.ones(4)}
+    yield "sinks", base, {"sinks": torch.zeros(4)}
+    yield "lse asked for", base, {"return_attn_probs": True}
+    yield "dropout", base, {"dropout_p": 0.1}
+    yield "scale 0", base, {"softmax_scale": 0.0}
+    yield "num_splits negative", base, {"num_splits": -1}
+    yield "requires grad", (q.clone().requires_grad_(),) + base[1:], {}
+    yield "int64 offsets", base[:3] + (cu_q.long(),) + base[4:], {}
+    yield "decreasing offsets", base[:3] + (cu_q.flip(0),) + base[4:], {}
+    yield "int64 key counts", base[:4] + (used.long(), table), {}
+    yield "paged without key counts", base[:4] + (None, table), {}
+    yield "keys past the table", base[:4] + (torch.tensor([6, 2, 17], dtype=torch.int32),
+                                             table), {}
+    yield "int64 table", base[:5] + (table.long(),), {}
+    yield "int8 cache", (q, k_cache.to(torch.int8), v_cache.to(torch.int8)) + base[3:], {}
+    yield "mixed dtypes", (q, k_cache.half(), v_cache.half()) + base[3:], {}
+
+
+@pytest.mark.parametrize("name,args,kwargs", list(_cache_varlen_declined_cases()),
+                         ids=[c[0] for c in _cache_varlen_declined_cases()])
+def test_cache_varlen_declines_calls_that_are_not_plain(name, args, kwargs):
+    assert _cache_varlen_plain(*args, **kwargs) is None
+
+
+def _no_planning(monkeypatch):
+    """Makes the ordinary routes of the three cache calls fail if they run."""
+    from anyattn import _fa_plan, varlen
+
+    def ordinary_path(*args, **kwargs):
+        raise AssertionError("the ordinary path ran")
+
+    monkeypatch.setattr(_fa_plan, "plan_subsequences", ordinary_path)
+    monkeypatch.setattr(varlen, "_paged_varlen", ordinary_path)
+
+
+def _cache_calls():
+    """(name, call(q, k_cache, v_cache, table, cu_q, used) -> out) of each public entry point."""
+    from anyattn import fa4_interface
+
+    yield "flash_attn_varlen_func", lambda q, kc, vc, table, cu_q, used: \
+        anyattn.flash_attn_varlen_func(q, kc, vc, cu_q, None, 8, 13, causal=True,
+                                       seqused_k=used, block_table=table)
+    yield "fa3 flash_attn_with_kvcache", lambda q, kc, vc, table, cu_q, used: \
+        _fa3_cache_call(q, kc, vc, table, cu_q, used, causal=True)
+    yield "fa4 flash_attn_varlen_func", lambda q, kc, vc, table, cu_q, used: \
+        fa4_interface.flash_attn_varlen_func(q, kc, vc, cu_seqlens_q=cu_q, seqused_k=used,
+                                             page_table=table, causal=True)[0]
+
+
+@pytest.mark.parametrize("name,call", list(_cache_calls()), ids=[c[0] for c in _cache_calls()])
+def test_cache_varlen_entry_points_take_the_fast_path(monkeypatch, name, call):
+    q, k_cache, v_cache, table, cu_q, used = _cache_varlen(torch.bfloat16)
+    want = call(q, k_cache, v_cache, table, cu_q, used)  # planned (before the patches)
+    with monkeypatch.context() as m:
+        m.setattr(_core, "fwd_kvcache_varlen_torch_plain", lambda *args: None)
+        planned = call(q, k_cache, v_cache, table, cu_q, used)
+    _no_planning(monkeypatch)
+    out = call(q, k_cache, v_cache, table, cu_q, used)
+    assert torch.equal(out, planned) and torch.equal(out, want)
+
+
+def test_fa3_cache_call_with_a_contiguous_cache_and_an_int_length_takes_the_fast_path(
+        monkeypatch):
+    q, k_cache, v_cache, _, cu_q, _ = _cache_varlen(paged=False)
+    want = _fa3_cache_call(q.clone().requires_grad_(), k_cache, v_cache, None, cu_q, 9).detach()
+    _no_planning(monkeypatch)
+    assert torch.equal(_fa3_cache_call(q, k_cache, v_cache, None, cu_q, 9), want)
+
+
+@pytest.mark.parametrize("name,call", list(_cache_calls()), ids=[c[0] for c in _cache_calls()])
+def test_cache_varlen_declined_calls_still_raise_the_ordinary_errors(name, call):
+    q, k_cache, v_cache, table, cu_q, _ = _cache_varlen()
+    too_many = torch.tensor([6, 2, 17], dtype=torch.int32)
+    with pytest.raises(ValueError, match="seqused_k|cache_seqlens"):
+        call(q, k_cache, v_cache, table, cu_q, too_many)
