@@ -232,17 +232,28 @@ def run_cache(q, k_cache, v_cache, plan: Plan, table, batch_idx, options: AttnOp
 
 def plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, table,
                      options: AttnOptions, num_splits: int):
-    """Packed q (total_q, Hq, D) with cu_seqlens_q against a cache read in place (paged with
-    ``table``, else contiguous; keys 0 .. cache_seqlens[b] - 1 of sequence b), without sinks,
-    chunks, seqused_q or an LSE: a sequence per plan entry, so a plain call runs in one C function
-    (_plain_call.py). Returns out (total_q, Hq, Dv), or None, having done nothing, when the call
-    is not plain (the caller then plans it)."""
+    """q packed (total_q, Hq, D) with cu_seqlens_q, or batched (batch, seqlen_q, Hq, D) with
+    cu_seqlens_q None, against a cache read in place (paged with ``table``, else contiguous; keys
+    0 .. cache_seqlens[b] - 1 of sequence b), without sinks, chunks, seqused_q or an LSE: a
+    sequence per plan entry, so a plain call runs in one C function (_plain_call.py). Returns out
+    in q's layout, or None, having done nothing, when the call is not plain (the caller then
+    plans it)."""
     if tracing():
         return None
-    return _core.fwd_kvcache_varlen_torch_plain(
+    batched = cu_seqlens_q is None
+    if batched:
+        if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] * q.shape[1] == 0:
+            return None
+        b, sq = q.shape[0], q.shape[1]
+        cu_seqlens_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32)
+        q = q.reshape(b * sq, q.shape[2], q.shape[3])
+    out = _core.fwd_kvcache_varlen_torch_plain(
         q, k_cache, v_cache, cu_seqlens_q, None, cache_seqlens, table, 0.0,
         options.softmax_scale, options.causal, options.window_size, options.softcap, None, False,
         None, num_splits)
+    if out is None or not batched:
+        return out
+    return out.reshape(b, sq, out.shape[1], out.shape[2])
 
 
 def forget_unused_rows(lse: torch.Tensor, s: Seqs) -> torch.Tensor:
@@ -298,8 +309,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             window_size=options.window_size, softcap=options.softcap,
             return_attn_probs=need_lse, sinks=sinks, seqused_k=seqused_k)
         return _lse_of(result) if need_lse else (result, None)
-    if (page_table is not None and cu_seqlens_q is not None and seqused_q is None and chunk == 0
-            and sinks is None and not need_lse):
+    if (page_table is not None and seqused_q is None and chunk == 0 and sinks is None
+            and not need_lse):
         out = plain_cache_call(q, k, v, cu_seqlens_q, seqused_k, page_table, options, num_splits)
         if out is not None:
             return out, None

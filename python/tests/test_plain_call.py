@@ -499,3 +499,22 @@ def test_cache_varlen_declined_calls_still_raise_the_ordinary_errors(name, call)
     too_many = torch.tensor([6, 2, 17], dtype=torch.int32)
     with pytest.raises(ValueError, match="seqused_k|cache_seqlens"):
         call(q, k_cache, v_cache, table, cu_q, too_many)
+
+
+def test_fa4_paged_call_with_batched_queries_takes_the_fast_path(monkeypatch):
+    from anyattn import fa4_interface
+
+    q, k_cache, v_cache, table, _, _ = _cache_varlen(torch.bfloat16)
+    q = q[:12].reshape(3, 4, 4, 32)
+    used = torch.tensor([6, 4, 13], dtype=torch.int32)
+
+    def call():
+        return fa4_interface.flash_attn_varlen_func(q, k_cache, v_cache, seqused_k=used,
+                                                    page_table=table, causal=True)[0]
+
+    with monkeypatch.context() as m:
+        m.setattr(_core, "fwd_kvcache_varlen_torch_plain", lambda *args: None)
+        planned = call()
+    _no_planning(monkeypatch)
+    out = call()
+    assert out.shape == (3, 4, 4, 16) and torch.equal(out, planned)
