@@ -231,15 +231,20 @@ def run_cache(q, k_cache, v_cache, plan: Plan, table, batch_idx, options: AttnOp
 
 
 def plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, table,
-                     options: AttnOptions, num_splits: int):
+                     options: AttnOptions, sinks, num_splits: int):
     """q packed (total_q, Hq, D) with cu_seqlens_q, or batched (batch, seqlen_q, Hq, D) with
     cu_seqlens_q None, against a cache read in place (paged with ``table``, else contiguous; keys
-    0 .. cache_seqlens[b] - 1 of sequence b), without sinks, chunks, seqused_q or an LSE: a
-    sequence per plan entry, so a plain call runs in one C function (_plain_call.py). Returns out
-    in q's layout, or None, having done nothing, when the call is not plain (the caller then
-    plans it)."""
+    0 .. cache_seqlens[b] - 1 of sequence b), without chunks, seqused_q or an LSE: a sequence per
+    plan entry, so a plain call runs in one C function (_plain_call.py). Sinks without autograd
+    history are passed as float32 (gpt-oss keeps them in a bfloat16 Parameter). Returns out in
+    q's layout, or None, having done nothing, when the call is not plain (the caller then plans
+    it)."""
     if tracing():
         return None
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or _cache_ops.records_grad(sinks):
+            return None
+        sinks = sinks.detach().to(torch.float32)
     batched = cu_seqlens_q is None
     if batched:
         if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] * q.shape[1] == 0:
@@ -250,7 +255,7 @@ def plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, table,
     out = _core.fwd_kvcache_varlen_torch_plain(
         q, k_cache, v_cache, cu_seqlens_q, None, cache_seqlens, table, 0.0,
         options.softmax_scale, options.causal, options.window_size, options.softcap, None, False,
-        None, num_splits)
+        sinks, num_splits)
     if out is None or not batched:
         return out
     return out.reshape(b, sq, out.shape[1], out.shape[2])
@@ -309,9 +314,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             window_size=options.window_size, softcap=options.softcap,
             return_attn_probs=need_lse, sinks=sinks, seqused_k=seqused_k)
         return _lse_of(result) if need_lse else (result, None)
-    if (page_table is not None and seqused_q is None and chunk == 0 and sinks is None
-            and not need_lse):
-        out = plain_cache_call(q, k, v, cu_seqlens_q, seqused_k, page_table, options, num_splits)
+    if page_table is not None and seqused_q is None and chunk == 0 and not need_lse:
+        out = plain_cache_call(q, k, v, cu_seqlens_q, seqused_k, page_table, options, sinks,
+                               num_splits)
         if out is not None:
             return out, None
     pq, q0, q_used, q_span, q_end = query_extents(q, cu_seqlens_q, seqused_q)

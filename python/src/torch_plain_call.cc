@@ -470,9 +470,18 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
   anyattn_fwd_params params;
   if (!read_attention_options(dropout_p.ptr(), softmax_scale.ptr(), causal.ptr(),
                               window_size.ptr(), softcap.ptr(), alibi_slopes.ptr(),
-                              return_attn_probs.ptr(), sinks.ptr(), params) ||
+                              return_attn_probs.ptr(), Py_None, params) ||
       !read_num_splits(num_splits.ptr(), params)) {
     return nb::none();
+  }
+  // Sinks: float32 logits (Hq), the one per-head tensor these calls take here (gpt-oss's).
+  anyattn_tensor tsinks{};
+  if (!sinks.is_none()) {
+    if (!describe_tensor(sinks.ptr(), 1, Elements::kFloat, tsinks) ||
+        tsinks.dtype != ANYATTN_DTYPE_F32 || needs_autograd({sinks.ptr()})) {
+      return nb::none();
+    }
+    params.sinks = &tsinks;
   }
   anyattn_kvcache_params cache;
   anyattn_kvcache_params_init(&cache);
@@ -566,5 +575,5 @@ void register_torch_plain_call(nb::module_& m) {
         "flash_attn_varlen_func with block_table and seqused_k, the FA3/FA4 cache calls with "
         "cu_seqlens_q): the output when the call is plain and ran (rows outside every sequence "
         "0); otherwise None, with nothing changed. max_seqlen_q None: the longest sequence of "
-        "cu_seqlens_q. Releases the GIL while the kernel runs.");
+        "cu_seqlens_q; sinks None or float32 (Hq,). Releases the GIL while the kernel runs.");
 }

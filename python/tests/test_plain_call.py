@@ -403,6 +403,7 @@ def _fa3_cache_call(q, k_cache, v_cache, table, cu_q, used, **kwargs):
     {},
     {"causal": True, "num_splits": 2},
     {"softmax_scale": 0.3, "softcap": 5.0, "window_size": (2, 1)},
+    {"causal": True, "sinks": torch.linspace(-1.0, 2.0, 4)},
 ])
 def test_cache_varlen_runs_plain_calls_bitwise_like_the_ordinary_path(dtype, paged, kwargs):
     """Against FA3's planned route (a q that requires grad keeps its call off the fast path)."""
@@ -425,7 +426,9 @@ def _cache_varlen_declined_cases():
     q, k_cache, v_cache, table, cu_q, used = _cache_varlen()
     base = (q, k_cache, v_cache, cu_q, used, table)
     yield "alibi", base, {"alibi_slopes": torch.ones(4)}
-    yield "sinks", base, {"sinks": torch.zeros(4)}
+    yield "bfloat16 sinks", base, {"sinks": torch.zeros(4, dtype=torch.bfloat16)}
+    yield "sinks that require grad", base, {"sinks": torch.zeros(4, requires_grad=True)}
+    yield "sinks a Parameter", base, {"sinks": torch.nn.Parameter(torch.zeros(4))}
     yield "lse asked for", base, {"return_attn_probs": True}
     yield "dropout", base, {"dropout_p": 0.1}
     yield "scale 0", base, {"softmax_scale": 0.0}
@@ -518,3 +521,31 @@ def test_fa4_paged_call_with_batched_queries_takes_the_fast_path(monkeypatch):
     _no_planning(monkeypatch)
     out = call()
     assert out.shape == (3, 4, 4, 16) and torch.equal(out, planned)
+
+
+@pytest.mark.parametrize("style", ["fa3", "fa4"])
+def test_cache_calls_with_parameter_sinks_take_the_fast_path(monkeypatch, style):
+    """gpt-oss keeps its sinks in a bfloat16 Parameter that requires no grad: the FA3/FA4 cache
+    calls pass them on as float32."""
+    from anyattn import fa4_interface
+
+    q, k_cache, v_cache, table, cu_q, used = _cache_varlen(torch.bfloat16)
+    sinks = torch.nn.Parameter(torch.linspace(-1.0, 2.0, 4).to(torch.bfloat16),
+                               requires_grad=False)
+
+    def call():
+        if style == "fa3":
+            return _fa3_cache_call(q, k_cache, v_cache, table, cu_q, used, causal=True,
+                                   sinks=sinks)
+        return fa4_interface.flash_attn_varlen_func(q, k_cache, v_cache, cu_seqlens_q=cu_q,
+                                                    seqused_k=used, page_table=table,
+                                                    causal=True, learnable_sink=sinks)[0]
+
+    with monkeypatch.context() as m:
+        m.setattr(_core, "fwd_kvcache_varlen_torch_plain", lambda *args: None)
+        planned = call()
+    _no_planning(monkeypatch)
+    out = call()
+    assert torch.equal(out, planned)
+    no_sinks = _fa3_cache_call(q, k_cache, v_cache, table, cu_q, used, causal=True)
+    assert not torch.equal(out, no_sinks)  # the sinks were applied
