@@ -3,9 +3,10 @@
 sequences in Python (_fa_plan.py).
 
 One paged decode step of 4 sequences (8 query heads, 2 kv heads, D 64, f32, pages of 16 keys,
-5 to 60 keys each), called five ways: flash-attn 2.x's batched cache call and FA3's (the
+5 to 60 keys each), called six ways: flash-attn 2.x's batched cache call and FA3's (the
 baseline: the kernel's share), then the packed-query calls: flash-attn 2.x's paged varlen call
-(vLLM's style), FA3's cache call with cu_seqlens_q (sglang's style) and FA4's paged varlen call.
+(vLLM's style), FA3's cache call with cu_seqlens_q (sglang's style), without and with sinks
+(gpt-oss's, a bfloat16 Parameter), and FA4's paged varlen call.
 Each packed-query call is timed on its plain C call and on the planned route (the C call
 declining), in alternation. Prints the medians of 500 calls (after 50 warm-up calls) in
 microseconds and planned / plain:
@@ -65,6 +66,8 @@ def main() -> None:
     q = torch.randn(batch, 1, heads, head_dim)
     packed_q = q.reshape(batch, heads, head_dim)
     cu_q = torch.arange(batch + 1, dtype=torch.int32)
+    sinks = torch.nn.Parameter(torch.linspace(-1.0, 2.0, heads).to(torch.bfloat16),
+                               requires_grad=False)  # as gpt-oss keeps them
     batched = {
         "flash_attn_with_kvcache (batched)": lambda: anyattn.flash_attn_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=lengths, block_table=table),
@@ -78,6 +81,9 @@ def main() -> None:
         "fa3 flash_attn_with_kvcache (cu_seqlens_q)": lambda: fa3_interface.flash_attn_with_kvcache(
             packed_q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, cu_seqlens_q=cu_q,
             max_seqlen_q=1),
+        "fa3 ... (cu_seqlens_q, sinks)": lambda: fa3_interface.flash_attn_with_kvcache(
+            packed_q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, cu_seqlens_q=cu_q,
+            max_seqlen_q=1, sinks=sinks),
         "fa4 flash_attn_varlen_func (page_table)": lambda: fa4_interface.flash_attn_varlen_func(
             packed_q, k_cache, v_cache, cu_seqlens_q=cu_q, page_table=table, seqused_k=lengths),
     }
