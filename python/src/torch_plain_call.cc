@@ -9,8 +9,8 @@
 // path, which checks everything again and raises the error a bad call deserves. They therefore
 // never raise for bad input and never decide what is legal: a call is plain only if every
 // argument is of the simplest kind the checks below accept (exact CPU torch.Tensors, exact
-// Python ints and floats, no per-head tensors, nothing autograd must record), and the library
-// itself validates the rest.
+// Python ints and floats, no per-head tensors but the cache calls' float32 sinks, nothing
+// autograd must record), and the library itself validates the rest.
 //
 // Tensors are read through their Python attributes (type, is_cpu, dtype, shape, stride(),
 // data_ptr(), requires_grad), so no libtorch is needed at build time; the torch objects they are

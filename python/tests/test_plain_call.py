@@ -429,6 +429,7 @@ def _cache_varlen_declined_cases():
     yield "bfloat16 sinks", base, {"sinks": torch.zeros(4, dtype=torch.bfloat16)}
     yield "sinks that require grad", base, {"sinks": torch.zeros(4, requires_grad=True)}
     yield "sinks a Parameter", base, {"sinks": torch.nn.Parameter(torch.zeros(4))}
+    yield "sinks of the wrong length", base, {"sinks": torch.zeros(5)}
     yield "lse asked for", base, {"return_attn_probs": True}
     yield "dropout", base, {"dropout_p": 0.1}
     yield "scale 0", base, {"softmax_scale": 0.0}
