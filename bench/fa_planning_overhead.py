@@ -1,15 +1,16 @@
-"""Per-call cost of the flash-attn cache calls with packed queries, and what their plain C call
-(python/src/torch_plain_call.cc, `_core.fwd_kvcache_varlen_torch_plain`) saves over planning the
-sequences in Python (_fa_plan.py).
+"""Per-call cost of the flash-attn cache calls at a small decode step, on their plain C calls
+(python/src/torch_plain_call.cc) and on the ordinary route (argument handling in Python, and for
+the FA3/FA4 packed-query calls the planning of their sequences, _fa_plan.py), timed in
+alternation in one process.
 
-One paged decode step of 4 sequences (8 query heads, 2 kv heads, D 64, f32, pages of 16 keys,
-5 to 60 keys each), called six ways: flash-attn 2.x's batched cache call and FA3's (the
-baseline: the kernel's share), then the packed-query calls: flash-attn 2.x's paged varlen call
-(vLLM's style), FA3's cache call with cu_seqlens_q (sglang's style), without and with sinks
-(gpt-oss's, a bfloat16 Parameter), and FA4's paged varlen call.
-Each packed-query call is timed on its plain C call and on the planned route (the C call
-declining), in alternation. Prints the medians of 500 calls (after 50 warm-up calls) in
-microseconds and planned / plain:
+One paged decode step of 4 sequences (8 query heads, 2 kv heads, D 64, pages of 16 keys, 5 to
+60 keys each), against a float32 cache and against an int8 cache with float32 per-head descales
+and per-token scales (bfloat16 q): flash-attn 2.x's batched cache call, FA3's batched cache
+call, flash-attn 2.x's paged varlen call (vLLM's style), FA3's cache call with cu_seqlens_q
+(sglang's style; with the float cache also with gpt-oss-style sinks, a bfloat16 Parameter) and
+FA4's paged varlen call. The ordinary route is the one a call takes when the C functions
+decline it. Prints the medians (of 5 alternating rounds of 100 calls, after 50 warm-up calls)
+in microseconds and ordinary / plain:
 
     .venv/bin/python bench/fa_planning_overhead.py
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/fa_planning_overhead.py
@@ -25,7 +26,8 @@ import torch
 import anyattn
 from anyattn import _core, fa3_interface, fa4_interface
 
-_PLAIN_CACHE_CALL = _core.fwd_kvcache_varlen_torch_plain
+_PLAIN = ("fwd_kvcache_torch_plain", "fwd_kvcache_varlen_torch_plain")
+_PLAIN_CALLS = {name: getattr(_core, name) for name in _PLAIN}
 
 
 def _declined(*args):
@@ -44,56 +46,73 @@ def median_us(fn, calls: int = 500) -> float:
     return statistics.median(times) * 1e6
 
 
-def plain_and_planned_us(fn, rounds: int = 5):
-    """(plain, planned) medians of fn over ``rounds`` alternating rounds of 100 calls each."""
-    plain, planned = [], []
+def plain_and_ordinary_us(fn, rounds: int = 5):
+    """(plain, ordinary) medians of fn over ``rounds`` alternating rounds of 100 calls each."""
+    plain, ordinary = [], []
     for _ in range(rounds):
-        for route, times in ((_PLAIN_CACHE_CALL, plain), (_declined, planned)):
-            _core.fwd_kvcache_varlen_torch_plain = route
+        for declined, times in ((False, plain), (True, ordinary)):
+            for name in _PLAIN:
+                setattr(_core, name, _declined if declined else _PLAIN_CALLS[name])
             try:
                 times.append(median_us(fn, 100))
             finally:
-                _core.fwd_kvcache_varlen_torch_plain = _PLAIN_CACHE_CALL
-    return statistics.median(plain), statistics.median(planned)
+                for name in _PLAIN:
+                    setattr(_core, name, _PLAIN_CALLS[name])
+    return statistics.median(plain), statistics.median(ordinary)
+
+
+def calls(k_cache, v_cache, q, scales, sinks):
+    """The step's calls against one cache: name -> call."""
+    batch, heads, head_dim = q.shape[0], q.shape[2], q.shape[3]
+    table = torch.arange(64, dtype=torch.int32).reshape(batch, 16)
+    lengths = torch.tensor([20, 33, 5, 60], dtype=torch.int32)
+    packed_q = q.reshape(batch, heads, head_dim)
+    cu_q = torch.arange(batch + 1, dtype=torch.int32)
+    out = {
+        "flash_attn_with_kvcache (batched)": lambda: anyattn.flash_attn_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=lengths, block_table=table, **scales),
+        "fa3 flash_attn_with_kvcache (batched)": lambda: fa3_interface.flash_attn_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, **scales),
+        "flash_attn_varlen_func (block_table)": lambda: anyattn.flash_attn_varlen_func(
+            packed_q, k_cache, v_cache, cu_q, None, 1, 60, seqused_k=lengths,
+            block_table=table, **scales),
+        "fa3 flash_attn_with_kvcache (cu_seqlens_q)": lambda: fa3_interface.flash_attn_with_kvcache(
+            packed_q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, cu_seqlens_q=cu_q,
+            max_seqlen_q=1, **scales),
+    }
+    if sinks is not None:
+        out["fa3 ... (cu_seqlens_q, sinks)"] = lambda: fa3_interface.flash_attn_with_kvcache(
+            packed_q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, cu_seqlens_q=cu_q,
+            max_seqlen_q=1, sinks=sinks)
+    if not scales:
+        out["fa4 flash_attn_varlen_func (page_table)"] = lambda: (
+            fa4_interface.flash_attn_varlen_func(packed_q, k_cache, v_cache, cu_seqlens_q=cu_q,
+                                                 page_table=table, seqused_k=lengths))
+    return out
 
 
 def main() -> None:
     batch, heads, heads_k, head_dim, page = 4, 8, 2, 64, 16
-    k_cache = torch.randn(64, page, heads_k, head_dim)
-    v_cache = torch.randn(64, page, heads_k, head_dim)
-    table = torch.arange(64, dtype=torch.int32).reshape(batch, 16)
-    lengths = torch.tensor([20, 33, 5, 60], dtype=torch.int32)
-    q = torch.randn(batch, 1, heads, head_dim)
-    packed_q = q.reshape(batch, heads, head_dim)
-    cu_q = torch.arange(batch + 1, dtype=torch.int32)
+    g = torch.Generator().manual_seed(0)
+    k_cache = torch.randn(64, page, heads_k, head_dim, generator=g)
+    v_cache = torch.randn(64, page, heads_k, head_dim, generator=g)
+    q = torch.randn(batch, 1, heads, head_dim, generator=g)
     sinks = torch.nn.Parameter(torch.linspace(-1.0, 2.0, heads).to(torch.bfloat16),
                                requires_grad=False)  # as gpt-oss keeps them
-    batched = {
-        "flash_attn_with_kvcache (batched)": lambda: anyattn.flash_attn_with_kvcache(
-            q, k_cache, v_cache, cache_seqlens=lengths, block_table=table),
-        "fa3 flash_attn_with_kvcache (batched)": lambda: fa3_interface.flash_attn_with_kvcache(
-            q, k_cache, v_cache, cache_seqlens=lengths, page_table=table),
-    }
-    packed = {
-        "flash_attn_varlen_func (block_table)": lambda: anyattn.flash_attn_varlen_func(
-            packed_q, k_cache, v_cache, cu_q, None, 1, 60, seqused_k=lengths,
-            block_table=table),
-        "fa3 flash_attn_with_kvcache (cu_seqlens_q)": lambda: fa3_interface.flash_attn_with_kvcache(
-            packed_q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, cu_seqlens_q=cu_q,
-            max_seqlen_q=1),
-        "fa3 ... (cu_seqlens_q, sinks)": lambda: fa3_interface.flash_attn_with_kvcache(
-            packed_q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, cu_seqlens_q=cu_q,
-            max_seqlen_q=1, sinks=sinks),
-        "fa4 flash_attn_varlen_func (page_table)": lambda: fa4_interface.flash_attn_varlen_func(
-            packed_q, k_cache, v_cache, cu_seqlens_q=cu_q, page_table=table, seqused_k=lengths),
-    }
+    int8 = {name: (cache * 30).round().clamp(-127, 127).to(torch.int8)
+            for name, cache in (("k", k_cache), ("v", v_cache))}
+    scales = dict(k_descale=torch.full((heads_k,), 0.5), v_descale=torch.full((heads_k,), 0.25),
+                  k_token_scale=torch.rand(64, page, heads_k, generator=g) + 0.5,
+                  v_token_scale=torch.rand(64, page, heads_k, generator=g) + 0.5)
+    cases = [("f32 cache", calls(k_cache, v_cache, q, {}, sinks)),
+             ("int8 cache, token scales", calls(int8["k"], int8["v"], q.bfloat16(), scales,
+                                                None))]
     with torch.no_grad():
-        print(f"{'call':44} {'plain us':>9} {'planned us':>11} {'planned/plain':>14}")
-        for name, fn in batched.items():
-            print(f"{name:44} {median_us(fn):9.1f}")
-        for name, fn in packed.items():
-            plain, planned = plain_and_planned_us(fn)
-            print(f"{name:44} {plain:9.1f} {planned:11.1f} {planned / plain:14.2f}")
+        for title, table in cases:
+            print(f"{title:44} {'plain us':>9} {'ordinary us':>12} {'ordinary/plain':>15}")
+            for name, fn in table.items():
+                plain, ordinary = plain_and_ordinary_us(fn)
+                print(f"{name:44} {plain:9.1f} {ordinary:12.1f} {ordinary / plain:15.2f}")
 
 
 if __name__ == "__main__":

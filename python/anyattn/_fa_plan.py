@@ -231,12 +231,13 @@ def run_cache(q, k_cache, v_cache, plan: Plan, table, batch_idx, options: AttnOp
 
 
 def plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, table,
-                     options: AttnOptions, sinks, num_splits: int):
+                     options: AttnOptions, sinks, num_splits: int, scales=(None,) * 4):
     """q packed (total_q, Hq, D) with cu_seqlens_q, or batched (batch, seqlen_q, Hq, D) with
     cu_seqlens_q None, against a cache read in place (paged with ``table``, else contiguous; keys
     0 .. cache_seqlens[b] - 1 of sequence b), without chunks, seqused_q or an LSE: a sequence per
     plan entry, so a plain call runs in one C function (_plain_call.py). Sinks without autograd
-    history are passed as float32 (gpt-oss keeps them in a bfloat16 Parameter). Returns out in
+    history are passed as float32 (gpt-oss keeps them in a bfloat16 Parameter); ``scales``: an
+    8-bit cache's (k_descale, v_descale, k_token_scale, v_token_scale). Returns out in
     q's layout, or None, having done nothing, when the call is not plain (the caller then plans
     it)."""
     if tracing():
@@ -255,7 +256,7 @@ def plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, table,
     out = _core.fwd_kvcache_varlen_torch_plain(
         q, k_cache, v_cache, cu_seqlens_q, None, cache_seqlens, table, 0.0,
         options.softmax_scale, options.causal, options.window_size, options.softcap, None, False,
-        sinks, num_splits)
+        sinks, num_splits, *scales)
     if out is None or not batched:
         return out
     return out.reshape(b, sq, out.shape[1], out.shape[2])

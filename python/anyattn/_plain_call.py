@@ -1,12 +1,15 @@
 """Plain CPU torch calls, each run in one C function (python/src/torch_plain_call.cc).
 
-``flash_attn_func`` and ``flash_attn_with_kvcache`` first hand their arguments to
-``_core.fwd_torch_plain`` / ``_core.fwd_kvcache_torch_plain``, which run a plain call (exact CPU
-``torch.Tensor`` inputs, no gradient to record, no per-head tensors, simple option values) and
-return None for anything else, changing nothing; the caller then takes its ordinary path. This
-module hands the C side the torch objects it compares against, once, and provides the one guard
-both callers test first: ``tracing()``, true under torch.compile (whose tracer must see the
-ordinary path, through the ``anyattn::`` ops) and always true without torch.
+``flash_attn_func``, ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache``, and the FA3/FA4
+cache calls with packed queries, first hand their arguments to ``_core.fwd_torch_plain``,
+``_core.fwd_varlen_torch_plain``, ``_core.fwd_kvcache_torch_plain`` or
+``_core.fwd_kvcache_varlen_torch_plain``, which run a plain call (exact CPU ``torch.Tensor``
+inputs, no gradient to record, no per-head tensors but float32 sinks and cache scales, simple
+option values) and return None for anything else, changing nothing; the caller then takes its
+ordinary path. This module hands the C side the torch objects it compares against, once, and
+provides the one guard every caller tests first: ``tracing()``, true under torch.compile (whose
+tracer must see the ordinary path, through the ``anyattn::`` ops) and always true without
+torch.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ _torch = torch_module()
 
 if _torch is not None:
     _core.bind_torch(_torch.Tensor, _torch.float32, _torch.float16, _torch.bfloat16, _torch.int32,
-                     _torch.is_grad_enabled)
+                     getattr(_torch, "float8_e4m3fn", None), getattr(_torch, "float8_e5m2", None),
+                     _torch.int8, _torch.is_grad_enabled)
     tracing = _torch.compiler.is_compiling
     # Run the library's parallel phases on torch's OpenMP team (python/src/host_openmp.cc): its
     # workers spin for a while after each torch op, and the library's own pool would compete with

@@ -402,16 +402,15 @@ def flash_attn_with_kvcache(
             v_descale=scales[1], k_token_scale=scales[2], v_token_scale=scales[3])
         out, lse = result if return_softmax_lse else (result, None)
     else:
-        # sglang's decode and extend steps (packed q against a float cache it has appended to
+        # sglang's decode and extend steps (packed q against a cache it has appended to
         # already) run in one C function when the call is plain.
         reads_only = (k is None and v is None and rotary_cos is None and rotary_sin is None
                       and plan is None and cache_batch_idx is None and cache_leftpad is None
-                      and chunk == 0 and all(s is None for s in scales)
-                      and not return_softmax_lse)
+                      and chunk == 0 and not return_softmax_lse)
         out, lse = None, None
         if reads_only:
             out = plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, page_table,
-                                   options, sinks, splits)
+                                   options, sinks, splits, scales)
         if out is None:
             out, lse = kvcache_general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                        cache_seqlens, cache_batch_idx, cache_leftpad, page_table,

@@ -68,15 +68,16 @@ def flash_attn_with_kvcache(
     reject_q_descale(q_descale)
     scaled = not (k_descale is None and v_descale is None and k_token_scale is None
                   and v_token_scale is None)
-    # A plain CPU torch call runs in one C function (_plain_call.py); it declines 8-bit caches.
-    if not scaled and not tracing():
+    # A plain CPU torch call runs in one C function (_plain_call.py), 8-bit caches too.
+    if not tracing():
         out = _core.fwd_kvcache_torch_plain(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-            rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, sinks)
+            rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, sinks, k_descale,
+            v_descale, k_token_scale, v_token_scale)
         if out is not None:
             if k is not None:
-                _mark_written(k_cache, v_cache)
+                _mark_written(k_cache, v_cache, k_token_scale, v_token_scale)
             return out
     options = make_options(0.0, softmax_scale, causal, window_size, softcap, False)
     kind = _kind(q, "q")

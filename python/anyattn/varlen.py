@@ -229,20 +229,20 @@ def flash_attn_varlen_func(
         (nheads, total_q) float32, None).
     """
     scale_args = (k_descale, v_descale, k_token_scale, v_token_scale)
-    if q_descale is None and scale_args == (None,) * 4 and not tracing():
+    if q_descale is None and not tracing():
         # A plain CPU torch call runs in one C function (_plain_call.py); against a paged cache
-        # when seqused_k gives the key counts.
+        # (8-bit too) when seqused_k gives the key counts.
         out = None
-        if block_table is None:
+        if block_table is None and scale_args == (None,) * 4:
             out = _core.fwd_varlen_torch_plain(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                max_seqlen_k, dropout_p, softmax_scale, causal,
                                                window_size, softcap, alibi_slopes,
                                                return_attn_probs, sinks, seqused_k)
-        elif seqused_k is not None and max_seqlen_q is not None:
+        elif block_table is not None and seqused_k is not None and max_seqlen_q is not None:
             out = _core.fwd_kvcache_varlen_torch_plain(
                 q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, block_table, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-                sinks, 0)
+                sinks, 0, *scale_args)
         if out is not None:
             return out
     options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)

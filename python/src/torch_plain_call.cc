@@ -37,6 +37,11 @@ struct TorchObjects {
   PyObject* float16 = nullptr;
   PyObject* bfloat16 = nullptr;
   PyObject* int32 = nullptr;
+  // The 8-bit cache dtypes (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8); None where a
+  // torch lacks one.
+  PyObject* float8_e4m3fn = nullptr;
+  PyObject* float8_e5m2 = nullptr;
+  PyObject* int8 = nullptr;
   PyObject* is_grad_enabled = nullptr;  // torch.is_grad_enabled
 };
 TorchObjects g_torch;
@@ -71,12 +76,20 @@ bool attr_is_true(PyObject* obj, PyObject* name) {
   return value.get() == Py_True;
 }
 
-// The anyattn dtype of a torch dtype object, or -1.
+// The anyattn dtype of a torch float dtype object, or -1.
 int32_t dtype_code(PyObject* dtype) {
   if (dtype == g_torch.float32) return ANYATTN_DTYPE_F32;
   if (dtype == g_torch.float16) return ANYATTN_DTYPE_F16;
   if (dtype == g_torch.bfloat16) return ANYATTN_DTYPE_BF16;
   return -1;
+}
+
+// The anyattn dtype of a KV cache's torch dtype object (a float or an 8-bit cache dtype), or -1.
+int32_t cache_dtype_code(PyObject* dtype) {
+  if (dtype == g_torch.float8_e4m3fn) return ANYATTN_DTYPE_FP8_E4M3;
+  if (dtype == g_torch.float8_e5m2) return ANYATTN_DTYPE_FP8_E5M2;
+  if (dtype == g_torch.int8) return ANYATTN_DTYPE_I8;
+  return dtype_code(dtype);
 }
 
 // Reads a tuple of `n` exact ints into dst; false if `tuple` is anything else.
@@ -103,8 +116,9 @@ PyObject* call_method0(PyObject* obj, PyObject* name) {
   return result;
 }
 
-// What a plain call's tensor argument may hold.
-enum class Elements { kFloat, kInt32 };
+// What a plain call's tensor argument may hold: q's dtypes, int32 indices, or a KV cache's
+// dtypes (q's, or 8-bit).
+enum class Elements { kFloat, kInt32, kCache };
 
 // Describes a CPU torch.Tensor of `ndim` non-empty dimensions and the element kind `elements`
 // (float: an anyattn dtype) as an anyattn_tensor. False if `obj` is anything else, or has a
@@ -121,7 +135,8 @@ bool describe_tensor(PyObject* obj, int ndim, Elements elements, anyattn_tensor&
     if (dtype.get() != g_torch.int32) return false;
     t.dtype = ANYATTN_DTYPE_I32;
   } else {
-    t.dtype = dtype_code(dtype.get());
+    t.dtype = elements == Elements::kCache ? cache_dtype_code(dtype.get())
+                                           : dtype_code(dtype.get());
     if (t.dtype < 0) return false;
   }
   Ref shape(PyObject_GetAttr(obj, g_names.shape));
@@ -379,6 +394,42 @@ bool read_cache_seqlens(PyObject* obj, anyattn_tensor& tensor, anyattn_kvcache_p
   return true;
 }
 
+// The number of dimensions of a tensor-like object (its shape's length), or -1.
+int tensor_rank(PyObject* obj) {
+  Ref shape(PyObject_GetAttr(obj, g_names.shape));
+  if (!shape || !PyTuple_Check(shape.get())) {
+    PyErr_Clear();
+    return -1;
+  }
+  return static_cast<int>(PyTuple_GET_SIZE(shape.get()));
+}
+
+// The scales of an 8-bit cache into `cache`, described in `tensors`: k_descale and v_descale
+// (1), (Hk) or (B, Hk), k_token_scale and v_token_scale (the cache's first three dimensions),
+// each None or a float32 CPU tensor that needs no gradient; the library checks that they fit
+// the cache and its dtype. False for anything else (a float, another dtype), which the ordinary
+// path converts or rejects.
+bool read_cache_scales(nb::handle k_descale, nb::handle v_descale, nb::handle k_token_scale,
+                       nb::handle v_token_scale, anyattn_tensor (&tensors)[4],
+                       anyattn_kvcache_params& cache) {
+  PyObject* const given[4] = {k_descale.ptr(), v_descale.ptr(), k_token_scale.ptr(),
+                              v_token_scale.ptr()};
+  const anyattn_tensor** const slots[4] = {&cache.k_descale, &cache.v_descale,
+                                           &cache.k_token_scale, &cache.v_token_scale};
+  for (int i = 0; i < 4; ++i) {
+    if (given[i] == Py_None) continue;
+    const int rank = tensor_rank(given[i]);
+    const bool descale = i < 2;
+    if ((descale && rank != 1 && rank != 2) || (!descale && rank != 3) ||
+        !describe_tensor(given[i], rank, Elements::kFloat, tensors[i]) ||
+        tensors[i].dtype != ANYATTN_DTYPE_F32) {
+      return false;
+    }
+    *slots[i] = &tensors[i];
+  }
+  return !needs_autograd({given[0], given[1], given[2], given[3]});
+}
+
 // An exact int in 0 .. INT32_MAX (num_splits) into params.num_splits; false otherwise.
 bool read_num_splits(PyObject* obj, anyattn_fwd_params& params) {
   if (!PyLong_CheckExact(obj)) return false;
@@ -397,7 +448,8 @@ nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle 
                                    nb::handle causal, nb::handle window_size, nb::handle softcap,
                                    nb::handle rotary_interleaved, nb::handle alibi_slopes,
                                    nb::handle num_splits, nb::handle return_softmax_lse,
-                                   nb::handle sinks) {
+                                   nb::handle sinks, nb::handle k_descale, nb::handle v_descale,
+                                   nb::handle k_token_scale, nb::handle v_token_scale) {
   (void)rotary_interleaved;  // without rotary tables it has no effect
   if (!g_torch.tensor_type) return nb::none();
   if (!rotary_cos.is_none() || !rotary_sin.is_none() || !cache_batch_idx.is_none() ||
@@ -414,11 +466,12 @@ nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle 
 
   anyattn_kvcache_params cache;
   anyattn_kvcache_params_init(&cache);
-  anyattn_tensor tq{}, tkc{}, tvc{}, tk{}, tv{}, tseqlens{}, tblocks{};
+  anyattn_tensor tq{}, tkc{}, tvc{}, tk{}, tv{}, tseqlens{}, tblocks{}, tscales[4]{};
   if (!describe_tensor(q.ptr(), 4, Elements::kFloat, tq) ||
-      !describe_tensor(k_cache.ptr(), 4, Elements::kFloat, tkc) ||
-      !describe_tensor(v_cache.ptr(), 4, Elements::kFloat, tvc) ||
-      !read_cache_seqlens(cache_seqlens.ptr(), tseqlens, cache)) {
+      !describe_tensor(k_cache.ptr(), 4, Elements::kCache, tkc) ||
+      !describe_tensor(v_cache.ptr(), 4, Elements::kCache, tvc) ||
+      !read_cache_seqlens(cache_seqlens.ptr(), tseqlens, cache) ||
+      !read_cache_scales(k_descale, v_descale, k_token_scale, v_token_scale, tscales, cache)) {
     return nb::none();
   }
   if (k.is_none() != v.is_none()) return nb::none();
@@ -465,7 +518,9 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
                                           nb::handle causal, nb::handle window_size,
                                           nb::handle softcap, nb::handle alibi_slopes,
                                           nb::handle return_attn_probs, nb::handle sinks,
-                                          nb::handle num_splits) {
+                                          nb::handle num_splits, nb::handle k_descale,
+                                          nb::handle v_descale, nb::handle k_token_scale,
+                                          nb::handle v_token_scale) {
   if (!g_torch.tensor_type) return nb::none();
   anyattn_fwd_params params;
   if (!read_attention_options(dropout_p.ptr(), softmax_scale.ptr(), causal.ptr(),
@@ -485,12 +540,13 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
   }
   anyattn_kvcache_params cache;
   anyattn_kvcache_params_init(&cache);
-  anyattn_tensor tq{}, tkc{}, tvc{}, tcq{}, tseqlens{}, tblocks{};
+  anyattn_tensor tq{}, tkc{}, tvc{}, tcq{}, tseqlens{}, tblocks{}, tscales[4]{};
   if (!describe_tensor(q.ptr(), 3, Elements::kFloat, tq) ||
-      !describe_tensor(k_cache.ptr(), 4, Elements::kFloat, tkc) ||
-      !describe_tensor(v_cache.ptr(), 4, Elements::kFloat, tvc) ||
+      !describe_tensor(k_cache.ptr(), 4, Elements::kCache, tkc) ||
+      !describe_tensor(v_cache.ptr(), 4, Elements::kCache, tvc) ||
       !describe_tensor(cu_seqlens_q.ptr(), 1, Elements::kInt32, tcq) ||
-      !read_cache_seqlens(cache_seqlens.ptr(), tseqlens, cache)) {
+      !read_cache_seqlens(cache_seqlens.ptr(), tseqlens, cache) ||
+      !read_cache_scales(k_descale, v_descale, k_token_scale, v_token_scale, tscales, cache)) {
     return nb::none();
   }
   if (!block_table.is_none()) {
@@ -516,20 +572,25 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
 PyObject* intern(const char* name) { return PyUnicode_InternFromString(name); }
 
 void bind_torch(nb::handle tensor_type, nb::handle float32, nb::handle float16,
-                nb::handle bfloat16, nb::handle int32, nb::handle is_grad_enabled) {
+                nb::handle bfloat16, nb::handle int32, nb::handle float8_e4m3fn,
+                nb::handle float8_e5m2, nb::handle int8, nb::handle is_grad_enabled) {
   if (!PyType_Check(tensor_type.ptr())) throw nb::type_error("tensor_type: expected a type");
   g_names = {intern("is_cpu"),   intern("dtype"),         intern("shape"),
              intern("stride"),   intern("data_ptr"),      intern("requires_grad"),
              intern("new_empty"), intern("new_zeros")};
-  g_torch = {tensor_type.inc_ref().ptr(), float32.inc_ref().ptr(),         float16.inc_ref().ptr(),
-             bfloat16.inc_ref().ptr(),    int32.inc_ref().ptr(), is_grad_enabled.inc_ref().ptr()};
+  g_torch = {tensor_type.inc_ref().ptr(),   float32.inc_ref().ptr(),
+             float16.inc_ref().ptr(),       bfloat16.inc_ref().ptr(),
+             int32.inc_ref().ptr(),         float8_e4m3fn.inc_ref().ptr(),
+             float8_e5m2.inc_ref().ptr(),   int8.inc_ref().ptr(),
+             is_grad_enabled.inc_ref().ptr()};
 }
 
 }  // namespace
 
 void register_torch_plain_call(nb::module_& m) {
   m.def("bind_torch", &bind_torch, nb::arg("tensor_type"), nb::arg("float32"), nb::arg("float16"),
-        nb::arg("bfloat16"), nb::arg("int32"), nb::arg("is_grad_enabled"),
+        nb::arg("bfloat16"), nb::arg("int32"), nb::arg("float8_e4m3fn").none(),
+        nb::arg("float8_e5m2").none(), nb::arg("int8"), nb::arg("is_grad_enabled"),
         "Hands the plain-call functions the torch objects they recognise plain calls by (once, at "
         "import).");
   // Every argument may be None (the ordinary path then decides what it means).
@@ -560,9 +621,12 @@ void register_torch_plain_call(nb::module_& m) {
         nb::arg("softcap").none(), nb::arg("rotary_interleaved").none(),
         nb::arg("alibi_slopes").none(), nb::arg("num_splits").none(),
         nb::arg("return_softmax_lse").none(), nb::arg("sinks").none(),
+        nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
+        nb::arg("k_token_scale").none() = nb::none(),
+        nb::arg("v_token_scale").none() = nb::none(),
         "flash_attn_with_kvcache's arguments, in its order: the output when the call is plain "
-        "and ran (new keys and values appended in place); otherwise None, with nothing changed. "
-        "Releases the GIL while the kernel runs.");
+        "and ran (new keys and values appended in place, quantized into an 8-bit cache); "
+        "otherwise None, with nothing changed. Releases the GIL while the kernel runs.");
   m.def("fwd_kvcache_varlen_torch_plain", &fwd_kvcache_varlen_torch_plain,
         nb::arg("q").none(), nb::arg("k_cache").none(), nb::arg("v_cache").none(),
         nb::arg("cu_seqlens_q").none(), nb::arg("max_seqlen_q").none(),
@@ -570,10 +634,13 @@ void register_torch_plain_call(nb::module_& m) {
         nb::arg("dropout_p").none(), nb::arg("softmax_scale").none(), nb::arg("causal").none(),
         nb::arg("window_size").none(), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
         nb::arg("return_attn_probs").none(), nb::arg("sinks").none(),
-        nb::arg("num_splits").none(),
+        nb::arg("num_splits").none(), nb::arg("k_descale").none() = nb::none(),
+        nb::arg("v_descale").none() = nb::none(), nb::arg("k_token_scale").none() = nb::none(),
+        nb::arg("v_token_scale").none() = nb::none(),
         "Packed queries against a cache read in place (anyattn_fwd_kvcache_varlen: "
         "flash_attn_varlen_func with block_table and seqused_k, the FA3/FA4 cache calls with "
         "cu_seqlens_q): the output when the call is plain and ran (rows outside every sequence "
         "0); otherwise None, with nothing changed. max_seqlen_q None: the longest sequence of "
-        "cu_seqlens_q; sinks None or float32 (Hq,). Releases the GIL while the kernel runs.");
+        "cu_seqlens_q; sinks None or float32 (Hq,); the scales of an 8-bit cache None or "
+        "float32. Releases the GIL while the kernel runs.");
 }

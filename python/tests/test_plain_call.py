@@ -166,11 +166,13 @@ def _plain_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_
                    cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                    rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                   return_softmax_lse=False, sinks=None):
+                   return_softmax_lse=False, sinks=None, k_descale=None, v_descale=None,
+                   k_token_scale=None, v_token_scale=None):
     return _core.fwd_kvcache_torch_plain(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-        rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, sinks)
+        rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, sinks, k_descale,
+        v_descale, k_token_scale, v_token_scale)
 
 
 def _ordinary_kvcache(q, k_cache, v_cache, **kwargs):
@@ -383,10 +385,12 @@ def _cache_varlen(dtype=torch.float32, paged=True, seed=0):
 
 def _cache_varlen_plain(q, k_cache, v_cache, cu_q, used, table, max_q=None, dropout_p=0.0,
                         softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                        alibi_slopes=None, return_attn_probs=False, sinks=None, num_splits=0):
+                        alibi_slopes=None, return_attn_probs=False, sinks=None, num_splits=0,
+                        k_descale=None, v_descale=None, k_token_scale=None, v_token_scale=None):
     return _core.fwd_kvcache_varlen_torch_plain(
         q, k_cache, v_cache, cu_q, max_q, used, table, dropout_p, softmax_scale, causal,
-        window_size, softcap, alibi_slopes, return_attn_probs, sinks, num_splits)
+        window_size, softcap, alibi_slopes, return_attn_probs, sinks, num_splits, k_descale,
+        v_descale, k_token_scale, v_token_scale)
 
 
 def _fa3_cache_call(q, k_cache, v_cache, table, cu_q, used, **kwargs):
@@ -442,7 +446,18 @@ def _cache_varlen_declined_cases():
     yield "keys past the table", base[:4] + (torch.tensor([6, 2, 17], dtype=torch.int32),
                                              table), {}
     yield "int64 table", base[:5] + (table.long(),), {}
-    yield "int8 cache", (q, k_cache.to(torch.int8), v_cache.to(torch.int8)) + base[3:], {}
+    int8 = (q, k_cache.to(torch.int8), v_cache.to(torch.int8)) + base[3:]
+    yield "float16 descale", int8, {"k_descale": torch.ones(2, dtype=torch.float16)}
+    yield "0-d descale", int8, {"k_descale": torch.tensor(1.0)}
+    yield "float descale", int8, {"k_descale": 0.5}
+    yield "descale that requires grad", int8, {"k_descale": torch.ones(2, requires_grad=True)}
+    yield "NaN descale", int8, {"k_descale": torch.tensor([1.0, float("nan")])}
+    yield "descale of the wrong shape", int8, {"k_descale": torch.ones(3)}
+    yield "token scale of the wrong shape", int8, {"k_token_scale": torch.ones(12, 4, 3),
+                                                   "v_token_scale": torch.ones(12, 4, 3)}
+    yield "scales for a float cache", base, {"k_descale": torch.ones(2)}
+    yield "mixed 8-bit dtypes", (q, k_cache.to(torch.int8),
+                                 v_cache.to(torch.float8_e4m3fn)) + base[3:], {}
     yield "mixed dtypes", (q, k_cache.half(), v_cache.half()) + base[3:], {}
 
 
@@ -464,14 +479,15 @@ def _no_planning(monkeypatch):
 
 
 def _cache_calls():
-    """(name, call(q, k_cache, v_cache, table, cu_q, used) -> out) of each public entry point."""
+    """(name, call(q, k_cache, v_cache, table, cu_q, used[, 8-bit scales]) -> out) of each
+    public entry point."""
     from anyattn import fa4_interface
 
-    yield "flash_attn_varlen_func", lambda q, kc, vc, table, cu_q, used: \
+    yield "flash_attn_varlen_func", lambda q, kc, vc, table, cu_q, used, **scales: \
         anyattn.flash_attn_varlen_func(q, kc, vc, cu_q, None, 8, 13, causal=True,
-                                       seqused_k=used, block_table=table)
-    yield "fa3 flash_attn_with_kvcache", lambda q, kc, vc, table, cu_q, used: \
-        _fa3_cache_call(q, kc, vc, table, cu_q, used, causal=True)
+                                       seqused_k=used, block_table=table, **scales)
+    yield "fa3 flash_attn_with_kvcache", lambda q, kc, vc, table, cu_q, used, **scales: \
+        _fa3_cache_call(q, kc, vc, table, cu_q, used, causal=True, **scales)
     yield "fa4 flash_attn_varlen_func", lambda q, kc, vc, table, cu_q, used: \
         fa4_interface.flash_attn_varlen_func(q, kc, vc, cu_seqlens_q=cu_q, seqused_k=used,
                                              page_table=table, causal=True)[0]
@@ -550,3 +566,96 @@ def test_cache_calls_with_parameter_sinks_take_the_fast_path(monkeypatch, style)
     assert torch.equal(out, planned)
     no_sinks = _fa3_cache_call(q, k_cache, v_cache, table, cu_q, used, causal=True)
     assert not torch.equal(out, no_sinks)  # the sinks were applied
+
+
+
+# ---- 8-bit caches -----------------------------------------------------------------------------
+
+
+def _quantized(cache, dtype, seed):
+    """An 8-bit cache of the same shape (codes from the float values) and float32 descales per kv
+    head and token scales per (position, kv head), all positive."""
+    g = torch.Generator().manual_seed(seed)
+    codes = (cache.float() * 20).round().clamp(-127, 127).to(torch.int8) if dtype == torch.int8 \
+        else cache.float().to(dtype)
+    descale = torch.rand(cache.shape[2], generator=g) + 0.5
+    token = torch.rand(cache.shape[:3], generator=g) + 0.25
+    return codes, descale, token
+
+
+_KV8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8]
+
+
+def _bits(x):
+    return x.view(torch.uint8) if x.element_size() == 1 else x
+
+
+@pytest.mark.parametrize("cache_dtype", _KV8, ids=str)
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("granularity", ["head", "sequence", "token"])
+def test_kvcache_runs_8bit_calls_bitwise_like_the_ordinary_path(cache_dtype, paged,
+                                                                 granularity):
+    """The batched cache call with an append, quantized into the cache by the library."""
+    q, k_cache, v_cache, k, v, seqlens, block_table = _cache_call(torch.bfloat16, new=2,
+                                                                  paged=paged)
+    k_cache, k_descale, k_token = _quantized(k_cache, cache_dtype, 1)
+    v_cache, v_descale, v_token = _quantized(v_cache, cache_dtype, 2)
+    scales = {"k_descale": k_descale, "v_descale": v_descale}
+    if granularity == "sequence":
+        scales = {"k_descale": k_descale.expand(2, -1).contiguous(), "v_descale": v_descale[:1]}
+    elif granularity == "token":
+        scales.update(k_token_scale=k_token, v_token_scale=v_token)
+    call = dict(k=k, v=v, cache_seqlens=seqlens, block_table=block_table, causal=True)
+    copies = {name: x.clone() for name, x in scales.items()}
+    expected, k_expected, v_expected = _ordinary_kvcache(q, k_cache, v_cache, **call, **copies)
+    out = _plain_kvcache(q, k_cache, v_cache, **call, **scales)
+    assert out is not None and out.dtype == torch.bfloat16
+    assert torch.equal(out, expected)
+    assert torch.equal(_bits(k_cache), _bits(k_expected))
+    assert torch.equal(_bits(v_cache), _bits(v_expected))
+    for name in scales:
+        assert torch.equal(scales[name], copies[name])  # token scales written alike
+
+
+@pytest.mark.parametrize("cache_dtype", _KV8, ids=str)
+def test_cache_varlen_runs_8bit_calls_bitwise_like_the_ordinary_path(cache_dtype):
+    q, k_cache, v_cache, table, cu_q, used = _cache_varlen(torch.float16)
+    k_cache, k_descale, k_token = _quantized(k_cache, cache_dtype, 1)
+    v_cache, v_descale, v_token = _quantized(v_cache, cache_dtype, 2)
+    scales = dict(k_descale=k_descale, v_descale=v_descale[:1], k_token_scale=k_token,
+                  v_token_scale=v_token)
+    out = _cache_varlen_plain(q, k_cache, v_cache, cu_q, used, table, causal=True, **scales)
+    assert out is not None and out.dtype == torch.float16
+    want = _fa3_cache_call(q.clone().requires_grad_(), k_cache, v_cache, table, cu_q, used,
+                           causal=True, **scales).detach()
+    assert torch.equal(out, want)
+
+
+def test_8bit_cache_calls_take_the_fast_path(monkeypatch):
+    from anyattn import kvcache
+
+    q, k_cache, v_cache, table, cu_q, used = _cache_varlen(torch.bfloat16)
+    k_cache, k_descale, k_token = _quantized(k_cache, torch.int8, 1)
+    v_cache, v_descale, v_token = _quantized(v_cache, torch.int8, 2)
+    scales = dict(k_descale=k_descale, v_descale=v_descale, k_token_scale=k_token,
+                  v_token_scale=v_token)
+    calls = [c for name, c in _cache_calls() if not name.startswith("fa4")]  # FA4: float8 q/k/v
+    wants = [call(q, k_cache, v_cache, table, cu_q, used, **scales) for call in calls]
+    q4, k4, v4, k_new, v_new, seqlens, _ = _cache_call(torch.bfloat16, new=1)
+    k4, kd4, kt4 = _quantized(k4, torch.int8, 3)
+    v4, vd4, vt4 = _quantized(v4, torch.int8, 4)
+    batched = dict(k=k_new, v=v_new, cache_seqlens=seqlens, k_descale=kd4, v_descale=vd4,
+                   k_token_scale=kt4, v_token_scale=vt4)
+    want_batched, k_want, _ = _ordinary_kvcache(q4, k4, v4, **batched)
+    versions = kt4._version, k4._version
+
+    def ordinary_path(*args, **kwargs):
+        raise AssertionError("the ordinary path ran")
+
+    _no_planning(monkeypatch)
+    monkeypatch.setattr(kvcache, "make_options", ordinary_path)
+    for call, want in zip(calls, wants):
+        assert torch.equal(call(q, k_cache, v_cache, table, cu_q, used, **scales), want)
+    assert torch.equal(anyattn.flash_attn_with_kvcache(q4, k4, v4, **batched), want_batched)
+    assert torch.equal(k4, k_want)
+    assert kt4._version > versions[0] and k4._version > versions[1]  # the writes are recorded
