@@ -231,15 +231,16 @@ def run_cache(q, k_cache, v_cache, plan: Plan, table, batch_idx, options: AttnOp
 
 
 def plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, table,
-                     options: AttnOptions, sinks, num_splits: int, scales=(None,) * 4):
+                     options: AttnOptions, sinks, num_splits: int, need_lse: bool,
+                     scales=(None,) * 4):
     """q packed (total_q, Hq, D) with cu_seqlens_q, or batched (batch, seqlen_q, Hq, D) with
     cu_seqlens_q None, against a cache read in place (paged with ``table``, else contiguous; keys
-    0 .. cache_seqlens[b] - 1 of sequence b), without chunks, seqused_q or an LSE: a sequence per
-    plan entry, so a plain call runs in one C function (_plain_call.py). Sinks without autograd
+    0 .. cache_seqlens[b] - 1 of sequence b), without chunks or seqused_q: a sequence per plan
+    entry, so a plain call runs in one C function (_plain_call.py). Sinks without autograd
     history are passed as float32 (gpt-oss keeps them in a bfloat16 Parameter); ``scales``: an
-    8-bit cache's (k_descale, v_descale, k_token_scale, v_token_scale). Returns out in
-    q's layout, or None, having done nothing, when the call is not plain (the caller then plans
-    it)."""
+    8-bit cache's (k_descale, v_descale, k_token_scale, v_token_scale). Returns (out, lse) in q's
+    layout (lse None without ``need_lse``), or None, having done nothing, when the call is not
+    plain (the caller then plans it)."""
     if tracing():
         return None
     if sinks is not None:
@@ -247,19 +248,25 @@ def plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, table,
             return None
         sinks = sinks.detach().to(torch.float32)
     batched = cu_seqlens_q is None
+    packed = q
     if batched:
         if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] * q.shape[1] == 0:
             return None
         b, sq = q.shape[0], q.shape[1]
         cu_seqlens_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32)
-        q = q.reshape(b * sq, q.shape[2], q.shape[3])
-    out = _core.fwd_kvcache_varlen_torch_plain(
-        q, k_cache, v_cache, cu_seqlens_q, None, cache_seqlens, table, 0.0,
-        options.softmax_scale, options.causal, options.window_size, options.softcap, None, False,
-        sinks, num_splits, *scales)
-    if out is None or not batched:
-        return out
-    return out.reshape(b, sq, out.shape[1], out.shape[2])
+        packed = q.reshape(b * sq, q.shape[2], q.shape[3])
+    result = _core.fwd_kvcache_varlen_torch_plain(
+        packed, k_cache, v_cache, cu_seqlens_q, None, cache_seqlens, table, 0.0,
+        options.softmax_scale, options.causal, options.window_size, options.softcap, None,
+        bool(need_lse), sinks, num_splits, *scales)
+    if result is None:
+        return None
+    out, lse = result if need_lse else (result, None)
+    if not batched:
+        return out, lse
+    if lse is None:
+        return out.reshape(b, sq, out.shape[1], out.shape[2]), None
+    return unpack(out, lse, q, True)
 
 
 def forget_unused_rows(lse: torch.Tensor, s: Seqs) -> torch.Tensor:
@@ -315,11 +322,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             window_size=options.window_size, softcap=options.softcap,
             return_attn_probs=need_lse, sinks=sinks, seqused_k=seqused_k)
         return _lse_of(result) if need_lse else (result, None)
-    if page_table is not None and seqused_q is None and chunk == 0 and not need_lse:
-        out = plain_cache_call(q, k, v, cu_seqlens_q, seqused_k, page_table, options, sinks,
-                               num_splits)
-        if out is not None:
-            return out, None
+    if page_table is not None and seqused_q is None and chunk == 0:
+        result = plain_cache_call(q, k, v, cu_seqlens_q, seqused_k, page_table, options, sinks,
+                                  num_splits, need_lse)
+        if result is not None:
+            return result
     pq, q0, q_used, q_span, q_end = query_extents(q, cu_seqlens_q, seqused_q)
     batch = q0.numel()
     if page_table is not None:

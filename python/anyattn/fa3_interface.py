@@ -406,12 +406,15 @@ def flash_attn_with_kvcache(
         # already) run in one C function when the call is plain.
         reads_only = (k is None and v is None and rotary_cos is None and rotary_sin is None
                       and plan is None and cache_batch_idx is None and cache_leftpad is None
-                      and chunk == 0 and not return_softmax_lse)
-        out, lse = None, None
+                      and chunk == 0)
+        result = None
         if reads_only:
-            out = plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, page_table,
-                                   options, sinks, splits, scales)
-        if out is None:
+            result = plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens,
+                                      page_table, options, sinks, splits,
+                                      bool(return_softmax_lse), scales)
+        if result is not None:
+            out, lse = result
+        else:
             out, lse = kvcache_general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                        cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
                                        cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, options,

@@ -243,6 +243,8 @@ def flash_attn_varlen_func(
                 q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, block_table, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                 sinks, 0, *scale_args)
+            if isinstance(out, tuple):  # (out, lse): return_attn_probs
+                out = out + (_empty_s_dmask(q),)
         if out is not None:
             return out
     options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)

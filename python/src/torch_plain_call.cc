@@ -19,9 +19,11 @@
 
 #include <nanobind/nanobind.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 
 #include "anyattn/anyattn.h"
 
@@ -235,21 +237,17 @@ bool read_score_options(PyObject* softmax_scale, PyObject* causal, PyObject* win
   return true;
 }
 
-// The output of a call with query `q` (its leading dimensions, then Hq and D) and values of head
-// dimension `dv`: a new contiguous tensor of q's shape but Dv last, in q's dtype, made by
-// q.<factory> (new_empty, or new_zeros where rows the call does not write must read 0), and its
+// A new contiguous tensor of `shape` (`ndim` extents) made by like.<factory>(shape), in like's
+// dtype (`dtype` its anyattn code), or, when `torch_dtype` is given, in that torch dtype; and its
 // description. Null on failure.
-PyObject* new_output(PyObject* q, const anyattn_tensor& tq, int64_t dv, PyObject* factory,
-                     anyattn_tensor& tout) {
-  const int ndim = tq.ndim;
-  int64_t shape[4];
+PyObject* new_tensor(PyObject* like, const int64_t* shape, int ndim, PyObject* factory,
+                     int32_t dtype, PyObject* torch_dtype, anyattn_tensor& t) {
   Ref size(PyTuple_New(ndim));
   if (!size) {
     PyErr_Clear();
     return nullptr;
   }
   for (int i = 0; i < ndim; ++i) {
-    shape[i] = i + 1 < ndim ? tq.shape[i] : dv;
     PyObject* extent = PyLong_FromLongLong(shape[i]);
     if (!extent) {
       PyErr_Clear();
@@ -257,29 +255,45 @@ PyObject* new_output(PyObject* q, const anyattn_tensor& tq, int64_t dv, PyObject
     }
     PyTuple_SET_ITEM(size.get(), i, extent);
   }
-  PyObject* args[] = {q, size.get()};
+  PyObject* args[] = {like, size.get(), torch_dtype};
+  Ref kwnames(torch_dtype ? PyTuple_Pack(1, g_names.dtype) : nullptr);
+  if (torch_dtype && !kwnames) {
+    PyErr_Clear();
+    return nullptr;
+  }
   PyObject* out = PyObject_VectorcallMethod(factory, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                            nullptr);
+                                            kwnames.get());
   if (!out) {
     PyErr_Clear();
     return nullptr;
   }
   Ref pointer(call_method0(out, g_names.data_ptr));
-  if (pointer) tout.data = PyLong_AsVoidPtr(pointer.get());
+  if (pointer) t.data = PyLong_AsVoidPtr(pointer.get());
   if (!pointer || PyErr_Occurred()) {
     PyErr_Clear();
     Py_DECREF(out);
     return nullptr;
   }
-  tout.dtype = tq.dtype;
-  tout.ndim = ndim;
+  t.dtype = dtype;
+  t.ndim = ndim;
   int64_t stride = 1;
   for (int i = ndim - 1; i >= 0; --i) {
-    tout.shape[i] = shape[i];
-    tout.strides[i] = stride;
+    t.shape[i] = shape[i];
+    t.strides[i] = stride;
     stride *= shape[i];
   }
   return out;
+}
+
+// The output of a call with query `q` (its leading dimensions, then Hq and D) and values of head
+// dimension `dv`: a new contiguous tensor of q's shape but Dv last, in q's dtype, made by
+// q.<factory> (new_empty, or new_zeros where rows the call does not write must read 0), and its
+// description. Null on failure.
+PyObject* new_output(PyObject* q, const anyattn_tensor& tq, int64_t dv, PyObject* factory,
+                     anyattn_tensor& tout) {
+  int64_t shape[ANYATTN_MAX_NDIM];
+  for (int i = 0; i < tq.ndim; ++i) shape[i] = i + 1 < tq.ndim ? tq.shape[i] : dv;
+  return new_tensor(q, shape, tq.ndim, factory, tq.dtype, nullptr, tout);
 }
 
 // Runs `call` (a library call that writes `out`) with the GIL released; `out` on success, None
@@ -511,6 +525,21 @@ bool longest_sequence(const anyattn_tensor& cu, int64_t& longest) {
   return true;
 }
 
+// -inf in the rows of `lse` (Hq, total_q) outside every sequence of `cu` (cu_seqlens_q): those
+// before its first entry and from its last on, which the library does not write. The entries are
+// clamped to the rows (the library validates them).
+void clear_rows_outside(const anyattn_tensor& cu, const anyattn_tensor& lse) {
+  const int32_t* starts = static_cast<const int32_t*>(cu.data);
+  const int64_t total = lse.shape[1];
+  const int64_t first = std::clamp<int64_t>(starts[0], 0, total);
+  const int64_t last = std::clamp<int64_t>(starts[cu.shape[0] - 1], first, total);
+  float* row = static_cast<float*>(lse.data);
+  for (int64_t h = 0; h < lse.shape[0]; ++h, row += total) {
+    std::fill(row, row + first, -std::numeric_limits<float>::infinity());
+    std::fill(row + last, row + total, -std::numeric_limits<float>::infinity());
+  }
+}
+
 nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::handle v_cache,
                                           nb::handle cu_seqlens_q, nb::handle max_seqlen_q,
                                           nb::handle cache_seqlens, nb::handle block_table,
@@ -524,11 +553,13 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
   if (!g_torch.tensor_type) return nb::none();
   anyattn_fwd_params params;
   if (!read_attention_options(dropout_p.ptr(), softmax_scale.ptr(), causal.ptr(),
-                              window_size.ptr(), softcap.ptr(), alibi_slopes.ptr(),
-                              return_attn_probs.ptr(), Py_None, params) ||
-      !read_num_splits(num_splits.ptr(), params)) {
+                              window_size.ptr(), softcap.ptr(), alibi_slopes.ptr(), Py_False,
+                              Py_None, params) ||
+      !read_num_splits(num_splits.ptr(), params) ||
+      (return_attn_probs.ptr() != Py_True && return_attn_probs.ptr() != Py_False)) {
     return nb::none();
   }
+  const bool want_lse = return_attn_probs.ptr() == Py_True;
   // Sinks: float32 logits (Hq), the one per-head tensor these calls take here (gpt-oss's).
   anyattn_tensor tsinks{};
   if (!sinks.is_none()) {
@@ -559,14 +590,25 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
     return nb::none();
   }
   if (needs_autograd({q.ptr(), k_cache.ptr(), v_cache.ptr()})) return nb::none();
+  anyattn_tensor tlse{};
+  nb::object lse;
+  if (want_lse) {
+    const int64_t shape[2] = {tq.shape[1], tq.shape[0]};
+    lse = nb::steal(new_tensor(q.ptr(), shape, 2, g_names.new_empty, ANYATTN_DTYPE_F32,
+                               g_torch.float32, tlse));
+    if (!lse.is_valid()) return nb::none();
+    clear_rows_outside(tcq, tlse);
+  }
   anyattn_tensor tout{};
   // Rows outside every sequence are not written by the library; the ordinary path returns 0.
   PyObject* out = new_output(q.ptr(), tq, tvc.shape[3], g_names.new_zeros, tout);
   if (!out) return nb::none();
-  return run_released(out, [&] {
-    return anyattn_fwd_kvcache_varlen(&tq, &tkc, &tvc, &tout, nullptr, &tcq, max_q, &cache,
-                                      &params);
+  nb::object result = run_released(out, [&] {
+    return anyattn_fwd_kvcache_varlen(&tq, &tkc, &tvc, &tout, want_lse ? &tlse : nullptr, &tcq,
+                                      max_q, &cache, &params);
   });
+  if (result.is_none() || !want_lse) return result;
+  return nb::make_tuple(result, lse);
 }
 
 PyObject* intern(const char* name) { return PyUnicode_InternFromString(name); }
@@ -642,5 +684,6 @@ void register_torch_plain_call(nb::module_& m) {
         "cu_seqlens_q): the output when the call is plain and ran (rows outside every sequence "
         "0); otherwise None, with nothing changed. max_seqlen_q None: the longest sequence of "
         "cu_seqlens_q; sinks None or float32 (Hq,); the scales of an 8-bit cache None or "
-        "float32. Releases the GIL while the kernel runs.");
+        "float32; return_attn_probs: (out, lse (Hq, total_q) float32, -inf outside every "
+        "sequence) instead of out. Releases the GIL while the kernel runs.");
 }

@@ -434,7 +434,7 @@ def _cache_varlen_declined_cases():
     yield "sinks that require grad", base, {"sinks": torch.zeros(4, requires_grad=True)}
     yield "sinks a Parameter", base, {"sinks": torch.nn.Parameter(torch.zeros(4))}
     yield "sinks of the wrong length", base, {"sinks": torch.zeros(5)}
-    yield "lse asked for", base, {"return_attn_probs": True}
+    yield "lse asked for by an int", base, {"return_attn_probs": 1}
     yield "dropout", base, {"dropout_p": 0.1}
     yield "scale 0", base, {"softmax_scale": 0.0}
     yield "num_splits negative", base, {"num_splits": -1}
@@ -659,3 +659,63 @@ def test_8bit_cache_calls_take_the_fast_path(monkeypatch):
     assert torch.equal(anyattn.flash_attn_with_kvcache(q4, k4, v4, **batched), want_batched)
     assert torch.equal(k4, k_want)
     assert kt4._version > versions[0] and k4._version > versions[1]  # the writes are recorded
+
+
+
+# ---- The LSE ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("paged", [True, False])
+def test_cache_varlen_returns_the_lse_bitwise_like_the_ordinary_path(paged):
+    q, k_cache, v_cache, table, cu_q, used = _cache_varlen(torch.bfloat16, paged)
+    result = _cache_varlen_plain(q, k_cache, v_cache, cu_q, used, table, causal=True,
+                                 return_attn_probs=True)
+    assert isinstance(result, tuple) and len(result) == 2
+    out, lse = result
+    assert lse.dtype == torch.float32 and lse.shape == (4, 13) and lse.is_contiguous()
+    want = _fa3_cache_call(q.clone().requires_grad_(), k_cache, v_cache, table, cu_q, used,
+                           causal=True, return_softmax_lse=True)
+    assert torch.equal(out, want[0].detach()) and torch.equal(lse, want[1])
+    assert torch.isneginf(lse[:, 0]).all() and torch.isneginf(lse[:, 12]).all()
+    assert torch.isfinite(lse[:, 1:12]).all()
+
+
+def _lse_calls():
+    """(name, call(q, k_cache, v_cache, table, cu_q, used) -> (out, lse)) of the entry points
+    that return the LSE of a packed-query cache call."""
+    from anyattn import fa4_interface
+
+    def fa2(q, kc, vc, table, cu_q, used):
+        out, lse, s_dmask = anyattn.flash_attn_varlen_func(
+            q, kc, vc, cu_q, None, 8, 13, causal=True, seqused_k=used, block_table=table,
+            return_attn_probs=True)
+        return out, lse
+
+    def fa3(q, kc, vc, table, cu_q, used):
+        out, lse, *accumulators = _fa3_cache_call(q, kc, vc, table, cu_q, used, causal=True,
+                                                  return_softmax_lse=True)
+        return out, lse
+
+    def fa4(q, kc, vc, table, cu_q, used):
+        return fa4_interface.flash_attn_varlen_func(q, kc, vc, cu_seqlens_q=cu_q, seqused_k=used,
+                                                    page_table=table, causal=True,
+                                                    return_lse=True)
+
+    def fa4_batched(q, kc, vc, table, cu_q, used):
+        return fa4_interface.flash_attn_varlen_func(q[:12].reshape(3, 4, 4, 32), kc, vc,
+                                                    seqused_k=used, page_table=table,
+                                                    causal=True, return_lse=True)
+
+    return [("fa2", fa2), ("fa3", fa3), ("fa4", fa4), ("fa4 batched", fa4_batched)]
+
+
+@pytest.mark.parametrize("name,call", _lse_calls(), ids=[c[0] for c in _lse_calls()])
+def test_cache_calls_that_return_the_lse_take_the_fast_path(monkeypatch, name, call):
+    q, k_cache, v_cache, table, cu_q, used = _cache_varlen(torch.bfloat16)
+    with monkeypatch.context() as m:
+        m.setattr(_core, "fwd_kvcache_varlen_torch_plain", lambda *args: None)
+        planned = call(q, k_cache, v_cache, table, cu_q, used)
+    _no_planning(monkeypatch)
+    out, lse = call(q, k_cache, v_cache, table, cu_q, used)
+    assert torch.equal(out, planned[0])
+    assert lse.shape == planned[1].shape and torch.equal(lse, planned[1])
