@@ -17,7 +17,7 @@ from ._fa_arguments import describe_value
 from ._kernel_options import kernel_options, kernel_query
 from ._kv_scales import descales_by_sequence
 from ._options import AttnOptions
-from ._plain_call import tracing
+from ._plain_call import float32_per_head, tracing
 from ._segments import segment_positions_np
 from .flash_attn_interface import flash_attn_func as _fa2_func
 from .varlen import flash_attn_varlen_func as _fa2_varlen_func
@@ -236,17 +236,12 @@ def plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, table,
     """q packed (total_q, Hq, D) with cu_seqlens_q, or batched (batch, seqlen_q, Hq, D) with
     cu_seqlens_q None, against a cache read in place (paged with ``table``, else contiguous; keys
     0 .. cache_seqlens[b] - 1 of sequence b), without chunks or seqused_q: a sequence per plan
-    entry, so a plain call runs in one C function (_plain_call.py). Sinks without autograd
-    history are passed as float32 (gpt-oss keeps them in a bfloat16 Parameter); ``scales``: an
-    8-bit cache's (k_descale, v_descale, k_token_scale, v_token_scale). Returns (out, lse) in q's
+    entry, so a plain call runs in one C function (_plain_call.py); ``scales``: an 8-bit
+    cache's (k_descale, v_descale, k_token_scale, v_token_scale). Returns (out, lse) in q's
     layout (lse None without ``need_lse``), or None, having done nothing, when the call is not
     plain (the caller then plans it)."""
     if tracing():
         return None
-    if sinks is not None:
-        if not isinstance(sinks, torch.Tensor) or _cache_ops.records_grad(sinks):
-            return None
-        sinks = sinks.detach().to(torch.float32)
     batched = cu_seqlens_q is None
     packed = q
     if batched:
@@ -258,7 +253,7 @@ def plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, table,
     result = _core.fwd_kvcache_varlen_torch_plain(
         packed, k_cache, v_cache, cu_seqlens_q, None, cache_seqlens, table, 0.0,
         options.softmax_scale, options.causal, options.window_size, options.softcap, None,
-        bool(need_lse), sinks, num_splits, *scales)
+        bool(need_lse), float32_per_head(sinks), num_splits, *scales)
     if result is None:
         return None
     out, lse = result if need_lse else (result, None)

@@ -39,3 +39,13 @@ else:
     def tracing() -> bool:
         """Without torch there is no plain torch call: always take the ordinary path."""
         return True
+
+
+def float32_per_head(x):
+    """A per-head tensor (sinks, ALiBi slopes) as the plain C calls take it: float32 without
+    autograd history, made from a CPU torch tensor that records no gradient (gpt-oss keeps its
+    sinks in a bfloat16 Parameter); anything else unchanged, for the C call to decline."""
+    if (_torch is not None and isinstance(x, _torch.Tensor) and x.is_cpu
+            and not (x.requires_grad and _torch.is_grad_enabled())):
+        return x.detach().to(_torch.float32)
+    return x

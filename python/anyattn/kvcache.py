@@ -16,7 +16,7 @@ from ._cache import kvcache_forward
 from ._kernel_options import kernel_options, kernel_query
 from ._kv_scales import cache_scales, reject_q_descale
 from ._options import make_options
-from ._plain_call import tracing
+from ._plain_call import float32_per_head, tracing
 from ._tensors import torch_module
 
 if torch_module() is not None:
@@ -73,8 +73,8 @@ def flash_attn_with_kvcache(
         out = _core.fwd_kvcache_torch_plain(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-            rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, sinks, k_descale,
-            v_descale, k_token_scale, v_token_scale)
+            rotary_interleaved, float32_per_head(alibi_slopes), num_splits, return_softmax_lse,
+            float32_per_head(sinks), k_descale, v_descale, k_token_scale, v_token_scale)
         if out is not None:
             if k is not None:
                 _mark_written(k_cache, v_cache, k_token_scale, v_token_scale)

@@ -22,7 +22,7 @@ from ._cpu import reject_numpy_dropout
 from ._kernel_options import kernel_options, kernel_query
 from ._kv_scales import cache_scales, check_descale_values, reject_q_descale
 from ._options import make_options
-from ._plain_call import tracing
+from ._plain_call import float32_per_head, tracing
 from ._tensors import torch_module
 
 if torch_module() is not None:
@@ -241,8 +241,8 @@ def flash_attn_varlen_func(
         elif block_table is not None and seqused_k is not None and max_seqlen_q is not None:
             out = _core.fwd_kvcache_varlen_torch_plain(
                 q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, block_table, dropout_p,
-                softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-                sinks, 0, *scale_args)
+                softmax_scale, causal, window_size, softcap, float32_per_head(alibi_slopes),
+                return_attn_probs, float32_per_head(sinks), 0, *scale_args)
             if isinstance(out, tuple):  # (out, lse): return_attn_probs
                 out = out + (_empty_s_dmask(q),)
         if out is not None:

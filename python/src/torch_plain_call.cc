@@ -9,8 +9,8 @@
 // path, which checks everything again and raises the error a bad call deserves. They therefore
 // never raise for bad input and never decide what is legal: a call is plain only if every
 // argument is of the simplest kind the checks below accept (exact CPU torch.Tensors, exact
-// Python ints and floats, no per-head tensors but the cache calls' float32 sinks, nothing
-// autograd must record), and the library itself validates the rest.
+// Python ints, floats and bools, per-head tensors and scales in float32 only, nothing autograd
+// must record), and the library itself validates the rest.
 //
 // Tensors are read through their Python attributes (type, is_cpu, dtype, shape, stride(),
 // data_ptr(), requires_grad), so no libtorch is needed at build time; the torch objects they are
@@ -454,6 +454,39 @@ bool read_num_splits(PyObject* obj, anyattn_fwd_params& params) {
   return true;
 }
 
+// The per-head tensors of a cache call into `params`, described in `talibi` and `tsinks`: ALiBi
+// slopes (Hq) or (B, Hq) and sink logits (Hq), each None or a float32 CPU tensor that needs no
+// gradient (the library checks their shapes). False for anything else, which the ordinary path
+// converts or rejects.
+bool read_head_tensors(PyObject* alibi_slopes, PyObject* sinks, anyattn_tensor& talibi,
+                       anyattn_tensor& tsinks, anyattn_fwd_params& params) {
+  if (alibi_slopes != Py_None) {
+    const int rank = tensor_rank(alibi_slopes);
+    if ((rank != 1 && rank != 2) ||
+        !describe_tensor(alibi_slopes, rank, Elements::kFloat, talibi) ||
+        talibi.dtype != ANYATTN_DTYPE_F32) {
+      return false;
+    }
+    params.alibi_slopes = &talibi;
+  }
+  if (sinks != Py_None) {
+    if (!describe_tensor(sinks, 1, Elements::kFloat, tsinks) ||
+        tsinks.dtype != ANYATTN_DTYPE_F32) {
+      return false;
+    }
+    params.sinks = &tsinks;
+  }
+  return !needs_autograd({alibi_slopes, sinks});
+}
+
+// An optional int32 (B) index tensor (cache_batch_idx, cache_leftpad) into `slot`.
+bool read_optional_indices(PyObject* obj, anyattn_tensor& tensor, const anyattn_tensor*& slot) {
+  if (obj == Py_None) return true;
+  if (!describe_tensor(obj, 1, Elements::kInt32, tensor)) return false;
+  slot = &tensor;
+  return true;
+}
+
 nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle v_cache,
                                    nb::handle k, nb::handle v, nb::handle rotary_cos,
                                    nb::handle rotary_sin, nb::handle cache_seqlens,
@@ -464,31 +497,37 @@ nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle 
                                    nb::handle num_splits, nb::handle return_softmax_lse,
                                    nb::handle sinks, nb::handle k_descale, nb::handle v_descale,
                                    nb::handle k_token_scale, nb::handle v_token_scale) {
-  (void)rotary_interleaved;  // without rotary tables it has no effect
   if (!g_torch.tensor_type) return nb::none();
-  if (!rotary_cos.is_none() || !rotary_sin.is_none() || !cache_batch_idx.is_none() ||
-      !cache_leftpad.is_none() || !alibi_slopes.is_none() || !sinks.is_none() ||
-      return_softmax_lse.ptr() != Py_False) {
+  if ((return_softmax_lse.ptr() != Py_True && return_softmax_lse.ptr() != Py_False) ||
+      (rotary_interleaved.ptr() != Py_True && rotary_interleaved.ptr() != Py_False)) {
     return nb::none();
   }
+  const bool want_lse = return_softmax_lse.ptr() == Py_True;
   anyattn_fwd_params params;
+  anyattn_tensor talibi{}, tsinks{};
   if (!read_score_options(softmax_scale.ptr(), causal.ptr(), window_size.ptr(), softcap.ptr(),
                           params) ||
-      !read_num_splits(num_splits.ptr(), params)) {
+      !read_num_splits(num_splits.ptr(), params) ||
+      !read_head_tensors(alibi_slopes.ptr(), sinks.ptr(), talibi, tsinks, params)) {
     return nb::none();
   }
 
   anyattn_kvcache_params cache;
   anyattn_kvcache_params_init(&cache);
   anyattn_tensor tq{}, tkc{}, tvc{}, tk{}, tv{}, tseqlens{}, tblocks{}, tscales[4]{};
+  anyattn_tensor tbatch{}, tleftpad{}, tcos{}, tsin{};
   if (!describe_tensor(q.ptr(), 4, Elements::kFloat, tq) ||
       !describe_tensor(k_cache.ptr(), 4, Elements::kCache, tkc) ||
       !describe_tensor(v_cache.ptr(), 4, Elements::kCache, tvc) ||
       !read_cache_seqlens(cache_seqlens.ptr(), tseqlens, cache) ||
-      !read_cache_scales(k_descale, v_descale, k_token_scale, v_token_scale, tscales, cache)) {
+      !read_cache_scales(k_descale, v_descale, k_token_scale, v_token_scale, tscales, cache) ||
+      !read_optional_indices(cache_batch_idx.ptr(), tbatch, cache.cache_batch_idx) ||
+      !read_optional_indices(cache_leftpad.ptr(), tleftpad, cache.cache_leftpad)) {
     return nb::none();
   }
-  if (k.is_none() != v.is_none()) return nb::none();
+  if (k.is_none() != v.is_none() || rotary_cos.is_none() != rotary_sin.is_none()) {
+    return nb::none();
+  }
   if (!k.is_none()) {
     if (!describe_tensor(k.ptr(), 4, Elements::kFloat, tk) ||
         !describe_tensor(v.ptr(), 4, Elements::kFloat, tv)) {
@@ -497,19 +536,40 @@ nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle 
     cache.k_new = &tk;
     cache.v_new = &tv;
   }
+  if (!rotary_cos.is_none()) {
+    if (!describe_tensor(rotary_cos.ptr(), 2, Elements::kFloat, tcos) ||
+        !describe_tensor(rotary_sin.ptr(), 2, Elements::kFloat, tsin)) {
+      return nb::none();
+    }
+    cache.rotary_cos = &tcos;
+    cache.rotary_sin = &tsin;
+    cache.rotary_interleaved = rotary_interleaved.ptr() == Py_True ? 1 : 0;
+  }
   if (!block_table.is_none()) {
     if (!describe_tensor(block_table.ptr(), 2, Elements::kInt32, tblocks)) return nb::none();
     cache.block_table = &tblocks;
   }
-  if (needs_autograd({q.ptr(), k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr()})) {
+  if (needs_autograd({q.ptr(), k_cache.ptr(), v_cache.ptr(), k.ptr(), v.ptr(), rotary_cos.ptr(),
+                      rotary_sin.ptr()})) {
     return nb::none();
+  }
+  anyattn_tensor tlse{};
+  nb::object lse;
+  if (want_lse) {  // (B, Hq, Sq): every row is written
+    const int64_t shape[3] = {tq.shape[0], tq.shape[2], tq.shape[1]};
+    lse = nb::steal(new_tensor(q.ptr(), shape, 3, g_names.new_empty, ANYATTN_DTYPE_F32,
+                               g_torch.float32, tlse));
+    if (!lse.is_valid()) return nb::none();
   }
   anyattn_tensor tout{};
   PyObject* out = new_output(q.ptr(), tq, tvc.shape[3], g_names.new_empty, tout);
   if (!out) return nb::none();
-  return run_released(out, [&] {
-    return anyattn_fwd_kvcache(&tq, &tkc, &tvc, &tout, nullptr, &cache, &params);
+  nb::object result = run_released(out, [&] {
+    return anyattn_fwd_kvcache(&tq, &tkc, &tvc, &tout, want_lse ? &tlse : nullptr, &cache,
+                               &params);
   });
+  if (result.is_none() || !want_lse) return result;
+  return nb::make_tuple(result, lse);
 }
 
 // The longest sequence of a cu_seqlens tensor (i32, 1-D, unit stride, as describe_tensor
@@ -552,23 +612,16 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
                                           nb::handle v_token_scale) {
   if (!g_torch.tensor_type) return nb::none();
   anyattn_fwd_params params;
+  anyattn_tensor talibi{}, tsinks{};
   if (!read_attention_options(dropout_p.ptr(), softmax_scale.ptr(), causal.ptr(),
-                              window_size.ptr(), softcap.ptr(), alibi_slopes.ptr(), Py_False,
-                              Py_None, params) ||
+                              window_size.ptr(), softcap.ptr(), Py_None, Py_False, Py_None,
+                              params) ||
       !read_num_splits(num_splits.ptr(), params) ||
+      !read_head_tensors(alibi_slopes.ptr(), sinks.ptr(), talibi, tsinks, params) ||
       (return_attn_probs.ptr() != Py_True && return_attn_probs.ptr() != Py_False)) {
     return nb::none();
   }
   const bool want_lse = return_attn_probs.ptr() == Py_True;
-  // Sinks: float32 logits (Hq), the one per-head tensor these calls take here (gpt-oss's).
-  anyattn_tensor tsinks{};
-  if (!sinks.is_none()) {
-    if (!describe_tensor(sinks.ptr(), 1, Elements::kFloat, tsinks) ||
-        tsinks.dtype != ANYATTN_DTYPE_F32 || needs_autograd({sinks.ptr()})) {
-      return nb::none();
-    }
-    params.sinks = &tsinks;
-  }
   anyattn_kvcache_params cache;
   anyattn_kvcache_params_init(&cache);
   anyattn_tensor tq{}, tkc{}, tvc{}, tcq{}, tseqlens{}, tblocks{}, tscales[4]{};
@@ -666,9 +719,11 @@ void register_torch_plain_call(nb::module_& m) {
         nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
         nb::arg("k_token_scale").none() = nb::none(),
         nb::arg("v_token_scale").none() = nb::none(),
-        "flash_attn_with_kvcache's arguments, in its order: the output when the call is plain "
-        "and ran (new keys and values appended in place, quantized into an 8-bit cache); "
-        "otherwise None, with nothing changed. Releases the GIL while the kernel runs.");
+        "flash_attn_with_kvcache's arguments, in its order: the output, or (out, lse) with "
+        "return_softmax_lse, when the call is plain and ran (new keys and values appended in "
+        "place, rotated first with rotary tables, quantized into an 8-bit cache); otherwise None, "
+        "with nothing changed. ALiBi slopes, sinks and scales in float32. Releases the GIL while "
+        "the kernel runs.");
   m.def("fwd_kvcache_varlen_torch_plain", &fwd_kvcache_varlen_torch_plain,
         nb::arg("q").none(), nb::arg("k_cache").none(), nb::arg("v_cache").none(),
         nb::arg("cu_seqlens_q").none(), nb::arg("max_seqlen_q").none(),
@@ -683,7 +738,7 @@ void register_torch_plain_call(nb::module_& m) {
         "flash_attn_varlen_func with block_table and seqused_k, the FA3/FA4 cache calls with "
         "cu_seqlens_q): the output when the call is plain and ran (rows outside every sequence "
         "0); otherwise None, with nothing changed. max_seqlen_q None: the longest sequence of "
-        "cu_seqlens_q; sinks None or float32 (Hq,); the scales of an 8-bit cache None or "
-        "float32; return_attn_probs: (out, lse (Hq, total_q) float32, -inf outside every "
-        "sequence) instead of out. Releases the GIL while the kernel runs.");
+        "cu_seqlens_q; ALiBi slopes, sinks and the scales of an 8-bit cache in float32; "
+        "return_attn_probs: (out, lse (Hq, total_q) float32, -inf outside every sequence) "
+        "instead of out. Releases the GIL while the kernel runs.");
 }

@@ -180,6 +180,8 @@ def _ordinary_kvcache(q, k_cache, v_cache, **kwargs):
     flash_attn_with_kvcache go through the anyattn::fwd_kvcache op, never the fast path."""
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
     out = anyattn.flash_attn_with_kvcache(q.clone().requires_grad_(), k_cache, v_cache, **kwargs)
+    if isinstance(out, tuple):
+        return tuple(x.detach() for x in out), k_cache, v_cache
     return out.detach(), k_cache, v_cache
 
 
@@ -209,12 +211,21 @@ def _declined_kvcache_cases():
     q, k_cache, v_cache, k, v, seqlens, _ = _cache_call(new=1)
     base = dict(k=k, v=v, cache_seqlens=seqlens)
     rotary = torch.randn(16, 8)
-    yield "rotary", dict(base, rotary_cos=rotary, rotary_sin=rotary)
-    yield "cache_batch_idx", dict(base, cache_batch_idx=torch.tensor([1, 0], dtype=torch.int32))
-    yield "cache_leftpad", dict(base, cache_leftpad=torch.tensor([0, 1], dtype=torch.int32))
-    yield "alibi", dict(base, alibi_slopes=torch.rand(4))
-    yield "sinks", dict(base, sinks=torch.randn(4))
-    yield "return_softmax_lse", dict(base, return_softmax_lse=True)
+    yield "rotary without new keys", dict(cache_seqlens=seqlens, rotary_cos=rotary,
+                                          rotary_sin=rotary)
+    yield "rotary_cos alone", dict(base, rotary_cos=rotary)
+    yield "rotary_interleaved an int", dict(base, rotary_cos=rotary, rotary_sin=rotary,
+                                            rotary_interleaved=1)
+    yield "int64 cache_batch_idx", dict(base, cache_batch_idx=torch.tensor([1, 0]))
+    yield "repeated cache_batch_idx", dict(base, cache_batch_idx=torch.tensor(
+        [1, 1], dtype=torch.int32))
+    yield "cache_leftpad past the keys", dict(base, cache_leftpad=torch.tensor(
+        [0, 10], dtype=torch.int32))
+    yield "float16 alibi", dict(base, alibi_slopes=torch.rand(4).half())
+    yield "alibi that requires grad", dict(base, alibi_slopes=torch.rand(4, requires_grad=True))
+    yield "bfloat16 sinks", dict(base, sinks=torch.randn(4).bfloat16())
+    yield "sinks a Parameter", dict(base, sinks=torch.nn.Parameter(torch.randn(4)))
+    yield "return_softmax_lse an int", dict(base, return_softmax_lse=1)
     yield "int64 cache_seqlens", dict(base, cache_seqlens=seqlens.long())
     yield "list cache_seqlens", dict(base, cache_seqlens=[5, 9])
     yield "negative cache_seqlens", dict(base, cache_seqlens=-1)
@@ -234,6 +245,44 @@ def test_kvcache_declines_calls_that_are_not_plain_and_writes_nothing(name, kwar
     k_before, v_before = k_cache.clone(), v_cache.clone()
     assert _plain_kvcache(q, k_cache, v_cache, **kwargs) is None
     assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before)
+
+
+_KVCACHE_EXTRAS = {
+    "rotary": {"rotary": True, "causal": True},
+    "rotary neox alibi": {"rotary": True, "rotary_interleaved": False,
+                          "alibi_slopes": torch.rand(4)},
+    "alibi 2-D sinks": {"alibi_slopes": torch.rand(2, 4), "sinks": torch.linspace(-1.0, 2.0, 4)},
+    "lse": {"return_softmax_lse": True, "sinks": torch.linspace(-1.0, 2.0, 4), "causal": True},
+}
+_CONTIGUOUS_EXTRAS = {  # cache_batch_idx and cache_leftpad address contiguous caches
+    "cache_batch_idx": {"cache_batch_idx": torch.tensor([1, 0], dtype=torch.int32),
+                        "causal": True},
+    "cache_leftpad": {"cache_leftpad": torch.tensor([0, 2], dtype=torch.int32), "causal": True},
+}
+_EXTRA_CASES = ([(False, name) for name in {**_KVCACHE_EXTRAS, **_CONTIGUOUS_EXTRAS}]
+                + [(True, name) for name in _KVCACHE_EXTRAS])
+
+
+@pytest.mark.parametrize("paged,name", _EXTRA_CASES)
+def test_kvcache_runs_calls_with_rotary_indices_and_per_head_tensors_like_the_ordinary_path(
+        paged, name):
+    kwargs = dict({**_KVCACHE_EXTRAS, **_CONTIGUOUS_EXTRAS}[name])
+    q, k_cache, v_cache, k, v, seqlens, block_table = _cache_call(torch.bfloat16, new=2,
+                                                                  paged=paged)
+    if kwargs.pop("rotary", False):
+        angles = torch.rand(24, 8) * 3
+        kwargs.update(rotary_cos=angles.cos(), rotary_sin=angles.sin())
+    call = dict(k=k, v=v, cache_seqlens=seqlens, block_table=block_table, **kwargs)
+    expected, k_expected, v_expected = _ordinary_kvcache(q, k_cache, v_cache, **call)
+    result = _plain_kvcache(q, k_cache, v_cache, **call)
+    assert result is not None
+    if kwargs.get("return_softmax_lse"):
+        out, lse = result
+        assert lse.dtype == torch.float32 and lse.shape == (2, 4, 1)
+        assert torch.equal(lse, expected[1]) and torch.equal(out, expected[0])
+    else:
+        assert torch.equal(result, expected)
+    assert torch.equal(k_cache, k_expected) and torch.equal(v_cache, v_expected)
 
 
 def test_flash_attn_with_kvcache_takes_the_fast_path_for_plain_calls(monkeypatch):
@@ -420,6 +469,18 @@ def test_cache_varlen_runs_plain_calls_bitwise_like_the_ordinary_path(dtype, pag
     assert not out[0].any() and not out[12].any()  # rows of no sequence are 0, as ordinarily
 
 
+@pytest.mark.parametrize("alibi_slopes", [torch.rand(4), torch.rand(3, 4)], ids=["1-D", "2-D"])
+def test_paged_varlen_with_alibi_runs_bitwise_like_the_ordinary_path(alibi_slopes):
+    q, k_cache, v_cache, table, cu_q, used = _cache_varlen(torch.bfloat16)
+    out = _cache_varlen_plain(q, k_cache, v_cache, cu_q, used, table, max_q=8, causal=True,
+                              alibi_slopes=alibi_slopes)
+    assert out is not None
+    want = anyattn.flash_attn_varlen_func(q.clone().requires_grad_(), k_cache, v_cache, cu_q,
+                                          None, 8, 13, causal=True, seqused_k=used,
+                                          block_table=table, alibi_slopes=alibi_slopes)
+    assert torch.equal(out, want.detach())
+
+
 def test_cache_varlen_checks_a_given_max_seqlen_q():
     q, k_cache, v_cache, table, cu_q, used = _cache_varlen()
     assert _cache_varlen_plain(q, k_cache, v_cache, cu_q, used, table, max_q=8) is not None
@@ -429,7 +490,7 @@ def test_cache_varlen_checks_a_given_max_seqlen_q():
 def _cache_varlen_declined_cases():
     q, k_cache, v_cache, table, cu_q, used = _cache_varlen()
     base = (q, k_cache, v_cache, cu_q, used, table)
-    yield "alibi", base, {"alibi_slopes": torch.ones(4)}
+    yield "float16 alibi", base, {"alibi_slopes": torch.ones(4, dtype=torch.float16)}
     yield "bfloat16 sinks", base, {"sinks": torch.zeros(4, dtype=torch.bfloat16)}
     yield "sinks that require grad", base, {"sinks": torch.zeros(4, requires_grad=True)}
     yield "sinks a Parameter", base, {"sinks": torch.nn.Parameter(torch.zeros(4))}
@@ -719,3 +780,33 @@ def test_cache_calls_that_return_the_lse_take_the_fast_path(monkeypatch, name, c
     out, lse = call(q, k_cache, v_cache, table, cu_q, used)
     assert torch.equal(out, planned[0])
     assert lse.shape == planned[1].shape and torch.equal(lse, planned[1])
+
+
+def test_flash_attn_with_kvcache_with_rotary_sinks_and_the_lse_takes_the_fast_path(monkeypatch):
+    """flash-attn's own decode call (rotary tables, new keys) and gpt-oss's (sinks in a bfloat16
+    Parameter), through flash_attn_with_kvcache and FA3's batched call."""
+    from anyattn import fa3_interface, kvcache
+
+    q, k_cache, v_cache, k, v, seqlens, _ = _cache_call(torch.bfloat16, new=1)
+    angles = torch.rand(16, 8) * 3
+    sinks = torch.nn.Parameter(torch.linspace(-1.0, 2.0, 4).to(torch.bfloat16),
+                               requires_grad=False)
+    call = dict(cache_seqlens=seqlens, rotary_cos=angles.cos(), rotary_sin=angles.sin(),
+                causal=True)
+    want, k_want, v_want = _ordinary_kvcache(q, k_cache, v_cache, k=k, v=v,
+                                             return_softmax_lse=True, sinks=sinks, **call)
+    want_fa3 = fa3_interface.flash_attn_with_kvcache(
+        q.clone().requires_grad_(), k_cache.clone(), v_cache.clone(), k, v, sinks=sinks,
+        **call).detach()
+
+    def ordinary_path(*args, **kwargs):
+        raise AssertionError("the ordinary path ran")
+
+    monkeypatch.setattr(kvcache, "make_options", ordinary_path)
+    fa3_k, fa3_v = k_cache.clone(), v_cache.clone()
+    out, lse = anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v,
+                                               return_softmax_lse=True, sinks=sinks, **call)
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    assert torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want)
+    assert torch.equal(fa3_interface.flash_attn_with_kvcache(q, fa3_k, fa3_v, k, v, sinks=sinks,
+                                                             **call), want_fa3)
