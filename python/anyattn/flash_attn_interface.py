@@ -17,11 +17,12 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from . import _core, _dispatch
+from ._arguments import _empty_s_dmask
 from ._checks import check_dense_shapes, check_per_head, check_same_dtype
 from ._cpu import numpy_forward, reject_numpy_dropout
 from ._kernel_options import kernel_options, kernel_query
 from ._options import AttnOptions, make_options
-from ._plain_call import tracing
+from ._plain_call import float32_per_head, tracing
 from ._tensors import is_torch_tensor, numpy_dtype_code, torch_dtype_code, torch_module
 from .kvcache import flash_attn_with_kvcache
 from .varlen import (
@@ -225,7 +226,10 @@ def flash_attn_func(
     """
     if not tracing():  # a plain CPU torch call runs in one C function (_plain_call.py)
         out = _core.fwd_torch_plain(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                                    alibi_slopes, return_attn_probs, sinks)
+                                    float32_per_head(alibi_slopes), return_attn_probs,
+                                    float32_per_head(sinks))
+        if isinstance(out, tuple):  # (out, lse): return_attn_probs
+            return out + (_empty_s_dmask(q),)
         if out is not None:
             return out
     options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)

@@ -233,18 +233,19 @@ def flash_attn_varlen_func(
         # A plain CPU torch call runs in one C function (_plain_call.py); against a paged cache
         # (8-bit too) when seqused_k gives the key counts.
         out = None
+        alibi, head_sinks = float32_per_head(alibi_slopes), float32_per_head(sinks)
         if block_table is None and scale_args == (None,) * 4:
             out = _core.fwd_varlen_torch_plain(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                max_seqlen_k, dropout_p, softmax_scale, causal,
-                                               window_size, softcap, alibi_slopes,
-                                               return_attn_probs, sinks, seqused_k)
+                                               window_size, softcap, alibi, return_attn_probs,
+                                               head_sinks, seqused_k)
         elif block_table is not None and seqused_k is not None and max_seqlen_q is not None:
             out = _core.fwd_kvcache_varlen_torch_plain(
                 q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, block_table, dropout_p,
-                softmax_scale, causal, window_size, softcap, float32_per_head(alibi_slopes),
-                return_attn_probs, float32_per_head(sinks), 0, *scale_args)
-            if isinstance(out, tuple):  # (out, lse): return_attn_probs
-                out = out + (_empty_s_dmask(q),)
+                softmax_scale, causal, window_size, softcap, alibi, return_attn_probs,
+                head_sinks, 0, *scale_args)
+        if isinstance(out, tuple):  # (out, lse): return_attn_probs
+            return out + (_empty_s_dmask(q),)
         if out is not None:
             return out
     options = make_options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic)

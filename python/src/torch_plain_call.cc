@@ -296,6 +296,34 @@ PyObject* new_output(PyObject* q, const anyattn_tensor& tq, int64_t dv, PyObject
   return new_tensor(q, shape, tq.ndim, factory, tq.dtype, nullptr, tout);
 }
 
+// -inf in the rows of `lse` (Hq, total_q) outside every sequence of `cu` (cu_seqlens_q): those
+// before its first entry and from its last on, which the library does not write. The entries are
+// clamped to the rows (the library validates them).
+void clear_rows_outside(const anyattn_tensor& cu, const anyattn_tensor& lse) {
+  const int32_t* starts = static_cast<const int32_t*>(cu.data);
+  const int64_t total = lse.shape[1];
+  const int64_t first = std::clamp<int64_t>(starts[0], 0, total);
+  const int64_t last = std::clamp<int64_t>(starts[cu.shape[0] - 1], first, total);
+  float* row = static_cast<float*>(lse.data);
+  for (int64_t h = 0; h < lse.shape[0]; ++h, row += total) {
+    std::fill(row, row + first, -std::numeric_limits<float>::infinity());
+    std::fill(row + last, row + total, -std::numeric_limits<float>::infinity());
+  }
+}
+
+// A new float32 LSE of `shape` (`ndim` extents) made like `q`, described in `tlse`; an invalid
+// object on failure. Rows the library does not write are the caller's to fill.
+nb::object new_lse(PyObject* q, const int64_t* shape, int ndim, anyattn_tensor& tlse) {
+  return nb::steal(new_tensor(q, shape, ndim, g_names.new_empty, ANYATTN_DTYPE_F32,
+                              g_torch.float32, tlse));
+}
+
+// A call's result: `out` (None when the call failed), or (out, lse) when the LSE was asked for.
+nb::object with_lse(nb::object out, nb::object lse) {
+  if (out.is_none() || !lse.is_valid()) return out;
+  return nb::make_tuple(out, lse);
+}
+
 // Runs `call` (a library call that writes `out`) with the GIL released; `out` on success, None
 // on any failure (a shape the library rejects, memory), which the ordinary path then reports.
 template <class Call>
@@ -310,16 +338,55 @@ nb::object run_released(PyObject* out, Call call) {
   return result;
 }
 
-// The options of flash_attn_func and flash_attn_varlen_func when they describe a plain call: no
-// ALiBi, sinks, LSE or dropout, and plain score options (read_score_options).
+// The number of dimensions of a tensor-like object (its shape's length), or -1.
+int tensor_rank(PyObject* obj) {
+  Ref shape(PyObject_GetAttr(obj, g_names.shape));
+  if (!shape || !PyTuple_Check(shape.get())) {
+    PyErr_Clear();
+    return -1;
+  }
+  return static_cast<int>(PyTuple_GET_SIZE(shape.get()));
+}
+
+// The per-head tensors of a call into `params`, described in `talibi` and `tsinks`: ALiBi slopes
+// (Hq) or (B, Hq) and sink logits (Hq), each None or a float32 CPU tensor that needs no gradient
+// (the library checks their shapes). False for anything else, which the ordinary path converts
+// or rejects.
+bool read_head_tensors(PyObject* alibi_slopes, PyObject* sinks, anyattn_tensor& talibi,
+                       anyattn_tensor& tsinks, anyattn_fwd_params& params) {
+  if (alibi_slopes != Py_None) {
+    const int rank = tensor_rank(alibi_slopes);
+    if ((rank != 1 && rank != 2) ||
+        !describe_tensor(alibi_slopes, rank, Elements::kFloat, talibi) ||
+        talibi.dtype != ANYATTN_DTYPE_F32) {
+      return false;
+    }
+    params.alibi_slopes = &talibi;
+  }
+  if (sinks != Py_None) {
+    if (!describe_tensor(sinks, 1, Elements::kFloat, tsinks) ||
+        tsinks.dtype != ANYATTN_DTYPE_F32) {
+      return false;
+    }
+    params.sinks = &tsinks;
+  }
+  return !needs_autograd({alibi_slopes, sinks});
+}
+
+// The options of flash_attn_func and flash_attn_varlen_func (with or without a paged cache) when
+// they describe a plain call: no dropout, float32 per-head tensors (read_head_tensors, described
+// in `talibi` and `tsinks`), plain score options, and return_attn_probs a bool (`want_lse`).
 bool read_attention_options(PyObject* dropout_p, PyObject* softmax_scale, PyObject* causal,
                             PyObject* window_size, PyObject* softcap, PyObject* alibi_slopes,
                             PyObject* return_attn_probs, PyObject* sinks,
-                            anyattn_fwd_params& params) {
-  if (alibi_slopes != Py_None || sinks != Py_None || return_attn_probs != Py_False) return false;
+                            anyattn_fwd_params& params, anyattn_tensor& talibi,
+                            anyattn_tensor& tsinks, bool& want_lse) {
+  if (return_attn_probs != Py_True && return_attn_probs != Py_False) return false;
+  want_lse = return_attn_probs == Py_True;
   double dropout = 0.0;
   if (!read_number(dropout_p, dropout) || dropout != 0.0) return false;
-  return read_score_options(softmax_scale, causal, window_size, softcap, params);
+  return read_score_options(softmax_scale, causal, window_size, softcap, params) &&
+         read_head_tensors(alibi_slopes, sinks, talibi, tsinks, params);
 }
 
 // q, k and v of `ndim` dimensions and one float dtype, none of which autograd must record.
@@ -337,17 +404,28 @@ nb::object fwd_torch_plain(nb::handle q, nb::handle k, nb::handle v, nb::handle 
                            nb::handle sinks) {
   if (!g_torch.tensor_type) return nb::none();
   anyattn_fwd_params params;
-  anyattn_tensor tq{}, tk{}, tv{};
+  bool want_lse = false;
+  anyattn_tensor tq{}, tk{}, tv{}, talibi{}, tsinks{}, tlse{};
   if (!read_attention_options(dropout_p.ptr(), softmax_scale.ptr(), causal.ptr(),
                               window_size.ptr(), softcap.ptr(), alibi_slopes.ptr(),
-                              return_attn_probs.ptr(), sinks.ptr(), params) ||
+                              return_attn_probs.ptr(), sinks.ptr(), params, talibi, tsinks,
+                              want_lse) ||
       !describe_qkv(q, k, v, 4, tq, tk, tv)) {
     return nb::none();
+  }
+  nb::object lse;
+  if (want_lse) {  // (B, Hq, Sq): every row is written
+    const int64_t shape[3] = {tq.shape[0], tq.shape[2], tq.shape[1]};
+    lse = new_lse(q.ptr(), shape, 3, tlse);
+    if (!lse.is_valid()) return nb::none();
   }
   anyattn_tensor tout{};
   PyObject* out = new_output(q.ptr(), tq, tv.shape[3], g_names.new_empty, tout);
   if (!out) return nb::none();
-  return run_released(out, [&] { return anyattn_fwd(&tq, &tk, &tv, &tout, nullptr, &params); });
+  return with_lse(run_released(out, [&] {
+                    return anyattn_fwd(&tq, &tk, &tv, &tout, want_lse ? &tlse : nullptr, &params);
+                  }),
+                  lse);
 }
 
 // An exact int >= 0 (a maximum sequence length); false otherwise.
@@ -369,11 +447,13 @@ nb::object fwd_varlen_torch_plain(nb::handle q, nb::handle k, nb::handle v,
                                   nb::handle sinks, nb::handle seqused_k) {
   if (!g_torch.tensor_type) return nb::none();
   anyattn_fwd_params params;
+  bool want_lse = false;
   int64_t max_q = 0, max_k = 0;
-  anyattn_tensor tq{}, tk{}, tv{}, tcq{}, tck{}, tused{};
+  anyattn_tensor tq{}, tk{}, tv{}, tcq{}, tck{}, tused{}, talibi{}, tsinks{}, tlse{};
   if (!read_attention_options(dropout_p.ptr(), softmax_scale.ptr(), causal.ptr(),
                               window_size.ptr(), softcap.ptr(), alibi_slopes.ptr(),
-                              return_attn_probs.ptr(), sinks.ptr(), params) ||
+                              return_attn_probs.ptr(), sinks.ptr(), params, talibi, tsinks,
+                              want_lse) ||
       !read_length(max_seqlen_q.ptr(), max_q) || !read_length(max_seqlen_k.ptr(), max_k) ||
       !describe_qkv(q, k, v, 3, tq, tk, tv) ||
       !describe_tensor(cu_seqlens_q.ptr(), 1, Elements::kInt32, tcq) ||
@@ -381,15 +461,23 @@ nb::object fwd_varlen_torch_plain(nb::handle q, nb::handle k, nb::handle v,
       (!seqused_k.is_none() && !describe_tensor(seqused_k.ptr(), 1, Elements::kInt32, tused))) {
     return nb::none();
   }
+  nb::object lse;
+  if (want_lse) {
+    const int64_t shape[2] = {tq.shape[1], tq.shape[0]};
+    lse = new_lse(q.ptr(), shape, 2, tlse);
+    if (!lse.is_valid()) return nb::none();
+    clear_rows_outside(tcq, tlse);
+  }
   anyattn_tensor tout{};
   // Rows outside every sequence are not written by the library; the ordinary path returns 0.
   PyObject* out = new_output(q.ptr(), tq, tv.shape[2], g_names.new_zeros, tout);
   if (!out) return nb::none();
   const anyattn_tensor* used = seqused_k.is_none() ? nullptr : &tused;
-  return run_released(out, [&] {
-    return anyattn_fwd_varlen(&tq, &tk, &tv, &tout, nullptr, &tcq, &tck, used, max_q, max_k,
-                              &params);
-  });
+  return with_lse(run_released(out, [&] {
+                    return anyattn_fwd_varlen(&tq, &tk, &tv, &tout, want_lse ? &tlse : nullptr,
+                                              &tcq, &tck, used, max_q, max_k, &params);
+                  }),
+                  lse);
 }
 
 // cache_seqlens of a plain call: None (the whole cache), an exact int >= 0, or an int32 (B,)
@@ -406,16 +494,6 @@ bool read_cache_seqlens(PyObject* obj, anyattn_tensor& tensor, anyattn_kvcache_p
   if (!describe_tensor(obj, 1, Elements::kInt32, tensor)) return false;
   cache.cache_seqlens = &tensor;
   return true;
-}
-
-// The number of dimensions of a tensor-like object (its shape's length), or -1.
-int tensor_rank(PyObject* obj) {
-  Ref shape(PyObject_GetAttr(obj, g_names.shape));
-  if (!shape || !PyTuple_Check(shape.get())) {
-    PyErr_Clear();
-    return -1;
-  }
-  return static_cast<int>(PyTuple_GET_SIZE(shape.get()));
 }
 
 // The scales of an 8-bit cache into `cache`, described in `tensors`: k_descale and v_descale
@@ -452,31 +530,6 @@ bool read_num_splits(PyObject* obj, anyattn_fwd_params& params) {
   if (overflow != 0 || splits < 0 || splits > INT32_MAX) return false;
   params.num_splits = static_cast<int32_t>(splits);
   return true;
-}
-
-// The per-head tensors of a cache call into `params`, described in `talibi` and `tsinks`: ALiBi
-// slopes (Hq) or (B, Hq) and sink logits (Hq), each None or a float32 CPU tensor that needs no
-// gradient (the library checks their shapes). False for anything else, which the ordinary path
-// converts or rejects.
-bool read_head_tensors(PyObject* alibi_slopes, PyObject* sinks, anyattn_tensor& talibi,
-                       anyattn_tensor& tsinks, anyattn_fwd_params& params) {
-  if (alibi_slopes != Py_None) {
-    const int rank = tensor_rank(alibi_slopes);
-    if ((rank != 1 && rank != 2) ||
-        !describe_tensor(alibi_slopes, rank, Elements::kFloat, talibi) ||
-        talibi.dtype != ANYATTN_DTYPE_F32) {
-      return false;
-    }
-    params.alibi_slopes = &talibi;
-  }
-  if (sinks != Py_None) {
-    if (!describe_tensor(sinks, 1, Elements::kFloat, tsinks) ||
-        tsinks.dtype != ANYATTN_DTYPE_F32) {
-      return false;
-    }
-    params.sinks = &tsinks;
-  }
-  return !needs_autograd({alibi_slopes, sinks});
 }
 
 // An optional int32 (B) index tensor (cache_batch_idx, cache_leftpad) into `slot`.
@@ -557,19 +610,17 @@ nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle 
   nb::object lse;
   if (want_lse) {  // (B, Hq, Sq): every row is written
     const int64_t shape[3] = {tq.shape[0], tq.shape[2], tq.shape[1]};
-    lse = nb::steal(new_tensor(q.ptr(), shape, 3, g_names.new_empty, ANYATTN_DTYPE_F32,
-                               g_torch.float32, tlse));
+    lse = new_lse(q.ptr(), shape, 3, tlse);
     if (!lse.is_valid()) return nb::none();
   }
   anyattn_tensor tout{};
   PyObject* out = new_output(q.ptr(), tq, tvc.shape[3], g_names.new_empty, tout);
   if (!out) return nb::none();
-  nb::object result = run_released(out, [&] {
-    return anyattn_fwd_kvcache(&tq, &tkc, &tvc, &tout, want_lse ? &tlse : nullptr, &cache,
-                               &params);
-  });
-  if (result.is_none() || !want_lse) return result;
-  return nb::make_tuple(result, lse);
+  return with_lse(run_released(out, [&] {
+                    return anyattn_fwd_kvcache(&tq, &tkc, &tvc, &tout, want_lse ? &tlse : nullptr,
+                                               &cache, &params);
+                  }),
+                  lse);
 }
 
 // The longest sequence of a cu_seqlens tensor (i32, 1-D, unit stride, as describe_tensor
@@ -585,21 +636,6 @@ bool longest_sequence(const anyattn_tensor& cu, int64_t& longest) {
   return true;
 }
 
-// -inf in the rows of `lse` (Hq, total_q) outside every sequence of `cu` (cu_seqlens_q): those
-// before its first entry and from its last on, which the library does not write. The entries are
-// clamped to the rows (the library validates them).
-void clear_rows_outside(const anyattn_tensor& cu, const anyattn_tensor& lse) {
-  const int32_t* starts = static_cast<const int32_t*>(cu.data);
-  const int64_t total = lse.shape[1];
-  const int64_t first = std::clamp<int64_t>(starts[0], 0, total);
-  const int64_t last = std::clamp<int64_t>(starts[cu.shape[0] - 1], first, total);
-  float* row = static_cast<float*>(lse.data);
-  for (int64_t h = 0; h < lse.shape[0]; ++h, row += total) {
-    std::fill(row, row + first, -std::numeric_limits<float>::infinity());
-    std::fill(row + last, row + total, -std::numeric_limits<float>::infinity());
-  }
-}
-
 nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::handle v_cache,
                                           nb::handle cu_seqlens_q, nb::handle max_seqlen_q,
                                           nb::handle cache_seqlens, nb::handle block_table,
@@ -612,16 +648,15 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
                                           nb::handle v_token_scale) {
   if (!g_torch.tensor_type) return nb::none();
   anyattn_fwd_params params;
+  bool want_lse = false;
   anyattn_tensor talibi{}, tsinks{};
   if (!read_attention_options(dropout_p.ptr(), softmax_scale.ptr(), causal.ptr(),
-                              window_size.ptr(), softcap.ptr(), Py_None, Py_False, Py_None,
-                              params) ||
-      !read_num_splits(num_splits.ptr(), params) ||
-      !read_head_tensors(alibi_slopes.ptr(), sinks.ptr(), talibi, tsinks, params) ||
-      (return_attn_probs.ptr() != Py_True && return_attn_probs.ptr() != Py_False)) {
+                              window_size.ptr(), softcap.ptr(), alibi_slopes.ptr(),
+                              return_attn_probs.ptr(), sinks.ptr(), params, talibi, tsinks,
+                              want_lse) ||
+      !read_num_splits(num_splits.ptr(), params)) {
     return nb::none();
   }
-  const bool want_lse = return_attn_probs.ptr() == Py_True;
   anyattn_kvcache_params cache;
   anyattn_kvcache_params_init(&cache);
   anyattn_tensor tq{}, tkc{}, tvc{}, tcq{}, tseqlens{}, tblocks{}, tscales[4]{};
@@ -647,8 +682,7 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
   nb::object lse;
   if (want_lse) {
     const int64_t shape[2] = {tq.shape[1], tq.shape[0]};
-    lse = nb::steal(new_tensor(q.ptr(), shape, 2, g_names.new_empty, ANYATTN_DTYPE_F32,
-                               g_torch.float32, tlse));
+    lse = new_lse(q.ptr(), shape, 2, tlse);
     if (!lse.is_valid()) return nb::none();
     clear_rows_outside(tcq, tlse);
   }
@@ -656,12 +690,12 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
   // Rows outside every sequence are not written by the library; the ordinary path returns 0.
   PyObject* out = new_output(q.ptr(), tq, tvc.shape[3], g_names.new_zeros, tout);
   if (!out) return nb::none();
-  nb::object result = run_released(out, [&] {
-    return anyattn_fwd_kvcache_varlen(&tq, &tkc, &tvc, &tout, want_lse ? &tlse : nullptr, &tcq,
-                                      max_q, &cache, &params);
-  });
-  if (result.is_none() || !want_lse) return result;
-  return nb::make_tuple(result, lse);
+  return with_lse(run_released(out, [&] {
+                    return anyattn_fwd_kvcache_varlen(&tq, &tkc, &tvc, &tout,
+                                                      want_lse ? &tlse : nullptr, &tcq, max_q,
+                                                      &cache, &params);
+                  }),
+                  lse);
 }
 
 PyObject* intern(const char* name) { return PyUnicode_InternFromString(name); }
@@ -694,9 +728,9 @@ void register_torch_plain_call(nb::module_& m) {
         nb::arg("causal").none(), nb::arg("window_size").none(), nb::arg("softcap").none(),
         nb::arg("alibi_slopes").none(), nb::arg("return_attn_probs").none(),
         nb::arg("sinks").none(),
-        "flash_attn_func's arguments, in its order: the output when the call is plain (see "
-        "torch_plain_call.cc) and ran; otherwise None, with nothing changed. Releases the GIL "
-        "while the kernel runs.");
+        "flash_attn_func's arguments, in its order: the output, or (out, lse (B, Hq, Sq)) with "
+        "return_attn_probs, when the call is plain (see torch_plain_call.cc) and ran; otherwise "
+        "None, with nothing changed. Releases the GIL while the kernel runs.");
   m.def("fwd_varlen_torch_plain", &fwd_varlen_torch_plain, nb::arg("q").none(),
         nb::arg("k").none(), nb::arg("v").none(), nb::arg("cu_seqlens_q").none(),
         nb::arg("cu_seqlens_k").none(), nb::arg("max_seqlen_q").none(),
@@ -704,9 +738,10 @@ void register_torch_plain_call(nb::module_& m) {
         nb::arg("softmax_scale").none(), nb::arg("causal").none(), nb::arg("window_size").none(),
         nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
         nb::arg("return_attn_probs").none(), nb::arg("sinks").none(), nb::arg("seqused_k").none(),
-        "flash_attn_varlen_func's arguments (without block_table and scales): the output when the "
-        "call is plain and ran (rows outside every sequence 0); otherwise None, with nothing "
-        "changed. Releases the GIL while the kernel runs.");
+        "flash_attn_varlen_func's arguments (without block_table and scales): the output, or "
+        "(out, lse (Hq, total_q)) with return_attn_probs, when the call is plain and ran (rows "
+        "outside every sequence 0 in out, -inf in lse); otherwise None, with nothing changed. "
+        "Releases the GIL while the kernel runs.");
   m.def("fwd_kvcache_torch_plain", &fwd_kvcache_torch_plain, nb::arg("q").none(),
         nb::arg("k_cache").none(), nb::arg("v_cache").none(), nb::arg("k").none(),
         nb::arg("v").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),

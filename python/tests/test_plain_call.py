@@ -34,7 +34,8 @@ def _ordinary(q, k, v, **kwargs):
     """The ordinary path's result: inputs that require grad make flash_attn_func go through the
     anyattn::fwd op, never the fast path."""
     args = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    return anyattn.flash_attn_func(*args, **kwargs).detach()
+    out = anyattn.flash_attn_func(*args, **kwargs)
+    return tuple(x.detach() for x in out) if isinstance(out, tuple) else out.detach()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -52,6 +53,25 @@ def test_runs_plain_calls_bitwise_like_the_ordinary_path(dtype, kwargs):
     assert out is not None
     assert out.dtype == dtype and out.shape == (2, 3, 4, 16) and out.is_contiguous()
     assert torch.equal(out, _ordinary(q, k, v, **kwargs))
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"alibi_slopes": torch.rand(4), "causal": True},
+    {"alibi_slopes": torch.rand(2, 4)},
+    {"sinks": torch.linspace(-1.0, 2.0, 4), "window_size": (2, 0)},
+    {"return_attn_probs": True, "sinks": torch.linspace(-1.0, 2.0, 4), "causal": True},
+], ids=["alibi", "alibi 2-D", "sinks", "lse"])
+def test_runs_calls_with_per_head_tensors_and_the_lse_bitwise_like_the_ordinary_path(kwargs):
+    q, k, v = _qkv(dtype=torch.bfloat16, dv=16)
+    result = _plain(q, k, v, **kwargs)
+    want = _ordinary(q, k, v, **kwargs)
+    assert result is not None
+    if kwargs.get("return_attn_probs"):
+        out, lse = result
+        assert lse.shape == (2, 4, 3) and lse.dtype == torch.float32
+        assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    else:
+        assert torch.equal(result, want)
 
 
 def test_reads_strided_views_in_place():
@@ -77,9 +97,11 @@ def _declined_cases():
     yield "q requires grad", (q.clone().requires_grad_(), k, v), {}
     yield "v requires grad", (q, k, v.clone().requires_grad_()), {}
     yield "dropout", (q, k, v), {"dropout_p": 0.1}
-    yield "alibi", (q, k, v), {"alibi_slopes": torch.rand(4)}
-    yield "sinks", (q, k, v), {"sinks": torch.randn(4)}
-    yield "return_attn_probs", (q, k, v), {"return_attn_probs": True}
+    yield "float16 alibi", (q, k, v), {"alibi_slopes": torch.rand(4).half()}
+    yield "bfloat16 sinks", (q, k, v), {"sinks": torch.randn(4).bfloat16()}
+    yield "sinks that require grad", (q, k, v), {"sinks": torch.randn(4, requires_grad=True)}
+    yield "sinks of the wrong length", (q, k, v), {"sinks": torch.randn(5)}
+    yield "return_attn_probs an int", (q, k, v), {"return_attn_probs": 1}
     yield "explicit scale 0", (q, k, v), {"softmax_scale": 0.0}
     yield "scale nan", (q, k, v), {"softmax_scale": float("nan")}
     yield "scale a bool", (q, k, v), {"softmax_scale": True}
@@ -111,9 +133,14 @@ def test_flash_attn_func_takes_the_fast_path_for_plain_calls(monkeypatch):
     def no_ordinary_path(*args, **kwargs):
         raise AssertionError("the ordinary path ran")
 
-    monkeypatch.setattr(flash_attn_interface, "make_options", no_ordinary_path)
     q, k, v = _qkv(sq=1, sk=16, hq=8, hk=8, d=64)
+    sinks = torch.nn.Parameter(torch.linspace(-1.0, 2.0, 8).bfloat16(), requires_grad=False)
+    want = _ordinary(q, k, v, sinks=sinks, return_attn_probs=True)
+    monkeypatch.setattr(flash_attn_interface, "make_options", no_ordinary_path)
     assert anyattn.flash_attn_func(q, k, v, causal=True).shape == (2, 1, 8, 64)
+    out, lse, s_dmask = anyattn.flash_attn_func(q, k, v, sinks=sinks, return_attn_probs=True)
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    assert s_dmask.shape == (0,) and s_dmask.dtype == q.dtype
 
 
 def test_declined_calls_still_raise_the_ordinary_errors():
@@ -370,11 +397,30 @@ def test_varlen_runs_plain_calls_bitwise_like_the_ordinary_path(dtype, kwargs):
     assert not out[0].any() and not out[12].any()  # rows of no sequence are 0, as ordinarily
 
 
+@pytest.mark.parametrize("kwargs", [
+    {"alibi_slopes": torch.rand(3, 4), "causal": True},
+    {"return_attn_probs": True, "sinks": torch.linspace(-1.0, 2.0, 4), "causal": True},
+], ids=["alibi", "lse sinks"])
+def test_varlen_runs_calls_with_per_head_tensors_and_the_lse_bitwise_like_the_ordinary_path(
+        kwargs):
+    q, k, v, cu_q, cu_k = _packed(torch.bfloat16)
+    result = _varlen_plain(q, k, v, cu_q, cu_k, **kwargs)
+    args = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    want = anyattn.flash_attn_varlen_func(*args, cu_q, cu_k, 8, 7, **kwargs)
+    assert result is not None
+    if kwargs.get("return_attn_probs"):
+        out, lse = result
+        assert torch.equal(out, want[0].detach()) and torch.equal(lse, want[1])
+        assert torch.isneginf(lse[:, 0]).all() and torch.isneginf(lse[:, 12]).all()
+    else:
+        assert torch.equal(result, want.detach())
+
+
 def _varlen_declined_cases():
     q, k, v, cu_q, cu_k = _packed()
-    yield "alibi", (q, k, v, cu_q, cu_k), {"alibi_slopes": torch.ones(4)}
-    yield "sinks", (q, k, v, cu_q, cu_k), {"sinks": torch.zeros(4)}
-    yield "lse asked for", (q, k, v, cu_q, cu_k), {"return_attn_probs": True}
+    yield "float16 alibi", (q, k, v, cu_q, cu_k), {"alibi_slopes": torch.ones(4).half()}
+    yield "bfloat16 sinks", (q, k, v, cu_q, cu_k), {"sinks": torch.zeros(4).bfloat16()}
+    yield "lse asked for by an int", (q, k, v, cu_q, cu_k), {"return_attn_probs": 1}
     yield "dropout", (q, k, v, cu_q, cu_k), {"dropout_p": 0.1}
     yield "scale 0", (q, k, v, cu_q, cu_k), {"softmax_scale": 0.0}
     yield "requires grad", (q.clone().requires_grad_(), k, v, cu_q, cu_k), {}
