@@ -43,9 +43,10 @@ else:
 
 def float32_per_head(x):
     """A per-head tensor (sinks, ALiBi slopes) as the plain C calls take it: float32 without
-    autograd history, made from a CPU torch tensor that records no gradient (gpt-oss keeps its
-    sinks in a bfloat16 Parameter); anything else unchanged, for the C call to decline."""
+    autograd history, made from a floating-point CPU torch tensor that records no gradient
+    (gpt-oss keeps its sinks in a bfloat16 Parameter), as the ordinary path converts it;
+    anything else unchanged, for the C call to decline and the ordinary path to judge."""
     if (_torch is not None and isinstance(x, _torch.Tensor) and x.is_cpu
-            and not (x.requires_grad and _torch.is_grad_enabled())):
+            and x.is_floating_point() and not (x.requires_grad and _torch.is_grad_enabled())):
         return x.detach().to(_torch.float32)
     return x
