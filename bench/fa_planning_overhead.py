@@ -7,10 +7,11 @@ One paged decode step of 4 sequences (8 query heads, 2 kv heads, D 64, pages of 
 60 keys each), against a float32 cache and against an int8 cache with float32 per-head descales
 and per-token scales (bfloat16 q): flash-attn 2.x's batched cache call, FA3's batched cache
 call, flash-attn 2.x's paged varlen call (vLLM's style), FA3's cache call with cu_seqlens_q
-(sglang's style; with the float cache also with gpt-oss-style sinks, a bfloat16 Parameter) and
-FA4's paged varlen call. The ordinary route is the one a call takes when the C functions
-decline it. Prints the medians (of 5 alternating rounds of 100 calls, after 50 warm-up calls)
-in microseconds and ordinary / plain:
+(sglang's style; with the float cache also with gpt-oss-style sinks, a bfloat16 Parameter),
+FA4's paged varlen call, and (float cache) flash-attn's own decode step: the new token's key
+rotated and appended by flash_attn_with_kvcache. The ordinary route is the one a call takes
+when the C functions decline it. Prints the medians (of 5 alternating rounds of 100 calls,
+after 50 warm-up calls) in microseconds and ordinary / plain:
 
     .venv/bin/python bench/fa_planning_overhead.py
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/fa_planning_overhead.py
@@ -84,6 +85,16 @@ def calls(k_cache, v_cache, q, scales, sinks):
         out["fa3 ... (cu_seqlens_q, sinks)"] = lambda: fa3_interface.flash_attn_with_kvcache(
             packed_q, k_cache, v_cache, cache_seqlens=lengths, page_table=table, cu_seqlens_q=cu_q,
             max_seqlen_q=1, sinks=sinks)
+        # flash-attn's own decode step: the new token's keys rotated and appended (a contiguous
+        # cache, so that repeated calls overwrite one position)
+        cache_k = torch.zeros(batch, 64, k_cache.shape[2], head_dim)
+        cache_v = torch.zeros(batch, 64, k_cache.shape[2], head_dim)
+        new_k = torch.randn(batch, 1, k_cache.shape[2], head_dim)
+        angles = torch.rand(128, head_dim // 2)
+        cos, sin = angles.cos(), angles.sin()
+        out["flash_attn_with_kvcache (rotary, append)"] = lambda: anyattn.flash_attn_with_kvcache(
+            q, cache_k, cache_v, new_k, new_k, rotary_cos=cos, rotary_sin=sin,
+            cache_seqlens=lengths, causal=True, rotary_interleaved=False)
     if not scales:
         out["fa4 flash_attn_varlen_func (page_table)"] = lambda: (
             fa4_interface.flash_attn_varlen_func(packed_q, k_cache, v_cache, cu_seqlens_q=cu_q,
