@@ -16,8 +16,9 @@ those of the paged sequence.
 How it runs: every query row becomes a one-row sequence of one paged varlen call whose pages
 hold one key each: k and v are viewed in place as (rows, 1, nheads_k, headdim) caches, the row's
 valid slots (as key rows, in the order given) are its block table and their count its key count.
-The masks were applied in choosing the slots, so the call runs without them. The kernel reads
-each selected row once per kv head, as FA4's gather does.
+The masks were applied in choosing the slots, so the call runs without them, in one C function
+when it is plain (_fa_plan.plain_cache_call). The kernel reads each selected row once per kv
+head, as FA4's gather does.
 
 Gradients (FA4 has a sparse backward too): when autograd records the call, the selected rows are
 copied out (index_select) into one packed varlen call with a sequence per query row, whose
@@ -34,8 +35,8 @@ import torch
 
 from ._cache_ops import records_grad
 from ._fa_arguments import describe_value
-from ._fa_plan import (Plan, first_true_index, index_vector, paged_keys, prefix_sums,
-                       query_extents, run_cache, unpack)
+from ._fa_plan import (Plan, first_true_index, index_vector, paged_keys, plain_cache_call,
+                       prefix_sums, query_extents, run_cache, unpack)
 from ._options import AttnOptions
 from ._segments import segment_positions_np
 from .varlen import flash_attn_varlen_func as _fa2_varlen_func
@@ -77,10 +78,15 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indice
     if records_grad(pq, keys.rows_k, keys.rows_v, sinks):
         out, lse = _differentiable(pq, keys, table, counts, unmasked, sinks)
     else:
-        plan = Plan(torch.arange(total + 1, dtype=torch.int32),
-                    torch.zeros(total, dtype=torch.int64), counts, torch.arange(total), 1)
-        out, lse = run_cache(pq, keys.rows_k.unsqueeze(1), keys.rows_v.unsqueeze(1), plan, table,
-                             None, unmasked, sinks, 0)
+        pages_k, pages_v = keys.rows_k.unsqueeze(1), keys.rows_v.unsqueeze(1)
+        cu_q = torch.arange(total + 1, dtype=torch.int32)
+        result = plain_cache_call(pq, pages_k, pages_v, cu_q, counts.to(torch.int32),
+                                  table.to(torch.int32), unmasked, sinks, 0, True)
+        if result is None:
+            plan = Plan(cu_q, torch.zeros(total, dtype=torch.int64), counts, torch.arange(total),
+                        1)
+            result = run_cache(pq, pages_k, pages_v, plan, table, None, unmasked, sinks, 0)
+        out, lse = result
     if sinks is not None:  # rows not computed hold -inf, not the sink's logit
         dead = np.ones(total, dtype=bool)
         dead[rows.packed] = False

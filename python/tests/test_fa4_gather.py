@@ -316,3 +316,34 @@ def test_varlen_gradients_through_the_latent_row_reach_q_qv_k_and_v():
         plain, _ = fa4.flash_attn_varlen_func(q, k, v, qv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                                               seqused_k=used, gather_kv_indices=idx)
     torch.testing.assert_close(plain, out, rtol=2e-6, atol=2e-6)
+
+
+def test_forward_is_one_plain_c_call_bitwise_like_the_ordinary_cache_route(monkeypatch):
+    """Without gradients the gathered call runs in _core.fwd_kvcache_varlen_torch_plain; with the
+    C call declining it takes the torch op (run_cache) and gives the same bits."""
+    from anyattn import _core, _fa4_gather
+
+    n, t, hq, topk = 50, 5, 8, 16
+    rows = randn((n, 1, DV + D), "bfloat16", 60)
+    q, qv = randn((t, hq, D), "bfloat16", 61), randn((t, hq, DV), "bfloat16", 62)
+    idx = slots((t, topk), -1, n, 63)
+    sink = randn((hq,), "float32", 64)
+
+    def call():
+        return fa4.flash_attn_varlen_func(
+            q, rows[..., DV:], rows[..., :DV], qv,
+            cu_seqlens_q=torch.arange(t + 1, dtype=torch.int32),
+            cu_seqlens_k=torch.zeros(t + 1, dtype=torch.int32),
+            seqused_k=torch.full((t,), n, dtype=torch.int32), gather_kv_indices=idx,
+            softmax_scale=0.1, learnable_sink=sink, return_lse=True)
+
+    with monkeypatch.context() as m:
+        m.setattr(_core, "fwd_kvcache_varlen_torch_plain", lambda *args: None)
+        want_out, want_lse = call()
+
+    def ordinary_route(*args, **kwargs):
+        raise AssertionError("run_cache ran")
+
+    monkeypatch.setattr(_fa4_gather, "run_cache", ordinary_route)
+    out, lse = call()
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
