@@ -4,8 +4,8 @@
 cache calls with packed queries, first hand their arguments to ``_core.fwd_torch_plain``,
 ``_core.fwd_varlen_torch_plain``, ``_core.fwd_kvcache_torch_plain`` or
 ``_core.fwd_kvcache_varlen_torch_plain``, which run a plain call (exact CPU ``torch.Tensor``
-inputs, no gradient to record, no per-head tensors but float32 sinks and cache scales, simple
-option values) and return None for anything else, changing nothing; the caller then takes its
+inputs, no gradient to record, per-head tensors and cache scales in float32 only, simple option
+values) and return None for anything else, changing nothing; the caller then takes its
 ordinary path. This module hands the C side the torch objects it compares against, once, and
 provides the one guard every caller tests first: ``tracing()``, true under torch.compile (whose
 tracer must see the ordinary path, through the ``anyattn::`` ops) and always true without
