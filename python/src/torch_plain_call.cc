@@ -318,6 +318,16 @@ nb::object new_lse(PyObject* q, const int64_t* shape, int ndim, anyattn_tensor& 
                               g_torch.float32, tlse));
 }
 
+// The LSE of packed queries `tq` (total_q, Hq, D): (Hq, total_q) float32 made like `q`, -inf in
+// the rows outside every sequence of `cu` (cu_seqlens_q); an invalid object on failure.
+nb::object new_packed_lse(PyObject* q, const anyattn_tensor& tq, const anyattn_tensor& cu,
+                          anyattn_tensor& tlse) {
+  const int64_t shape[2] = {tq.shape[1], tq.shape[0]};
+  nb::object lse = new_lse(q, shape, 2, tlse);
+  if (lse.is_valid()) clear_rows_outside(cu, tlse);
+  return lse;
+}
+
 // A call's result: `out` (None when the call failed), or (out, lse) when the LSE was asked for.
 nb::object with_lse(nb::object out, nb::object lse) {
   if (out.is_none() || !lse.is_valid()) return out;
@@ -463,10 +473,8 @@ nb::object fwd_varlen_torch_plain(nb::handle q, nb::handle k, nb::handle v,
   }
   nb::object lse;
   if (want_lse) {
-    const int64_t shape[2] = {tq.shape[1], tq.shape[0]};
-    lse = new_lse(q.ptr(), shape, 2, tlse);
+    lse = new_packed_lse(q.ptr(), tq, tcq, tlse);
     if (!lse.is_valid()) return nb::none();
-    clear_rows_outside(tcq, tlse);
   }
   anyattn_tensor tout{};
   // Rows outside every sequence are not written by the library; the ordinary path returns 0.
@@ -681,10 +689,8 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
   anyattn_tensor tlse{};
   nb::object lse;
   if (want_lse) {
-    const int64_t shape[2] = {tq.shape[1], tq.shape[0]};
-    lse = new_lse(q.ptr(), shape, 2, tlse);
+    lse = new_packed_lse(q.ptr(), tq, tcq, tlse);
     if (!lse.is_valid()) return nb::none();
-    clear_rows_outside(tcq, tlse);
   }
   anyattn_tensor tout{};
   // Rows outside every sequence are not written by the library; the ordinary path returns 0.
