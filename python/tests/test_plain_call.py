@@ -856,3 +856,154 @@ def test_flash_attn_with_kvcache_with_rotary_sinks_and_the_lse_takes_the_fast_pa
     assert torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want)
     assert torch.equal(fa3_interface.flash_attn_with_kvcache(q, fa3_k, fa3_v, k, v, sinks=sinks,
                                                              **call), want_fa3)
+
+
+# ---- Random calls against the ordinary route ---------------------------------------------------
+
+
+def _random_cache_case(seed):
+    """A random packed-query cache call: dtype, GQA, lengths (some empty), rows outside every
+    sequence, paged or contiguous, a float or 8-bit cache, and random options."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    dtype = pick([torch.float32, torch.float16, torch.bfloat16])
+    hk = pick([1, 2])
+    hq = hk * pick([1, 3, 4])
+    d, dv = pick([(32, 32), (64, 16), (40, 40)])
+    batch = pick([1, 2, 3])
+    q_lens = torch.randint(0, 5, (batch,), generator=g)
+    k_lens = q_lens + torch.randint(0, 20, (batch,), generator=g)
+    lead = pick([0, 2])
+    cu_q = torch.cat([torch.tensor([lead]), lead + q_lens.cumsum(0)]).to(torch.int32)
+    total = int(cu_q[-1]) + pick([0, 1])
+    if total == 0:
+        total = 1
+    page = pick([None, 1, 4, 16])
+    if page is None:
+        shape, table = (batch, 32), None
+    else:
+        blocks = (32 + page - 1) // page
+        shape = (batch * blocks, page)
+        table = torch.randperm(batch * blocks, generator=g).to(torch.int32).reshape(batch, blocks)
+    q = torch.randn(total, hq, d, generator=g).to(dtype)
+    k_cache = torch.randn(*shape, hk, d, generator=g)
+    v_cache = torch.randn(*shape, hk, dv, generator=g)
+    kv8 = pick([None, torch.int8, torch.float8_e4m3fn])
+    scales = {}
+    if kv8 is None:
+        k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+    else:
+        k_cache, k_descale, k_token = _quantized(k_cache, kv8, seed + 1)
+        v_cache, v_descale, v_token = _quantized(v_cache, kv8, seed + 2)
+        scales = dict(k_descale=k_descale, v_descale=v_descale)
+        if kv8 == torch.int8:
+            scales.update(k_token_scale=k_token, v_token_scale=v_token)
+    options = dict(causal=pick([False, True]), softcap=pick([0.0, 3.0]),
+                   window_size=pick([(-1, -1), (3, 0), (2, 5)]))
+    if pick([False, True]):
+        options["sinks"] = torch.randn(hq, generator=g)
+    if pick([False, True]):
+        options["alibi_slopes"] = torch.rand(hq, generator=g)
+    lse = pick([False, True])
+    return q, k_cache, v_cache, table, cu_q, k_lens.to(torch.int32), scales, options, lse
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_paged_varlen_calls_match_the_ordinary_route(seed):
+    q, k_cache, v_cache, table, cu_q, used, scales, options, lse = _random_cache_case(seed)
+    max_q = max(int((cu_q[1:] - cu_q[:-1]).max()), 1)
+
+    def call(query):
+        return anyattn.flash_attn_varlen_func(
+            query, k_cache, v_cache, cu_q, None, max_q, 32, seqused_k=used, block_table=table,
+            return_attn_probs=lse, **scales, **options)
+
+    if table is None:  # flash_attn_varlen_func reads paged caches only: FA3's call instead
+        options.pop("alibi_slopes", None)
+
+        def call(query):  # noqa: F811
+            return _fa3_cache_call(query, k_cache, v_cache, None, cu_q, used,
+                                   return_softmax_lse=lse, **scales, **options)
+
+    plain = _cache_varlen_plain(q, k_cache, v_cache, cu_q, used, table, max_q=max_q,
+                                return_attn_probs=lse, **scales, **options)
+    assert plain is not None  # every random call is plain
+    want = call(q.clone().requires_grad_())
+    got = call(q)
+    for got_x, want_x in zip(got if lse else (got,), want if lse else (want,)):
+        if isinstance(want_x, torch.Tensor) and want_x.numel():
+            assert torch.equal(got_x, want_x.detach())
+
+
+def _random_append_case(seed):
+    """A random flash_attn_with_kvcache call that appends: dtype, GQA, new tokens, rotary,
+    cache_batch_idx or cache_leftpad (contiguous caches), paging, a float or 8-bit cache, and
+    random options."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    dtype = pick([torch.float32, torch.float16, torch.bfloat16])
+    hk = pick([1, 2])
+    hq, d = hk * pick([1, 4]), pick([32, 64])
+    batch, sq, new = pick([1, 2, 3]), pick([1, 2]), pick([1, 3])
+    stored = torch.randint(0, 12, (batch,), generator=g).to(torch.int32)
+    page = pick([None, 4])
+    kwargs = dict(cache_seqlens=stored, causal=pick([False, True]),
+                  window_size=pick([(-1, -1), (4, 0)]), softcap=pick([0.0, 2.0]),
+                  return_softmax_lse=pick([False, True]))
+    if page is None:
+        shape = (batch, 16)
+        if pick([False, True]):
+            kwargs["cache_batch_idx"] = torch.randperm(batch, generator=g).to(torch.int32)
+        elif pick([False, True]):
+            kwargs["cache_leftpad"] = torch.minimum(stored, torch.full((batch,), 2,
+                                                                       dtype=torch.int32))
+    else:
+        shape = (batch * 4, page)
+        kwargs["block_table"] = torch.randperm(batch * 4, generator=g).to(
+            torch.int32).reshape(batch, 4)
+    q = torch.randn(batch, sq, hq, d, generator=g).to(dtype)
+    k = torch.randn(batch, new, hk, d, generator=g).to(dtype)
+    v = torch.randn(batch, new, hk, d, generator=g).to(dtype)
+    k_cache = torch.randn(*shape, hk, d, generator=g)
+    v_cache = torch.randn(*shape, hk, d, generator=g)
+    kv8 = pick([None, torch.int8, torch.float8_e5m2])
+    if kv8 is None:
+        k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+    else:
+        k_cache, k_descale, k_token = _quantized(k_cache, kv8, seed + 1)
+        v_cache, v_descale, v_token = _quantized(v_cache, kv8, seed + 2)
+        kwargs.update(k_descale=k_descale, v_descale=v_descale)
+        if pick([False, True]):
+            kwargs.update(k_token_scale=k_token, v_token_scale=v_token)
+    if pick([False, True]):
+        angles = torch.rand(32, d // 4, generator=g) * 3
+        kwargs.update(rotary_cos=angles.cos(), rotary_sin=angles.sin(),
+                      rotary_interleaved=pick([False, True]))
+    if pick([False, True]):
+        kwargs["sinks"] = torch.randn(hq, generator=g)
+    return q, k, v, k_cache, v_cache, kwargs
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_appending_cache_calls_match_the_ordinary_route(seed):
+    q, k, v, k_cache, v_cache, kwargs = _random_append_case(seed)
+    tokens = {name: kwargs[name].clone() for name in ("k_token_scale", "v_token_scale")
+              if name in kwargs}
+    plain_kwargs = dict(kwargs, **tokens)
+    plain_k, plain_v = k_cache.clone(), v_cache.clone()
+    result = _plain_kvcache(q, plain_k, plain_v, k=k, v=v, **plain_kwargs)
+    assert result is not None  # every random call is plain
+    want, k_want, v_want = _ordinary_kvcache(q, k_cache, v_cache, k=k, v=v, **kwargs)
+    for got_x, want_x in zip(result if kwargs["return_softmax_lse"] else (result,),
+                             want if kwargs["return_softmax_lse"] else (want,)):
+        assert torch.equal(got_x, want_x)
+    assert torch.equal(_bits(plain_k), _bits(k_want))
+    assert torch.equal(_bits(plain_v), _bits(v_want))
+    for name, x in tokens.items():
+        assert torch.equal(plain_kwargs[name], kwargs[name])
