@@ -603,13 +603,12 @@ def _cache_calls():
 @pytest.mark.parametrize("name,call", list(_cache_calls()), ids=[c[0] for c in _cache_calls()])
 def test_cache_varlen_entry_points_take_the_fast_path(monkeypatch, name, call):
     q, k_cache, v_cache, table, cu_q, used = _cache_varlen(torch.bfloat16)
-    want = call(q, k_cache, v_cache, table, cu_q, used)  # planned (before the patches)
     with monkeypatch.context() as m:
         m.setattr(_core, "fwd_kvcache_varlen_torch_plain", lambda *args: None)
         planned = call(q, k_cache, v_cache, table, cu_q, used)
     _no_planning(monkeypatch)
     out = call(q, k_cache, v_cache, table, cu_q, used)
-    assert torch.equal(out, planned) and torch.equal(out, want)
+    assert torch.equal(out, planned)
 
 
 def test_fa3_cache_call_with_a_contiguous_cache_and_an_int_length_takes_the_fast_path(
@@ -747,7 +746,9 @@ def test_8bit_cache_calls_take_the_fast_path(monkeypatch):
     scales = dict(k_descale=k_descale, v_descale=v_descale, k_token_scale=k_token,
                   v_token_scale=v_token)
     calls = [c for name, c in _cache_calls() if not name.startswith("fa4")]  # FA4: float8 q/k/v
-    wants = [call(q, k_cache, v_cache, table, cu_q, used, **scales) for call in calls]
+    with monkeypatch.context() as m:  # the ordinary route's results
+        m.setattr(_core, "fwd_kvcache_varlen_torch_plain", lambda *args: None)
+        wants = [call(q, k_cache, v_cache, table, cu_q, used, **scales) for call in calls]
     q4, k4, v4, k_new, v_new, seqlens, _ = _cache_call(torch.bfloat16, new=1)
     k4, kd4, kt4 = _quantized(k4, torch.int8, 3)
     v4, vd4, vt4 = _quantized(v4, torch.int8, 4)
