@@ -559,8 +559,7 @@ nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle 
                                    nb::handle sinks, nb::handle k_descale, nb::handle v_descale,
                                    nb::handle k_token_scale, nb::handle v_token_scale) {
   if (!g_torch.tensor_type) return nb::none();
-  if ((return_softmax_lse.ptr() != Py_True && return_softmax_lse.ptr() != Py_False) ||
-      (rotary_interleaved.ptr() != Py_True && rotary_interleaved.ptr() != Py_False)) {
+  if (return_softmax_lse.ptr() != Py_True && return_softmax_lse.ptr() != Py_False) {
     return nb::none();
   }
   const bool want_lse = return_softmax_lse.ptr() == Py_True;
@@ -597,9 +596,10 @@ nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle 
     cache.k_new = &tk;
     cache.v_new = &tv;
   }
-  if (!rotary_cos.is_none()) {
+  if (!rotary_cos.is_none()) {  // rotary_interleaved matters only here
     if (!describe_tensor(rotary_cos.ptr(), 2, Elements::kFloat, tcos) ||
-        !describe_tensor(rotary_sin.ptr(), 2, Elements::kFloat, tsin)) {
+        !describe_tensor(rotary_sin.ptr(), 2, Elements::kFloat, tsin) ||
+        (rotary_interleaved.ptr() != Py_True && rotary_interleaved.ptr() != Py_False)) {
       return nb::none();
     }
     cache.rotary_cos = &tcos;

@@ -16,6 +16,11 @@ from anyattn import _core  # noqa: E402
 from anyattn import flash_attn_interface  # noqa: E402
 
 
+def _ordinary_path_ran(*args, **kwargs):
+    """Patched over a function of the ordinary path: a call that reaches it fails the test."""
+    raise AssertionError("the ordinary path ran")
+
+
 def _qkv(b=2, sq=3, sk=9, hq=4, hk=2, d=32, dv=None, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, sq, hq, d, generator=g).to(dtype)
@@ -130,13 +135,11 @@ def test_declines_calls_that_are_not_plain(name, tensors, kwargs):
 
 
 def test_flash_attn_func_takes_the_fast_path_for_plain_calls(monkeypatch):
-    def no_ordinary_path(*args, **kwargs):
-        raise AssertionError("the ordinary path ran")
 
     q, k, v = _qkv(sq=1, sk=16, hq=8, hk=8, d=64)
     sinks = torch.nn.Parameter(torch.linspace(-1.0, 2.0, 8).bfloat16(), requires_grad=False)
     want = _ordinary(q, k, v, sinks=sinks, return_attn_probs=True)
-    monkeypatch.setattr(flash_attn_interface, "make_options", no_ordinary_path)
+    monkeypatch.setattr(flash_attn_interface, "make_options", _ordinary_path_ran)
     assert anyattn.flash_attn_func(q, k, v, causal=True).shape == (2, 1, 8, 64)
     out, lse, s_dmask = anyattn.flash_attn_func(q, k, v, sinks=sinks, return_attn_probs=True)
     assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
@@ -315,10 +318,8 @@ def test_kvcache_runs_calls_with_rotary_indices_and_per_head_tensors_like_the_or
 def test_flash_attn_with_kvcache_takes_the_fast_path_for_plain_calls(monkeypatch):
     from anyattn import kvcache
 
-    def no_ordinary_path(*args, **kwargs):
-        raise AssertionError("the ordinary path ran")
 
-    monkeypatch.setattr(kvcache, "make_options", no_ordinary_path)
+    monkeypatch.setattr(kvcache, "make_options", _ordinary_path_ran)
     q, k_cache, v_cache, k, v, seqlens, _ = _cache_call(new=1)
     out = anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
                                           causal=True)
@@ -340,11 +341,9 @@ def test_fa3_and_fa4_calls_without_the_lse_take_the_fast_path(monkeypatch, style
     reaches the fast path (the ordinary one costs several times the call at decode shapes)."""
     from anyattn import fa3_interface, fa4_interface, kvcache
 
-    def no_ordinary_path(*args, **kwargs):
-        raise AssertionError("the ordinary path ran")
 
-    monkeypatch.setattr(flash_attn_interface, "make_options", no_ordinary_path)
-    monkeypatch.setattr(kvcache, "make_options", no_ordinary_path)
+    monkeypatch.setattr(flash_attn_interface, "make_options", _ordinary_path_ran)
+    monkeypatch.setattr(kvcache, "make_options", _ordinary_path_ran)
     q, k, v = _qkv(sq=1, sk=16, hq=8, hk=8, d=64)
     if style == "fa3":
         assert fa3_interface.flash_attn_func(q, k, v, causal=True).shape == (2, 1, 8, 64)
@@ -448,10 +447,8 @@ def test_varlen_takes_the_fast_path_for_plain_calls_and_errors_stay_the_ordinary
         anyattn.flash_attn_varlen_func(q, k, v, torch.tensor([0, 20], dtype=torch.int32), cu_k,
                                        20, 7)
 
-    def no_ordinary_path(*args, **kwargs):
-        raise AssertionError("the ordinary path ran")
 
-    monkeypatch.setattr(varlen, "make_options", no_ordinary_path)
+    monkeypatch.setattr(varlen, "make_options", _ordinary_path_ran)
     assert anyattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 8, 7, causal=True).shape == \
         (13, 4, 16)
 
@@ -578,11 +575,9 @@ def _no_planning(monkeypatch):
     """Makes the ordinary routes of the three cache calls fail if they run."""
     from anyattn import _fa_plan, varlen
 
-    def ordinary_path(*args, **kwargs):
-        raise AssertionError("the ordinary path ran")
 
-    monkeypatch.setattr(_fa_plan, "plan_subsequences", ordinary_path)
-    monkeypatch.setattr(varlen, "_paged_varlen", ordinary_path)
+    monkeypatch.setattr(_fa_plan, "plan_subsequences", _ordinary_path_ran)
+    monkeypatch.setattr(varlen, "_paged_varlen", _ordinary_path_ran)
 
 
 def _cache_calls():
@@ -757,11 +752,9 @@ def test_8bit_cache_calls_take_the_fast_path(monkeypatch):
     want_batched, k_want, _ = _ordinary_kvcache(q4, k4, v4, **batched)
     versions = kt4._version, k4._version
 
-    def ordinary_path(*args, **kwargs):
-        raise AssertionError("the ordinary path ran")
 
     _no_planning(monkeypatch)
-    monkeypatch.setattr(kvcache, "make_options", ordinary_path)
+    monkeypatch.setattr(kvcache, "make_options", _ordinary_path_ran)
     for call, want in zip(calls, wants):
         assert torch.equal(call(q, k_cache, v_cache, table, cu_q, used, **scales), want)
     assert torch.equal(anyattn.flash_attn_with_kvcache(q4, k4, v4, **batched), want_batched)
@@ -846,10 +839,8 @@ def test_flash_attn_with_kvcache_with_rotary_sinks_and_the_lse_takes_the_fast_pa
         q.clone().requires_grad_(), k_cache.clone(), v_cache.clone(), k, v, sinks=sinks,
         **call).detach()
 
-    def ordinary_path(*args, **kwargs):
-        raise AssertionError("the ordinary path ran")
 
-    monkeypatch.setattr(kvcache, "make_options", ordinary_path)
+    monkeypatch.setattr(kvcache, "make_options", _ordinary_path_ran)
     fa3_k, fa3_v = k_cache.clone(), v_cache.clone()
     out, lse = anyattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v,
                                                return_softmax_lse=True, sinks=sinks, **call)
