@@ -572,11 +572,14 @@ def test_cache_varlen_declines_calls_that_are_not_plain(name, args, kwargs):
 
 
 def _no_planning(monkeypatch):
-    """Makes the ordinary routes of the three cache calls fail if they run."""
-    from anyattn import _fa_plan, varlen
+    """Makes the ordinary routes of the three cache calls fail if they run: every module that
+    binds plan_subsequences (each imports it by name), and the paged varlen route."""
+    from anyattn import _fa3_cache, _fa3_fp8, _fa_plan, varlen
 
-
-    monkeypatch.setattr(_fa_plan, "plan_subsequences", _ordinary_path_ran)
+    planner = _fa_plan.plan_subsequences
+    for module in (_fa_plan, _fa3_cache, _fa3_fp8):
+        assert module.plan_subsequences is planner
+        monkeypatch.setattr(module, "plan_subsequences", _ordinary_path_ran)
     monkeypatch.setattr(varlen, "_paged_varlen", _ordinary_path_ran)
 
 
