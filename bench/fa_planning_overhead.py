@@ -9,7 +9,10 @@ and per-token scales (bfloat16 q): flash-attn 2.x's batched cache call, FA3's ba
 call, flash-attn 2.x's paged varlen call (vLLM's style), FA3's cache call with cu_seqlens_q
 (sglang's style; with the float cache also with gpt-oss-style sinks, a bfloat16 Parameter),
 FA4's paged varlen call, and (float cache) flash-attn's own decode step: the new token's key
-rotated and appended by flash_attn_with_kvcache. The ordinary route is the one a call takes
+rotated and appended by flash_attn_with_kvcache. Then absorbed MLA's decode step on a bfloat16
+latent row [v | k] (16 query heads, one latent kv head, D 64 + Dv 512, the same lengths and
+pages): sglang's FA3 qv call (q and qv column ranges of one tensor, cu_seqlens_q) and FA4's paged
+varlen call with qv. The ordinary route is the one a call takes
 when the C functions decline it. Prints the medians (of 5 alternating rounds of 100 calls,
 after 50 warm-up calls) in microseconds and ordinary / plain:
 
@@ -102,6 +105,29 @@ def calls(k_cache, v_cache, q, scales, sinks):
     return out
 
 
+def latent_calls(batch: int, page: int):
+    """Absorbed MLA's decode step against a paged latent row: name -> call."""
+    heads, rope, latent = 16, 64, 512
+    g = torch.Generator().manual_seed(1)
+    row = torch.randn(64, page, 1, latent + rope, generator=g).bfloat16()
+    k_cache, v_cache = row[..., latent:], row[..., :latent]
+    q_all = torch.randn(batch, heads, latent + rope, generator=g).bfloat16()
+    qv, q = q_all[..., :latent], q_all[..., latent:]  # sglang slices one tensor
+    table = torch.arange(64, dtype=torch.int32).reshape(batch, 16)
+    lengths = torch.tensor([20, 33, 5, 60], dtype=torch.int32)
+    cu_q = torch.arange(batch + 1, dtype=torch.int32)
+    return {
+        "fa3 flash_attn_with_kvcache (qv, cu_seqlens_q)": lambda: (
+            fa3_interface.flash_attn_with_kvcache(
+                q, k_cache, v_cache, qv=qv, cache_seqlens=lengths, page_table=table,
+                cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_q, max_seqlen_q=1, causal=True)),
+        "fa4 flash_attn_varlen_func (qv, page_table)": lambda: (
+            fa4_interface.flash_attn_varlen_func(q, k_cache, v_cache, qv=qv, cu_seqlens_q=cu_q,
+                                                 page_table=table, seqused_k=lengths,
+                                                 causal=True)),
+    }
+
+
 def main() -> None:
     batch, heads, heads_k, head_dim, page = 4, 8, 2, 64, 16
     g = torch.Generator().manual_seed(0)
@@ -117,7 +143,8 @@ def main() -> None:
                   v_token_scale=torch.rand(64, page, heads_k, generator=g) + 0.5)
     cases = [("f32 cache", calls(k_cache, v_cache, q, {}, sinks)),
              ("int8 cache, token scales", calls(int8["k"], int8["v"], q.bfloat16(), scales,
-                                                None))]
+                                                None)),
+             ("bf16 latent row (absorbed MLA)", latent_calls(batch, page))]
     with torch.no_grad():
         for title, table in cases:
             print(f"{title:44} {'plain us':>9} {'ordinary us':>12} {'ordinary/plain':>15}")

@@ -12,7 +12,8 @@ widened query (one over the square root of its last dimension).
   [v | k], as DeepSeek's latent caches are laid out (512 latent columns, then 64 rotary ones),
   the row itself is the key and v_cache its column prefix: anyattn's shared latent cache
   (docs/semantics.md section 11), read in place, 8-bit caches included. The query is then
-  [qv | q] and new rows [v | k]. Otherwise (two separate caches, or rotary, which rotates the
+  [qv | q] (in place too where q's columns follow qv's in one tensor, as sglang slices them) and
+  new rows [v | k]. Otherwise (two separate caches, or rotary, which rotates the
   first columns of q and of the new keys) the keys [k | v] are gathered into a copy, and an
   append is copied back into k_cache (v_cache is appended in place); 8-bit caches need the
   shared row there.
@@ -87,8 +88,15 @@ def fa4_query_and_keys(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: 
         row = shared_row(k, v)
         if row is not None:
             check_qv(q, qv, v.shape[-1], "v")
-            return torch.cat([qv, q], dim=-1), row
+            return row_query(q, qv), row
     return widen(q, k, v, qv)
+
+
+def row_query(q: torch.Tensor, qv: torch.Tensor) -> torch.Tensor:
+    """The query [qv | q] of a row [v | k]: in place where q's columns follow qv's in one tensor
+    (sglang slices both from one query of DeepSeek's layout), else a concatenated copy."""
+    adjacent = shared_row(q, qv)
+    return adjacent if adjacent is not None else torch.cat([qv, q], dim=-1)
 
 
 class CachePlan:
@@ -103,7 +111,7 @@ class CachePlan:
         self._keys_copy = None
         row = shared_row(k_cache, v_cache) if rotary_cos is None else None
         if row is not None:
-            self.q = torch.cat([qv, q], dim=-1)
+            self.q = row_query(q, qv)
             self.k_cache, self.v_cache = row, v_cache
             if k is not None:
                 new_rows = torch.cat([v, k], dim=-1)

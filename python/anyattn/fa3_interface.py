@@ -403,10 +403,10 @@ def flash_attn_with_kvcache(
         out, lse = result if return_softmax_lse else (result, None)
     else:
         # sglang's decode and extend steps (packed q against a cache it has appended to
-        # already) run in one C function when the call is plain.
+        # already, absorbed MLA's qv call on its latent row too) run in one C function when the
+        # call is plain.
         reads_only = (k is None and v is None and rotary_cos is None and rotary_sin is None
-                      and plan is None and cache_batch_idx is None and cache_leftpad is None
-                      and chunk == 0)
+                      and cache_batch_idx is None and cache_leftpad is None and chunk == 0)
         result = None
         if reads_only:
             result = plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens,

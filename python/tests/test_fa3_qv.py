@@ -21,7 +21,7 @@ import anyattn  # noqa: E402
 from anyattn import fa3_interface as fa3  # noqa: E402
 from anyattn import fa4_interface as fa4  # noqa: E402
 from anyattn import kv_quant  # noqa: E402
-from anyattn._fa_qv import shared_row  # noqa: E402
+from anyattn._fa_qv import row_query, shared_row  # noqa: E402
 from anyattn.rotary import apply_rotary_emb  # noqa: E402
 from reference import attention_ref, check_2x, lse_eps, out_eps  # noqa: E402
 from torch_reference import attention_torch, f64, grads_2x, naive_gradients, randn  # noqa: E402
@@ -173,6 +173,18 @@ def test_kvcache_with_qv_reads_the_latent_row_in_place(dtype, append):
         ref, naive = reference(q[bi:bi + 1], rows[..., DV:], rows[..., :DV], qv[bi:bi + 1],
                                causal=True, dtype=dtype)
         assert_2x(f"sequence {bi}", out[bi:bi + 1], lse[bi:bi + 1], ref, naive, dtype)
+
+
+def test_the_row_query_reads_qv_and_q_in_place_where_they_are_one_tensor():
+    """sglang slices qv and q from one query [qv | q]: the row's query is that tensor itself."""
+    q_all = randn((3, 8, DV + D), "bfloat16", 7)
+    joined = row_query(q_all[..., DV:], q_all[..., :DV])
+    assert joined.data_ptr() == q_all.data_ptr() and torch.equal(joined, q_all)
+    apart = row_query(q_all[..., DV:].clone(), q_all[..., :DV].clone())
+    assert apart.data_ptr() != q_all.data_ptr() and torch.equal(apart, q_all)
+    # q's columns before qv's are not [qv | q]: copied in that order.
+    swapped = row_query(q_all[..., :D], q_all[..., D:])
+    assert torch.equal(swapped, torch.cat([q_all[..., D:], q_all[..., :D]], -1))
 
 
 @pytest.mark.parametrize("cache_dtype", [None, torch.int8])

@@ -766,6 +766,73 @@ def test_8bit_cache_calls_take_the_fast_path(monkeypatch):
 
 
 
+# ---- FA3's qv on a latent row ------------------------------------------------------------------
+
+
+_QV_D, _QV_DV = 16, 32  # the rotary and latent widths of the row [v | k]
+
+
+def _qv_call(cache_dtype, lse, separate, adjacent_query, seed=0):
+    """sglang's absorbed-MLA read: packed q (the rotary part) and qv (the latent part) of three
+    sequences (2, 0 and 3 queries, 8 heads) against one latent kv head, paged (pages of 4), with
+    k_cache and v_cache the two column ranges of one row [v | k], or (``separate``) two caches of
+    their own; q and qv the column ranges of one tensor [qv | q] (``adjacent_query``) or two
+    tensors. Returns call() -> out (with ``lse``, (out, lse))."""
+    from anyattn import fa3_interface, kv_quant
+
+    g = torch.Generator().manual_seed(seed)
+    d, dv = _QV_D, _QV_DV
+    row = torch.randn(10, 4, 1, dv + d, generator=g).to(torch.bfloat16)
+    scales = {}
+    if cache_dtype in _KV8:
+        granularity = "token" if cache_dtype == torch.int8 else "tensor"
+        row, descale, tokens = kv_quant.quantize_kv_cache(row, cache_dtype, granularity)
+        scales = {"k_descale": descale, "v_descale": None if descale is None else
+                  descale.clone(), "k_token_scale": tokens, "v_token_scale": tokens}
+    elif cache_dtype is not None:
+        row = row.to(cache_dtype)
+    dtype = torch.bfloat16 if row.element_size() == 1 else row.dtype
+    k_cache, v_cache = row[..., dv:], row[..., :dv]
+    if separate:
+        k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    q_all = torch.randn(5, 8, dv + d, generator=g).to(dtype)
+    qv, q = q_all[..., :dv], q_all[..., dv:]  # views of one tensor, as sglang slices them
+    if not adjacent_query:
+        qv, q = qv.clone(), q.clone()
+    table = torch.randperm(10, generator=g)[:9].reshape(3, 3).to(torch.int32)
+    seqlens = torch.tensor([7, 3, 12], dtype=torch.int32)
+    cu_q = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+
+    def call():
+        result = fa3_interface.flash_attn_with_kvcache(
+            q, k_cache, v_cache, qv=qv, cache_seqlens=seqlens, page_table=table,
+            cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_q, max_seqlen_q=3, causal=True,
+            return_softmax_lse=lse, **scales)
+        return result[:2] if lse else (result,)
+
+    return call
+
+
+@pytest.mark.parametrize("lse", [False, True])
+@pytest.mark.parametrize("cache_dtype,separate,adjacent_query", [
+    (torch.bfloat16, False, True), (torch.bfloat16, False, False), (torch.float32, False, True),
+    (torch.float8_e4m3fn, False, True), (torch.int8, False, True), (torch.bfloat16, True, True)],
+    ids=str)
+def test_fa3_qv_read_takes_the_fast_path_bitwise_like_the_ordinary_route(
+        monkeypatch, cache_dtype, separate, adjacent_query, lse):
+    """The qv call reads the row (or a gathered [k | v] copy of separate caches) in one C
+    function, with the results of the planned route."""
+    call = _qv_call(cache_dtype, lse, separate, adjacent_query)
+    with monkeypatch.context() as m:
+        m.setattr(_core, "fwd_kvcache_varlen_torch_plain", lambda *args: None)
+        want = call()
+    _no_planning(monkeypatch)
+    got = call()
+    assert got[0].shape == (5, 8, _QV_DV)
+    for got_x, want_x in zip(got, want):
+        assert torch.equal(got_x, want_x)
+
+
 # ---- The LSE ------------------------------------------------------------------------------------
 
 
