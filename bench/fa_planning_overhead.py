@@ -7,7 +7,8 @@ One paged decode step of 4 sequences (8 query heads, 2 kv heads, D 64, pages of 
 60 keys each), against a float32 cache and against an int8 cache with float32 per-head descales
 and per-token scales (bfloat16 q): flash-attn 2.x's batched cache call, FA3's batched cache
 call, flash-attn 2.x's paged varlen call (vLLM's style), FA3's cache call with cu_seqlens_q
-(sglang's style; with the float cache also with gpt-oss-style sinks, a bfloat16 Parameter),
+(sglang's style; with the float cache also with gpt-oss-style sinks, a bfloat16 Parameter;
+with the int8 cache also with one descale expanded to (batch, nheads_k), as sglang passes it),
 FA4's paged varlen call, and (float cache) flash-attn's own decode step: the new token's key
 rotated and appended by flash_attn_with_kvcache. Then absorbed MLA's decode step on a bfloat16
 latent row [v | k] (16 query heads, one latent kv head, D 64 + Dv 512, the same lengths and
@@ -98,6 +99,14 @@ def calls(k_cache, v_cache, q, scales, sinks):
         out["flash_attn_with_kvcache (rotary, append)"] = lambda: anyattn.flash_attn_with_kvcache(
             q, cache_k, cache_v, new_k, new_k, rotary_cos=cos, rotary_sin=sin,
             cache_seqlens=lengths, causal=True, rotary_interleaved=False)
+    if scales:
+        # sglang's and vLLM's descales: one scale expanded to (batch, nheads_k), strides 0
+        expanded = dict(scales, **{name: scales[name][:1].expand(batch, k_cache.shape[2])
+                                   for name in ("k_descale", "v_descale")})
+        out["fa3 ... (cu_seqlens_q, expanded descales)"] = lambda: (
+            fa3_interface.flash_attn_with_kvcache(
+                packed_q, k_cache, v_cache, cache_seqlens=lengths, page_table=table,
+                cu_seqlens_q=cu_q, max_seqlen_q=1, **expanded))
     if not scales:
         out["fa4 flash_attn_varlen_func (page_table)"] = lambda: (
             fa4_interface.flash_attn_varlen_func(packed_q, k_cache, v_cache, cu_seqlens_q=cu_q,

@@ -335,12 +335,12 @@ typedef struct anyattn_kvcache_params {
    * or equal to k_descale, and v_token_scale NULL or k_token_scale itself (k_token_scale may be
    * given alone); ANYATTN_E_INVALID_ARGUMENT otherwise. docs/kvcache_8bit.md has the details.
    *
-   * k_descale, v_descale: f32, NULL = 1. Shape (1): one per tensor; (Hk): one per kv head;
-   * (B, Hk): one per sequence (index b of q, not the cache batch) and kv head, FlashAttention 3's
-   * layout. Every entry must be finite and >= 0 (0 and subnormals are legal for reading: those
-   * values read as 0 / scaled); when the call appends (k_new given) every entry must be a
-   * normal positive number (>= FLT_MIN). Anything else: ANYATTN_E_INVALID_ARGUMENT naming the
-   * entry and its value. */
+   * k_descale, v_descale: f32, NULL = 1. Shape (1): one per tensor; (Hk): one per kv head; (B, Hk):
+   * one per sequence (index b of q, not the cache batch) and kv head, FlashAttention 3's layout.
+   * Any strides, 0 included (a broadcast view; the entries are copied at the call). Every entry
+   * must be finite and >= 0 (0 and subnormals are legal for reading: those values read as 0 /
+   * scaled); when the call appends (k_new given) every entry must be a normal positive number (>=
+   * FLT_MIN). Anything else: ANYATTN_E_INVALID_ARGUMENT naming the entry and its value. */
   const anyattn_tensor* k_descale;
   const anyattn_tensor* v_descale;
   /* k_token_scale, v_token_scale: f32, NULL = none. One scale per (cache position, kv head):

@@ -123,9 +123,9 @@ PyObject* call_method0(PyObject* obj, PyObject* name) {
 enum class Elements { kFloat, kInt32, kCache };
 
 // Describes a CPU torch.Tensor of `ndim` non-empty dimensions and the element kind `elements`
-// (float: an anyattn dtype) as an anyattn_tensor. False if `obj` is anything else, or has a
-// strided last dimension (the ordinary path copies those).
-bool describe_tensor(PyObject* obj, int ndim, Elements elements, anyattn_tensor& t) {
+// (float: an anyattn dtype) as an anyattn_tensor, whatever its strides. False if `obj` is
+// anything else.
+bool describe_strided(PyObject* obj, int ndim, Elements elements, anyattn_tensor& t) {
   if (Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(g_torch.tensor_type)) return false;
   if (!attr_is_true(obj, g_names.is_cpu)) return false;
   Ref dtype(PyObject_GetAttr(obj, g_names.dtype));
@@ -152,7 +152,6 @@ bool describe_tensor(PyObject* obj, int ndim, Elements elements, anyattn_tensor&
   }
   const int last = ndim - 1;
   if (t.shape[last] == 1) t.strides[last] = 1;  // a size-1 dimension's stride is arbitrary
-  if (t.strides[last] != 1) return false;
   Ref pointer(call_method0(obj, g_names.data_ptr));
   if (!pointer || !PyLong_CheckExact(pointer.get())) return false;
   t.data = PyLong_AsVoidPtr(pointer.get());
@@ -162,6 +161,12 @@ bool describe_tensor(PyObject* obj, int ndim, Elements elements, anyattn_tensor&
   }
   t.ndim = ndim;
   return true;
+}
+
+// describe_strided for a tensor whose last dimension has unit stride; false for a strided last
+// dimension (the ordinary path copies those).
+bool describe_tensor(PyObject* obj, int ndim, Elements elements, anyattn_tensor& t) {
+  return describe_strided(obj, ndim, elements, t) && t.strides[ndim - 1] == 1;
 }
 
 // True if grad mode is on and any of `tensors` requires grad: autograd must then record the
@@ -520,9 +525,13 @@ bool read_cache_scales(nb::handle k_descale, nb::handle v_descale, nb::handle k_
     if (given[i] == Py_None) continue;
     const int rank = tensor_rank(given[i]);
     const bool descale = i < 2;
-    if ((descale && rank != 1 && rank != 2) || (!descale && rank != 3) ||
-        !describe_tensor(given[i], rank, Elements::kFloat, tensors[i]) ||
-        tensors[i].dtype != ANYATTN_DTYPE_F32) {
+    // A descale may be strided: sglang and vLLM pass FA3 one scale per tensor expanded to
+    // (B, Hk), all strides 0, which the library reads entry by entry.
+    const bool described =
+        descale ? (rank == 1 || rank == 2) &&
+                      describe_strided(given[i], rank, Elements::kFloat, tensors[i])
+                : rank == 3 && describe_tensor(given[i], rank, Elements::kFloat, tensors[i]);
+    if (!described || tensors[i].dtype != ANYATTN_DTYPE_F32) {
       return false;
     }
     *slots[i] = &tensors[i];

@@ -766,6 +766,46 @@ def test_8bit_cache_calls_take_the_fast_path(monkeypatch):
 
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.int8], ids=str)
+@pytest.mark.parametrize("broadcast", ["tensor", "head"])
+def test_8bit_calls_with_broadcast_descales_take_the_fast_path(monkeypatch, cache_dtype,
+                                                               broadcast):
+    """sglang's and vLLM's FA3 calls pass one scale expanded to (batch, nheads_k) (strides 0;
+    or a per-head scale expanded over the batch, strides (0, 1)): read as they are, bitwise
+    like the ordinary route, the FP8 call style (float8 q, q_descale) and appends included."""
+    from anyattn import kvcache
+
+    def expanded(values, batch):
+        return values[:1].expand(batch, 2) if broadcast == "tensor" else values.expand(batch, 2)
+
+    q, k_cache, v_cache, table, cu_q, used = _cache_varlen(torch.bfloat16)
+    k_cache, k_descale, _ = _quantized(k_cache, cache_dtype, 1)
+    v_cache, v_descale, _ = _quantized(v_cache, cache_dtype, 2)
+    scales = dict(k_descale=expanded(k_descale, 3), v_descale=expanded(v_descale, 3))
+    assert scales["k_descale"].stride() == ((0, 0) if broadcast == "tensor" else (0, 1))
+    calls = [lambda: _fa3_cache_call(q, k_cache, v_cache, table, cu_q, used, causal=True,
+                                     **scales)]
+    if cache_dtype != torch.int8:  # FA3's FP8 call style
+        q8 = q.to(cache_dtype)
+        calls.append(lambda: _fa3_cache_call(q8, k_cache, v_cache, table, cu_q, used,
+                                             q_descale=expanded(k_descale, 3), **scales))
+    q4, k4, v4, k_new, v_new, seqlens, _ = _cache_call(torch.bfloat16, new=1)
+    k4, kd4, _ = _quantized(k4, cache_dtype, 3)
+    v4, vd4, _ = _quantized(v4, cache_dtype, 4)
+    batched = dict(k=k_new, v=v_new, cache_seqlens=seqlens, k_descale=expanded(kd4, 2),
+                   v_descale=expanded(vd4, 2))
+    with monkeypatch.context() as m:  # the ordinary route's results
+        m.setattr(_core, "fwd_kvcache_varlen_torch_plain", lambda *args: None)
+        wants = [call() for call in calls]
+    want_batched, k_want, v_want = _ordinary_kvcache(q4, k4, v4, **batched)
+    _no_planning(monkeypatch)
+    monkeypatch.setattr(kvcache, "make_options", _ordinary_path_ran)
+    for call, want in zip(calls, wants):
+        assert torch.equal(call(), want)
+    assert torch.equal(anyattn.flash_attn_with_kvcache(q4, k4, v4, **batched), want_batched)
+    assert torch.equal(_bits(k4), _bits(k_want)) and torch.equal(_bits(v4), _bits(v_want))
+
+
 # ---- FA3's qv on a latent row ------------------------------------------------------------------
 
 

@@ -69,7 +69,7 @@ TensorExtent check_tensor(const char* function, const char* name, const anyattn_
 }
 
 TensorExtent check_layout(const char* function, const char* name, const anyattn_tensor* t,
-                          std::initializer_list<int32_t> allowed_dtypes) {
+                          std::initializer_list<int32_t> allowed_dtypes, LastStride last_stride) {
   if (std::find(allowed_dtypes.begin(), allowed_dtypes.end(), t->dtype) == allowed_dtypes.end()) {
     fail_invalid(function, ": ", name, ".dtype is ", dtype_name(t->dtype), " (", t->dtype,
                  "); supported: ", allowed_list(allowed_dtypes));
@@ -88,7 +88,7 @@ TensorExtent check_layout(const char* function, const char* name, const anyattn_
   }
   if (extent.num_elements == 0) return TensorExtent{};  // addresses nothing: any strides
   const int last = t->ndim - 1;
-  if (t->shape[last] > 1 && t->strides[last] != 1) {
+  if (last_stride == LastStride::kUnit && t->shape[last] > 1 && t->strides[last] != 1) {
     fail_invalid(function, ": ", name, ".strides[", last, "] is ", t->strides[last],
                  "; the last dimension must have unit stride");
   }

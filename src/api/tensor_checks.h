@@ -59,10 +59,13 @@ TensorExtent check_tensor(const char* function, const char* name, const anyattn_
 
 // The steps of check_tensor, for callers that report the rank themselves (call_check.cc).
 // require_descriptor throws unless `t` is non-null; check_layout checks everything after the
-// rank.
+// rank. The last dimension must have unit stride unless `last_stride` is kAny (tensors the
+// library copies entry by entry, such as descales, which callers pass as broadcast views).
+enum class LastStride { kUnit, kAny };
 void require_descriptor(const char* function, const char* name, const anyattn_tensor* t);
 TensorExtent check_layout(const char* function, const char* name, const anyattn_tensor* t,
-                          std::initializer_list<int32_t> allowed_dtypes);
+                          std::initializer_list<int32_t> allowed_dtypes,
+                          LastStride last_stride = LastStride::kUnit);
 
 // Throws unless no two distinct index tuples of `t` address the same element (a tensor that is
 // written must not overlap itself). Uses a sufficient condition: sorted by |stride|, each stride

@@ -12,8 +12,8 @@
 namespace anyattn::api {
 namespace {
 
-// Reads descale `name` (shape (1), (Hk) or (B, Hk)) into `expanded`, (B, Hk) row-major, checking
-// every entry.
+// Reads descale `name` (shape (1), (Hk) or (B, Hk), any strides: FA3's callers pass one scale
+// expanded to (B, Hk), strides 0) into `expanded`, (B, Hk) row-major, checking every entry.
 void read_descale(const char* fn, const char* name, const anyattn_tensor* t, int64_t batch,
                   int64_t heads_k, bool appending, std::vector<float>* expanded) {
   require_descriptor(fn, name, t);
@@ -21,7 +21,7 @@ void read_descale(const char* fn, const char* name, const anyattn_tensor* t, int
     fail_invalid(fn, ": ", name, ".ndim is ", t->ndim,
                  "; expected (1) per tensor, (Hk) per kv head or (B, Hk) per sequence and kv head");
   }
-  check_layout(fn, name, t, {ANYATTN_DTYPE_F32});
+  check_layout(fn, name, t, {ANYATTN_DTYPE_F32}, LastStride::kAny);
   const bool per_sequence = t->ndim == 2;
   const bool shape_ok = per_sequence ? t->shape[0] == batch && t->shape[1] == heads_k
                                      : t->shape[0] == 1 || t->shape[0] == heads_k;

@@ -733,6 +733,39 @@ TEST(Kvcache8bit, ZeroAndSubnormalDescalesReadAsScaled) {
   }
 }
 
+// Descales passed as broadcast views, as FA3's callers expand one scale to (B, Hk): k_descale
+// with strides (0, 0) (every entry the first value), v_descale with strides (0, 1) (every row
+// the first row). They read and append as the contiguous (B, Hk) tensors of the same entries,
+// to the bit, and against the reference.
+TEST(Kvcache8bit, BroadcastDescalesReadAsTheirEntries) {
+  for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_I8}) {
+    for (int64_t S_new : {0, 1}) {
+      Q8Case c = hostile_case(S_new);
+      c.kv_dtype = kv;
+      c.scales = Scales::kSeqHead;
+      Q8Problem broadcast(c);
+      broadcast.k_descale.t.strides[0] = broadcast.k_descale.t.strides[1] = 0;
+      broadcast.v_descale.t.strides[0] = 0;
+      for (anyattn_isa isa : supported_isas()) {
+        EXPECT_TRUE(run_and_check(&broadcast, isa, 2)) << c.describe();
+      }
+      Q8Problem expanded(c);
+      for (int64_t i = 0; i < c.B * c.Hk; ++i) {
+        expanded.k_descale.set(i, broadcast.k_descale.values()[0]);
+        expanded.v_descale.set(i, broadcast.v_descale.values()[i % c.Hk]);
+      }
+      broadcast.restore();
+      expanded.restore();
+      ASSERT_EQ(broadcast.run(), ANYATTN_OK) << anyattn_last_error();
+      ASSERT_EQ(expanded.run(), ANYATTN_OK) << anyattn_last_error();
+      EXPECT_EQ(broadcast.out.bytes, expanded.out.bytes) << c.describe();
+      EXPECT_EQ(broadcast.lse.bytes, expanded.lse.bytes) << c.describe();
+      EXPECT_EQ(broadcast.k_cache.bytes, expanded.k_cache.bytes) << c.describe();
+      EXPECT_EQ(broadcast.v_cache.bytes, expanded.v_cache.bytes) << c.describe();
+    }
+  }
+}
+
 // Runs `p` expecting ANYATTN_E_INVALID_ARGUMENT with a message containing every part of `parts`,
 // and nothing written.
 void expect_rejected(Q8Problem* p, const std::vector<std::string>& parts) {
