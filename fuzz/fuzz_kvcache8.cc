@@ -42,13 +42,17 @@ struct Descale {
 };
 
 // Draws none, (1), (Hk), (B, Hk) or a wrong shape; normal entries are nominal[h] (times 2 for odd
-// sequences of a (B, Hk) descale), and one entry in about eight tensors is hostile.
+// sequences of a (B, Hk) descale), and one entry in about eight tensors is hostile. A (B, Hk)
+// descale may be a broadcast view, as FA3's callers expand one scale: strides (0, 0) read entry
+// 0 everywhere, (0, 1) the first row.
 Descale draw_descale(FuzzedDataProvider& data, int64_t batch, int64_t heads_k,
                      const std::vector<float>& nominal) {
   Descale d;
   const int shape_pick = data.ConsumeIntegralInRange<int>(0, 8);
   if (shape_pick <= 2) return d;  // none
   d.given = true;
+  const int broadcast =
+      shape_pick == 6 || shape_pick == 7 ? data.ConsumeIntegralInRange<int>(0, 2) : 0;
   int64_t shape[2] = {1, 1};
   int ndim = 1;
   if (shape_pick == 4 || shape_pick == 5) shape[0] = heads_k;
@@ -78,6 +82,18 @@ Descale draw_descale(FuzzedDataProvider& data, int64_t batch, int64_t heads_k,
     if (pick >= 2) d.invalid = true;
   }
   std::memcpy(d.tensor.t.data, entries.data(), entries.size() * 4);
+  if (broadcast != 0) {  // the entries the view reads, and their verdicts
+    d.tensor.t.strides[0] = 0;
+    if (broadcast == 1) d.tensor.t.strides[1] = 0;
+    d.invalid = d.not_appendable = false;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      entries[i] = entries[broadcast == 1 ? 0 : i % static_cast<size_t>(heads_k)];
+      if (!std::isfinite(entries[i]) || entries[i] < 0.f) d.invalid = true;
+      if (entries[i] == 0.f || std::fpclassify(entries[i]) == FP_SUBNORMAL) {
+        d.not_appendable = true;
+      }
+    }
+  }
   if (!d.invalid) {
     d.values.resize(static_cast<size_t>(batch * heads_k));
     for (int64_t b = 0; b < batch; ++b) {
