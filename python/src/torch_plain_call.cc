@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 
@@ -50,7 +51,7 @@ TorchObjects g_torch;
 
 // Interned attribute and method names.
 struct Names {
-  PyObject *is_cpu, *dtype, *shape, *stride, *data_ptr, *requires_grad, *new_empty, *new_zeros;
+  PyObject *is_cpu, *dtype, *shape, *stride, *data_ptr, *requires_grad, *new_empty;
 };
 Names g_names;
 
@@ -292,28 +293,51 @@ PyObject* new_tensor(PyObject* like, const int64_t* shape, int ndim, PyObject* f
 
 // The output of a call with query `q` (its leading dimensions, then Hq and D) and values of head
 // dimension `dv`: a new contiguous tensor of q's shape but Dv last, in q's dtype, made by
-// q.<factory> (new_empty, or new_zeros where rows the call does not write must read 0), and its
-// description. Null on failure.
-PyObject* new_output(PyObject* q, const anyattn_tensor& tq, int64_t dv, PyObject* factory,
-                     anyattn_tensor& tout) {
+// q.new_empty, and its description. Null on failure.
+PyObject* new_output(PyObject* q, const anyattn_tensor& tq, int64_t dv, anyattn_tensor& tout) {
   int64_t shape[ANYATTN_MAX_NDIM];
   for (int i = 0; i < tq.ndim; ++i) shape[i] = i + 1 < tq.ndim ? tq.shape[i] : dv;
-  return new_tensor(q, shape, tq.ndim, factory, tq.dtype, nullptr, tout);
+  return new_tensor(q, shape, tq.ndim, g_names.new_empty, tq.dtype, nullptr, tout);
 }
 
-// -inf in the rows of `lse` (Hq, total_q) outside every sequence of `cu` (cu_seqlens_q): those
-// before its first entry and from its last on, which the library does not write. The entries are
-// clamped to the rows (the library validates them).
-void clear_rows_outside(const anyattn_tensor& cu, const anyattn_tensor& lse) {
+// The packed rows [first, last) of `total` that the sequences of `cu` (cu_seqlens_q) cover: from
+// its first entry to its last, which the library writes, every one. The entries are clamped to
+// the rows (the library validates them).
+struct RowsInside {
+  int64_t first, last;
+};
+RowsInside rows_inside(const anyattn_tensor& cu, int64_t total) {
   const int32_t* starts = static_cast<const int32_t*>(cu.data);
-  const int64_t total = lse.shape[1];
   const int64_t first = std::clamp<int64_t>(starts[0], 0, total);
-  const int64_t last = std::clamp<int64_t>(starts[cu.shape[0] - 1], first, total);
+  return {first, std::clamp<int64_t>(starts[cu.shape[0] - 1], first, total)};
+}
+
+// -inf in the rows of `lse` (Hq, total_q) outside every sequence of `cu`.
+void clear_rows_outside(const anyattn_tensor& cu, const anyattn_tensor& lse) {
+  const int64_t total = lse.shape[1];
+  const RowsInside inside = rows_inside(cu, total);
   float* row = static_cast<float*>(lse.data);
   for (int64_t h = 0; h < lse.shape[0]; ++h, row += total) {
-    std::fill(row, row + first, -std::numeric_limits<float>::infinity());
-    std::fill(row + last, row + total, -std::numeric_limits<float>::infinity());
+    std::fill(row, row + inside.first, -std::numeric_limits<float>::infinity());
+    std::fill(row + inside.last, row + total, -std::numeric_limits<float>::infinity());
   }
+}
+
+// The output of packed queries `tq` (total_q, Hq, D) and values of head dimension `dv`, as
+// new_output makes it, with 0 in the rows outside every sequence of `cu` (the ordinary path's
+// value there) and the rest left to the call, which writes them all. Null on failure.
+PyObject* new_packed_output(PyObject* q, const anyattn_tensor& tq, int64_t dv,
+                            const anyattn_tensor& cu, anyattn_tensor& tout) {
+  PyObject* out = new_output(q, tq, dv, tout);
+  if (!out) return nullptr;
+  const int64_t total = tout.shape[0];
+  const RowsInside inside = rows_inside(cu, total);
+  const int64_t row_bytes = tout.strides[0] * (tout.dtype == ANYATTN_DTYPE_F32 ? 4 : 2);
+  char* rows = static_cast<char*>(tout.data);
+  std::memset(rows, 0, static_cast<size_t>(inside.first * row_bytes));
+  std::memset(rows + inside.last * row_bytes, 0,
+              static_cast<size_t>((total - inside.last) * row_bytes));
+  return out;
 }
 
 // A new float32 LSE of `shape` (`ndim` extents) made like `q`, described in `tlse`; an invalid
@@ -435,7 +459,7 @@ nb::object fwd_torch_plain(nb::handle q, nb::handle k, nb::handle v, nb::handle 
     if (!lse.is_valid()) return nb::none();
   }
   anyattn_tensor tout{};
-  PyObject* out = new_output(q.ptr(), tq, tv.shape[3], g_names.new_empty, tout);
+  PyObject* out = new_output(q.ptr(), tq, tv.shape[3], tout);
   if (!out) return nb::none();
   return with_lse(run_released(out, [&] {
                     return anyattn_fwd(&tq, &tk, &tv, &tout, want_lse ? &tlse : nullptr, &params);
@@ -482,8 +506,7 @@ nb::object fwd_varlen_torch_plain(nb::handle q, nb::handle k, nb::handle v,
     if (!lse.is_valid()) return nb::none();
   }
   anyattn_tensor tout{};
-  // Rows outside every sequence are not written by the library; the ordinary path returns 0.
-  PyObject* out = new_output(q.ptr(), tq, tv.shape[2], g_names.new_zeros, tout);
+  PyObject* out = new_packed_output(q.ptr(), tq, tv.shape[2], tcq, tout);
   if (!out) return nb::none();
   const anyattn_tensor* used = seqused_k.is_none() ? nullptr : &tused;
   return with_lse(run_released(out, [&] {
@@ -631,7 +654,7 @@ nb::object fwd_kvcache_torch_plain(nb::handle q, nb::handle k_cache, nb::handle 
     if (!lse.is_valid()) return nb::none();
   }
   anyattn_tensor tout{};
-  PyObject* out = new_output(q.ptr(), tq, tvc.shape[3], g_names.new_empty, tout);
+  PyObject* out = new_output(q.ptr(), tq, tvc.shape[3], tout);
   if (!out) return nb::none();
   return with_lse(run_released(out, [&] {
                     return anyattn_fwd_kvcache(&tq, &tkc, &tvc, &tout, want_lse ? &tlse : nullptr,
@@ -702,8 +725,7 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
     if (!lse.is_valid()) return nb::none();
   }
   anyattn_tensor tout{};
-  // Rows outside every sequence are not written by the library; the ordinary path returns 0.
-  PyObject* out = new_output(q.ptr(), tq, tvc.shape[3], g_names.new_zeros, tout);
+  PyObject* out = new_packed_output(q.ptr(), tq, tvc.shape[3], tcq, tout);
   if (!out) return nb::none();
   return with_lse(run_released(out, [&] {
                     return anyattn_fwd_kvcache_varlen(&tq, &tkc, &tvc, &tout,
@@ -721,7 +743,7 @@ void bind_torch(nb::handle tensor_type, nb::handle float32, nb::handle float16,
   if (!PyType_Check(tensor_type.ptr())) throw nb::type_error("tensor_type: expected a type");
   g_names = {intern("is_cpu"),   intern("dtype"),         intern("shape"),
              intern("stride"),   intern("data_ptr"),      intern("requires_grad"),
-             intern("new_empty"), intern("new_zeros")};
+             intern("new_empty")};
   g_torch = {tensor_type.inc_ref().ptr(),   float32.inc_ref().ptr(),
              float16.inc_ref().ptr(),       bfloat16.inc_ref().ptr(),
              int32.inc_ref().ptr(),         float8_e4m3fn.inc_ref().ptr(),

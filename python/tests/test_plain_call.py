@@ -512,6 +512,25 @@ def test_cache_varlen_runs_plain_calls_bitwise_like_the_ordinary_path(dtype, pag
     assert not out[0].any() and not out[12].any()  # rows of no sequence are 0, as ordinarily
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_outputs_are_0_outside_every_sequence_on_reused_memory(dtype):
+    """The packed calls allocate their output uninitialised and zero only the rows outside every
+    sequence (the library writes the rest): each call here follows the release of a NaN-filled
+    block of the output's size, which the allocator tends to hand out again."""
+    q, k, v, cu_q, cu_k = _packed(dtype)
+    qc, k_cache, v_cache, table, cu_qc, used = _cache_varlen(dtype)
+    calls = [lambda: _varlen_plain(q, k, v, cu_q, cu_k),
+             lambda: _cache_varlen_plain(qc, k_cache, v_cache, cu_qc, used, table)]
+    for call in calls:
+        want = call()
+        for _ in range(8):
+            stale = torch.full_like(want, float("nan"))
+            del stale
+            out = call()
+            assert not out[0].any() and not out[12].any()
+            assert torch.equal(out, want)
+
+
 @pytest.mark.parametrize("alibi_slopes", [torch.rand(4), torch.rand(3, 4)], ids=["1-D", "2-D"])
 def test_paged_varlen_with_alibi_runs_bitwise_like_the_ordinary_path(alibi_slopes):
     q, k_cache, v_cache, table, cu_q, used = _cache_varlen(torch.bfloat16)
