@@ -519,8 +519,12 @@ def test_packed_outputs_are_0_outside_every_sequence_on_reused_memory(dtype):
     block of the output's size, which the allocator tends to hand out again."""
     q, k, v, cu_q, cu_k = _packed(dtype)
     qc, k_cache, v_cache, table, cu_qc, used = _cache_varlen(dtype)
+    no_keys = torch.tensor([0, 6, 8, 8], dtype=torch.int32)  # the last sequence sees no key
     calls = [lambda: _varlen_plain(q, k, v, cu_q, cu_k),
-             lambda: _cache_varlen_plain(qc, k_cache, v_cache, cu_qc, used, table)]
+             lambda: _varlen_plain(q, k, v, cu_q, no_keys),
+             lambda: _cache_varlen_plain(qc, k_cache, v_cache, cu_qc, used, table),
+             lambda: _cache_varlen_plain(qc, k_cache, v_cache, cu_qc,
+                                         torch.tensor([6, 2, 0], dtype=torch.int32), table)]
     for call in calls:
         want = call()
         for _ in range(8):
@@ -529,6 +533,7 @@ def test_packed_outputs_are_0_outside_every_sequence_on_reused_memory(dtype):
             out = call()
             assert not out[0].any() and not out[12].any()
             assert torch.equal(out, want)
+    assert not want[4:12].any()  # the sequence without keys reads 0
 
 
 @pytest.mark.parametrize("alibi_slopes", [torch.rand(4), torch.rand(3, 4)], ids=["1-D", "2-D"])
