@@ -232,28 +232,34 @@ def run_cache(q, k_cache, v_cache, plan: Plan, table, batch_idx, options: AttnOp
 
 def plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, table,
                      options: AttnOptions, sinks, num_splits: int, need_lse: bool,
-                     scales=(None,) * 4):
+                     scales=(None,) * 4, qv=None):
     """q packed (total_q, Hq, D) with cu_seqlens_q, or batched (batch, seqlen_q, Hq, D) with
     cu_seqlens_q None, against a cache read in place (paged with ``table``, else contiguous; keys
     0 .. cache_seqlens[b] - 1 of sequence b), without chunks or seqused_q: a sequence per plan
     entry, so a plain call runs in one C function (_plain_call.py); ``scales``: an 8-bit
-    cache's (k_descale, v_descale, k_token_scale, v_token_scale). Returns (out, lse) in q's
-    layout (lse None without ``need_lse``), or None, having done nothing, when the call is not
-    plain (the caller then plans it)."""
+    cache's (k_descale, v_descale, k_token_scale, v_token_scale); ``qv``: FA3's value-side query
+    in q's layout, plain where q and qv, and k_cache and v_cache, are column ranges of one row
+    ([qv | q] against the latent row [v | k]). Returns (out, lse) in q's layout (lse None
+    without ``need_lse``), or None, having done nothing, when the call is not plain (the caller
+    then plans it)."""
     if tracing():
         return None
     batched = cu_seqlens_q is None
-    packed = q
+    packed, packed_qv = q, qv
     if batched:
         if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] * q.shape[1] == 0:
             return None
         b, sq = q.shape[0], q.shape[1]
         cu_seqlens_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32)
         packed = q.reshape(b * sq, q.shape[2], q.shape[3])
+        if qv is not None:
+            if not isinstance(qv, torch.Tensor) or qv.dim() != 4:
+                return None
+            packed_qv = qv.reshape(b * sq, qv.shape[2], qv.shape[3])
     result = _core.fwd_kvcache_varlen_torch_plain(
         packed, k_cache, v_cache, cu_seqlens_q, None, cache_seqlens, table, 0.0,
         options.softmax_scale, options.causal, options.window_size, options.softcap, None,
-        bool(need_lse), float32_per_head(sinks), num_splits, *scales)
+        bool(need_lse), float32_per_head(sinks), num_splits, *scales, packed_qv)
     if result is None:
         return None
     out, lse = result if need_lse else (result, None)

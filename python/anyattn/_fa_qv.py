@@ -13,10 +13,11 @@ widened query (one over the square root of its last dimension).
   the row itself is the key and v_cache its column prefix: anyattn's shared latent cache
   (docs/semantics.md section 11), read in place, 8-bit caches included. The query is then
   [qv | q] (in place too where q's columns follow qv's in one tensor, as sglang slices them) and
-  new rows [v | k]. Otherwise (two separate caches, or rotary, which rotates the
-  first columns of q and of the new keys) the keys [k | v] are gathered into a copy, and an
-  append is copied back into k_cache (v_cache is appended in place); 8-bit caches need the
-  shared row there.
+  new rows [v | k]; a read of such a row and query without new keys runs in one C call
+  (_fa_plan.plain_cache_call's qv) before any CachePlan is made. Otherwise (two separate
+  caches, or rotary, which rotates the first columns of q and of the new keys) the keys [k | v]
+  are gathered into a copy, and an append is copied back into k_cache (v_cache is appended in
+  place); 8-bit caches need the shared row there.
 - FA4 (fa4_query_and_keys) as FA3, and q may be None (scores qv . v); a paged varlen call reads a
   [v | k] row in place.
 """

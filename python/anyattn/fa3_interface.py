@@ -382,15 +382,25 @@ def flash_attn_with_kvcache(
         raise ValueError(f"q_descale: given for {str(q.dtype).replace('torch.', '')} queries; it "
                          "scales float8 queries only (torch.float8_e4m3fn, torch.float8_e5m2)")
     scales = (k_descale, v_descale, k_token_scale, v_token_scale)
-    plan = None
-    if qv is not None:
-        plan = CachePlan(q, k_cache, v_cache, k, v, qv, rotary_cos, scales)
-        q, k_cache, v_cache, k, v, scales = (plan.q, plan.k_cache, plan.v_cache, plan.k, plan.v,
-                                             plan.scales)
     chunk = chunk_size(attention_chunk)
     sinks = pick_sinks(sinks, learnable_sink)
     splits = max(as_int(num_splits, "num_splits"), 0)
-    if (cu_seqlens_q is None and chunk == 0 and rotary_seqlens is None
+    reads_only = (k is None and v is None and rotary_cos is None and rotary_sin is None
+                  and cache_batch_idx is None and cache_leftpad is None and chunk == 0)
+    result = plan = None
+    if qv is not None and reads_only:
+        # Absorbed MLA's decode read (sglang's call: q and qv sliced from one query, the caches
+        # the two column ranges of DeepSeek's latent row) runs in one C function when plain.
+        result = plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, page_table,
+                                  options, sinks, splits, bool(return_softmax_lse), scales,
+                                  qv=qv)
+    if qv is not None and result is None:
+        plan = CachePlan(q, k_cache, v_cache, k, v, qv, rotary_cos, scales)
+        q, k_cache, v_cache, k, v, scales = (plan.q, plan.k_cache, plan.v_cache, plan.k, plan.v,
+                                             plan.scales)
+    if result is not None:
+        out, lse = result
+    elif (cu_seqlens_q is None and chunk == 0 and rotary_seqlens is None
             and (k is None or cu_seqlens_k_new is None)):
         # Without the LSE a plain call runs in one C function (_plain_call.py).
         result = _fa2_kvcache(
@@ -403,11 +413,8 @@ def flash_attn_with_kvcache(
         out, lse = result if return_softmax_lse else (result, None)
     else:
         # sglang's decode and extend steps (packed q against a cache it has appended to
-        # already, absorbed MLA's qv call on its latent row too) run in one C function when the
-        # call is plain.
-        reads_only = (k is None and v is None and rotary_cos is None and rotary_sin is None
-                      and cache_batch_idx is None and cache_leftpad is None and chunk == 0)
-        result = None
+        # already; a qv call whose q and qv were two tensors, as [qv | q]) run in one C
+        # function when the call is plain.
         if reads_only:
             result = plain_cache_call(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens,
                                       page_table, options, sinks, splits,

@@ -95,6 +95,21 @@ int32_t cache_dtype_code(PyObject* dtype) {
   return dtype_code(dtype);
 }
 
+// Bytes per element of an anyattn dtype a plain call describes (float, 8-bit cache or int32).
+int64_t element_bytes(int32_t dtype) {
+  switch (dtype) {
+    case ANYATTN_DTYPE_F16:
+    case ANYATTN_DTYPE_BF16:
+      return 2;
+    case ANYATTN_DTYPE_FP8_E4M3:
+    case ANYATTN_DTYPE_FP8_E5M2:
+    case ANYATTN_DTYPE_I8:
+      return 1;
+    default:
+      return 4;
+  }
+}
+
 // Reads a tuple of `n` exact ints into dst; false if `tuple` is anything else.
 bool read_ints(PyObject* tuple, int n, int64_t* dst) {
   if (!tuple || !PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != n) return false;
@@ -332,7 +347,7 @@ PyObject* new_packed_output(PyObject* q, const anyattn_tensor& tq, int64_t dv,
   if (!out) return nullptr;
   const int64_t total = tout.shape[0];
   const RowsInside inside = rows_inside(cu, total);
-  const int64_t row_bytes = tout.strides[0] * (tout.dtype == ANYATTN_DTYPE_F32 ? 4 : 2);
+  const int64_t row_bytes = tout.strides[0] * element_bytes(tout.dtype);
   char* rows = static_cast<char*>(tout.data);
   std::memset(rows, 0, static_cast<size_t>(inside.first * row_bytes));
   std::memset(rows + inside.last * row_bytes, 0,
@@ -676,6 +691,28 @@ bool longest_sequence(const anyattn_tensor& cu, int64_t& longest) {
   return true;
 }
 
+// The row [first | second] of two tensors described in `first` and `second` whose last
+// dimensions are column ranges of the same rows: one dtype, shape but for the last dimension,
+// strides, and `second` starting where `first` ends. The row is described in `row` (first's
+// data, the two widths together); false if the two are anything else.
+bool adjacent_columns(const anyattn_tensor& first, const anyattn_tensor& second,
+                      anyattn_tensor& row) {
+  if (first.dtype != second.dtype || first.ndim != second.ndim) return false;
+  const int last = first.ndim - 1;
+  for (int d = 0; d < first.ndim; ++d) {
+    if ((d < last && first.shape[d] != second.shape[d]) || first.strides[d] != second.strides[d]) {
+      return false;
+    }
+  }
+  if (static_cast<const char*>(second.data) !=
+      static_cast<const char*>(first.data) + first.shape[last] * element_bytes(first.dtype)) {
+    return false;
+  }
+  row = first;
+  row.shape[last] = first.shape[last] + second.shape[last];
+  return true;
+}
+
 nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::handle v_cache,
                                           nb::handle cu_seqlens_q, nb::handle max_seqlen_q,
                                           nb::handle cache_seqlens, nb::handle block_table,
@@ -685,7 +722,7 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
                                           nb::handle return_attn_probs, nb::handle sinks,
                                           nb::handle num_splits, nb::handle k_descale,
                                           nb::handle v_descale, nb::handle k_token_scale,
-                                          nb::handle v_token_scale) {
+                                          nb::handle v_token_scale, nb::handle qv) {
   if (!g_torch.tensor_type) return nb::none();
   anyattn_fwd_params params;
   bool want_lse = false;
@@ -707,6 +744,20 @@ nb::object fwd_kvcache_varlen_torch_plain(nb::handle q, nb::handle k_cache, nb::
       !read_cache_seqlens(cache_seqlens.ptr(), tseqlens, cache) ||
       !read_cache_scales(k_descale, v_descale, k_token_scale, v_token_scale, tscales, cache)) {
     return nb::none();
+  }
+  if (!qv.is_none()) {
+    // FA3's qv (absorbed MLA): scores q . k + qv . v, which is attention of the query [qv | q]
+    // against the keys [v | k]. Plain where both are column ranges of one row, as DeepSeek's
+    // latent cache and sglang's sliced query are: the row is the shared latent cache (v_cache
+    // its column prefix, K's scales for V: the library checks v_descale and v_token_scale).
+    anyattn_tensor tqv{}, tq_row{}, tkc_row{};
+    if (!describe_tensor(qv.ptr(), 3, Elements::kFloat, tqv) ||
+        !adjacent_columns(tqv, tq, tq_row) || !adjacent_columns(tvc, tkc, tkc_row) ||
+        needs_autograd({qv.ptr()})) {
+      return nb::none();
+    }
+    tq = tq_row;
+    tkc = tkc_row;
   }
   if (!block_table.is_none()) {
     if (!describe_tensor(block_table.ptr(), 2, Elements::kInt32, tblocks)) return nb::none();
@@ -805,12 +856,14 @@ void register_torch_plain_call(nb::module_& m) {
         nb::arg("return_attn_probs").none(), nb::arg("sinks").none(),
         nb::arg("num_splits").none(), nb::arg("k_descale").none() = nb::none(),
         nb::arg("v_descale").none() = nb::none(), nb::arg("k_token_scale").none() = nb::none(),
-        nb::arg("v_token_scale").none() = nb::none(),
+        nb::arg("v_token_scale").none() = nb::none(), nb::arg("qv").none() = nb::none(),
         "Packed queries against a cache read in place (anyattn_fwd_kvcache_varlen: "
         "flash_attn_varlen_func with block_table and seqused_k, the FA3/FA4 cache calls with "
         "cu_seqlens_q): the output when the call is plain and ran (rows outside every sequence "
         "0); otherwise None, with nothing changed. max_seqlen_q None: the longest sequence of "
         "cu_seqlens_q; ALiBi slopes, sinks and the scales of an 8-bit cache in float32; "
         "return_attn_probs: (out, lse (Hq, total_q) float32, -inf outside every sequence) "
-        "instead of out. Releases the GIL while the kernel runs.");
+        "instead of out. qv (FA3's value-side query): plain only where q's columns follow qv's "
+        "in one tensor and k_cache's follow v_cache's (one latent row [v | k]). Releases the GIL "
+        "while the kernel runs.");
 }

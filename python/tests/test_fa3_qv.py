@@ -307,6 +307,31 @@ def test_kvcache_with_qv_rejects_what_one_row_cannot_hold():
                                     rotary_sin=wide, cache_seqlens=2)
 
 
+def test_kvcache_with_qv_on_one_query_rejects_scales_one_row_cannot_take():
+    """q and qv sliced from one query take the one-call path, which declines a row whose V
+    scales are not K's: the call raises as it does for separate q and qv."""
+    kw = {"cache_seqlens": torch.tensor([3], dtype=torch.int32),
+          "page_table": torch.tensor([[1, 2]], dtype=torch.int32)}
+    q_all = randn((1, 1, 4, DV + D), "bfloat16", 76)
+    q, qv = q_all[..., DV:], q_all[..., :DV]
+    full = randn((4, 4, 1, DV + D), "bfloat16", 75)
+    cache, descale, _ = kv_quant.quantize_kv_cache(full, torch.float8_e4m3fn, "tensor")
+    with pytest.raises(ValueError, match="k_descale, v_descale: with qv on one row"):
+        fa3.flash_attn_with_kvcache(q, cache[..., DV:], cache[..., :DV], qv=qv,
+                                    k_descale=descale, v_descale=2 * descale, **kw)
+    cache, _, tokens = kv_quant.quantize_kv_cache(full, torch.int8, "token")
+    with pytest.raises(ValueError, match="k_token_scale, v_token_scale: with qv on one row"):
+        fa3.flash_attn_with_kvcache(q, cache[..., DV:], cache[..., :DV], qv=qv,
+                                    k_token_scale=tokens, v_token_scale=tokens.clone(), **kw)
+    out = fa3.flash_attn_with_kvcache(q, cache[..., DV:], cache[..., :DV], qv=qv,
+                                      k_token_scale=tokens, v_token_scale=tokens, **kw)
+    want = anyattn.flash_attn_with_kvcache(q_all, cache, cache[..., :DV], k_token_scale=tokens,
+                                           block_table=kw["page_table"],
+                                           cache_seqlens=kw["cache_seqlens"],
+                                           softmax_scale=(D + DV) ** -0.5)
+    assert torch.equal(out, want)
+
+
 # ---- FlashAttention 4 ---------------------------------------------------------------------
 
 

@@ -836,12 +836,13 @@ def test_8bit_calls_with_broadcast_descales_take_the_fast_path(monkeypatch, cach
 _QV_D, _QV_DV = 16, 32  # the rotary and latent widths of the row [v | k]
 
 
-def _qv_call(cache_dtype, lse, separate, adjacent_query, seed=0):
+def _qv_call(cache_dtype, lse, separate, adjacent_query, batched=False, seed=0):
     """sglang's absorbed-MLA read: packed q (the rotary part) and qv (the latent part) of three
     sequences (2, 0 and 3 queries, 8 heads) against one latent kv head, paged (pages of 4), with
     k_cache and v_cache the two column ranges of one row [v | k], or (``separate``) two caches of
     their own; q and qv the column ranges of one tensor [qv | q] (``adjacent_query``) or two
-    tensors. Returns call() -> out (with ``lse``, (out, lse))."""
+    tensors; ``batched``: q (3, 2, 8, D) without cu_seqlens_q instead. Returns call() -> out
+    (with ``lse``, (out, lse))."""
     from anyattn import fa3_interface, kv_quant
 
     g = torch.Generator().manual_seed(seed)
@@ -859,40 +860,47 @@ def _qv_call(cache_dtype, lse, separate, adjacent_query, seed=0):
     k_cache, v_cache = row[..., dv:], row[..., :dv]
     if separate:
         k_cache, v_cache = k_cache.clone(), v_cache.clone()
-    q_all = torch.randn(5, 8, dv + d, generator=g).to(dtype)
+    q_all = torch.randn(*((3, 2) if batched else (5,)), 8, dv + d, generator=g).to(dtype)
     qv, q = q_all[..., :dv], q_all[..., dv:]  # views of one tensor, as sglang slices them
     if not adjacent_query:
         qv, q = qv.clone(), q.clone()
     table = torch.randperm(10, generator=g)[:9].reshape(3, 3).to(torch.int32)
     seqlens = torch.tensor([7, 3, 12], dtype=torch.int32)
-    cu_q = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    packed = {} if batched else {"cu_seqlens_q": torch.tensor([0, 2, 2, 5], dtype=torch.int32),
+                                 "max_seqlen_q": 3}
 
     def call():
         result = fa3_interface.flash_attn_with_kvcache(
-            q, k_cache, v_cache, qv=qv, cache_seqlens=seqlens, page_table=table,
-            cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_q, max_seqlen_q=3, causal=True,
-            return_softmax_lse=lse, **scales)
+            q, k_cache, v_cache, qv=qv, cache_seqlens=seqlens, page_table=table, causal=True,
+            return_softmax_lse=lse, **packed, **scales)
         return result[:2] if lse else (result,)
 
     return call
 
 
 @pytest.mark.parametrize("lse", [False, True])
-@pytest.mark.parametrize("cache_dtype,separate,adjacent_query", [
-    (torch.bfloat16, False, True), (torch.bfloat16, False, False), (torch.float32, False, True),
-    (torch.float8_e4m3fn, False, True), (torch.int8, False, True), (torch.bfloat16, True, True)],
-    ids=str)
+@pytest.mark.parametrize("cache_dtype,separate,adjacent_query,batched", [
+    (torch.bfloat16, False, True, False), (torch.bfloat16, False, False, False),
+    (torch.float32, False, True, False), (torch.float8_e4m3fn, False, True, False),
+    (torch.int8, False, True, False), (torch.bfloat16, True, True, False),
+    (torch.bfloat16, False, True, True), (torch.int8, False, True, True)], ids=str)
 def test_fa3_qv_read_takes_the_fast_path_bitwise_like_the_ordinary_route(
-        monkeypatch, cache_dtype, separate, adjacent_query, lse):
-    """The qv call reads the row (or a gathered [k | v] copy of separate caches) in one C
-    function, with the results of the planned route."""
-    call = _qv_call(cache_dtype, lse, separate, adjacent_query)
+        monkeypatch, cache_dtype, separate, adjacent_query, batched, lse):
+    """The qv call reads the row in one C function, with the results of the planned route:
+    with q and qv sliced from one query as it stands (the call builds no CachePlan), otherwise
+    with the query [qv | q] (or a gathered [k | v] copy of separate caches) made first."""
+    from anyattn import fa3_interface, kvcache
+
+    call = _qv_call(cache_dtype, lse, separate, adjacent_query, batched)
     with monkeypatch.context() as m:
         m.setattr(_core, "fwd_kvcache_varlen_torch_plain", lambda *args: None)
         want = call()
     _no_planning(monkeypatch)
+    monkeypatch.setattr(kvcache, "make_options", _ordinary_path_ran)
+    if adjacent_query and not separate:
+        monkeypatch.setattr(fa3_interface, "CachePlan", _ordinary_path_ran)
     got = call()
-    assert got[0].shape == (5, 8, _QV_DV)
+    assert got[0].shape == ((3, 2) if batched else (5,)) + (8, _QV_DV)
     for got_x, want_x in zip(got, want):
         assert torch.equal(got_x, want_x)
 
