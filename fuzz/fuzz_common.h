@@ -49,19 +49,7 @@ inline void print_tensor(const char* name, const anyattn_tensor* t) {
   std::fprintf(stderr, ") data %p\n", t->data);
 }
 
-inline int64_t dtype_bytes(int32_t dtype) {
-  switch (dtype) {
-    case ANYATTN_DTYPE_F16:
-    case ANYATTN_DTYPE_BF16:
-      return 2;
-    case ANYATTN_DTYPE_FP8_E4M3:
-    case ANYATTN_DTYPE_FP8_E5M2:
-    case ANYATTN_DTYPE_I8:
-      return 1;
-    default:
-      return 4;
-  }
-}
+inline int64_t dtype_bytes(int32_t dtype) { return anyattn_dtype_size(dtype); }
 
 // How a tensor's strides are laid out.
 enum class StrideKind {

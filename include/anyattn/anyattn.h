@@ -127,6 +127,9 @@ ANYATTN_API anyattn_status anyattn_tensor_init_contiguous(anyattn_tensor* t, voi
                                                           anyattn_dtype dtype, int32_t ndim,
                                                           const int64_t* shape);
 
+/* Bytes per element of `dtype` (4, 2 or 1), or 0 for a value that is no dtype. */
+ANYATTN_API int64_t anyattn_dtype_size(int32_t dtype);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Instruction-set paths                                                                          */
 /* ---------------------------------------------------------------------------------------------- */

@@ -95,21 +95,6 @@ int32_t cache_dtype_code(PyObject* dtype) {
   return dtype_code(dtype);
 }
 
-// Bytes per element of an anyattn dtype a plain call describes (float, 8-bit cache or int32).
-int64_t element_bytes(int32_t dtype) {
-  switch (dtype) {
-    case ANYATTN_DTYPE_F16:
-    case ANYATTN_DTYPE_BF16:
-      return 2;
-    case ANYATTN_DTYPE_FP8_E4M3:
-    case ANYATTN_DTYPE_FP8_E5M2:
-    case ANYATTN_DTYPE_I8:
-      return 1;
-    default:
-      return 4;
-  }
-}
-
 // Reads a tuple of `n` exact ints into dst; false if `tuple` is anything else.
 bool read_ints(PyObject* tuple, int n, int64_t* dst) {
   if (!tuple || !PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != n) return false;
@@ -347,7 +332,7 @@ PyObject* new_packed_output(PyObject* q, const anyattn_tensor& tq, int64_t dv,
   if (!out) return nullptr;
   const int64_t total = tout.shape[0];
   const RowsInside inside = rows_inside(cu, total);
-  const int64_t row_bytes = tout.strides[0] * element_bytes(tout.dtype);
+  const int64_t row_bytes = tout.strides[0] * anyattn_dtype_size(tout.dtype);
   char* rows = static_cast<char*>(tout.data);
   std::memset(rows, 0, static_cast<size_t>(inside.first * row_bytes));
   std::memset(rows + inside.last * row_bytes, 0,
@@ -705,7 +690,7 @@ bool adjacent_columns(const anyattn_tensor& first, const anyattn_tensor& second,
     }
   }
   if (static_cast<const char*>(second.data) !=
-      static_cast<const char*>(first.data) + first.shape[last] * element_bytes(first.dtype)) {
+      static_cast<const char*>(first.data) + first.shape[last] * anyattn_dtype_size(first.dtype)) {
     return false;
   }
   row = first;

@@ -102,6 +102,8 @@ anyattn_isa anyattn_isa_default(void) {
 
 const char* anyattn_isa_name(anyattn_isa isa) { return anyattn::cpu::isa_name(isa); }
 
+int64_t anyattn_dtype_size(int32_t dtype) { return anyattn::api::dtype_size(dtype); }
+
 int anyattn_fwd_kernel_count(void) {
   return static_cast<int>(anyattn::cpu::fwd_kernels_end() - anyattn::cpu::fwd_kernels_begin());
 }

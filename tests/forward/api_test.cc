@@ -17,6 +17,19 @@ TEST(Version, NumberAndStringMatchTheHeader) {
   EXPECT_EQ(std::string(anyattn_version_string()), expected);
 }
 
+TEST(Dtype, Sizes) {
+  EXPECT_EQ(anyattn_dtype_size(ANYATTN_DTYPE_F32), 4);
+  EXPECT_EQ(anyattn_dtype_size(ANYATTN_DTYPE_F16), 2);
+  EXPECT_EQ(anyattn_dtype_size(ANYATTN_DTYPE_BF16), 2);
+  EXPECT_EQ(anyattn_dtype_size(ANYATTN_DTYPE_I32), 4);
+  EXPECT_EQ(anyattn_dtype_size(ANYATTN_DTYPE_FP8_E4M3), 1);
+  EXPECT_EQ(anyattn_dtype_size(ANYATTN_DTYPE_FP8_E5M2), 1);
+  EXPECT_EQ(anyattn_dtype_size(ANYATTN_DTYPE_I8), 1);
+  for (int32_t none : {-1, 7, 1000, static_cast<int32_t>(ANYATTN_DTYPE_MAX_ENUM)}) {
+    EXPECT_EQ(anyattn_dtype_size(none), 0) << none;
+  }
+}
+
 TEST(Status, Names) {
   EXPECT_STREQ(anyattn_status_name(ANYATTN_OK), "ANYATTN_OK");
   EXPECT_STREQ(anyattn_status_name(ANYATTN_E_INVALID_ARGUMENT), "ANYATTN_E_INVALID_ARGUMENT");

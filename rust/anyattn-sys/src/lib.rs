@@ -211,6 +211,8 @@ extern "C" {
         ndim: i32,
         shape: *const i64,
     ) -> anyattn_status;
+    /// Bytes per element of `dtype` (4, 2 or 1), or 0 for a value that is no dtype.
+    pub fn anyattn_dtype_size(dtype: i32) -> i64;
     /// 1 if this build contains the path and the CPU can run it, else 0.
     pub fn anyattn_isa_supported(isa: anyattn_isa) -> c_int;
     /// The path `ANYATTN_ISA_AUTO` resolves to on this machine.
@@ -332,6 +334,7 @@ pub const DECLARED_FUNCTIONS: &[&str] = &[
     "anyattn_last_error",
     "anyattn_status_name",
     "anyattn_tensor_init_contiguous",
+    "anyattn_dtype_size",
     "anyattn_isa_supported",
     "anyattn_isa_default",
     "anyattn_isa_name",
