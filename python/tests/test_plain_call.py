@@ -51,6 +51,7 @@ def _ordinary(q, k, v, **kwargs):
     {"window_size": (2, 1)},
     {"window_size": [3, -1], "causal": True},
     {"softmax_scale": 2},
+    {"softmax_scale": np.float64(0.125), "softcap": np.float64(3.0)},
 ])
 def test_runs_plain_calls_bitwise_like_the_ordinary_path(dtype, kwargs):
     q, k, v = _qkv(dtype=dtype, dv=16)
@@ -111,6 +112,7 @@ def _declined_cases():
     yield "scale nan", (q, k, v), {"softmax_scale": float("nan")}
     yield "scale a bool", (q, k, v), {"softmax_scale": True}
     yield "scale a tensor", (q, k, v), {"softmax_scale": torch.tensor(0.5)}
+    yield "scale a numpy float64 inf", (q, k, v), {"softmax_scale": np.float64("inf")}
     yield "causal an int", (q, k, v), {"causal": 1}
     yield "window below -1", (q, k, v), {"window_size": (-2, 0)}
     yield "window of three", (q, k, v), {"window_size": (1, 1, 1)}
