@@ -185,8 +185,9 @@ bool needs_autograd(std::initializer_list<PyObject*> tensors) {
   return false;
 }
 
-// A finite float from a Python float (a subclass too: numpy.float64 is one, and the ordinary
-// route's float() reads the same value) or an exact int (not bool); false otherwise.
+// A finite float from a Python float, a subclass's stored value included (numpy.float64 is one,
+// and its float(), which the ordinary route takes, is that value), or from an exact int (not
+// bool); false otherwise.
 bool read_number(PyObject* obj, double& value) {
   if (PyFloat_Check(obj)) {
     value = PyFloat_AS_DOUBLE(obj);
