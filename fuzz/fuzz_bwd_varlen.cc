@@ -30,7 +30,7 @@ namespace {
 void check_rows_outside(const char* what, const anyattn_fuzz::Snapshot& before,
                         const std::vector<char>& in_sequence) {
   const FuzzTensor& f = *before.f;
-  const int64_t size = anyattn_fuzz::dtype_bytes(f.t.dtype);
+  const int64_t size = anyattn_dtype_size(f.t.dtype);
   const int64_t row_elements = f.t.shape[1] * f.t.shape[2];
   const std::vector<int64_t> offsets = f.offsets();
   for (size_t e = 0; e < offsets.size(); ++e) {

@@ -49,8 +49,6 @@ inline void print_tensor(const char* name, const anyattn_tensor* t) {
   std::fprintf(stderr, ") data %p\n", t->data);
 }
 
-inline int64_t dtype_bytes(int32_t dtype) { return anyattn_dtype_size(dtype); }
-
 // How a tensor's strides are laid out.
 enum class StrideKind {
   kContiguous,  // C-contiguous
@@ -130,11 +128,11 @@ inline FuzzTensor make_tensor(int32_t dtype, int ndim, const int64_t* shape, Str
   }
   if (empty) low = high = 0;
   const int64_t elements = high - low + 1;
-  f.storage_bytes = elements * dtype_bytes(dtype);
+  f.storage_bytes = elements * anyattn_dtype_size(dtype);
   f.storage.reset(new unsigned char[static_cast<size_t>(f.storage_bytes)]);
   std::memset(f.storage.get(), fill, static_cast<size_t>(f.storage_bytes));
   f.base_element = -low;
-  f.t.data = f.storage.get() + f.base_element * dtype_bytes(dtype);
+  f.t.data = f.storage.get() + f.base_element * anyattn_dtype_size(dtype);
   return f;
 }
 
@@ -178,7 +176,8 @@ struct DenseShape {
 
 // Stores `value` rounded to the tensor's dtype at element offset `offset`.
 inline void store_value(const FuzzTensor& f, int64_t offset, double value) {
-  unsigned char* p = static_cast<unsigned char*>(f.t.data) + offset * dtype_bytes(f.t.dtype);
+  unsigned char* p =
+      static_cast<unsigned char*>(f.t.data) + offset * anyattn_dtype_size(f.t.dtype);
   if (f.t.dtype == ANYATTN_DTYPE_F16) {
     const uint16_t h = anyattn::reference::f32_to_f16(static_cast<float>(value));
     std::memcpy(p, &h, 2);
@@ -290,7 +289,7 @@ struct Snapshot {
   void check_padding(const char* what) const {
     if (f == nullptr) return;
     std::vector<char> logical(static_cast<size_t>(f->storage_bytes), 0);
-    const int64_t size = dtype_bytes(f->t.dtype);
+    const int64_t size = anyattn_dtype_size(f->t.dtype);
     for (int64_t offset : f->offsets()) {
       for (int64_t b = 0; b < size; ++b) {
         logical[static_cast<size_t>((f->base_element + offset) * size + b)] = 1;
