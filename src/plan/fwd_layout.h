@@ -153,13 +153,17 @@ struct Scratch {
   // Streaming tasks: one packed block per kv head of the task. Then the K staging rows of
   // pack_block (for packed calls one kv head's, for streaming tasks the task's kv heads'): in
   // the workspace rather than on the stack, whose frame they would grow to 36 KiB at D = 576.
+  // The direct loop widens 8-bit K and V rows there instead (cpu/decode/kv8_widen.h): up to a
+  // key block's rows, as bf16.
   float* panel = nullptr;
   float* staging = nullptr;
 
   // Staging floats for `heads_k` heads (at least one): 16 key rows per head, each padded to a
-  // multiple of 16.
+  // multiple of 16; or, if more, kKeyBlock widened rows (bf16, kv8_widened_stride of D or Dv).
   static int64_t staging_floats(const PackedLayout& layout, int64_t heads_k) {
-    return std::max<int64_t>(heads_k, 1) * 16 * round_up(layout.head_dim, 16);
+    const int64_t packing = std::max<int64_t>(heads_k, 1) * 16 * round_up(layout.head_dim, 16);
+    const int64_t widened_row = round_up(std::max(layout.head_dim, layout.dv_pad), 64);
+    return std::max(packing, kKeyBlock * widened_row / 2);
   }
   // With `panel_heads_k` packed panels (streaming tasks that pack; 0 otherwise).
   static int64_t floats_needed(const PackedLayout& layout, int64_t panel_heads_k) {

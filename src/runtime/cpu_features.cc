@@ -106,6 +106,7 @@ CpuFeatures detect() {
   f.avx512bw = __builtin_cpu_supports("avx512bw");
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512dq = __builtin_cpu_supports("avx512dq");
+  f.avx512vbmi = __builtin_cpu_supports("avx512vbmi");
   // CPUID.(7, 1):EAX.AVX512_BF16 (bit 5); it uses the AVX-512 state checked above.
   f.avx512bf16 =
       f.avx512f && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 5)) != 0;

@@ -14,6 +14,7 @@ struct CpuFeatures {
   bool avx512vl = false;
   bool avx512dq = false;
   bool avx512bf16 = false;
+  bool avx512vbmi = false;  // byte permutes (VPERMB, VPERMI2B)
   // AMX-TILE and AMX-BF16, with the tile state enabled by the OS and granted to this process.
   bool amx_bf16 = false;
   // Properties of the x86 core design that CPUID does not report, inferred from the vendor

@@ -8,12 +8,15 @@
 // token scales it wrote against the reference's quantization, and that nothing else changed.
 // Then the hostile scales (0, subnormal, negative, inf, NaN, wrong shapes and dtypes) and the
 // errors, each checking that the cache and out were left untouched. e4m3 cases run under both of
-// the direct decode loop's reads; linked against the library's objects, to reach that switch.
+// the direct decode loop's reads, and cases with bf16 queries with and without its rows widened to
+// bf16 for the dot products; linked against the library's objects, to reach those switches.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
@@ -27,6 +30,8 @@
 #include "common/kv8_convert.h"
 #include "common/test_support.h"
 #include "cpu/decode/e4m3_read.h"
+#include "cpu/decode/fwd_decode_bf16_dot.h"
+#include "cpu/decode/kv8_widen.h"
 #include "reference/reference_cache.h"
 
 namespace anyattn {
@@ -324,17 +329,37 @@ struct Q8Problem {
   return r;
 }
 
-// run_and_check_once, and for e4m3 caches once under each of the direct decode loop's reads (the
-// f32-bits read and the read through f16: cpu/decode/e4m3_read.h), whichever this CPU would take.
+// run_and_check_once under each of the direct decode loop's ways to read the case's cache,
+// whichever this CPU would take: for e4m3 caches the f32-bits read and the read through f16
+// (cpu/decode/e4m3_read.h); for bf16 queries both the f32 FMAs and, where the CPU has them, the
+// rows widened to bf16 for the dot products (cpu/decode/kv8_widen.h: tasks of
+// kv8_widen_min_rows or more query rows per kv head).
 ::testing::AssertionResult run_and_check(Q8Problem* p, anyattn_isa isa, int threads) {
-  if (p->c.kv_dtype != ANYATTN_DTYPE_FP8_E4M3) return run_and_check_once(p, isa, threads);
-  for (cpu::E4m3ReadChoice read : {cpu::E4m3ReadChoice::kF32Bits, cpu::E4m3ReadChoice::kViaHalf}) {
-    cpu::set_e4m3_read_for_tests(read);
-    ::testing::AssertionResult r = run_and_check_once(p, isa, threads);
-    cpu::set_e4m3_read_for_tests(cpu::E4m3ReadChoice::kCpuDefault);
-    if (!r) {
-      return r << " e4m3 read "
-               << (read == cpu::E4m3ReadChoice::kF32Bits ? "as f32 bits" : "through f16");
+  using cpu::E4m3ReadChoice;
+  using cpu::Bf16DotScores;
+  std::vector<E4m3ReadChoice> reads = {E4m3ReadChoice::kCpuDefault};
+  if (p->c.kv_dtype == ANYATTN_DTYPE_FP8_E4M3) {
+    reads = {E4m3ReadChoice::kF32Bits, E4m3ReadChoice::kViaHalf};
+  }
+  std::vector<Bf16DotScores> dots = {Bf16DotScores::kCpuDefault};
+  if (p->c.dtype == ANYATTN_DTYPE_BF16) {
+    dots = {Bf16DotScores::kWhereAvailable, Bf16DotScores::kOff};
+  }
+  for (E4m3ReadChoice read : reads) {
+    for (Bf16DotScores dot : dots) {
+      cpu::set_e4m3_read_for_tests(read);
+      cpu::set_bf16_dot_scores_for_tests(dot);
+      ::testing::AssertionResult r = run_and_check_once(p, isa, threads);
+      cpu::set_e4m3_read_for_tests(E4m3ReadChoice::kCpuDefault);
+      cpu::set_bf16_dot_scores_for_tests(Bf16DotScores::kCpuDefault);
+      if (!r) {
+        r << (read == E4m3ReadChoice::kF32Bits  ? " e4m3 read as f32 bits"
+              : read == E4m3ReadChoice::kViaHalf ? " e4m3 read through f16"
+                                                 : "");
+        return r << (dot == Bf16DotScores::kWhereAvailable ? " widened rows where available"
+                     : dot == Bf16DotScores::kOff          ? " f32 FMA scores"
+                                                           : "");
+      }
     }
   }
   return ::testing::AssertionSuccess();
@@ -429,10 +454,16 @@ Q8Case one_head_case(int32_t kv, int64_t sq, int64_t head_dim, int32_t stored, i
 
 // Every stored code (NaN patterns excepted) in the rows, so that each path's vector conversion of
 // every byte value is compared with the reference's scalar one.
+// Decode with 12 bf16 query heads also reads them as rows widened to bf16 (run_and_check).
 TEST(Kvcache8bit, EveryStoredCodeConvertsOnEveryPath) {
   for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2, ANYATTN_DTYPE_I8}) {
-    for (int64_t sq : {1, 20}) {
-      Q8Problem p(one_head_case(kv, sq, 256, 3, 4));
+    for (int64_t sq : {1, 20, 0}) {
+      Q8Case c = one_head_case(kv, std::max<int64_t>(sq, 1), 256, 3, 4);
+      if (sq == 0) {  // decode at 12 query heads of bf16
+        c.Hq = 12;
+        c.dtype = ANYATTN_DTYPE_BF16;
+      }
+      Q8Problem p(c);
       // Scale the codes so that every value, e5m2's 57344 included, is a moderate score.
       const double largest = convert::kv8_max(static_cast<convert::Kv8>(kv));
       const float descale = static_cast<float>(1.0 / largest);
@@ -465,18 +496,21 @@ TEST(Kvcache8bit, EveryStoredCodeConvertsOnEveryPath) {
 // makes the rows that see that key NaN, and one in a V row the column it lies in, on every path,
 // as in the reference: decode (one or four query rows per kv head) and causal chunks of 3 rows
 // (the direct loop's masked block: the first row does not see the V row's key) and 20 rows (only
-// the last 10 see it: the packed path, or on avx2 for e4m3 at one query head the direct loop).
+// the last 10 see it: the packed path, or on avx2 for e4m3 at one query head the direct loop);
+// and 12 query heads of bf16, whose decode rows the direct loop widens to bf16 where it can.
 // Head dims of 64 and 72, whose K code lies past the whole 64-byte lines that the direct loop's
 // score pass watches as it reads them.
 TEST(Kvcache8bit, StoredNanCodesGiveNanRowsOnEveryPath) {
   for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2}) {
     for (uint8_t nan_code : {uint8_t{0x7F}, uint8_t{0xFF}}) {
       for (int64_t sq : {1, 3, 20}) {
-        for (int64_t heads_q : {1, 4}) {
+        for (int64_t heads_q : {1, 4, 12}) {
+          if (heads_q == 12 && sq == 20) continue;  // 240 rows: the packed path, as at 4
           for (int64_t head_dim : {64, 72}) {
             for (bool k_nan : {true, false}) {
               Q8Case c = one_head_case(kv, sq, head_dim, 40, 48);
               c.Hq = heads_q;
+              if (heads_q == 12) c.dtype = ANYATTN_DTYPE_BF16;  // widened rows (run_and_check)
               c.causal = sq > 1;
               Q8Problem p(c);
               for (size_t i = 0; i < p.k_cache.bytes.size(); ++i) {
@@ -559,6 +593,138 @@ TEST(Kvcache8bit, E4m3DirectReadKeepsLargeQueriesAndScales) {
     p.v_descale.set(1, 300.0);
     for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2)) << sq;
   }
+}
+
+// The direct decode loop's rows widened to bf16 (cpu/decode/kv8_widen.h: bf16 queries, 8 or more
+// rows per kv head, on CPUs with the bf16 dot products), each case also on the f32 FMAs
+// (run_and_check): every format with the scale granularities, decode at 8, 12 and 16 rows per kv
+// head and causal chunks of 8, 12 and 18 rows (key blocks that cross the mask's boundary; e5m2
+// takes more than 12 rows packed), dense and paged
+// caches, with and without the append, head dims with vector tails; and large V factors, under
+// which e4m3's widened V rows hold the read through f16's values.
+TEST(Kvcache8bit, ManyRowsPerKvHeadOnWidenedRows) {
+  struct Shape {
+    int64_t hq, sq;  // with Hk = 2
+  };
+  const Shape shapes[] = {{16, 1}, {24, 1}, {32, 1}, {8, 2}, {8, 3}, {12, 3}};
+  const Scales all_scales[] = {Scales::kNone, Scales::kHead, Scales::kToken,
+                               Scales::kTokenDescale};
+  int64_t n = 0;
+  for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2, ANYATTN_DTYPE_I8}) {
+    for (const Shape& shape : shapes) {
+      Q8Case c;
+      c.kv_dtype = kv;
+      c.dtype = ANYATTN_DTYPE_BF16;
+      c.scales = all_scales[n % 4];
+      c.Hq = shape.hq;
+      c.Hk = 2;
+      c.Sq = shape.sq;
+      c.causal = shape.sq > 1;
+      c.D = n % 2 == 0 ? 72 : 64;
+      c.Dv = n % 2 == 0 ? 40 : 64;
+      c.capacity = 320;
+      c.seqlens = {300, 190};
+      c.page_size = n % 3 == 1 ? 16 : 0;
+      c.S_new = n % 4 == 3 ? c.Sq : 0;
+      c.seed = 500 + static_cast<uint64_t>(n++);
+      Q8Problem p(c);
+      for (anyattn_isa isa : supported_isas()) {
+        for (int threads : {1, 2}) EXPECT_TRUE(run_and_check(&p, isa, threads));
+      }
+    }
+  }
+  for (int e : {12, 40}) {
+    Q8Case c;
+    c.dtype = ANYATTN_DTYPE_BF16;
+    c.scales = Scales::kHead;
+    c.Hq = 16;
+    c.Hk = 2;
+    c.D = c.Dv = 64;
+    c.capacity = 320;
+    c.seqlens = {300, 190};
+    c.seed = 600 + static_cast<uint64_t>(e);
+    Q8Problem p(c);
+    p.v_descale.set(0, std::ldexp(1.0, e));
+    p.v_descale.set(1, std::ldexp(1.0, e) * 1.5);
+    for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2)) << e;
+  }
+}
+
+// Queries the widened rows' dot products must not take (kv8_query_unfit_for_dot) keep their kv
+// head on the f32 FMAs. The second kv head's query rows hold, in one element or in all, values
+// times 2^e, and its K descale is 2^-e times as large, so that the scores stay of order 1: 2^60
+// (taken), 2^64 and 2^70 (too large), 2^-70 (too small). Then every query row times 2^-120
+// against subnormal e4m3 codes and a K descale of 2^125: the products are f32 subnormals, which
+// VDPBF16PS would flush while the true scores are of order 1.
+TEST(Kvcache8bit, WidenedRowsKeepUnfitQueriesOnTheFmas) {
+  auto case_for = [](int32_t kv, uint64_t seed) {
+    Q8Case c;
+    c.kv_dtype = kv;
+    c.dtype = ANYATTN_DTYPE_BF16;
+    c.scales = Scales::kHead;
+    c.Hq = 24;  // 12 rows per kv head: widened for each format
+    c.Hk = 2;
+    c.D = c.Dv = 64;
+    c.capacity = 200;
+    c.seqlens = {150, 90};
+    c.seed = seed;
+    return c;
+  };
+  // Query rows of kv heads from first_kv_head on, times 2^e (all elements or element 3).
+  auto scale_queries = [](Q8Problem* p, int e, bool whole_row, int64_t first_kv_head) {
+    const int64_t D = p->c.D;
+    const int64_t group = p->c.Hq / p->c.Hk;
+    const std::vector<double> q = p->q.values();
+    for (size_t i = 0; i < q.size(); ++i) {
+      const int64_t head = static_cast<int64_t>(i) / D % p->c.Hq;
+      const bool scaled =
+          head / group >= first_kv_head && (whole_row || static_cast<int64_t>(i) % D == 3);
+      p->q.set(static_cast<int64_t>(i), scaled ? std::ldexp(q[i], e) : q[i]);
+    }
+  };
+  for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_I8}) {
+    for (int e : {60, 64, 70, -70}) {
+      for (bool whole_row : {true, false}) {
+        Q8Problem p(case_for(kv, 700 + static_cast<uint64_t>(e + 100)));
+        scale_queries(&p, e, whole_row, 1);
+        p.k_descale.set(1, std::ldexp(p.k_descale.values()[1], -e));
+        for (anyattn_isa isa : supported_isas()) {
+          EXPECT_TRUE(run_and_check(&p, isa, 1)) << "e=" << e << " whole_row=" << whole_row;
+        }
+      }
+    }
+  }
+  Q8Problem p(case_for(ANYATTN_DTYPE_FP8_E4M3, 800));
+  for (size_t i = 0; i < p.k_cache.bytes.size(); ++i) {
+    p.k_cache.bytes[i] = static_cast<uint8_t>(1 + i % 7 + (i % 3 == 0 ? 0x80 : 0));
+  }
+  p.k_descale = OwnedTensor(ANYATTN_DTYPE_F32, {1});
+  p.k_descale.set(0, std::ldexp(1.0, 125));
+  p.cache.k_descale = &p.k_descale.t;
+  p.pristine = {p.k_cache.bytes, p.v_cache.bytes, p.k_scale.bytes, p.v_scale.bytes};
+  scale_queries(&p, -120, true, 0);
+  for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 1));
+}
+
+// The per-element test behind that choice, over every bf16 bit pattern, against its definition on
+// the value: nonzero with |q| < 2^-64, |q| >= 2^64, or not finite.
+TEST(Kvcache8bit, WidenedRowsUnfitQueryElementsOutsideTwoToTheMinus64To64) {
+  int64_t unfit = 0;
+  for (uint32_t bits = 0; bits <= 0xFFFFu; ++bits) {
+    const uint32_t widened = bits << 16;
+    float value;
+    std::memcpy(&value, &widened, sizeof(value));
+    const float magnitude = std::fabs(value);
+    const bool expected = !std::isfinite(value) ||
+                          (value != 0.f && (magnitude < std::ldexp(1.f, -64) ||
+                                            magnitude >= std::ldexp(1.f, 64)));
+    ASSERT_EQ(cpu::kv8_query_unfit_for_dot(static_cast<uint16_t>(bits)), expected)
+        << "bits 0x" << std::hex << bits << " value " << value;
+    unfit += expected;
+  }
+  // Per sign: 127 subnormals and the 62 * 128 normals below 2^-64 (exponent fields 1 to 62); the
+  // 65 * 128 codes from 2^64 up (exponent fields 191 to 255: infinity and the NaNs among them).
+  EXPECT_EQ(unfit, 2 * (127 + 62 * 128 + 65 * 128));
 }
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -561,12 +561,14 @@ inline void direct_pv(const float* p, int64_t rows, const void* const* v_rows, i
 }
 
 #if defined(ANYATTN_DIRECT_BF16_DOT)
-// For one kv head of a bf16 task (its `count` query rows from r0): unless one of their elements
-// is subnormal or of magnitude 2^64 or more, overwrites those rows of scratch.q (as loaded by
-// load_query_rows) with the raw bf16 queries (unscaled, rows of 2 * q_stride elements, zero
-// from D) and returns true; else leaves them and returns false. Decided per kv head, never per
-// task: which kv heads share a task may depend on the thread count, and a kv head's result must
-// not.
+// For one kv head of a task with bf16 queries (its `count` query rows from r0): unless one of
+// their elements keeps it off the dot products (bf16_query_unfit_for_dot for a bf16 cache,
+// kv8_query_unfit_for_dot for 8-bit rows widened to bf16: kKv8Widened), overwrites those rows of
+// scratch.q (as loaded by load_query_rows) with the raw bf16 queries (unscaled, rows of
+// 2 * q_stride elements, zero from D) and returns true; else leaves them and returns false.
+// Decided per kv head, never per task: which kv heads share a task may depend on the thread
+// count, and a kv head's result must not.
+template <bool kKv8Widened = false>
 inline bool load_bf16_head_queries(const FwdArgs& args, const PackedLayout& layout,
                                    const TaskRows& rows, const SeqInfo& seq, int64_t r0,
                                    int64_t count, const Scratch& scratch) {
@@ -581,7 +583,11 @@ inline bool load_bf16_head_queries(const FwdArgs& args, const PackedLayout& layo
     const uint16_t* source = source_row(r);
     uint16_t flagged = 0;
     for (int64_t d = 0; d < args.head_dim; ++d) {
-      flagged |= static_cast<uint16_t>(bf16_query_unfit_for_dot(source[d]));
+      if constexpr (kKv8Widened) {
+        flagged |= static_cast<uint16_t>(kv8_query_unfit_for_dot(source[d]));
+      } else {
+        flagged |= static_cast<uint16_t>(bf16_query_unfit_for_dot(source[d]));
+      }
     }
     if (flagged != 0) return false;
   }
@@ -667,9 +673,10 @@ struct KeyScales {
   // p[r][0 .. keys) *= the V factors of the block's keys times the load scale of the E4m3Read it
   // returns, where p is not 0 (probabilities are 0 or normal numbers: vec_math's exp2 gives no
   // subnormal), a vector at a time. e4m3 blocks of kv head h (direct exponent s_h) read kKeyRead
-  // unless a factor reaches 2^(120 - s_h) (infinity included): those read kViaHalf.
+  // unless a factor reaches 2^(120 - s_h) (infinity included) or the V rows are widened to bf16
+  // (`widened`: they hold the kViaHalf read's values): those read kViaHalf.
   E4m3Read scale_probabilities(const BlockRows& rows, int64_t keys, int64_t h, int64_t rows_count,
-                               int direct_exponent, float* p) const {
+                               int direct_exponent, bool widened, float* p) const {
     alignas(64) float factors[kKeyBlock];
     fill_factors(rows, 0, keys, h, KvStream::kV, factors);
     E4m3Read read = kKeyRead;
@@ -678,7 +685,7 @@ struct KeyScales {
       const float direct_limit = std::ldexp(1.f, 120 - direct_exponent);
       bool wide = false;
       for (int64_t j = 0; j < keys; ++j) wide |= factors[j] >= direct_limit;
-      read = wide && kE4m3TwoReads<kKeyRead> ? E4m3Read::kViaHalf : kKeyRead;
+      read = (wide || widened) && kE4m3TwoReads<kKeyRead> ? E4m3Read::kViaHalf : kKeyRead;
       const int units = kE4m3LoadExponent<kKeyRead> - direct_exponent;
       load_scale = read == kKeyRead
                        ? std::ldexp(1.f, direct_exponent)
@@ -745,11 +752,28 @@ inline void scale_e4m3_queries(float* q, int64_t ldq, int64_t count, float* quer
   }
 }
 
+// Whether a task with rows_per_kv query rows per kv head widens an 8-bit cache's rows to bf16
+// (kv8_widen.h) for the kv heads whose queries qualify: bf16 queries, enough rows per kv head, and
+// a CPU and call that score bf16 on the dot products. rows_per_kv is the kv head's rows in every
+// task that holds them (Sq times the group size), so the choice is the call's, never the split's.
+inline bool takes_widened_kv8_rows(const FwdArgs& args, int64_t rows_per_kv) {
+#if defined(ANYATTN_DIRECT_KV8_WIDEN)
+  return is_kv8(args.kv_dtype) && args.dtype == DType::kBF16 &&
+         rows_per_kv >= kv8_widen_min_rows(args.kv_dtype) && call_takes_bf16_dot_scores(args) &&
+         kv8_widening_available();
+#else
+  (void)args;
+  (void)rows_per_kv;
+  return false;
+#endif
+}
+
 // Loads the task's query rows into scratch.q for the direct loop: f32 in paired order
 // (split_pairs), or for kv heads that score on the dot products (dot_head[h] set here, where the
-// CPU has the instruction) bf16. Either way the softmax applies softmax_scale as it reads the
-// scores. For e4m3 caches the rows are scaled to the direct read (scale_e4m3_queries);
-// query_unscale[r] is 1 for the other caches.
+// CPU has the instruction: bf16 caches, and 8-bit caches whose rows the loop widens to bf16,
+// takes_widened_kv8_rows) bf16. Either way the softmax applies softmax_scale as it reads the
+// scores. For e4m3 caches the f32 rows are scaled to the direct read (scale_e4m3_queries);
+// query_unscale[r] is 1 for the other rows.
 template <DType kDtype, E4m3Read kKeyRead>
 void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                          const TaskRows& rows, const Scratch& scratch, bool* dot_head,
@@ -764,12 +788,23 @@ void load_direct_queries(const FwdArgs& args, const PackedLayout& layout, const 
                                              rows_per_kv, scratch);
       }
     }
+  } else if constexpr (is_kv8(kDtype)) {
+    if (takes_widened_kv8_rows(args, rows_per_kv)) {
+      for (int64_t h = 0; h < task.heads_k; ++h) {
+        dot_head[h] = load_bf16_head_queries<true>(args, layout, rows, task.seq, h * rows_per_kv,
+                                                   rows_per_kv, scratch);
+      }
+    }
   }
 #endif
+  for (int64_t r = 0; r < rows.count; ++r) query_unscale[r] = 1.f;
   if constexpr (kDtype == DType::kFp8E4M3) {
-    scale_e4m3_queries<kKeyRead>(scratch.q, layout.q_stride, rows.count, query_unscale);
-  } else {
-    for (int64_t r = 0; r < rows.count; ++r) query_unscale[r] = 1.f;
+    for (int64_t h = 0; h < task.heads_k; ++h) {
+      if (dot_head[h]) continue;
+      const int64_t r0 = h * rows_per_kv;
+      scale_e4m3_queries<kKeyRead>(scratch.q + r0 * layout.q_stride, layout.q_stride,
+                                   rows_per_kv, query_unscale + r0);
+    }
   }
   for (int64_t r = 0; r < rows.count; ++r) {
     if (dot_head[r / rows_per_kv]) continue;
@@ -822,6 +857,21 @@ void boundary_pv_tile(const Mask& mask, const TaskRows& rows, int64_t row0, int6
   }
 }
 
+#if defined(ANYATTN_DIRECT_KV8_WIDEN)
+// Widens `count` 8-bit rows of n elements (rows[j]) to bf16 in scratch.staging (kv8_widen.h),
+// e4m3 values times 2^-e4m3_exponent, and points widened[j] at them for j < `slots` (those
+// past `count` point at staging rows that hold nothing read); with `prefetch`, the loads issue
+// the pass's hints.
+inline void widen_rows(const FwdArgs& args, int e4m3_exponent, const void* const* rows,
+                       int64_t count, int64_t n, const PassPrefetcher* prefetch,
+                       const Scratch& scratch, int64_t slots, const void** widened) {
+  const int64_t ld = kv8_widened_stride(n);
+  uint16_t* out = reinterpret_cast<uint16_t*>(scratch.staging);
+  ANYATTN_DIRECT_KV8_WIDEN(args.kv_dtype, e4m3_exponent, rows, count, n, prefetch, out, ld);
+  for (int64_t j = 0; j < slots; ++j) widened[j] = out + j * ld;
+}
+#endif
+
 // kKeyRead: how an e4m3 cache's K rows are read (E4m3Read; kDirect for the other dtypes).
 template <DType kDtype, E4m3Read kKeyRead>
 void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
@@ -844,6 +894,10 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const KeyRange blocks = task_blocks(mask, task);
   const int64_t heads_per_kv = task.heads / heads;
   const KeyScales<kKeyRead> key_scales{args, seq, head_k};
+  // Widened V rows (kv heads with dot_head set, 8-bit caches) hold e4m3 values as the kViaHalf
+  // read gives them (KeyScales::scale_probabilities), the other formats' unscaled.
+  [[maybe_unused]] constexpr int kWidenedVExponent =
+      kDtype == DType::kFp8E4M3 ? kE4m3LoadExponent<E4m3Read::kViaHalf> : 0;
   int v_exponent[kMaxQBlockRows];  // per kv head of the task: KeyScales::direct_v_exponent
   for (int64_t h = 0; h < heads; ++h) {
     v_exponent[h] = kDtype == DType::kFp8E4M3 ? key_scales.direct_v_exponent(h) : 0;
@@ -899,9 +953,23 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
 #if defined(ANYATTN_DIRECT_BF16_DOT)
         if (dot_head[h]) {
           const int64_t ldq = 2 * layout.q_stride;
-          ANYATTN_DIRECT_BF16_DOT_SCORES(
-              reinterpret_cast<const uint16_t*>(scratch.q) + h * rows_per_kv * ldq, ldq,
-              rows_per_kv, k_rows, present, args.head_dim, &prefetch, s);
+          const uint16_t* q16 =
+              reinterpret_cast<const uint16_t*>(scratch.q) + h * rows_per_kv * ldq;
+          if constexpr (is_kv8(kDtype)) {
+#if defined(ANYATTN_DIRECT_KV8_WIDEN)
+            // The raw query rows against the stored values (no load scale), then the K factors.
+            const void* widened[kDirectChunkKeys];
+            widen_rows(args, 0, k_rows, present, args.head_dim, &prefetch, scratch,
+                       kDirectChunkKeys, widened);
+            ANYATTN_DIRECT_BF16_DOT_SCORES(q16, ldq, rows_per_kv, widened, present, args.head_dim,
+                                           nullptr, s);
+            key_scales.scale_scores(this_block, c, present, h, rows_per_kv,
+                                    query_unscale + h * rows_per_kv, s);
+#endif
+          } else {
+            ANYATTN_DIRECT_BF16_DOT_SCORES(q16, ldq, rows_per_kv, k_rows, present, args.head_dim,
+                                           &prefetch, s);
+          }
           continue;
         }
 #endif
@@ -935,7 +1003,8 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
       v_read[h] = kKeyRead;
       if constexpr (is_kv8(kDtype)) {
         v_read[h] = key_scales.scale_probabilities(this_block, keys, h, rows_per_kv,
-                                                   v_exponent[h], scratch.s + r0 * kKeyBlock);
+                                                   v_exponent[h], dot_head[h],
+                                                   scratch.s + r0 * kKeyBlock);
       }
     }
     // body(std::integral_constant<E4m3Read, read>) for kv head h's read of V: the kViaHalf
@@ -958,6 +1027,22 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
       for (int64_t h = 0; h < heads; ++h) {
         const void* v_rows[kKeyBlock];
         for (int64_t j = 0; j < kKeyBlock; ++j) v_rows[j] = v_stream.row(j, h);
+#if defined(ANYATTN_DIRECT_KV8_WIDEN)
+        if constexpr (is_kv8(kDtype)) {
+          if (dot_head[h]) {
+            const void* widened[kKeyBlock];
+            widen_rows(args, kWidenedVExponent, v_rows, keys, args.head_dim_v, nullptr, scratch,
+                       kKeyBlock, widened);
+            for (int64_t r = 0; r < rows_per_kv; r += kDirectTileRows) {
+              boundary_pv_tile<DType::kBF16, E4m3Read::kDirect>(
+                  mask, rows, h * rows_per_kv + r,
+                  std::min<int64_t>(kDirectTileRows, rows_per_kv - r), j0, widened,
+                  args.head_dim_v, scratch.s, scratch.o, dv_pad);
+            }
+            continue;
+          }
+        }
+#endif
         for (int64_t r = 0; r < rows_per_kv; r += kDirectTileRows) {
           const int64_t row0 = h * rows_per_kv + r;
           const int64_t count = std::min<int64_t>(kDirectTileRows, rows_per_kv - r);
@@ -977,6 +1062,19 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
           const PassPrefetcher prefetch(v_stream, c, h, heads, v_distances.l1_keys,
                                         v_distances.l2_chunks, v_heads_side_by_side, v_row_bytes);
           const int64_t r0 = h * rows_per_kv;
+#if defined(ANYATTN_DIRECT_KV8_WIDEN)
+          if constexpr (is_kv8(kDtype)) {
+            if (dot_head[h]) {
+              const void* widened[kDirectChunkKeys];
+              widen_rows(args, kWidenedVExponent, v_rows, present, args.head_dim_v, &prefetch,
+                         scratch, kDirectChunkKeys, widened);
+              direct_pv<DType::kBF16>(scratch.s + r0 * kKeyBlock + c, rows_per_kv, widened,
+                                      present, args.head_dim_v, nullptr, scratch.o + r0 * dv_pad,
+                                      dv_pad);
+              continue;
+            }
+          }
+#endif
           with_v_read(h, [&](auto read) {
             direct_pv<kDtype, decltype(read)::value>(scratch.s + r0 * kKeyBlock + c, rows_per_kv,
                                                      v_rows, present, args.head_dim_v, &prefetch,
@@ -999,7 +1097,10 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
     }
   }
   for (int64_t r = 0; r < rows.count; ++r) {
-    join_pairs(scratch.o + r * dv_pad, paired_columns<kDtype>(args.head_dim_v));
+    // O rows of widened kv heads are in the bf16 loop's paired order.
+    const bool paired = kPairedWidening<kDtype> || (is_kv8(kDtype) && dot_head[r / rows_per_kv]);
+    join_pairs(scratch.o + r * dv_pad,
+               paired ? paired_columns<DType::kBF16>(args.head_dim_v) : 0);
   }
   finish_task(args, layout, task, rows, scratch);
 }

@@ -52,6 +52,7 @@ void attend_direct(const FwdArgs& args, const PackedLayout& layout, const Attend
 #include "cpu/decode/e4m3_read.h"
 #include "cpu/decode/fwd_decode_rows.h"
 #include "cpu/shared/float_env.h"
+#include "cpu/decode/kv8_widen.h"
 #if defined(ANYATTN_DIRECT_BF16_DOT)
 #include "cpu/decode/fwd_decode_bf16_dot.h"
 #endif

@@ -36,6 +36,9 @@
 // FMAs (decode/fwd_decode_bf16_dot.h).
 #define ANYATTN_DIRECT_BF16_DOT 1
 #define ANYATTN_DIRECT_BF16_DOT_SCORES avx512_bf16::chunk_scores
+// and, for tasks of many query rows per kv head, widens 8-bit caches' rows to bf16 once per pass
+// for them (decode/kv8_widen.h).
+#define ANYATTN_DIRECT_KV8_WIDEN avx512_vbmi::widen_kv8_rows
 
 // The backward's dropout factors in AVX-512 integer code.
 #define ANYATTN_PATH_DROPOUT_HEADER "cpu/backward/bwd_philox_avx512-inl.h"

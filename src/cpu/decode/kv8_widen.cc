@@ -1,0 +1,168 @@
+// 8-bit cache rows widened to bf16 (kv8_widen.h), on AVX512_VBMI byte permutes.
+//
+// Design. A table lookup per byte: the bf16 bits of all 256 codes, split into their low and high
+// bytes, are four 128-byte halves held in eight zmm registers for the whole call. Per 64 bytes of a
+// row: one load, one VPERMB that orders the bytes for the interleave below, four VPERMI2B (low
+// and high byte, codes below and from 128), two byte blends on the code's top bit, and two
+// unpacks that interleave low and high bytes into 64 bf16 values, stored as two vectors: eleven
+// instructions per 64 elements, each element widened once per pass instead of once per tile of
+// query rows. The rows come from L1 or L2 (the pass's prefetches are issued next to the loads of
+// the same lines) and the widened rows stay in L1 for the products that follow.
+#include "cpu/decode/kv8_widen.h"
+
+#include <cmath>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+#include "common/kv8_convert.h"
+#include "cpu/decode/fwd_decode_bf16_dot.h"
+#include "cpu/simd/isa_target.h"
+#include "runtime/cpu_features.h"
+
+// GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics
+// (_mm512_undefined_*) as uninitialised (GCC bug 105593); the warnings are false positives.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace anyattn::cpu {
+
+bool kv8_widening_available() {
+#if defined(__x86_64__) || defined(_M_X64)
+  const runtime::CpuFeatures& features = runtime::cpu_features();
+  return features.avx512vbmi && bf16_dot_scores_available();
+#else
+  return false;
+#endif
+}
+
+}  // namespace anyattn::cpu
+
+#if defined(__x86_64__) || defined(_M_X64)
+namespace anyattn::cpu::avx512_vbmi {
+namespace {
+
+// The bf16 bits of the 256 codes of one format (values times 2^-exponent), as low and high bytes.
+struct CodeTables {
+  alignas(64) uint8_t low[256];
+  alignas(64) uint8_t high[256];
+};
+
+CodeTables make_tables(convert::Kv8 format, int exponent) {
+  CodeTables tables;
+  for (int code = 0; code < 256; ++code) {
+    // Exact: each value is a bf16 value (kv8_widen.h), and so is its product by 2^-exponent.
+    const float value = std::ldexp(convert::kv8_to_f32(format, static_cast<uint8_t>(code)),
+                                   -exponent);
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    tables.low[code] = static_cast<uint8_t>(bits >> 16);
+    tables.high[code] = static_cast<uint8_t>(bits >> 24);
+  }
+  return tables;
+}
+
+const CodeTables& tables_for(DType kv_dtype, int e4m3_exponent) {
+  static const CodeTables e4m3 = make_tables(convert::Kv8::kFp8E4M3, 0);
+  static const CodeTables e4m3_scaled = make_tables(convert::Kv8::kFp8E4M3, 8);
+  static const CodeTables e5m2 = make_tables(convert::Kv8::kFp8E5M2, 0);
+  static const CodeTables i8 = make_tables(convert::Kv8::kI8, 0);
+  switch (kv_dtype) {
+    case DType::kFp8E4M3:
+      return e4m3_exponent == 0 ? e4m3 : e4m3_scaled;
+    case DType::kFp8E5M2:
+      return e5m2;
+    case DType::kI8:
+    default:
+      return i8;
+  }
+}
+
+// The byte order under which unpacking the low and high bytes of each 16-byte lane gives elements
+// 0 .. 31 (unpacklo) and 32 .. 63 (unpackhi) in order: lane L holds elements 8L .. 8L + 7, then
+// 32 + 8L .. 32 + 8L + 7.
+struct InterleaveOrder {
+  alignas(64) uint8_t index[64];
+  constexpr InterleaveOrder() : index() {
+    for (int lane = 0; lane < 4; ++lane) {
+      for (int i = 0; i < 8; ++i) {
+        index[16 * lane + i] = static_cast<uint8_t>(8 * lane + i);
+        index[16 * lane + 8 + i] = static_cast<uint8_t>(32 + 8 * lane + i);
+      }
+    }
+  }
+};
+constexpr InterleaveOrder kInterleaveOrder;
+
+}  // namespace
+
+ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")
+
+namespace {
+
+struct Tables {
+  __m512i low[4];   // codes 0 .. 63, 64 .. 127, 128 .. 191, 192 .. 255
+  __m512i high[4];
+};
+
+// 64 codes (in kInterleaveOrder) to 64 bf16 values, stored at out[0 .. 64).
+__attribute__((always_inline)) inline void widen64(const Tables& t, __m512i codes,
+                                                   uint16_t* out) {
+  const __mmask64 upper = _mm512_movepi8_mask(codes);  // codes from 128
+  const __m512i low = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(t.low[0], codes,
+                                                                             t.low[1]),
+                                             _mm512_permutex2var_epi8(t.low[2], codes, t.low[3]));
+  const __m512i high = _mm512_mask_blend_epi8(
+      upper, _mm512_permutex2var_epi8(t.high[0], codes, t.high[1]),
+      _mm512_permutex2var_epi8(t.high[2], codes, t.high[3]));
+  _mm512_store_si512(out, _mm512_unpacklo_epi8(low, high));
+  _mm512_store_si512(out + 32, _mm512_unpackhi_epi8(low, high));
+}
+
+template <bool kFarInMemoryOrder>
+void widen_rows(const Tables& t, const void* const* rows, int64_t count, int64_t n,
+                const PassPrefetcher* prefetch, uint16_t* out, int64_t ld_out) {
+  const __m512i order = _mm512_load_si512(kInterleaveOrder.index);
+  const int64_t row_lines = (n + 63) / 64;
+  for (int64_t j = 0; j < count; ++j) {
+    const uint8_t* row = static_cast<const uint8_t*>(rows[j]);
+    uint16_t* widened = out + j * ld_out;
+    int64_t c = 0;
+    for (; c + 64 <= n; c += 64) {
+      if (prefetch != nullptr) prefetch->line<kFarInMemoryOrder>(j, c, j * row_lines + c / 64);
+      widen64(t, _mm512_permutexvar_epi8(order, _mm512_loadu_si512(row + c)), widened + c);
+    }
+    if (c < n) {
+      if (prefetch != nullptr) prefetch->line<kFarInMemoryOrder>(j, c, j * row_lines + c / 64);
+      const __mmask64 present = (uint64_t{1} << (n - c)) - 1;  // n - c < 64
+      widen64(t, _mm512_permutexvar_epi8(order, _mm512_maskz_loadu_epi8(present, row + c)),
+              widened + c);
+    }
+  }
+}
+
+}  // namespace
+
+void widen_kv8_rows(DType kv_dtype, int e4m3_exponent, const void* const* rows, int64_t count,
+                    int64_t n, const PassPrefetcher* prefetch, uint16_t* out, int64_t ld_out) {
+  const CodeTables& codes = tables_for(kv_dtype, e4m3_exponent);
+  Tables t;
+  for (int i = 0; i < 4; ++i) {
+    t.low[i] = _mm512_load_si512(codes.low + 64 * i);
+    t.high[i] = _mm512_load_si512(codes.high + 64 * i);
+  }
+  if (prefetch != nullptr && prefetch->far_in_memory_order()) {
+    widen_rows<true>(t, rows, count, n, prefetch, out, ld_out);
+  } else {
+    widen_rows<false>(t, rows, count, n, prefetch, out, ld_out);
+  }
+}
+
+ANYATTN_TARGET_END()
+
+}  // namespace anyattn::cpu::avx512_vbmi
+#endif  // x86-64
