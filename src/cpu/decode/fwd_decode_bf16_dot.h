@@ -9,9 +9,9 @@
 // those additions to odd (one unit in the last place at most, where nearest errs by half). Both
 // treat subnormal inputs and results as zero, so the caller uses them only for kv heads whose
 // queries hold no subnormal, with |q| < 2^64 and softmax_scale <= 2^16: what they then flush (a
-// subnormal key element, or a product below 2^-126) moves a score by less than 256 * 2^64 *
-// 2^-126 * 2^16 = 2^-38 in softmax units, far below the f32 rounding of any score that reaches
-// the softmax.
+// subnormal key element, or a product below 2^-126) moves a score by less than 576 * 2^64 *
+// 2^-126 * 2^16 < 2^-36 in softmax units (D <= 576), far below the f32 rounding of any score that
+// reaches the softmax.
 #ifndef ANYATTN_CPU_DECODE_FWD_DECODE_BF16_DOT_H_
 #define ANYATTN_CPU_DECODE_FWD_DECODE_BF16_DOT_H_
 
@@ -63,8 +63,8 @@ constexpr bool bf16_query_unfit_for_dot(uint16_t bits) {
 
 namespace avx512_bf16 {
 
-// s[r * 64 + j] = q_r . k_j (raw, unscaled) for `rows` <= 12 query rows and the kDirectChunkKeys
-// keys of one pass; keys j >= `keys` score 0. q: bf16 rows of ldq elements (a multiple of 32),
+// s[r * 64 + j] = q_r . k_j (raw, unscaled) for `rows` query rows (at most the direct loop's 20)
+// and the kDirectChunkKeys keys of one pass; keys j >= `keys` score 0. q: bf16 rows of ldq elements (a multiple of 32),
 // zero from head_dim to ldq; k_rows[j] for j < keys: bf16 rows of head_dim elements, read no
 // further. The first tile of rows issues the pass's prefetches (PassPrefetcher::line) next to its
 // loads of the same lines (none when prefetch is null).

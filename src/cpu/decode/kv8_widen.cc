@@ -1,12 +1,12 @@
 // 8-bit cache rows widened to bf16 (kv8_widen.h), on AVX512_VBMI byte permutes.
 //
-// Design. A table lookup per byte: the bf16 bits of all 256 codes, split into their low and high
-// bytes, are four 128-byte halves held in eight zmm registers for the whole call. Per 64 bytes of a
-// row: one load, one VPERMB that orders the bytes for the interleave below, four VPERMI2B (low
-// and high byte, codes below and from 128), two byte blends on the code's top bit, and two
-// unpacks that interleave low and high bytes into 64 bf16 values, stored as two vectors: eleven
-// instructions per 64 elements, each element widened once per pass instead of once per tile of
-// query rows. The rows come from L1 or L2 (the pass's prefetches are issued next to the loads of
+// Design. A table lookup per byte: the bf16 bits of all 256 codes, split into a 256-byte table of
+// low bytes and one of high bytes, held in eight zmm registers for the whole call. Per 64 bytes of
+// a row: one load, one VPERMB that orders the bytes for the interleave below, the top-bit mask,
+// four VPERMI2B (low and high byte, codes below and from 128), two byte blends on that mask, and
+// two unpacks that interleave low and high bytes into 64 bf16 values, stored as two vectors:
+// eleven instructions per 64 elements, each element widened once per pass instead of once per
+// tile of query rows. The rows come from L1 or L2 (the pass's prefetches are issued next to the loads of
 // the same lines) and the widened rows stay in L1 for the products that follow.
 #include "cpu/decode/kv8_widen.h"
 

@@ -26,7 +26,7 @@ namespace anyattn::cpu {
 
 // True when the direct loop may widen 8-bit rows to bf16: bf16 scores run on the dot products
 // (bf16_dot_scores_available) and this build has the widening kernel for this CPU (x86-64 with
-// AVX512_VBMI, whose byte permutes hold the 256-code tables in four registers).
+// AVX512_VBMI, whose byte permutes look codes up in tables held in registers).
 bool kv8_widening_available();
 
 // Query rows per kv head from which the direct loop widens rows of an 8-bit format. With one tile
