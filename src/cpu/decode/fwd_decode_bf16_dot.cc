@@ -14,20 +14,10 @@
 #include <algorithm>
 #include <atomic>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
-
+#include "cpu/simd/avx512_intrinsics.h"
 #include "cpu/simd/isa_target.h"
 #include "plan/fwd_layout.h"
 #include "runtime/cpu_features.h"
-
-// GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics
-// (_mm512_undefined_*) as uninitialised (GCC bug 105593); the warnings are false positives.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 
 namespace anyattn::cpu {
 namespace {

@@ -4,16 +4,8 @@
 #ifndef ANYATTN_CPU_SIMD_TRAITS_AVX512_H_
 #define ANYATTN_CPU_SIMD_TRAITS_AVX512_H_
 
-#include <immintrin.h>
-
+#include "cpu/simd/avx512_intrinsics.h"
 #include "cpu/simd/isa_target.h"
-
-// GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics
-// (_mm512_undefined_*) as uninitialised (GCC bug 105593); the warnings are false positives.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 
 #define ANYATTN_PATH_TARGET_BEGIN() \
   ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
