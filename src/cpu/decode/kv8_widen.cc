@@ -6,28 +6,18 @@
 // four VPERMI2B (low and high byte, codes below and from 128), two byte blends on that mask, and
 // two unpacks that interleave low and high bytes into 64 bf16 values, stored as two vectors:
 // eleven instructions per 64 elements, each element widened once per pass instead of once per
-// tile of query rows. The rows come from L1 or L2 (the pass's prefetches are issued next to the loads of
-// the same lines) and the widened rows stay in L1 for the products that follow.
+// tile of query rows. The rows come from L1 or L2 (the pass's prefetches are issued next to the
+// loads of the same lines) and the widened rows stay in L1 for the products that follow.
 #include "cpu/decode/kv8_widen.h"
 
 #include <cmath>
 #include <cstring>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
-
 #include "common/kv8_convert.h"
 #include "cpu/decode/fwd_decode_bf16_dot.h"
+#include "cpu/simd/avx512_intrinsics.h"
 #include "cpu/simd/isa_target.h"
 #include "runtime/cpu_features.h"
-
-// GCC 12 reports the deliberately undefined upper halves inside its own AVX-512 intrinsics
-// (_mm512_undefined_*) as uninitialised (GCC bug 105593); the warnings are false positives.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 
 namespace anyattn::cpu {
 
