@@ -599,9 +599,9 @@ TEST(Kvcache8bit, E4m3DirectReadKeepsLargeQueriesAndScales) {
 // rows per kv head, on CPUs with the bf16 dot products), each case also on the f32 FMAs
 // (run_and_check): every format with the scale granularities, decode at 8, 12 and 16 rows per kv
 // head and causal chunks of 8, 12 and 18 rows (key blocks that cross the mask's boundary; e5m2
-// takes more than 12 rows packed), dense and paged
-// caches, with and without the append, head dims with vector tails; and large V factors, under
-// which e4m3's widened V rows hold the read through f16's values.
+// takes more than 12 rows packed), dense and paged caches, with and without the append, head dims
+// with vector tails; shared latent caches; and large V factors, under which e4m3's widened V rows
+// hold the read through f16's values.
 TEST(Kvcache8bit, ManyRowsPerKvHeadOnWidenedRows) {
   struct Shape {
     int64_t hq, sq;  // with Hk = 2
@@ -631,6 +631,30 @@ TEST(Kvcache8bit, ManyRowsPerKvHeadOnWidenedRows) {
       for (anyattn_isa isa : supported_isas()) {
         for (int threads : {1, 2}) EXPECT_TRUE(run_and_check(&p, isa, threads));
       }
+    }
+  }
+  // Shared latent caches of one kv head: decode at 12 and 16 rows (D 576, Dv 512, 64-key pages)
+  // and a causal chunk of 3 positions at 4 query heads.
+  for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_FP8_E5M2, ANYATTN_DTYPE_I8}) {
+    for (int64_t shape = 0; shape < 3; ++shape) {
+      Q8Case c;
+      c.kv_dtype = kv;
+      c.dtype = ANYATTN_DTYPE_BF16;
+      c.scales = all_scales[n % 4];
+      c.shared_latent = true;
+      c.Hk = 1;
+      c.Hq = shape == 0 ? 12 : shape == 1 ? 16 : 4;
+      c.Sq = shape == 2 ? 3 : 1;
+      c.causal = shape == 2;
+      c.D = shape == 1 ? 576 : 72;
+      c.Dv = shape == 1 ? 512 : 40;
+      c.capacity = 320;
+      c.seqlens = {300, 190};
+      c.page_size = shape == 1 ? 64 : 0;
+      c.S_new = shape == 2 ? 3 : 0;
+      c.seed = 500 + static_cast<uint64_t>(n++);
+      Q8Problem p(c);
+      for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2));
     }
   }
   for (int e : {12, 40}) {
