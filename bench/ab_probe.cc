@@ -4,7 +4,7 @@
 //   anyattn_ab_probe --lib OLD.so --lib NEW.so [--batch B] [--seqlen S] [--seqlen-q SQ]
 //                    [--heads-q H] [--heads-k HK] [--head-dim D] [--dtype f32|bf16|f16]
 //                    [--causal] [--backward] [--huge-pages] [--kv-copies N]
-//                    [--kv8 e4m3|e5m2|i8]
+//                    [--kv8 e4m3|e5m2|i8] [--latent DV]
 //                    [--threads T] [--runs N]
 //
 // --seqlen is the key length, and the query length too unless --seqlen-q gives it: --seqlen-q 1
@@ -16,7 +16,9 @@
 // K and V (bench/tensors.h, Pages::kHuge). --kv8 stores K and V as an 8-bit cache and calls
 // anyattn_fwd_kvcache on it (the whole cache): e4m3 or e5m2 with one descale of 1/256, or i8
 // with token scales of 1/127 per (key, kv head), the bytes spread over the finite codes as
-// anyattn_bench's decode rows have them.
+// anyattn_bench's decode rows have them. --latent DV makes V the first DV columns of K (absorbed
+// MLA's shared latent cache: one buffer, D up to 576 and DV up to 512) and calls
+// anyattn_fwd_kvcache; an 8-bit latent cache gives V K's scales.
 // With --backward each call is anyattn_bwd, on out and lse from one untimed forward of the
 // first library (every build differentiates the same out), GFLOP/s counting 2.5 times the
 // forward's FLOPs as anyattn_bench does.
@@ -101,6 +103,7 @@ struct AbOptions {
   bool backward = false;
   bool huge_pages = false;
   anyattn_dtype kv8 = ANYATTN_DTYPE_F32;  // F32: K and V in the dtype of q; else the 8-bit cache's
+  int64_t latent_dv = 0;  // > 0: V is the first latent_dv columns of K
   int kv_copies = 1;
   int threads = 1;
   int rounds = 10;
@@ -152,6 +155,8 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
       options->kv8 = std::strcmp(value, "e4m3") == 0   ? ANYATTN_DTYPE_FP8_E4M3
                      : std::strcmp(value, "e5m2") == 0 ? ANYATTN_DTYPE_FP8_E5M2
                                                        : ANYATTN_DTYPE_I8;
+    } else if (name == "--latent") {
+      options->latent_dv = std::atoll(value);
     } else if (name == "--kv-copies") {
       options->kv_copies = std::atoi(value);
     } else if (name == "--threads") {
@@ -170,14 +175,19 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
     return false;
   }
   if (options->seqlen_q == 0) options->seqlen_q = options->seqlen;
+  const int64_t max_head_dim =
+      options->latent_dv > 0 ? ANYATTN_MAX_HEAD_DIM : ANYATTN_MAX_HEAD_DIM_V;
+  const int64_t max_latent_dv = std::min<int64_t>(options->head_dim, ANYATTN_MAX_HEAD_DIM_V);
   if (options->batch < 1 || options->seqlen < 1 || options->seqlen_q < 1 || options->heads_q < 1 ||
       options->heads_k < 1 || options->heads_q % options->heads_k != 0 || options->head_dim < 1 ||
-      options->head_dim > ANYATTN_MAX_HEAD_DIM_V || options->kv_copies < 1 ||
-      options->threads < 1 || options->rounds < 1 ||
-      (options->kv8 != ANYATTN_DTYPE_F32 && options->backward)) {
+      options->head_dim > max_head_dim || options->latent_dv < 0 ||
+      options->latent_dv > max_latent_dv ||
+      options->kv_copies < 1 || options->threads < 1 || options->rounds < 1 ||
+      ((options->kv8 != ANYATTN_DTYPE_F32 || options->latent_dv > 0) && options->backward)) {
     std::fprintf(stderr,
                  "anyattn_ab_probe: need batch, seqlens, heads, kv-copies, threads, runs >= 1, "
-                 "heads-q a multiple of heads-k, head-dim (D = Dv) in [1, 512] and no --kv8 with "
+                 "heads-q a multiple of heads-k, head-dim (D = Dv) in [1, 512] (with --latent DV: "
+                 "D in [1, 576], DV in [1, min(D, 512)]) and no --kv8 or --latent with "
                  "--backward\n");
     return false;
   }
@@ -205,18 +215,21 @@ int RunAb(const AbOptions& options) {
   const anyattn_dtype dtype = AbiDType(options.dtype);
   const size_t element_bytes = DTypeBytes(options.dtype);
   const bool kv8 = options.kv8 != ANYATTN_DTYPE_F32;
+  const bool latent = options.latent_dv > 0;
+  const int64_t head_dim_v = latent ? options.latent_dv : options.head_dim;
   const size_t kv_element_bytes = kv8 ? 1 : element_bytes;
   const int64_t batch = options.batch;
   const int64_t seqlen_q = options.seqlen_q;
   const size_t q_elements = batch * seqlen_q * options.heads_q * options.head_dim;
+  const size_t out_elements = batch * seqlen_q * options.heads_q * head_dim_v;
   const size_t kv_elements = batch * options.seqlen * options.heads_k * options.head_dim;
   AlignedBuffer q(q_elements * element_bytes);
-  AlignedBuffer out(q_elements * element_bytes);
+  AlignedBuffer out(out_elements * element_bytes);
   const Pages kv_pages = options.huge_pages ? Pages::kHuge : Pages::kDefault;
   std::vector<AlignedBuffer> k_copies, v_copies;
   for (int c = 0; c < options.kv_copies; ++c) {
     k_copies.emplace_back(kv_elements * kv_element_bytes, kv_pages);
-    v_copies.emplace_back(kv_elements * kv_element_bytes, kv_pages);
+    v_copies.emplace_back((latent ? 0 : kv_elements) * kv_element_bytes, kv_pages);
   }
   const auto all_allocated = [](const std::vector<AlignedBuffer>& buffers) {
     return std::all_of(buffers.begin(), buffers.end(),
@@ -231,7 +244,8 @@ int RunAb(const AbOptions& options) {
   AlignedBuffer dq(grad_q_elements * element_bytes);
   AlignedBuffer dk(grad_kv_elements * element_bytes);
   AlignedBuffer dv(grad_kv_elements * element_bytes);
-  if (!q.data() || !out.data() || !all_allocated(k_copies) || !all_allocated(v_copies) ||
+  if (!q.data() || !out.data() || !all_allocated(k_copies) ||
+      (!latent && !all_allocated(v_copies)) ||
       (options.backward &&
        (!dout.data() || !lse.data() || !dq.data() || !dk.data() || !dv.data()))) {
     std::fprintf(stderr, "anyattn_ab_probe: could not allocate the buffers\n");
@@ -247,11 +261,11 @@ int RunAb(const AbOptions& options) {
       for (size_t i = 0; i < kv_elements; ++i) {
         const uint8_t code = static_cast<uint8_t>((i * 37 + 11) % 251);
         k_bytes[i] = code & 0xF7;
-        v_bytes[i] = (code ^ 0x5A) & 0xF7;
+        if (!latent) v_bytes[i] = (code ^ 0x5A) & 0xF7;
       }
     } else {
       FillUniform(k_copies[c].data(), options.dtype, kv_elements, 22);
-      FillUniform(v_copies[c].data(), options.dtype, kv_elements, 23);
+      if (!latent) FillUniform(v_copies[c].data(), options.dtype, kv_elements, 23);
     }
   }
   // --kv8: a descale of 1/256 (e4m3, e5m2) or token scales of 1/127 (i8) for K and V.
@@ -263,6 +277,7 @@ int RunAb(const AbOptions& options) {
       options.kv8 == ANYATTN_DTYPE_I8 ? batch * options.seqlen * options.heads_k : 0;
   std::vector<float> token_scales(2 * token_scale_count, 1.f / 127);
   const int64_t q_shape[4] = {batch, seqlen_q, options.heads_q, options.head_dim};
+  const int64_t out_shape[4] = {batch, seqlen_q, options.heads_q, head_dim_v};
   const int64_t kv_shape[4] = {batch, options.seqlen, options.heads_k, options.head_dim};
   const int64_t lse_shape[3] = {batch, options.heads_q, seqlen_q};
   // The call's tensors and parameters as one build describes them, on K/V copy `copy` (the
@@ -279,7 +294,12 @@ int RunAb(const AbOptions& options) {
     build.tensor_init(&call.q, q.data(), dtype, 4, q_shape);
     const anyattn_dtype kv_dtype = kv8 ? options.kv8 : dtype;
     build.tensor_init(&call.k, k_copies[copy].data(), kv_dtype, 4, kv_shape);
-    build.tensor_init(&call.v, v_copies[copy].data(), kv_dtype, 4, kv_shape);
+    if (latent) {  // K's buffer and strides, its first Dv columns
+      call.v = call.k;
+      call.v.shape[3] = head_dim_v;
+    } else {
+      build.tensor_init(&call.v, v_copies[copy].data(), kv_dtype, 4, kv_shape);
+    }
     build.kvcache_params_init(&call.cache);
     if (options.kv8 == ANYATTN_DTYPE_I8) {
       build.tensor_init(&call.k_token_scale, token_scales.data(), ANYATTN_DTYPE_F32, 3,
@@ -287,14 +307,14 @@ int RunAb(const AbOptions& options) {
       build.tensor_init(&call.v_token_scale, token_scales.data() + token_scale_count,
                         ANYATTN_DTYPE_F32, 3, token_scale_shape);
       call.cache.k_token_scale = &call.k_token_scale;
-      call.cache.v_token_scale = &call.v_token_scale;
+      call.cache.v_token_scale = latent ? &call.k_token_scale : &call.v_token_scale;
     } else if (kv8) {
       build.tensor_init(&call.descale, const_cast<float*>(&descale_value), ANYATTN_DTYPE_F32, 1,
                         one);
       call.cache.k_descale = &call.descale;
       call.cache.v_descale = &call.descale;
     }
-    build.tensor_init(&call.out, out.data(), dtype, 4, q_shape);
+    build.tensor_init(&call.out, out.data(), dtype, 4, out_shape);
     if (options.backward) {
       build.tensor_init(&call.lse, lse.data(), ANYATTN_DTYPE_F32, 3, lse_shape);
       build.tensor_init(&call.dout, dout.data(), dtype, 4, q_shape);
@@ -331,8 +351,9 @@ int RunAb(const AbOptions& options) {
       const anyattn_status status =
           options.backward ? build.bwd(&call.dout, &call.q, &call.k, &call.v, &call.out, &call.lse,
                                        &call.dq, &call.dk, &call.dv, nullptr, &call.params)
-          : kv8    ? build.fwd_kvcache(&call.q, &call.k, &call.v, &call.out, nullptr, &call.cache,
-                                       &call.params)
+          : kv8 || latent
+              ? build.fwd_kvcache(&call.q, &call.k, &call.v, &call.out, nullptr, &call.cache,
+                                  &call.params)
                    : build.fwd(&call.q, &call.k, &call.v, &call.out, nullptr, &call.params);
       const double elapsed = NowSeconds() - start;
       if (status != ANYATTN_OK) {
@@ -351,17 +372,20 @@ int RunAb(const AbOptions& options) {
                  ? std::clamp<int64_t>(options.seqlen - seqlen_q + i + 1, 0, options.seqlen)
                  : options.seqlen;
   }
-  const double flops =
-      (options.backward ? 2.5 : 1.0) * 4.0 * batch * options.heads_q * options.head_dim * pairs;
-  const double kv_bytes =
-      2.0 * kv_elements * kv_element_bytes + token_scales.size() * sizeof(float);
+  const double flops = (options.backward ? 2.5 : 1.0) * 2.0 * batch * options.heads_q *
+                       (options.head_dim + head_dim_v) * pairs;
+  // A latent cache's V is read from K's rows: its bytes once, and its token scales once.
+  const double kv_bytes = (latent ? 1.0 : 2.0) * kv_elements * kv_element_bytes +
+                          (latent ? 0.5 : 1.0) * token_scales.size() * sizeof(float);
   std::printf(
-      "%sB%lld Sq%lld Sk%lld Hq%lld/Hk%lld D%lld %s%s %s, %d thread(s), %d rounds, %d K/V "
+      "%sB%lld Sq%lld Sk%lld Hq%lld/Hk%lld D%lld%s%s %s%s%s %s, %d thread(s), %d rounds, %d K/V "
       "cop%s\n",
       options.backward ? "backward " : "", static_cast<long long>(batch),
       static_cast<long long>(seqlen_q), static_cast<long long>(options.seqlen),
       static_cast<long long>(options.heads_q), static_cast<long long>(options.heads_k),
-      static_cast<long long>(options.head_dim), DTypeName(options.dtype),
+      static_cast<long long>(options.head_dim),
+      latent ? "/" : "", latent ? std::to_string(head_dim_v).c_str() : "",
+      latent ? "latent " : "", DTypeName(options.dtype),
       options.kv8 == ANYATTN_DTYPE_I8          ? " (i8 cache)"
       : options.kv8 == ANYATTN_DTYPE_FP8_E5M2 ? " (e5m2 cache)"
       : kv8                                   ? " (e4m3 cache)"
