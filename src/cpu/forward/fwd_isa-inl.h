@@ -18,6 +18,8 @@
 //     ANYATTN_DIRECT_BF16_DOT              the direct loop's bf16 scores on pairwise dot
 //                                          products (decode/fwd_decode_bf16_dot.h), run by
 //                                          ANYATTN_DIRECT_BF16_DOT_SCORES
+//     ANYATTN_DIRECT_KV8_WIDEN             with them, 8-bit rows widened to bf16 once per pass
+//                                          for many rows per kv head (decode/kv8_widen.h)
 //     ANYATTN_FWD_BF16_TILES               bf16 calls on AMX tiles (amx/fwd_tiles_amx-inl.h)
 //     ANYATTN_FWD_NARROW_SCORES            bf16 and f16 scores on BFDOT and FMLAL
 //                                          (forward/fwd_narrow_scores_neon-inl.h)
