@@ -16,7 +16,6 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
@@ -27,6 +26,7 @@
 
 #include "anyattn/anyattn.h"
 #include "cache/cache_test_support.h"
+#include "common/half_convert.h"
 #include "common/kv8_convert.h"
 #include "common/test_support.h"
 #include "cpu/decode/e4m3_read.h"
@@ -735,9 +735,7 @@ TEST(Kvcache8bit, WidenedRowsKeepUnfitQueriesOnTheFmas) {
 TEST(Kvcache8bit, WidenedRowsUnfitQueryElementsOutsideTwoToTheMinus64To64) {
   int64_t unfit = 0;
   for (uint32_t bits = 0; bits <= 0xFFFFu; ++bits) {
-    const uint32_t widened = bits << 16;
-    float value;
-    std::memcpy(&value, &widened, sizeof(value));
+    const float value = convert::bf16_to_f32(static_cast<uint16_t>(bits));
     const float magnitude = std::fabs(value);
     const bool expected = !std::isfinite(value) ||
                           (value != 0.f && (magnitude < std::ldexp(1.f, -64) ||

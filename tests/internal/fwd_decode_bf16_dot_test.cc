@@ -9,9 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <vector>
 
+#include "common/half_convert.h"
 #include "common/test_support.h"
 #include "cpu/decode/fwd_decode_bf16_dot.h"
 #include "internal/bf16_dot_flush_cases.h"
@@ -108,9 +108,7 @@ TEST_F(FwdDecodeBf16Dot, BothScorePathsMatchReferenceAndEachOther) {
 TEST(FwdDecodeBf16DotQueries, UnfitElementsAreSubnormalOrAtLeast2To64) {
   int64_t unfit = 0;
   for (uint32_t bits = 0; bits <= 0xFFFFu; ++bits) {
-    const uint32_t widened = bits << 16;
-    float value;
-    std::memcpy(&value, &widened, sizeof(value));
+    const float value = convert::bf16_to_f32(static_cast<uint16_t>(bits));
     const bool expected = std::fpclassify(value) == FP_SUBNORMAL ||
                           (std::isfinite(value) && std::fabs(value) >= std::ldexp(1.0f, 64));
     ASSERT_EQ(cpu::bf16_query_unfit_for_dot(static_cast<uint16_t>(bits)), expected)
