@@ -1,12 +1,14 @@
-// The packed forward's bf16 and f16 scores on BFDOT and FMLAL (src/cpu/forward/
-// fwd_narrow_scores*.{h,cc}, the neon path where the CPU has FEAT_BF16 and FEAT_FHM): with each
-// switched on and off, prefill calls on that path match the f64 reference by the 2x rule; f16 on
-// FMLAL gives the FMLA path's bits; bf16 on BFDOT matches the FMLA path by the cross-ISA rule;
-// query rows BFDOT would get wrong (subnormal, |q| >= 2^64) and softmax_scale above 2^16 take f32
-// scores with the FMLA path's bits; and that choice, made per row, leaves results independent of
-// the thread count. The backward's S and dP on the same kernels: gradients against the reference
-// with them on and off, f16 gradients bitwise equal both ways. Skipped where the neon path or the
-// extensions are missing. Linked against the library's objects, to reach the internal switches.
+// The packed forward's bf16 scores on pairwise dot products (src/cpu/forward/
+// fwd_narrow_scores*.{h,cc}: BFDOT on the neon path where the CPU has FEAT_BF16, VDPBF16PS on the
+// avx512 path where it has AVX512_BF16) and f16 scores on FMLAL (the neon path, FEAT_FHM): with
+// each switched on and off, prefill calls on that path match the f64 reference by the 2x rule;
+// f16 on FMLAL gives the FMLA path's bits; bf16 on the dot products matches the FMA path by the
+// cross-ISA rule; query rows the dot products would get wrong (subnormal, |q| >= 2^64) and
+// softmax_scale above 2^16 take f32 scores with the FMA path's bits; and that choice, made per
+// row, leaves results independent of the thread count. The neon path's backward runs S and dP on
+// the same kernels: gradients against the reference with them on and off, f16 gradients bitwise
+// equal both ways. Skipped where the path or the extension is missing. Linked against the
+// library's objects, to reach the internal switches.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -32,6 +34,20 @@ class FwdNarrowScores : public ::testing::Test {
   }
 };
 
+// The path whose packed forward scores bf16 calls on pairwise dot products on this architecture.
+anyattn_isa bf16_dot_isa() {
+#if defined(__x86_64__) || defined(_M_X64)
+  return ANYATTN_ISA_AVX512;
+#else
+  return ANYATTN_ISA_NEON;
+#endif
+}
+
+// The path of a dtype's narrow scores: bf16_dot_isa for bf16, neon for f16.
+anyattn_isa narrow_isa(anyattn_dtype dtype) {
+  return dtype == ANYATTN_DTYPE_BF16 ? bf16_dot_isa() : ANYATTN_ISA_NEON;
+}
+
 // Turns the extension of `dtype` on or off and says whether it is available.
 bool set_narrow_scores(anyattn_dtype dtype, bool on) {
   if (dtype == ANYATTN_DTYPE_BF16) {
@@ -43,7 +59,8 @@ bool set_narrow_scores(anyattn_dtype dtype, bool on) {
   return cpu::f16_fml_scores_available();
 }
 
-// Prefill shapes on the neon path (more query rows per kv head than the direct decode loop takes):
+// Prefill shapes on the path of the dtype's narrow scores (more query rows per kv head than the
+// direct decode loop takes):
 // head dims on and off the kernels' 8-element steps (4 the smallest that takes them), partial and
 // several key blocks, and the masks, score options and layouts of vary_decode_options.
 std::vector<Case> prefill_cases(anyattn_dtype dtype) {
@@ -66,7 +83,7 @@ std::vector<Case> prefill_cases(anyattn_dtype dtype) {
       c.Sk = key_counts[(n * 3) % 5];
       c.dtype = dtype;
       vary_decode_options(n, &c);
-      c.isa = ANYATTN_ISA_NEON;
+      c.isa = narrow_isa(dtype);
       c.seed = 9300 + n;
       cases.push_back(c);
     }
@@ -110,9 +127,9 @@ void check_both_ways(anyattn_dtype dtype) {
   EXPECT_EQ(failures, 0);
 }
 
-TEST_F(FwdNarrowScores, Bf16OnBfdotMatchesReferenceAndFma) {
-  if (!has_isa_path(ANYATTN_ISA_NEON)) GTEST_SKIP() << "no neon path on this CPU";
-  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no BFDOT on this CPU";
+TEST_F(FwdNarrowScores, Bf16OnDotProductsMatchesReferenceAndFma) {
+  if (!has_isa_path(bf16_dot_isa())) GTEST_SKIP() << "no path with bf16 dot scores on this CPU";
+  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no bf16 dot products here";
   check_both_ways(ANYATTN_DTYPE_BF16);
 }
 
@@ -122,7 +139,7 @@ TEST_F(FwdNarrowScores, F16OnFmlalGivesTheFmlaBits) {
   check_both_ways(ANYATTN_DTYPE_F16);
 }
 
-// A bf16 prefill problem on the neon path: B1 Sq20 Hq4 Hk1 D16 Sk100.
+// A bf16 prefill problem on bf16_dot_isa's path: B1 Sq20 Hq4 Hk1 D16 Sk100.
 Case unfit_case(float softmax_scale) {
   Case c;
   c.Sq = 20;
@@ -133,15 +150,15 @@ Case unfit_case(float softmax_scale) {
   c.Sk = 100;
   c.dtype = ANYATTN_DTYPE_BF16;
   c.softmax_scale = softmax_scale;
-  c.isa = ANYATTN_ISA_NEON;
+  c.isa = bf16_dot_isa();
   return c;
 }
 
-// Inputs BFDOT would flush to zero scores, where the true scores are of order 1: the calls match
-// the reference, and give the FMLA path's bits.
-TEST_F(FwdNarrowScores, Bf16InputsBfdotWouldFlushTakeTheFmaScores) {
-  if (!has_isa_path(ANYATTN_ISA_NEON)) GTEST_SKIP() << "no neon path on this CPU";
-  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no BFDOT on this CPU";
+// Inputs the dot products would flush to zero scores, where the true scores are of order 1: the
+// calls match the reference, and give the FMA path's bits.
+TEST_F(FwdNarrowScores, Bf16InputsTheDotProductsWouldFlushTakeTheFmaScores) {
+  if (!has_isa_path(bf16_dot_isa())) GTEST_SKIP() << "no path with bf16 dot scores on this CPU";
+  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no bf16 dot products here";
   for (const Bf16DotFlushCase& extreme : kBf16DotFlushCases) {
     SCOPED_TRACE(extreme.what);
     const Case c = unfit_case(extreme.softmax_scale);
@@ -156,19 +173,19 @@ TEST_F(FwdNarrowScores, Bf16InputsBfdotWouldFlushTakeTheFmaScores) {
       set_narrow_scores(ANYATTN_DTYPE_BF16, on == 1);
       p.reset_outputs();
       ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
-      EXPECT_TRUE(check_outputs(p, ref, p.naive_same_dtype())) << (on ? "bfdot" : "fma");
+      EXPECT_TRUE(check_outputs(p, ref, p.naive_same_dtype())) << (on ? "dot" : "fma");
       bytes[on] = p.output_bytes();
     }
-    EXPECT_EQ(bytes[0], bytes[1]) << "the f32 scores of unfit rows differ from the FMLA path's";
+    EXPECT_EQ(bytes[0], bytes[1]) << "the f32 scores of unfit rows differ from the FMA path's";
   }
 }
 
-// Whether a row keeps its BFDOT scores depends on its own q only, never on which rows share its
-// task (the thread count decides that): with one row of one head holding a subnormal, the result
-// is bitwise the same on 1 to 4 threads.
+// Whether a row keeps its dot-product scores depends on its own q only, never on which rows share
+// its task (the thread count decides that): with one row of one head holding a subnormal, the
+// result is bitwise the same on 1 to 4 threads.
 TEST_F(FwdNarrowScores, Bf16ScorePathPerRowKeepsResultsIndependentOfThreads) {
-  if (!has_isa_path(ANYATTN_ISA_NEON)) GTEST_SKIP() << "no neon path on this CPU";
-  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no BFDOT on this CPU";
+  if (!has_isa_path(bf16_dot_isa())) GTEST_SKIP() << "no path with bf16 dot scores on this CPU";
+  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no bf16 dot products here";
   Case c;
   c.Sq = 150;
   c.Sk = 150;
@@ -178,7 +195,7 @@ TEST_F(FwdNarrowScores, Bf16ScorePathPerRowKeepsResultsIndependentOfThreads) {
   c.Dv = 64;
   c.causal = true;
   c.dtype = ANYATTN_DTYPE_BF16;
-  c.isa = ANYATTN_ISA_NEON;
+  c.isa = bf16_dot_isa();
   Problem p(c);
   const int64_t index[4] = {0, 70, 5, 3};  // position 70 of query head 5
   store(p.q, index, std::ldexp(1.0, -130));
@@ -196,7 +213,8 @@ TEST_F(FwdNarrowScores, Bf16ScorePathPerRowKeepsResultsIndependentOfThreads) {
   }
 }
 
-// The backward with S and dP on the 16-bit kernels (forward and backward switched together):
+// The neon path's backward with S and dP on the 16-bit kernels (forward and backward switched
+// together):
 // shapes with partial key blocks, GQA, masks, softcap, ALiBi, sinks and dropout, D and Dv on and
 // off the kernels' 8-element steps. Both ways match the reference; f16 gives the same bytes.
 void check_backward_both_ways(anyattn_dtype dtype) {

@@ -135,7 +135,7 @@ class NarrowProducts {
     neon_bf16::block_scores(a, lda, rows, pairs, depth, kTile, none, out);
     for (int64_t r = 0; r < rows; ++r) {
       if (all_unfit || unfit[r]) {
-        exact_pair_scores(a + r * lda, pairs, depth / 2, kTile, out + r * kTile);
+        neon_bf16::exact_pair_scores(a + r * lda, pairs, depth / 2, kTile, out + r * kTile);
       }
     }
   }

@@ -21,8 +21,11 @@
 //     ANYATTN_DIRECT_KV8_WIDEN             with them, 8-bit rows widened to bf16 once per pass
 //                                          for many rows per kv head (decode/kv8_widen.h)
 //     ANYATTN_FWD_BF16_TILES               bf16 calls on AMX tiles (amx/fwd_tiles_amx-inl.h)
-//     ANYATTN_FWD_NARROW_SCORES            bf16 and f16 scores on BFDOT and FMLAL
-//                                          (forward/fwd_narrow_scores_neon-inl.h)
+//     ANYATTN_FWD_NARROW_SCORES            the packed forward's bf16 scores on pairwise dot
+//                                          products (forward/fwd_narrow_scores-inl.h), whose
+//                                          kernels are in namespace
+//                                          ANYATTN_FWD_NARROW_BF16_KERNELS
+//     ANYATTN_FWD_NARROW_F16               with them, f16 scores on FMLAL
 // Defines pack_block, attend and attend_direct (registered by kernel_registry.cc).
 #include <algorithm>
 #include <cmath>

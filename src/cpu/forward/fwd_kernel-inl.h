@@ -1070,8 +1070,9 @@ void attend_blocks(const FwdArgs& args, const PackedLayout& layout, const Attend
 // This path packs and attends bf16 calls with tile products, and everything else as above.
 #include "cpu/amx/fwd_tiles_amx-inl.h"
 #elif defined(ANYATTN_FWD_NARROW_SCORES)
-// This path scores bf16 and f16 calls on BFDOT and FMLAL where the CPU has them.
-#include "cpu/forward/fwd_narrow_scores_neon-inl.h"
+// This path scores bf16 calls on pairwise dot products (and, on the neon path, f16 calls on FMLAL)
+// where the CPU has them.
+#include "cpu/forward/fwd_narrow_scores-inl.h"
 #else
 void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, int64_t head_k,
                 int64_t block, float* dst, uint8_t* block_flags, float* staging) {

@@ -1,6 +1,6 @@
-// Which calls take the narrow scores, the f16 switch, and the f32 scores of unfit bf16 rows
-// (fwd_narrow_scores.h). The bf16 scores share the decode loop's switch, bf16_dot_scores_available
-// (decode/fwd_decode_bf16_dot.cc).
+// Which calls take the narrow scores, the f16 switch, and the neon path's f32 scores of unfit bf16
+// rows (fwd_narrow_scores.h). The bf16 scores share the decode loop's switch,
+// bf16_dot_scores_available (decode/fwd_decode_bf16_dot.cc).
 #include "cpu/forward/fwd_narrow_scores.h"
 
 #include <atomic>
@@ -35,7 +35,8 @@ void set_f16_fml_scores_enabled(bool enabled) {
 }
 
 NarrowScores narrow_scores_of(const FwdArgs& args) {
-#if defined(ANYATTN_NEON_BF16_DOT) && defined(ANYATTN_NEON_F16_FML)
+#if (defined(ANYATTN_NEON_BF16_DOT) && defined(ANYATTN_NEON_F16_FML)) || defined(__x86_64__) || \
+    defined(_M_X64)
   if (args.head_dim < 4 || args.kv_dtype != args.dtype || args.rotary_cos != nullptr) {
     return NarrowScores::kNone;
   }
@@ -50,7 +51,7 @@ NarrowScores narrow_scores_of(const FwdArgs& args) {
 }
 
 #if defined(__aarch64__)
-void exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
+void neon_bf16::exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
                        int64_t keys, float* s_row) {
   for (int64_t c = 0; c < keys; c += 4) {
     float32x4_t sum = vdupq_n_f32(0.f);

@@ -1,25 +1,28 @@
-// The packed forward's S = Q K^T for bf16 and f16 calls on the Arm extensions that multiply 16-bit
-// values into f32 sums: BFDOT (FEAT_BF16) for bf16, FMLAL/FMLAL2 (FEAT_FHM) for f16. The neon
-// path packs such a call's K as 16-bit panels (forward/fwd_narrow_scores_neon-inl.h) and runs
-// these kernels where the CPU has the instruction; its backward runs S and dP on them too
-// (backward/bwd_narrow_scores_neon-inl.h). Each kernel is compiled in its own translation unit
-// with that feature enabled (fwd_scores_bf16_dot_neon.cc, fwd_scores_f16_fml_neon.cc), since
-// GCC 12 and clang 14 offer these intrinsics to no function target attribute.
+// The packed forward's S = Q K^T for bf16 and f16 calls on the instructions that multiply 16-bit
+// values into f32 sums: for bf16, BFDOT (FEAT_BF16) on the neon path and VDPBF16PS
+// (AVX512_BF16) on the avx512 path, where it outpaces the FMAs (call_takes_bf16_dot_scores); for
+// f16, FMLAL/FMLAL2 (FEAT_FHM) on the neon path. Such a call's K is packed as 16-bit panels
+// (forward/fwd_narrow_scores-inl.h) and scored by these kernels; the neon path's backward runs S
+// and dP on them too (backward/bwd_narrow_scores_neon-inl.h). The Arm kernels are compiled in
+// translation units of their own with the feature enabled (fwd_scores_bf16_dot_neon.cc,
+// fwd_scores_f16_fml_neon.cc), since GCC 12 and clang 14 offer these intrinsics to no function
+// target attribute; the x86-64 one in a target region (fwd_scores_bf16_dot_avx512.cc).
 //
 // Packed formats (one 64-key block of one kv head, in the f32 panel's K region, which is larger):
 //   pairs (bf16)  pair_rows = round_up(D, 8) / 2 rows of 64 32-bit words: word j of row w holds
 //                 key j's elements 2w (low half) and 2w + 1 (high half); zero past D.
 //   f16           round_up(D, 8) rows of 64 f16: element j of row d is key j's element d; zero
 //                 past D.
-// Keys past the block's last key are zero up to the next multiple of 8; the kernels score keys up
-// to round_up(keys, 4) (pairs) or round_up(keys, 8) (f16) and no further.
+// Keys past the block's last key are zero up to the next multiple of the path's vector (4 keys on
+// neon, 16 on avx512; 8 for f16); the kernels score keys up to that multiple and no further.
 //
 // Exactness.
 //   FMLAL multiplies two f16 values exactly into f32 and adds the product with one rounding, as
 //   the f32 FMLA of the widened values does; the kernel adds the products of each score in the
 //   f32 path's order (d ascending), so its scores are the f32 path's bits.
-//   BFDOT is bounded like the decode scores (decode/fwd_decode_bf16_dot.h): exact bf16 products,
-//   each pair's sum and its addition rounded to odd, subnormal inputs and results flushed. The
+//   BFDOT and VDPBF16PS are bounded like the decode scores (decode/fwd_decode_bf16_dot.h): exact
+//   bf16 products, added with one rounding each (to odd on BFDOT), subnormal inputs and results
+//   flushed. The
 //   caller runs it only for calls that take dot scores (call_takes_bf16_dot_scores) and keeps
 //   the BFDOT scores of a query row only when no element of the row is unfit for it
 //   (bf16_query_unfit_for_dot); an unfit row's scores are recomputed in f32.
@@ -32,10 +35,11 @@
 
 namespace anyattn::cpu {
 
-// How a call's S = Q K^T (and in the backward also dP = dout V^T) is formed on the neon path.
+// How a call's S = Q K^T (and on the neon path's backward also dP = dout V^T) is formed on a path
+// that has the narrow kernels (ANYATTN_FWD_NARROW_SCORES; on the others every call packs f32).
 enum class NarrowScores : uint8_t {
-  kNone,       // f32 FMLA, K (and V) packed as f32
-  kBf16Pairs,  // BFDOT over the pairs format
+  kNone,       // f32 FMAs, K (and V) packed as f32
+  kBf16Pairs,  // BFDOT or VDPBF16PS over the pairs format
   kF16,        // FMLAL over the f16 format
 };
 
@@ -43,7 +47,7 @@ enum class NarrowScores : uint8_t {
 // the packers and the kernels agree: bf16 q, K and V on a CPU and call that take the bf16 dot
 // products (call_takes_bf16_dot_scores), or f16 ones where FMLAL is available, with D >= 4 (the
 // 16-bit panels fit in the f32 panels' space: round_up(D, 8) * 32 floats <= D * 64); kNone
-// everywhere else, and on every build without the Arm kernels.
+// everywhere else, and on AArch64 builds without the Arm kernels.
 NarrowScores narrow_scores_of(const FwdArgs& args);
 
 // Elements per packed row of a head dim of n in the 16-bit formats, zero past n: the kernels step
@@ -115,22 +119,31 @@ class NextPanelWindows {
 // s[r * 64 + j] = q_r . k_j (raw, unscaled) for `rows` <= 64 query rows and keys
 // j < round_up(keys, 4) of one block in the pairs format, depth = round_up(D, 8). q: bf16 rows of
 // ldq >= depth elements, zero from D on. Prefetches the lines of `next` on the way.
+//
+// exact_pair_scores: s_row[j] = q . k_j for the same keys with f32 FMAs over a pairs-format
+// panel, head-dim elements in ascending order: the f32 path's bits, for a bf16 row unfit for
+// BFDOT. q_row: bf16, zero from D to 2 * pair_rows. AArch64 builds only.
 namespace neon_bf16 {
 void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint32_t* k_pairs,
                   int64_t depth, int64_t keys, NextPanelLines next, float* s);
+void exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
+                       int64_t keys, float* s_row);
 }  // namespace neon_bf16
+
+// The same two on VDPBF16PS and AVX-512 FMAs, for keys j < round_up(keys, 16). x86-64 builds
+// only.
+namespace avx512_bf16 {
+void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint32_t* k_pairs,
+                  int64_t depth, int64_t keys, NextPanelLines next, float* s);
+void exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
+                       int64_t keys, float* s_row);
+}  // namespace avx512_bf16
 
 // The same for f16: keys j < round_up(keys, 8) of one block in the f16 format; q: f16 rows.
 namespace neon_f16 {
 void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint16_t* kt,
                   int64_t depth, int64_t keys, NextPanelLines next, float* s);
 }  // namespace neon_f16
-
-// s_row[j] = q . k_j for j < round_up(keys, 4) with f32 FMAs over a pairs-format panel, head-dim
-// elements in ascending order: the f32 path's bits, for a bf16 row unfit for BFDOT. q_row: bf16,
-// zero from D to 2 * pair_rows. AArch64 builds only.
-void exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
-                       int64_t keys, float* s_row);
 
 }  // namespace anyattn::cpu
 

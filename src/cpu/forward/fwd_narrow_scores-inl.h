@@ -1,0 +1,204 @@
+// The packed forward's bf16 scores on pairwise dot products (BFDOT on the neon path, VDPBF16PS on
+// the avx512 path) and, on the neon path, its f16 scores on FMLAL (forward/fwd_narrow_scores.h):
+// the path's pack_block and attend.
+//
+// Included at the end of fwd_kernel-inl.h when ANYATTN_FWD_NARROW_SCORES is defined (the path's
+// traits, which also name the namespace of its bf16 kernels, ANYATTN_FWD_NARROW_BF16_KERNELS, and
+// define ANYATTN_FWD_NARROW_F16 where the f16 kernels exist), inside the path's namespace. A call
+// takes them when narrow_scores_of says so: q, K and V bf16 on a CPU and call that take the dot
+// products, or f16 where FMLAL exists, without rotary, with D >= 4. Every other call packs and
+// attends as the f32 vector path does.
+//
+// Design (same tasks, key blocks, softmax, P V and output rows as the vector path; only S and the
+// packed K differ):
+//
+//   Packed K: the 16-bit panels of fwd_narrow_scores.h, in the f32 panel's K region, which holds
+//   them for D >= 4 (round_up(D, 8) * 32 floats <= D * 64). Per kLanes keys the rows are copied
+//   bit for bit into staging (no widening), then transposed kLanes x kLanes as 32-bit pairs of
+//   elements (the f32 path's transpose_tile); for f16 the neon path then splits each pair row
+//   into its even and odd elements (fwd_narrow_scores_neon-inl.h). V is packed in f32, as on the
+//   vector path (VPanelWriter), for the vector path's P V: keeping P V at f32 accuracy on the
+//   16-bit instructions needs P in two parts (hi + lo, as on the AMX path), two dot products
+//   where one FMA does the same work, so they would save no instructions.
+//
+//   q: the task's rows as their 16-bit bits, 2 * q_stride elements per row (the f32 rows' bytes),
+//   zero from D on. For bf16 the rows with an element unfit for the dot products
+//   (bf16_query_unfit_for_dot) are noted, and their dot-product scores are replaced by f32 ones
+//   computed from the same panel (exact_pair_scores: the vector path's bits). The test is per row,
+//   so a row's scores do not depend on which rows share its task.
+
+namespace narrow_bf16 = ::anyattn::cpu::ANYATTN_FWD_NARROW_BF16_KERNELS;
+
+// Copies the K rows of keys j0 + jj, jj < `present`, of kv head head_k into staging rows
+// `staged_row_bytes` apart, bit for bit, zero from D on; rows present .. slots - 1 are zero.
+// Prefetches the rows ahead. The rows are written with memcpy and memset only: the transposes
+// read them as floats (32-bit pairs), and typed 16-bit stores would let the compiler move those
+// reads before them.
+inline void stage_narrow_key_rows(const FwdArgs& args, const SeqInfo& seq, int64_t head_k,
+                                  int64_t j0, int64_t present, int64_t slots,
+                                  int64_t staged_row_bytes, float* staging) {
+  char* staged = reinterpret_cast<char*>(staging);
+  const int64_t row_bytes = args.head_dim * 2;
+  for (int64_t jj = 0; jj < slots; ++jj) {
+    char* row = staged + jj * staged_row_bytes;
+    prefetch_rows_ahead(args, seq, args.k, args.k_batch_stride, args.k_row_stride,
+                        args.k_head_stride, j0 + jj, head_k, row_bytes);
+    int64_t copied = 0;
+    if (jj < present) {
+      const int64_t offset = key_row_offset(args, seq, j0 + jj, head_k, args.k_batch_stride,
+                                            args.k_row_stride, args.k_head_stride);
+      std::memcpy(row, static_cast<const uint16_t*>(args.k) + offset, row_bytes);
+      copied = row_bytes;
+    }
+    std::memset(row + copied, 0, staged_row_bytes - copied);
+  }
+}
+
+// K of one block in the pairs format: `keys` keys from j0, zero up to round_up(keys, kLanes).
+// staging: kLanes * round_up(pair_rows, kLanes) floats.
+inline void pack_pair_keys(const FwdArgs& args, const SeqInfo& seq, int64_t head_k, int64_t j0,
+                           int64_t keys, float* panel, float* staging) {
+  const int64_t pair_rows = narrow_depth(args.head_dim) / 2;
+  const int64_t staged_words = round_up(pair_rows, kLanes);
+  alignas(64) float transposed[kLanes * kLanes];
+  for (int64_t chunk = 0; chunk < keys; chunk += kLanes) {
+    stage_narrow_key_rows(args, seq, head_k, j0 + chunk, std::min<int64_t>(kLanes, keys - chunk),
+                          kLanes, staged_words * 4, staging);
+    // Staged row jj holds key chunk + jj as 32-bit words (element pairs).
+    for (int64_t w = 0; w < pair_rows; w += kLanes) {
+      if (w + kLanes <= pair_rows) {
+        transpose_tile(staging + w, staged_words, panel + w * kKeyBlock + chunk, kKeyBlock);
+        continue;
+      }
+      transpose_tile(staging + w, staged_words, transposed, kLanes);
+      for (int64_t row = w; row < pair_rows; ++row) {
+        Vec::load(transposed + (row - w) * kLanes).store(panel + row * kKeyBlock + chunk);
+      }
+    }
+  }
+}
+
+#if defined(ANYATTN_FWD_NARROW_F16)
+// pack_f16_keys: the f16 format's K.
+#include "cpu/forward/fwd_narrow_scores_neon-inl.h"
+#endif
+
+// Packs key block `block` of kv head `head_k` into `panel`: K in `format` (pairs or f16), V as the
+// vector path packs it, and sets *block_flags (kBlockVNonfinite). `staging`: the f32 path's (16
+// rows of round_up(D, 16) floats), which holds the staged 16-bit rows of either format.
+inline void pack_narrow_head(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
+                             int64_t head_k, int64_t block, NarrowScores format, float* panel,
+                             float* staging, uint8_t* block_flags) {
+  const int64_t j0 = block * kKeyBlock;
+  const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
+#if defined(ANYATTN_FWD_NARROW_F16)
+  if (format == NarrowScores::kF16) {
+    pack_f16_keys(args, seq, head_k, j0, keys, panel, staging);
+  } else {
+    pack_pair_keys(args, seq, head_k, j0, keys, panel, staging);
+  }
+#else
+  (void)format;
+  pack_pair_keys(args, seq, head_k, j0, keys, panel, staging);
+#endif
+  VPanelWriter v_panel(args, layout, panel, 1);
+  v_panel.convert_rows(seq, head_k, j0, keys);
+  v_panel.finish(keys, block_flags);
+}
+
+// The products for attend_blocks of a call whose K panels are 16-bit (narrow_scores_of): S on the
+// narrow kernels, P V as on the vector path.
+class NarrowScoreProducts {
+ public:
+  void load_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+                    const TaskRows& rows, const Scratch& scratch) {
+    format_ = narrow_scores_of(args);
+    q_ = reinterpret_cast<uint16_t*>(scratch.q);
+    ldq_ = 2 * layout.q_stride;
+    for (int64_t r = 0; r < rows.count; ++r) {
+      const int64_t offset = task.seq.q_offset + rows.position(r) * args.q_row_stride +
+                             rows.head(r) * args.q_head_stride;
+      const uint16_t* source = static_cast<const uint16_t*>(args.q) + offset;
+      uint16_t* row = q_ + r * ldq_;
+      // OR-ed over the row with no early exit, so that the loop vectorises.
+      uint16_t unfit = 0;
+      for (int64_t d = 0; d < args.head_dim; ++d) {
+        row[d] = source[d];
+        unfit |= static_cast<uint16_t>(bf16_query_unfit_for_dot(source[d]));
+      }
+      for (int64_t d = args.head_dim; d < ldq_; ++d) row[d] = 0;
+      unfit_row_[r] = format_ == NarrowScores::kBf16Pairs && unfit != 0;
+    }
+  }
+  static void pack(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
+                   int64_t head_k, int64_t heads_k, int64_t block, float* panels, float* staging,
+                   uint8_t* block_flags) {
+    const NarrowScores format = narrow_scores_of(args);
+    for (int64_t h = 0; h < heads_k; ++h) {
+      pack_narrow_head(args, layout, seq, head_k + h, block, format,
+                       panels + h * layout.block_floats, staging, block_flags + h);
+    }
+  }
+  // S (raw q . k) for `rows` rows (from q, a row of this task's q) against the first `keys` keys
+  // of the packed block kt, and the zero keys past them up to a whole vector; the columns past
+  // those are left for the mask.
+  void scores(const FwdArgs& args, const PackedLayout& layout, const float* q, int64_t rows,
+              const float* kt, int64_t keys, uint8_t /*block_flags*/, float* s,
+              const float* next_panel) {
+    const int64_t depth = narrow_depth(args.head_dim);
+    const char* next = reinterpret_cast<const char*>(next_panel);
+    const NextPanelLines next_lines{next, depth * kKeyBlock * 2,
+                                    next == nullptr ? nullptr : next + layout.kt_floats * 4,
+                                    kKeyBlock * layout.dv_pad * 4};
+    const uint16_t* q_rows = reinterpret_cast<const uint16_t*>(q);
+#if defined(ANYATTN_FWD_NARROW_F16)
+    if (format_ == NarrowScores::kF16) {
+      neon_f16::block_scores(q_rows, ldq_, rows, reinterpret_cast<const uint16_t*>(kt), depth,
+                             keys, next_lines, s);
+      return;
+    }
+#endif
+    const uint32_t* k_pairs = reinterpret_cast<const uint32_t*>(kt);
+    narrow_bf16::block_scores(q_rows, ldq_, rows, k_pairs, depth, keys, next_lines, s);
+    const int64_t r0 = (q_rows - q_) / ldq_;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (unfit_row_[r0 + r]) {
+        narrow_bf16::exact_pair_scores(q_rows + r * ldq_, k_pairs, depth / 2, keys,
+                                       s + r * kKeyBlock);
+      }
+    }
+  }
+  void pv(const FwdArgs& args, const SeqInfo& seq, const Mask& mask, const TaskRows& head_rows,
+          int64_t j0, int64_t keys, bool crosses_boundary, uint8_t block_flags, float* p,
+          const float* v, float* o, int64_t dv_pad) const {
+    vector_.pv(args, seq, mask, head_rows, j0, keys, crosses_boundary, block_flags, p, v, o,
+               dv_pad);
+  }
+  void finish() {}
+
+ private:
+  NarrowScores format_ = NarrowScores::kNone;
+  uint16_t* q_ = nullptr;
+  int64_t ldq_ = 0;
+  bool unfit_row_[kMaxQBlockRows] = {};
+  VectorProducts vector_;
+};
+
+void pack_block(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq, int64_t head_k,
+                int64_t block, float* dst, uint8_t* block_flags, float* staging) {
+  const NarrowScores format = narrow_scores_of(args);
+  if (format == NarrowScores::kNone) {
+    pack_block_heads(args, layout, seq, head_k, 1, block, dst, staging, block_flags);
+  } else {
+    pack_narrow_head(args, layout, seq, head_k, block, format, dst, staging, block_flags);
+  }
+}
+
+void attend(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
+            const Scratch& scratch) {
+  if (narrow_scores_of(args) == NarrowScores::kNone) {
+    attend_blocks<VectorProducts>(args, layout, task, scratch);
+  } else {
+    attend_blocks<NarrowScoreProducts>(args, layout, task, scratch);
+  }
+}
