@@ -5,9 +5,9 @@
 // f16 on FMLAL gives the FMLA path's bits; bf16 on the dot products matches the FMA path by the
 // cross-ISA rule; query rows the dot products would get wrong (subnormal, |q| >= 2^64) and
 // softmax_scale above 2^16 take f32 scores with the FMA path's bits; and that choice, made per
-// row, leaves results independent of the thread count. The neon path's backward runs S and dP on
-// the same kernels: gradients against the reference with them on and off, f16 gradients bitwise
-// equal both ways. Skipped where the path or the extension is missing. Linked against the
+// row, leaves results independent of the thread count. The backward runs S and dP on the same
+// kernels: gradients against the reference with them on and off, f16 gradients bitwise equal both
+// ways. Skipped where the path or the extension is missing. Linked against the
 // library's objects, to reach the internal switches.
 #include <gtest/gtest.h>
 
@@ -213,8 +213,7 @@ TEST_F(FwdNarrowScores, Bf16ScorePathPerRowKeepsResultsIndependentOfThreads) {
   }
 }
 
-// The neon path's backward with S and dP on the 16-bit kernels (forward and backward switched
-// together):
+// The backward with S and dP on the 16-bit kernels (forward and backward switched together):
 // shapes with partial key blocks, GQA, masks, softcap, ALiBi, sinks and dropout, D and Dv on and
 // off the kernels' 8-element steps. Both ways match the reference; f16 gives the same bytes.
 void check_backward_both_ways(anyattn_dtype dtype) {
@@ -237,7 +236,7 @@ void check_backward_both_ways(anyattn_dtype dtype) {
       c.fwd.D = shape.d;
       c.fwd.Dv = shape.dv;
       c.fwd.dtype = dtype;
-      c.fwd.isa = ANYATTN_ISA_NEON;
+      c.fwd.isa = narrow_isa(dtype);
       c.fwd.causal = variant == 1;
       c.fwd.window_left = variant == 2 ? 24 : -1;
       c.fwd.softcap = variant == 2 ? 5.0f : 0.0f;
@@ -266,10 +265,30 @@ void check_backward_both_ways(anyattn_dtype dtype) {
   EXPECT_EQ(failures, 0);
 }
 
-TEST_F(FwdNarrowScores, Bf16BackwardOnBfdotMatchesReference) {
-  if (!has_isa_path(ANYATTN_ISA_NEON)) GTEST_SKIP() << "no neon path on this CPU";
-  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no BFDOT on this CPU";
+TEST_F(FwdNarrowScores, Bf16BackwardOnDotProductsMatchesReference) {
+  if (!has_isa_path(bf16_dot_isa())) GTEST_SKIP() << "no path with bf16 dot scores on this CPU";
+  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no bf16 dot products here";
   check_backward_both_ways(ANYATTN_DTYPE_BF16);
+}
+
+// The backward's S for the query rows the dot products would get wrong: with the extension on,
+// S is recomputed in f32 for them, as the forward's was, and the gradients match the reference
+// (flushed scores would be 0, far from the true ones).
+TEST_F(FwdNarrowScores, Bf16BackwardInputsTheDotProductsWouldFlushTakeTheFmaScores) {
+  if (!has_isa_path(bf16_dot_isa())) GTEST_SKIP() << "no path with bf16 dot scores on this CPU";
+  if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no bf16 dot products here";
+  for (const Bf16DotFlushCase& extreme : kBf16DotFlushCases) {
+    SCOPED_TRACE(extreme.what);
+    BwdCase c;
+    c.fwd = unfit_case(extreme.softmax_scale);
+    BwdProblem p(c);
+    fill_scaled(p.fwd, extreme.q_unit, extreme.k_unit);
+    ASSERT_GT(gap_to_flushed_scores(c.fwd, p.fwd.reference(), extreme.k_unit), 0.05)
+        << "the case does not tell flushed scores apart";
+    ASSERT_EQ(p.prepare_forward(), ANYATTN_OK) << anyattn_last_error();
+    ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+    EXPECT_TRUE(check_gradients(p, p.reference(), p.naive_same_dtype()));
+  }
 }
 
 TEST_F(FwdNarrowScores, F16BackwardOnFmlalGivesTheFmlaBits) {

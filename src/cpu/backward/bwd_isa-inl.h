@@ -13,8 +13,9 @@
 //                                 in place of bwd_philox.h's portable dropout_keep_factors64
 //     ANYATTN_BWD_BF16_TILES      the products of bf16 calls on AMX tiles
 //                                 (amx/bwd_tiles_amx-inl.h)
-//     ANYATTN_BWD_NARROW_SCORES   S and dP of bf16 and f16 calls on BFDOT and FMLAL
-//                                 (backward/bwd_narrow_scores_neon-inl.h)
+//     ANYATTN_BWD_NARROW_SCORES   S and dP of bf16 calls on pairwise dot products, and of f16
+//                                 calls on FMLAL with ANYATTN_NARROW_F16
+//                                 (backward/bwd_narrow_scores-inl.h)
 // Defines row_dots, bwd_task, reduce_dq, reduce_dkv, kBf16Tiles and takes_rows16 (registered by
 // backward/bwd_driver.cc).
 #include <algorithm>

@@ -7,9 +7,9 @@
 // dropout_keep_factors64 (bwd_philox.h), the dropout factors of 64 keys of one row. The task loop
 // (bwd_blocks) takes its five products from a policy class: VectorProducts below, or with
 // ANYATTN_BWD_BF16_TILES (bwd_avx512_amx.cc, after amx_tiles-inl.h) TileProducts, which runs those
-// of bf16 calls on AMX tiles (bwd_tiles_amx-inl.h), or with ANYATTN_BWD_NARROW_SCORES (bwd_neon.cc)
-// NarrowProducts, which runs S and dP of bf16 and f16 calls on BFDOT and FMLAL
-// (bwd_narrow_scores_neon-inl.h). Which keys a row sees, and the score
+// of bf16 calls on AMX tiles (bwd_tiles_amx-inl.h), or with ANYATTN_BWD_NARROW_SCORES (bwd_neon.cc,
+// bwd_avx512.cc) NarrowProducts, which runs S and dP of bf16 calls on pairwise dot products and,
+// on neon, of f16 calls on FMLAL (bwd_narrow_scores-inl.h). Which keys a row sees, and the score
 // modifiers, come from the sequence's Mask (common/mask.h).
 //
 // Math (docs/backward.md): with x = <q_i, k_j> * scale, t = tanh(x / softcap), s = softcap * t (or
@@ -695,8 +695,9 @@ void reduce_dkv(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, i
 // This path runs the products of bf16 calls on AMX tiles, and everything else as above.
 #include "cpu/amx/bwd_tiles_amx-inl.h"
 #elif defined(ANYATTN_BWD_NARROW_SCORES)
-// This path runs S and dP of bf16 and f16 calls on BFDOT and FMLAL where the CPU has them.
-#include "cpu/backward/bwd_narrow_scores_neon-inl.h"
+// This path runs S and dP of bf16 calls on pairwise dot products (and, on the neon path, of f16
+// calls on FMLAL) where the CPU has them.
+#include "cpu/backward/bwd_narrow_scores-inl.h"
 #else
 void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task, const float* delta,
               float* scratch) {

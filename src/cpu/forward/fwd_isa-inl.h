@@ -24,8 +24,8 @@
 //     ANYATTN_FWD_NARROW_SCORES            the packed forward's bf16 scores on pairwise dot
 //                                          products (forward/fwd_narrow_scores-inl.h), whose
 //                                          kernels are in namespace
-//                                          ANYATTN_FWD_NARROW_BF16_KERNELS
-//     ANYATTN_FWD_NARROW_F16               with them, f16 scores on FMLAL
+//                                          ANYATTN_NARROW_BF16_KERNELS
+//     ANYATTN_NARROW_F16                   with them, f16 scores on FMLAL
 // Defines pack_block, attend and attend_direct (registered by kernel_registry.cc).
 #include <algorithm>
 #include <cmath>

@@ -3,8 +3,8 @@
 // the path's pack_block and attend.
 //
 // Included at the end of fwd_kernel-inl.h when ANYATTN_FWD_NARROW_SCORES is defined (the path's
-// traits, which also name the namespace of its bf16 kernels, ANYATTN_FWD_NARROW_BF16_KERNELS, and
-// define ANYATTN_FWD_NARROW_F16 where the f16 kernels exist), inside the path's namespace. A call
+// traits, which also name the namespace of its bf16 kernels, ANYATTN_NARROW_BF16_KERNELS, and
+// define ANYATTN_NARROW_F16 where the f16 kernels exist), inside the path's namespace. A call
 // takes them when narrow_scores_of says so: q, K and V bf16 on a CPU and call that take the dot
 // products, or f16 where FMLAL exists, without rotary, with D >= 4. Every other call packs and
 // attends as the f32 vector path does.
@@ -27,7 +27,7 @@
 //   computed from the same panel (exact_pair_scores: the vector path's bits). The test is per row,
 //   so a row's scores do not depend on which rows share its task.
 
-namespace narrow_bf16 = ::anyattn::cpu::ANYATTN_FWD_NARROW_BF16_KERNELS;
+namespace narrow_bf16 = ::anyattn::cpu::ANYATTN_NARROW_BF16_KERNELS;
 
 // Copies the K rows of keys j0 + jj, jj < `present`, of kv head head_k into staging rows
 // `staged_row_bytes` apart, bit for bit, zero from D on; rows present .. slots - 1 are zero.
@@ -78,7 +78,7 @@ inline void pack_pair_keys(const FwdArgs& args, const SeqInfo& seq, int64_t head
   }
 }
 
-#if defined(ANYATTN_FWD_NARROW_F16)
+#if defined(ANYATTN_NARROW_F16)
 // pack_f16_keys: the f16 format's K.
 #include "cpu/forward/fwd_narrow_scores_neon-inl.h"
 #endif
@@ -91,7 +91,7 @@ inline void pack_narrow_head(const FwdArgs& args, const PackedLayout& layout, co
                              float* staging, uint8_t* block_flags) {
   const int64_t j0 = block * kKeyBlock;
   const int64_t keys = std::min(kKeyBlock, seq.seqlen_k - j0);
-#if defined(ANYATTN_FWD_NARROW_F16)
+#if defined(ANYATTN_NARROW_F16)
   if (format == NarrowScores::kF16) {
     pack_f16_keys(args, seq, head_k, j0, keys, panel, staging);
   } else {
@@ -151,7 +151,7 @@ class NarrowScoreProducts {
                                     next == nullptr ? nullptr : next + layout.kt_floats * 4,
                                     kKeyBlock * layout.dv_pad * 4};
     const uint16_t* q_rows = reinterpret_cast<const uint16_t*>(q);
-#if defined(ANYATTN_FWD_NARROW_F16)
+#if defined(ANYATTN_NARROW_F16)
     if (format_ == NarrowScores::kF16) {
       neon_f16::block_scores(q_rows, ldq_, rows, reinterpret_cast<const uint16_t*>(kt), depth,
                              keys, next_lines, s);

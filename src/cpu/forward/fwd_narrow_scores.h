@@ -2,8 +2,8 @@
 // values into f32 sums: for bf16, BFDOT (FEAT_BF16) on the neon path and VDPBF16PS
 // (AVX512_BF16) on the avx512 path, where it outpaces the FMAs (call_takes_bf16_dot_scores); for
 // f16, FMLAL/FMLAL2 (FEAT_FHM) on the neon path. Such a call's K is packed as 16-bit panels
-// (forward/fwd_narrow_scores-inl.h) and scored by these kernels; the neon path's backward runs S
-// and dP on them too (backward/bwd_narrow_scores_neon-inl.h). The Arm kernels are compiled in
+// (forward/fwd_narrow_scores-inl.h) and scored by these kernels; the backward runs S and dP on
+// them too (backward/bwd_narrow_scores-inl.h). The Arm kernels are compiled in
 // translation units of their own with the feature enabled (fwd_scores_bf16_dot_neon.cc,
 // fwd_scores_f16_fml_neon.cc), since GCC 12 and clang 14 offer these intrinsics to no function
 // target attribute; the x86-64 one in a target region (fwd_scores_bf16_dot_avx512.cc).

@@ -1,5 +1,5 @@
 // The f16 format's packing for the neon path's FMLAL scores (forward/fwd_narrow_scores.h).
-// Included by fwd_narrow_scores-inl.h when ANYATTN_FWD_NARROW_F16 is defined (traits_neon.h),
+// Included by fwd_narrow_scores-inl.h when ANYATTN_NARROW_F16 is defined (traits_neon.h),
 // inside namespace anyattn::cpu::neon, after stage_narrow_key_rows.
 //
 // Per 8 keys the rows are staged bit for bit, transposed 4 x 4 as 32-bit pairs of elements (the

@@ -31,10 +31,11 @@
 // and, for tasks of many query rows per kv head, widens 8-bit caches' rows to bf16 once per pass
 // for them (decode/kv8_widen.h).
 #define ANYATTN_DIRECT_KV8_WIDEN avx512_vbmi::widen_kv8_rows
-// The packed forward's bf16 scores run on the same instruction there
-// (forward/fwd_narrow_scores.h).
+// The packed forward's bf16 scores, and the backward's S and dP of bf16 calls, run on the same
+// instruction there (forward/fwd_narrow_scores.h).
 #define ANYATTN_FWD_NARROW_SCORES 1
-#define ANYATTN_FWD_NARROW_BF16_KERNELS avx512_bf16
+#define ANYATTN_BWD_NARROW_SCORES 1
+#define ANYATTN_NARROW_BF16_KERNELS avx512_bf16
 
 // The backward's dropout factors in AVX-512 integer code.
 #define ANYATTN_PATH_DROPOUT_HEADER "cpu/backward/bwd_philox_avx512-inl.h"

@@ -22,7 +22,8 @@
 #undef ANYATTN_DIRECT_BF16_DOT_SCORES
 #undef ANYATTN_DIRECT_KV8_WIDEN
 #undef ANYATTN_FWD_NARROW_SCORES
-#undef ANYATTN_FWD_NARROW_BF16_KERNELS
+#undef ANYATTN_BWD_NARROW_SCORES
+#undef ANYATTN_NARROW_BF16_KERNELS
 
 // Backward: the five products of bf16 calls on AMX tiles (amx/bwd_tiles_amx-inl.h); the unit
 // tells the driver through bwd_avx512_amx::kBf16Tiles.

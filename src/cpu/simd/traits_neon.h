@@ -47,8 +47,8 @@
 // the CPU has them and the build compiled their kernels (forward/fwd_narrow_scores.h).
 #if defined(ANYATTN_NEON_BF16_DOT) && defined(ANYATTN_NEON_F16_FML)
 #define ANYATTN_FWD_NARROW_SCORES 1
-#define ANYATTN_FWD_NARROW_BF16_KERNELS neon_bf16
-#define ANYATTN_FWD_NARROW_F16 1
+#define ANYATTN_NARROW_BF16_KERNELS neon_bf16
+#define ANYATTN_NARROW_F16 1
 #define ANYATTN_BWD_NARROW_SCORES 1
 #endif
 

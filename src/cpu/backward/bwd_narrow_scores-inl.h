@@ -1,8 +1,10 @@
-// S and dP of bf16 and f16 calls on BFDOT and FMLAL (forward/fwd_narrow_scores.h): the neon path's
-// bwd_task. Included at the end of bwd_kernel-inl.h when ANYATTN_BWD_NARROW_SCORES is defined
-// (traits_neon.h, in builds that compile the Arm feature units), inside namespace
-// anyattn::cpu::bwd_neon. Calls that take them are those the forward scores the same way
-// (narrow_scores_of); the driver then gives the scratch the 16-bit rows (BwdLayout::rows16).
+// S and dP of bf16 calls on pairwise dot products (BFDOT on the neon path, VDPBF16PS on the avx512
+// path) and, on the neon path, of f16 calls on FMLAL (forward/fwd_narrow_scores.h): the path's
+// bwd_task. Included at the end of bwd_kernel-inl.h when ANYATTN_BWD_NARROW_SCORES is defined (the
+// path's traits, with ANYATTN_NARROW_BF16_KERNELS and ANYATTN_NARROW_F16 as for the forward),
+// inside namespace anyattn::cpu::bwd_<id>. Calls that take them are those the forward scores the
+// same way (narrow_scores_of); the driver then gives the scratch the 16-bit rows
+// (BwdLayout::rows16).
 //
 // Design. S = Q K^T and dP = dout V^T read inputs that are bf16 (or f16) values converted exactly
 // to f32, so they run on the forward's 16-bit score kernels from 16-bit copies:
@@ -10,14 +12,17 @@
 //     format, written over the block's f32 panels kt and vt, which nothing but S and dP reads;
 //   query side, once per query block: the Q and dout rows' 16-bit values (q16, dout16).
 // S is then the forward's bits: the same kernel on the same values, with the same f32 fallback
-// (exact_pair_scores) for the bf16 rows BFDOT would get wrong, decided row by row from the row's
-// own values. So P = exp(s - lse) is the probability the forward normalised, as on the other paths.
-// dP takes the same kernels and fallback (dout rows tested as q rows are); a key block whose bf16 V
-// holds a subnormal, which BFDOT would flush, takes the fallback for all its rows (noted in the
+// (exact_pair_scores) for the bf16 rows the dot products would get wrong, decided row by row from
+// the row's own values. So P = exp(s - lse) is the probability the forward normalised, as on the
+// other paths. dP takes the same kernels and fallback (dout rows tested as q rows are); a key block
+// whose bf16 V holds a subnormal, which the dot products would flush, takes the fallback for all
+// its rows (noted in the
 // word after its 16-bit panel, space the f32 panel leaves free). f16 S and dP are the FMA
 // micro-kernel's bits. The other three products take P Z and dX, f32 results, and stay on the FMA
 // micro-kernel (VectorProducts): in 16-bit instructions they would need hi + lo parts, two
 // products where one FMA does the same work.
+
+namespace narrow_bf16 = ::anyattn::cpu::ANYATTN_NARROW_BF16_KERNELS;
 
 class NarrowProducts {
  public:
@@ -105,7 +110,7 @@ class NarrowProducts {
   }
 
   // dst[r][0 .. n_pad) = the 16-bit values of rows [0, rows) of src (n_pad floats each, zero past
-  // the head dim); unfit[r]: a bf16 row with an element BFDOT would get wrong.
+  // the head dim); unfit[r]: a bf16 row with an element the dot products would get wrong.
   void narrow_rows(const float* src, int64_t n_pad, int64_t rows, uint16_t* dst,
                    bool* unfit) const {
     for (int64_t r = 0; r < rows; ++r) {
@@ -126,16 +131,18 @@ class NarrowProducts {
                       const bool* unfit, bool all_unfit, float* out) const {
     const int64_t depth = narrow_depth(n);
     const NextPanelLines none{nullptr, 0, nullptr, 0};
+#if defined(ANYATTN_NARROW_F16)
     if (format_ == NarrowScores::kF16) {
       neon_f16::block_scores(a, lda, rows, reinterpret_cast<const uint16_t*>(panel), depth, kTile,
                              none, out);
       return;
     }
+#endif
     const uint32_t* pairs = reinterpret_cast<const uint32_t*>(panel);
-    neon_bf16::block_scores(a, lda, rows, pairs, depth, kTile, none, out);
+    narrow_bf16::block_scores(a, lda, rows, pairs, depth, kTile, none, out);
     for (int64_t r = 0; r < rows; ++r) {
       if (all_unfit || unfit[r]) {
-        neon_bf16::exact_pair_scores(a + r * lda, pairs, depth / 2, kTile, out + r * kTile);
+        narrow_bf16::exact_pair_scores(a + r * lda, pairs, depth / 2, kTile, out + r * kTile);
       }
     }
   }
