@@ -5,11 +5,11 @@
 // vector of 16 keys' pairs by one pair of q broadcast to every lane and adds both products into
 // the 16 keys' f32 sums. A tile of R = 4 rows x NV = 4 key vectors (the block's 64 keys) keeps 16
 // accumulators; per pair row it loads the NV key vectors and broadcasts one q pair per row,
-// R * NV = 16 VDPBF16PS for NV + R = 8 loads: 512 multiply-adds, twice what as many f32 FMAs do
-// (the f32 path's 6-row tile ran slower here: bench/MEASUREMENTS.md). The packed K is half the
-// f32 panel's bytes. Each group of 4 pair rows, unrolled, prefetches two lines of the next
-// block's panel into L2. The block's panel (16 KiB of K at D = 128) stays in L1 while the row
-// tiles pass over it; S (64 x 64 f32) is written once.
+// R * NV = 16 VDPBF16PS for NV + R = 8 loads: 512 multiply-adds, twice what as many f32 FMAs do.
+// The packed K is half the f32 panel's bytes. Each pair row prefetches one line of the next
+// block's panel into L2 (prefetch_line_l2_in_tile, which leaves the accumulators in registers).
+// The block's panel (16 KiB of K at D = 128) stays in L1 while the row tiles pass over it; S (64
+// x 64 f32) is written once.
 //
 // Compiled for AVX512_BF16 in a target region of its own; called only where the CPU has it
 // (call_takes_bf16_dot_scores).
@@ -31,7 +31,6 @@ namespace {
 constexpr int kKeyVecLanes = 16;  // keys per vector of pairs
 constexpr int kTileRows = 4;
 constexpr int kTileVecs = static_cast<int>(kKeyBlock / kKeyVecLanes);
-constexpr int64_t kPairRowsPerStep = 4;  // narrow_depth is a multiple of 8: whole steps
 
 // Pair w of a bf16 row (elements 2w and 2w + 1), as one 32-bit word.
 inline uint32_t pair_at(const uint16_t* row, int64_t w) {
@@ -40,7 +39,8 @@ inline uint32_t pair_at(const uint16_t* row, int64_t w) {
   return pair;
 }
 
-// s[r][0, NV * 16) = q_r . k_j for R rows and the NV key vectors from key 0 of `k_pairs`.
+// s[r][0, NV * 16) = q_r . k_j for R rows and the NV key vectors from key 0 of `k_pairs`,
+// prefetching one line of `ahead` per pair row.
 template <int R, int NV>
 void score_tile(const uint16_t* q, int64_t ldq, const uint32_t* k_pairs, int64_t pair_rows,
                 PanelPrefetchWindow ahead, float* s) {
@@ -48,25 +48,23 @@ void score_tile(const uint16_t* q, int64_t ldq, const uint32_t* k_pairs, int64_t
   for (int r = 0; r < R; ++r) {
     for (int n = 0; n < NV; ++n) acc[r][n] = _mm512_setzero_ps();
   }
-  for (int64_t w0 = 0; w0 < pair_rows; w0 += kPairRowsPerStep) {
-    prefetch_line_l2(ahead.line);
-    prefetch_line_l2(ahead.line + ahead.step);
-    ahead.line += 2 * ahead.step;
-#pragma GCC unroll 4
-    for (int64_t w = w0; w < w0 + kPairRowsPerStep; ++w) {
-      __m512bh keys[NV];
-      for (int n = 0; n < NV; ++n) {
-        keys[n] = (__m512bh)_mm512_loadu_si512(k_pairs + w * kKeyBlock + n * kKeyVecLanes);
-      }
-      for (int r = 0; r < R; ++r) {
-        const __m512bh q_pair =
-            (__m512bh)_mm512_set1_epi32(static_cast<int>(pair_at(q + r * ldq, w)));
-        for (int n = 0; n < NV; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], q_pair, keys[n]);
-      }
+  for (int64_t w = 0; w < pair_rows; ++w) {
+    prefetch_line_l2_in_tile(ahead.line);
+    ahead.line += ahead.step;
+    __m512bh keys[NV];
+    for (int n = 0; n < NV; ++n) {
+      keys[n] = (__m512bh)_mm512_loadu_si512(k_pairs + w * kKeyBlock + n * kKeyVecLanes);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512bh q_pair =
+          (__m512bh)_mm512_set1_epi32(static_cast<int>(pair_at(q + r * ldq, w)));
+      for (int n = 0; n < NV; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], q_pair, keys[n]);
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int n = 0; n < NV; ++n) _mm512_storeu_ps(s + r * kKeyBlock + n * kKeyVecLanes, acc[r][n]);
+    for (int n = 0; n < NV; ++n) {
+      _mm512_storeu_ps(s + r * kKeyBlock + n * kKeyVecLanes, acc[r][n]);
+    }
   }
 }
 
@@ -103,7 +101,8 @@ void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint32_t* 
                   int64_t depth, int64_t keys, NextPanelLines next, float* s) {
   NextPanelWindows ahead(next, k_pairs);
   const int64_t pair_rows = depth / 2;
-  const int64_t steps = pair_rows / kPairRowsPerStep;
+  // A window's step is two lines; a tile prefetches one line per pair row.
+  const int64_t steps = pair_rows / 2;
   const int64_t vectors = (keys + kKeyVecLanes - 1) / kKeyVecLanes;
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
