@@ -674,16 +674,19 @@ TEST(Kvcache8bit, ManyRowsPerKvHeadOnWidenedRows) {
   }
 }
 
-// Queries the widened rows' dot products must not take (kv8_query_unfit_for_dot) keep their kv
-// head on the f32 FMAs. The second kv head's query rows hold, in one element or in all, values
-// times 2^e, and its K descale is 2^-e times as large, so that the scores stay of order 1: 2^60
-// (taken), 2^64 and 2^70 (too large), 2^-70 (too small). Then every query row times 2^-120
-// against subnormal e4m3 codes and a K descale of 2^125: the products are f32 subnormals, which
-// VDPBF16PS would flush while the true scores are of order 1.
+// Queries the dot products must not take (kv8_query_unfit_for_dot) keep the f32 FMAs: in decode
+// (Sq 1, rows widened to bf16) their kv head, in prefill (Sq 40, the packed path's bf16 pairs)
+// their row. The second kv head's query rows hold, in one element or in all, values times 2^e,
+// and its K descale is 2^-e times as large, so that the scores stay of order 1: 2^60 (taken),
+// 2^64 and 2^70 (too large), 2^-70 (too small). Then every query row times 2^-120 against
+// subnormal e4m3 codes and a K descale of 2^125: the products are f32 subnormals, which
+// VDPBF16PS would flush while the true scores are of order 1 (and the packed path's read, whose
+// factor is the descale times 2^8, must not overflow).
 TEST(Kvcache8bit, WidenedRowsKeepUnfitQueriesOnTheFmas) {
-  auto case_for = [](int32_t kv, uint64_t seed) {
+  auto case_for = [](int32_t kv, uint64_t seed, int64_t sq) {
     Q8Case c;
     c.kv_dtype = kv;
+    c.Sq = sq;
     c.dtype = ANYATTN_DTYPE_BF16;
     c.scales = Scales::kHead;
     c.Hq = 24;  // 12 rows per kv head: widened for each format
@@ -706,28 +709,35 @@ TEST(Kvcache8bit, WidenedRowsKeepUnfitQueriesOnTheFmas) {
       p->q.set(static_cast<int64_t>(i), scaled ? std::ldexp(q[i], e) : q[i]);
     }
   };
-  for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_I8}) {
-    for (int e : {60, 64, 70, -70}) {
-      for (bool whole_row : {true, false}) {
-        Q8Problem p(case_for(kv, 700 + static_cast<uint64_t>(e + 100)));
-        scale_queries(&p, e, whole_row, 1);
-        p.k_descale.set(1, std::ldexp(p.k_descale.values()[1], -e));
-        for (anyattn_isa isa : supported_isas()) {
-          EXPECT_TRUE(run_and_check(&p, isa, 1)) << "e=" << e << " whole_row=" << whole_row;
+  for (int64_t sq : {1, 40}) {
+    for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_I8}) {
+      for (int e : {60, 64, 70, -70}) {
+        for (bool whole_row : {true, false}) {
+          // One element times 2^-70 leaves the other elements' scores times 2^70: the softmax of
+          // 40 query rows then turns on f32 rounding, and the naive run no longer tracks the
+          // reference (one decode row stays within it).
+          if (sq > 1 && e < 0 && !whole_row) continue;
+          Q8Problem p(case_for(kv, 700 + static_cast<uint64_t>(e + 100), sq));
+          scale_queries(&p, e, whole_row, 1);
+          p.k_descale.set(1, std::ldexp(p.k_descale.values()[1], -e));
+          for (anyattn_isa isa : supported_isas()) {
+            EXPECT_TRUE(run_and_check(&p, isa, 1))
+                << "Sq=" << sq << " e=" << e << " whole_row=" << whole_row;
+          }
         }
       }
     }
+    Q8Problem p(case_for(ANYATTN_DTYPE_FP8_E4M3, 800, sq));
+    for (size_t i = 0; i < p.k_cache.bytes.size(); ++i) {
+      p.k_cache.bytes[i] = static_cast<uint8_t>(1 + i % 7 + (i % 3 == 0 ? 0x80 : 0));
+    }
+    p.k_descale = OwnedTensor(ANYATTN_DTYPE_F32, {1});
+    p.k_descale.set(0, std::ldexp(1.0, 125));
+    p.cache.k_descale = &p.k_descale.t;
+    p.pristine = {p.k_cache.bytes, p.v_cache.bytes, p.k_scale.bytes, p.v_scale.bytes};
+    scale_queries(&p, -120, true, 0);
+    for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 1)) << sq;
   }
-  Q8Problem p(case_for(ANYATTN_DTYPE_FP8_E4M3, 800));
-  for (size_t i = 0; i < p.k_cache.bytes.size(); ++i) {
-    p.k_cache.bytes[i] = static_cast<uint8_t>(1 + i % 7 + (i % 3 == 0 ? 0x80 : 0));
-  }
-  p.k_descale = OwnedTensor(ANYATTN_DTYPE_F32, {1});
-  p.k_descale.set(0, std::ldexp(1.0, 125));
-  p.cache.k_descale = &p.k_descale.t;
-  p.pristine = {p.k_cache.bytes, p.v_cache.bytes, p.k_scale.bytes, p.v_scale.bytes};
-  scale_queries(&p, -120, true, 0);
-  for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 1));
 }
 
 // The per-element test behind that choice, over every bf16 bit pattern, against its definition on

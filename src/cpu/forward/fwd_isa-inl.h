@@ -41,7 +41,9 @@
 #include "plan/fwd_layout.h"
 
 #if defined(ANYATTN_FWD_NARROW_SCORES)
+#include "common/head_dims.h"
 #include "cpu/decode/fwd_decode_bf16_dot.h"
+#include "cpu/decode/kv8_widen.h"
 #include "cpu/forward/fwd_narrow_scores.h"
 #endif
 

@@ -603,14 +603,22 @@ inline void convert_kv_row(const void* tensor, DType kv_dtype, int64_t offset, i
     return;
   }
   const uint8_t* from = static_cast<const uint8_t*>(src);
-  const Vec factor = Vec::broadcast(scale * kv_load_scale(kv_dtype));
+  const float load_scale = kv_load_scale(kv_dtype);
+  const Vec factor = Vec::broadcast(scale * load_scale);
   int64_t i = 0;
   if (kv_dtype == DType::kI8) {
     for (; i + kLanes <= n; i += kLanes) (Vec::load_i8(from + i) * factor).store(dst + i);
   } else if (kv_dtype == DType::kFp8E5M2) {
     for (; i + kLanes <= n; i += kLanes) (Vec::load_fp8_e5m2(from + i) * factor).store(dst + i);
-  } else {
+  } else if (std::isfinite(scale * load_scale)) {
     for (; i + kLanes <= n; i += kLanes) (Vec::load_fp8_e4m3(from + i) * factor).store(dst + i);
+  } else {
+    // A descale from 2^120 on: scale * 2^8 overflows, so the read's 2^-8 is undone first (exact).
+    const Vec unload = Vec::broadcast(load_scale);
+    const Vec scale_only = Vec::broadcast(scale);
+    for (; i + kLanes <= n; i += kLanes) {
+      (Vec::load_fp8_e4m3(from + i) * unload * scale_only).store(dst + i);
+    }
   }
   for (; i < n; ++i) dst[i] = load_element(src, kv_dtype, i) * scale;
 }

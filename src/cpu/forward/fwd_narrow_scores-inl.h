@@ -30,24 +30,34 @@
 namespace narrow_bf16 = ::anyattn::cpu::ANYATTN_NARROW_BF16_KERNELS;
 
 // Copies the K rows of keys j0 + jj, jj < `present`, of kv head head_k into staging rows
-// `staged_row_bytes` apart, bit for bit, zero from D on; rows present .. slots - 1 are zero.
-// Prefetches the rows ahead. The rows are written with memcpy and memset only: the transposes
-// read them as floats (32-bit pairs), and typed 16-bit stores would let the compiler move those
-// reads before them.
+// `staged_row_bytes` apart as 16-bit values (a 16-bit cache's bits; an 8-bit cache's values as
+// bf16, kv8_bf16_codes), zero from D on; rows present .. slots - 1 are zero. Prefetches the rows
+// ahead. The rows are written with memcpy and memset only: the transposes read them as floats
+// (32-bit pairs), and typed 16-bit stores would let the compiler move those reads before them.
 inline void stage_narrow_key_rows(const FwdArgs& args, const SeqInfo& seq, int64_t head_k,
                                   int64_t j0, int64_t present, int64_t slots,
                                   int64_t staged_row_bytes, float* staging) {
   char* staged = reinterpret_cast<char*>(staging);
-  const int64_t row_bytes = args.head_dim * 2;
+  const int64_t head_dim = args.head_dim;
+  const int64_t row_bytes = head_dim * 2;
+  const uint16_t* codes = is_kv8(args.kv_dtype) ? kv8_bf16_codes(args.kv_dtype) : nullptr;
   for (int64_t jj = 0; jj < slots; ++jj) {
     char* row = staged + jj * staged_row_bytes;
     prefetch_rows_ahead(args, seq, args.k, args.k_batch_stride, args.k_row_stride,
-                        args.k_head_stride, j0 + jj, head_k, row_bytes);
+                        args.k_head_stride, j0 + jj, head_k,
+                        head_dim * element_size(args.kv_dtype));
     int64_t copied = 0;
     if (jj < present) {
       const int64_t offset = key_row_offset(args, seq, j0 + jj, head_k, args.k_batch_stride,
                                             args.k_row_stride, args.k_head_stride);
-      std::memcpy(row, static_cast<const uint16_t*>(args.k) + offset, row_bytes);
+      if (codes == nullptr) {
+        std::memcpy(row, static_cast<const uint16_t*>(args.k) + offset, row_bytes);
+      } else {
+        const uint8_t* stored = static_cast<const uint8_t*>(args.k) + offset;
+        uint16_t widened[kMaxHeadDim];
+        for (int64_t d = 0; d < head_dim; ++d) widened[d] = codes[stored[d]];
+        std::memcpy(row, widened, row_bytes);
+      }
       copied = row_bytes;
     }
     std::memset(row + copied, 0, staged_row_bytes - copied);
@@ -78,6 +88,17 @@ inline void pack_pair_keys(const FwdArgs& args, const SeqInfo& seq, int64_t head
   }
 }
 
+// For an 8-bit cache: the factors of the block's `keys` keys from j0 (descale times token scale)
+// at narrow_key_factors_offset of the panel, 1 for the keys past them up to a whole vector.
+inline void store_key_factors(const FwdArgs& args, const SeqInfo& seq, int64_t head_k, int64_t j0,
+                              int64_t keys, float* panel) {
+  float* factors = panel + narrow_key_factors_offset(args.head_dim);
+  for (int64_t j = 0; j < keys; ++j) {
+    factors[j] = key_scale(args, seq, j0 + j, head_k, KvStream::kK);
+  }
+  for (int64_t j = keys; j < round_up(keys, kLanes); ++j) factors[j] = 1.f;
+}
+
 #if defined(ANYATTN_NARROW_F16)
 // pack_f16_keys: the f16 format's K.
 #include "cpu/forward/fwd_narrow_scores_neon-inl.h"
@@ -101,6 +122,7 @@ inline void pack_narrow_head(const FwdArgs& args, const PackedLayout& layout, co
   (void)format;
   pack_pair_keys(args, seq, head_k, j0, keys, panel, staging);
 #endif
+  if (is_kv8(args.kv_dtype)) store_key_factors(args, seq, head_k, j0, keys, panel);
   VPanelWriter v_panel(args, layout, panel, 1);
   v_panel.convert_rows(seq, head_k, j0, keys);
   v_panel.finish(keys, block_flags);
@@ -113,6 +135,7 @@ class NarrowScoreProducts {
   void load_queries(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                     const TaskRows& rows, const Scratch& scratch) {
     format_ = narrow_scores_of(args);
+    kv8_ = is_kv8(args.kv_dtype);
     q_ = reinterpret_cast<uint16_t*>(scratch.q);
     ldq_ = 2 * layout.q_stride;
     for (int64_t r = 0; r < rows.count; ++r) {
@@ -122,9 +145,16 @@ class NarrowScoreProducts {
       uint16_t* row = q_ + r * ldq_;
       // OR-ed over the row with no early exit, so that the loop vectorises.
       uint16_t unfit = 0;
-      for (int64_t d = 0; d < args.head_dim; ++d) {
-        row[d] = source[d];
-        unfit |= static_cast<uint16_t>(bf16_query_unfit_for_dot(source[d]));
+      if (kv8_) {
+        for (int64_t d = 0; d < args.head_dim; ++d) {
+          row[d] = source[d];
+          unfit |= static_cast<uint16_t>(kv8_query_unfit_for_dot(source[d]));
+        }
+      } else {
+        for (int64_t d = 0; d < args.head_dim; ++d) {
+          row[d] = source[d];
+          unfit |= static_cast<uint16_t>(bf16_query_unfit_for_dot(source[d]));
+        }
       }
       for (int64_t d = args.head_dim; d < ldq_; ++d) row[d] = 0;
       unfit_row_[r] = format_ == NarrowScores::kBf16Pairs && unfit != 0;
@@ -161,6 +191,17 @@ class NarrowScoreProducts {
     const uint32_t* k_pairs = reinterpret_cast<const uint32_t*>(kt);
     narrow_bf16::block_scores(q_rows, ldq_, rows, k_pairs, depth, keys, next_lines, s);
     const int64_t r0 = (q_rows - q_) / ldq_;
+    if (kv8_) {
+      const float* factors = kt + narrow_key_factors_offset(args.head_dim);
+      scale_key_columns(factors, rows, round_up(keys, kLanes), s);
+      for (int64_t r = 0; r < rows; ++r) {
+        if (unfit_row_[r0 + r]) {
+          exact_kv8_scores(q_rows + r * ldq_, k_pairs, depth / 2, keys, factors,
+                           s + r * kKeyBlock);
+        }
+      }
+      return;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       if (unfit_row_[r0 + r]) {
         narrow_bf16::exact_pair_scores(q_rows + r * ldq_, k_pairs, depth / 2, keys,
@@ -177,7 +218,43 @@ class NarrowScoreProducts {
   void finish() {}
 
  private:
+  // s[r][j] *= factors[j] for r < rows, j < columns (a multiple of kLanes).
+  static void scale_key_columns(const float* factors, int64_t rows, int64_t columns, float* s) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = s + r * kKeyBlock;
+      for (int64_t c = 0; c < columns; c += kLanes) {
+        (Vec::load(row + c) * Vec::load(factors + c)).store(row + c);
+      }
+    }
+  }
+
+  // The value of bf16 bits (in the low half of `bits16`).
+  static float bf16_value(uint32_t bits16) {
+    const uint32_t bits = bits16 << 16;
+    float value;
+    std::memcpy(&value, &bits, sizeof(value));
+    return value;
+  }
+
+  // s_row[j] = sum_d q_d * (k_jd * factors[j]) for j < round_up(keys, kLanes): the vector path's
+  // arithmetic on the dequantized values (each value times its factor rounded once, FMAs in
+  // ascending d), for a row unfit for the dot products. q_row: bf16, zero from D to
+  // 2 * pair_rows; k_pairs: a pairs panel of an 8-bit cache's values.
+  static void exact_kv8_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
+                               int64_t keys, const float* factors, float* s_row) {
+    for (int64_t j = 0; j < round_up(keys, kLanes); ++j) {
+      float sum = 0.f;
+      for (int64_t w = 0; w < pair_rows; ++w) {
+        const uint32_t word = k_pairs[w * kKeyBlock + j];
+        sum = std::fma(bf16_value(q_row[2 * w]), bf16_value(word & 0xFFFFu) * factors[j], sum);
+        sum = std::fma(bf16_value(q_row[2 * w + 1]), bf16_value(word >> 16) * factors[j], sum);
+      }
+      s_row[j] = sum;
+    }
+  }
+
   NarrowScores format_ = NarrowScores::kNone;
+  bool kv8_ = false;
   uint16_t* q_ = nullptr;
   int64_t ldq_ = 0;
   bool unfit_row_[kMaxQBlockRows] = {};

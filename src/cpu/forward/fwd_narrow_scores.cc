@@ -1,14 +1,16 @@
-// Which calls take the narrow scores, the f16 switch, and the neon path's f32 scores of unfit bf16
-// rows (fwd_narrow_scores.h). The bf16 scores share the decode loop's switch,
-// bf16_dot_scores_available (decode/fwd_decode_bf16_dot.cc).
+// Which calls take the narrow scores, the f16 switch, the 8-bit codes' bf16 values, and the neon
+// path's f32 scores of unfit bf16 rows (fwd_narrow_scores.h). The bf16 scores share the decode
+// loop's switch, bf16_dot_scores_available (decode/fwd_decode_bf16_dot.cc).
 #include "cpu/forward/fwd_narrow_scores.h"
 
 #include <atomic>
+#include <cstring>
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #endif
 
+#include "common/kv8_convert.h"
 #include "cpu/decode/fwd_decode_bf16_dot.h"
 #include "plan/fwd_layout.h"
 #include "runtime/cpu_features.h"
@@ -37,17 +39,56 @@ void set_f16_fml_scores_enabled(bool enabled) {
 NarrowScores narrow_scores_of(const FwdArgs& args) {
 #if (defined(ANYATTN_NEON_BF16_DOT) && defined(ANYATTN_NEON_F16_FML)) || defined(__x86_64__) || \
     defined(_M_X64)
-  if (args.head_dim < 4 || args.kv_dtype != args.dtype || args.rotary_cos != nullptr) {
-    return NarrowScores::kNone;
-  }
+  if (args.head_dim < 4 || args.rotary_cos != nullptr) return NarrowScores::kNone;
   if (args.dtype == DType::kBF16 && call_takes_bf16_dot_scores(args)) {
-    return NarrowScores::kBf16Pairs;
+    const bool key_factors_fit =
+        narrow_key_factors_offset(args.head_dim) + kKeyBlock <= args.head_dim * kKeyBlock;
+    if (args.kv_dtype == DType::kBF16 || (is_kv8(args.kv_dtype) && key_factors_fit)) {
+      return NarrowScores::kBf16Pairs;
+    }
   }
-  if (args.dtype == DType::kF16 && f16_fml_scores_available()) return NarrowScores::kF16;
+  if (args.dtype == DType::kF16 && args.kv_dtype == DType::kF16 && f16_fml_scores_available()) {
+    return NarrowScores::kF16;
+  }
 #else
   (void)args;
 #endif
   return NarrowScores::kNone;
+}
+
+namespace {
+
+// The table of kv8_bf16_codes for one format.
+struct Bf16Codes {
+  uint16_t bits[256];
+};
+
+Bf16Codes make_bf16_codes(convert::Kv8 format) {
+  Bf16Codes codes;
+  for (int code = 0; code < 256; ++code) {
+    const float value = convert::kv8_to_f32(format, static_cast<uint8_t>(code));
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    codes.bits[code] = static_cast<uint16_t>(bits >> 16);  // exact: the value is a bf16 value
+  }
+  return codes;
+}
+
+}  // namespace
+
+const uint16_t* kv8_bf16_codes(DType kv_dtype) {
+  static const Bf16Codes e4m3 = make_bf16_codes(convert::Kv8::kFp8E4M3);
+  static const Bf16Codes e5m2 = make_bf16_codes(convert::Kv8::kFp8E5M2);
+  static const Bf16Codes i8 = make_bf16_codes(convert::Kv8::kI8);
+  switch (kv_dtype) {
+    case DType::kFp8E4M3:
+      return e4m3.bits;
+    case DType::kFp8E5M2:
+      return e5m2.bits;
+    case DType::kI8:
+    default:
+      return i8.bits;
+  }
 }
 
 #if defined(__aarch64__)

@@ -10,7 +10,12 @@
 //
 // Packed formats (one 64-key block of one kv head, in the f32 panel's K region, which is larger):
 //   pairs (bf16)  pair_rows = round_up(D, 8) / 2 rows of 64 32-bit words: word j of row w holds
-//                 key j's elements 2w (low half) and 2w + 1 (high half); zero past D.
+//                 key j's elements 2w (low half) and 2w + 1 (high half); zero past D. For an
+//                 8-bit cache (bf16 q) the elements are the stored values as bf16 (each 8-bit
+//                 value is one exactly, kv8_bf16_codes), and the 64 keys' factors (descale
+//                 times token scale) follow at narrow_key_factors_offset: the scores are
+//                 q . (stored values) times the key's factor, as the direct decode loop forms
+//                 them.
 //   f16           round_up(D, 8) rows of 64 f16: element j of row d is key j's element d; zero
 //                 past D.
 // Keys past the block's last key are zero up to the next multiple of the path's vector (4 keys on
@@ -22,10 +27,11 @@
 //   f32 path's order (d ascending), so its scores are the f32 path's bits.
 //   BFDOT and VDPBF16PS are bounded like the decode scores (decode/fwd_decode_bf16_dot.h): exact
 //   bf16 products, added with one rounding each (to odd on BFDOT), subnormal inputs and results
-//   flushed. The
-//   caller runs it only for calls that take dot scores (call_takes_bf16_dot_scores) and keeps
-//   the BFDOT scores of a query row only when no element of the row is unfit for it
-//   (bf16_query_unfit_for_dot); an unfit row's scores are recomputed in f32.
+//   flushed. The caller runs them only for calls that take dot scores
+//   (call_takes_bf16_dot_scores) and keeps the dot-product scores of a query row only when no
+//   element of the row is unfit for them (bf16_query_unfit_for_dot; for 8-bit caches
+//   kv8_query_unfit_for_dot, under which no partial sum is subnormal and none overflows, whatever
+//   the key factors); an unfit row's scores are recomputed in f32 as the vector path forms them.
 #ifndef ANYATTN_CPU_FORWARD_FWD_NARROW_SCORES_H_
 #define ANYATTN_CPU_FORWARD_FWD_NARROW_SCORES_H_
 
@@ -44,10 +50,11 @@ enum class NarrowScores : uint8_t {
 };
 
 // The format of a call, a function of the call, the CPU and the tests' switches only, so that
-// the packers and the kernels agree: bf16 q, K and V on a CPU and call that take the bf16 dot
-// products (call_takes_bf16_dot_scores), or f16 ones where FMLAL is available, with D >= 4 (the
-// 16-bit panels fit in the f32 panels' space: round_up(D, 8) * 32 floats <= D * 64); kNone
-// everywhere else, and on AArch64 builds without the Arm kernels.
+// the packers and the kernels agree: bf16 q with a bf16 or 8-bit K and V cache on a CPU and call
+// that take the bf16 dot products (call_takes_bf16_dot_scores), or f16 q, K and V where FMLAL is
+// available, without rotary, with D >= 4 (the 16-bit panels fit in the f32 panels' space:
+// round_up(D, 8) * 32 floats <= D * 64), and for 8-bit caches D >= 5 (room for the key factors
+// too); kNone everywhere else, and on AArch64 builds without the Arm kernels.
 NarrowScores narrow_scores_of(const FwdArgs& args);
 
 // Elements per packed row of a head dim of n in the 16-bit formats, zero past n: the kernels step
@@ -55,6 +62,16 @@ NarrowScores narrow_scores_of(const FwdArgs& args);
 constexpr int64_t narrow_depth(int64_t n) {
   return (n + 7) / 8 * 8;
 }
+
+// Where, in floats from the panel's start, the key factors of a pairs panel of an 8-bit cache
+// begin (kKeyBlock floats, right after the pairs of a head dim of n).
+constexpr int64_t narrow_key_factors_offset(int64_t n) {
+  return narrow_depth(n) * 32;
+}
+
+// The bf16 bits of the value of each of the 256 codes of an 8-bit cache dtype (exact; NaN codes
+// give NaN, e5m2's infinities infinity).
+const uint16_t* kv8_bf16_codes(DType kv_dtype);
 
 // True when this CPU runs FMLAL (FEAT_FHM), this build compiled the f16 kernel and the tests have
 // not turned it off.
