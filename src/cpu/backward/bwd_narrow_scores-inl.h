@@ -16,11 +16,10 @@
 // the row's own values. So P = exp(s - lse) is the probability the forward normalised, as on the
 // other paths. dP takes the same kernels and fallback (dout rows tested as q rows are); a key block
 // whose bf16 V holds a subnormal, which the dot products would flush, takes the fallback for all
-// its rows (noted in the
-// word after its 16-bit panel, space the f32 panel leaves free). f16 S and dP are the FMA
-// micro-kernel's bits. The other three products take P Z and dX, f32 results, and stay on the FMA
-// micro-kernel (VectorProducts): in 16-bit instructions they would need hi + lo parts, two
-// products where one FMA does the same work.
+// its rows (noted in the word after its 16-bit panel, space the f32 panel leaves free). f16 S and
+// dP are the FMA micro-kernel's bits. The other three products take P Z and dX, f32 results, and
+// stay on the FMA micro-kernel (VectorProducts): in 16-bit instructions they would need hi + lo
+// parts, two products where one FMA does the same work.
 
 namespace narrow_bf16 = ::anyattn::cpu::ANYATTN_NARROW_BF16_KERNELS;
 

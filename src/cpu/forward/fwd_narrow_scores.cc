@@ -92,8 +92,8 @@ const uint16_t* kv8_bf16_codes(DType kv_dtype) {
 }
 
 #if defined(__aarch64__)
-void neon_bf16::exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
-                       int64_t keys, float* s_row) {
+void neon_bf16::exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs,
+                                  int64_t pair_rows, int64_t keys, float* s_row) {
   for (int64_t c = 0; c < keys; c += 4) {
     float32x4_t sum = vdupq_n_f32(0.f);
     for (int64_t w = 0; w < pair_rows; ++w) {
