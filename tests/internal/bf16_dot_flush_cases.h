@@ -1,5 +1,5 @@
 // What the bf16 dot-product score tests share (fwd_decode_bf16_dot_test.cc: the decode loop's
-// VDPBF16PS and BFDOT scores; fwd_narrow_scores_test.cc: the packed forward's BFDOT scores): the
+// VDPBF16PS and BFDOT scores; fwd_narrow_scores_test.cc: the packed forward's and backward's): the
 // inputs those instructions would get wrong, which must take the f32 FMA scores, and the check
 // that a case tells flushed scores apart from the true ones.
 #ifndef ANYATTN_TESTS_INTERNAL_BF16_DOT_FLUSH_CASES_H_

@@ -7,8 +7,8 @@
 // softmax_scale above 2^16 take f32 scores with the FMA path's bits; and that choice, made per
 // row, leaves results independent of the thread count. The backward runs S and dP on the same
 // kernels: gradients against the reference with them on and off, f16 gradients bitwise equal both
-// ways. Skipped where the path or the extension is missing. Linked against the
-// library's objects, to reach the internal switches.
+// ways. Skipped where the path or the extension is missing. Linked against the library's objects,
+// to reach the internal switches.
 #include <gtest/gtest.h>
 
 #include <cmath>
