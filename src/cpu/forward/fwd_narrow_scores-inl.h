@@ -145,16 +145,10 @@ class NarrowScoreProducts {
       uint16_t* row = q_ + r * ldq_;
       // OR-ed over the row with no early exit, so that the loop vectorises.
       uint16_t unfit = 0;
-      if (kv8_) {
-        for (int64_t d = 0; d < args.head_dim; ++d) {
-          row[d] = source[d];
-          unfit |= static_cast<uint16_t>(kv8_query_unfit_for_dot(source[d]));
-        }
-      } else {
-        for (int64_t d = 0; d < args.head_dim; ++d) {
-          row[d] = source[d];
-          unfit |= static_cast<uint16_t>(bf16_query_unfit_for_dot(source[d]));
-        }
+      for (int64_t d = 0; d < args.head_dim; ++d) {
+        row[d] = source[d];
+        unfit |= static_cast<uint16_t>(kv8_ ? kv8_query_unfit_for_dot(source[d])
+                                            : bf16_query_unfit_for_dot(source[d]));
       }
       for (int64_t d = args.head_dim; d < ldq_; ++d) row[d] = 0;
       unfit_row_[r] = format_ == NarrowScores::kBf16Pairs && unfit != 0;
@@ -190,20 +184,14 @@ class NarrowScoreProducts {
 #endif
     const uint32_t* k_pairs = reinterpret_cast<const uint32_t*>(kt);
     narrow_bf16::block_scores(q_rows, ldq_, rows, k_pairs, depth, keys, next_lines, s);
+    const float* factors = kt + narrow_key_factors_offset(args.head_dim);
+    if (kv8_) scale_key_columns(factors, rows, round_up(keys, kLanes), s);
     const int64_t r0 = (q_rows - q_) / ldq_;
-    if (kv8_) {
-      const float* factors = kt + narrow_key_factors_offset(args.head_dim);
-      scale_key_columns(factors, rows, round_up(keys, kLanes), s);
-      for (int64_t r = 0; r < rows; ++r) {
-        if (unfit_row_[r0 + r]) {
-          exact_kv8_scores(q_rows + r * ldq_, k_pairs, depth / 2, keys, factors,
-                           s + r * kKeyBlock);
-        }
-      }
-      return;
-    }
     for (int64_t r = 0; r < rows; ++r) {
-      if (unfit_row_[r0 + r]) {
+      if (!unfit_row_[r0 + r]) continue;
+      if (kv8_) {
+        exact_kv8_scores(q_rows + r * ldq_, k_pairs, depth / 2, keys, factors, s + r * kKeyBlock);
+      } else {
         narrow_bf16::exact_pair_scores(q_rows + r * ldq_, k_pairs, depth / 2, keys,
                                        s + r * kKeyBlock);
       }
@@ -228,14 +216,6 @@ class NarrowScoreProducts {
     }
   }
 
-  // The value of bf16 bits (in the low half of `bits16`).
-  static float bf16_value(uint32_t bits16) {
-    const uint32_t bits = bits16 << 16;
-    float value;
-    std::memcpy(&value, &bits, sizeof(value));
-    return value;
-  }
-
   // s_row[j] = sum_d q_d * (k_jd * factors[j]) for j < round_up(keys, kLanes): the vector path's
   // arithmetic on the dequantized values (each value times its factor rounded once, FMAs in
   // ascending d), for a row unfit for the dot products. q_row: bf16, zero from D to
@@ -246,8 +226,10 @@ class NarrowScoreProducts {
       float sum = 0.f;
       for (int64_t w = 0; w < pair_rows; ++w) {
         const uint32_t word = k_pairs[w * kKeyBlock + j];
-        sum = std::fma(bf16_value(q_row[2 * w]), bf16_value(word & 0xFFFFu) * factors[j], sum);
-        sum = std::fma(bf16_value(q_row[2 * w + 1]), bf16_value(word >> 16) * factors[j], sum);
+        const float even = bf16_to_f32(static_cast<uint16_t>(word & 0xFFFFu));
+        const float odd = bf16_to_f32(static_cast<uint16_t>(word >> 16));
+        sum = std::fma(bf16_to_f32(q_row[2 * w]), even * factors[j], sum);
+        sum = std::fma(bf16_to_f32(q_row[2 * w + 1]), odd * factors[j], sum);
       }
       s_row[j] = sum;
     }
