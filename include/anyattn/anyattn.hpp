@@ -390,6 +390,13 @@ enum class Isa : int32_t {
   kNeon = ANYATTN_ISA_NEON,             // AArch64 Advanced SIMD.
 };
 
+// How a forward call multiplies the probabilities by V (anyattn_precision in anyattn.h).
+enum class Precision : int32_t {
+  kDefault = ANYATTN_PRECISION_DEFAULT,    // kAccurate, or kFast if ANYATTN_PRECISION=fast.
+  kAccurate = ANYATTN_PRECISION_ACCURATE,  // P V at f32 accuracy on every path.
+  kFast = ANYATTN_PRECISION_FAST,          // bf16 calls may round P to bf16 before P V.
+};
+
 // True if this build contains `isa` and the running CPU can execute it.
 inline bool isa_supported(Isa isa) {
   return anyattn_isa_supported(static_cast<anyattn_isa>(isa)) != 0;
@@ -458,6 +465,9 @@ struct FwdOptions {
   // inputs and options, so that f32 rows of at most 64 keys may be normalised from their own
   // scores (anyattn_fwd_params::bwd_own_forward). false uses out and lse as handed over.
   bool bwd_own_forward = false;
+  // Forward only: whether bf16 calls may round the probabilities to bf16 before P V
+  // (anyattn_fwd_params::precision).
+  Precision precision = Precision::kDefault;
 
   // The equivalent C parameters. Its alibi_slopes and sinks pointers point into this object, so
   // the result is valid only while this object lives unchanged.
@@ -484,6 +494,7 @@ struct FwdOptions {
     p.num_splits = num_splits;
     p.isa = static_cast<int32_t>(isa);
     p.bwd_own_forward = bwd_own_forward ? 1 : 0;
+    p.precision = static_cast<int32_t>(precision);
     return p;
   }
 };

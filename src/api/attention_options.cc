@@ -97,6 +97,28 @@ anyattn_isa resolve_isa(const char* function, int32_t requested) {
   return isa;
 }
 
+namespace {
+
+// params->precision with ANYATTN_PRECISION_DEFAULT resolved (through the ANYATTN_PRECISION
+// environment variable).
+anyattn_precision resolve_precision(const char* function, int32_t requested) {
+  if (requested < ANYATTN_PRECISION_DEFAULT || requested > ANYATTN_PRECISION_FAST) {
+    fail_invalid(function, ": params->precision is ", requested,
+                 "; supported: 0 (ANYATTN_PRECISION_DEFAULT), 1 (ANYATTN_PRECISION_ACCURATE), "
+                 "2 (ANYATTN_PRECISION_FAST)");
+  }
+  if (requested != ANYATTN_PRECISION_DEFAULT) return static_cast<anyattn_precision>(requested);
+  const char* named = std::getenv("ANYATTN_PRECISION");
+  if (named == nullptr || *named == '\0' || std::strcmp(named, "accurate") == 0) {
+    return ANYATTN_PRECISION_ACCURATE;
+  }
+  if (std::strcmp(named, "fast") == 0) return ANYATTN_PRECISION_FAST;
+  fail_invalid(function, ": environment variable ANYATTN_PRECISION is \"", named,
+               "\"; supported: \"accurate\", \"fast\" (or unset)");
+}
+
+}  // namespace
+
 void apply_attention_options(const char* function, const anyattn_fwd_params& params,
                              cpu::FwdArgs* args) {
   if (!std::isfinite(params.softmax_scale)) {
@@ -149,6 +171,9 @@ void apply_attention_options(const char* function, const anyattn_fwd_params& par
                  "; must be >= 0 (0 = automatic)");
   }
   args->num_splits = params.num_splits;
+  args->bf16_probabilities =
+      resolve_precision(function, params.precision) == ANYATTN_PRECISION_FAST &&
+      args->dtype == cpu::DType::kBF16;
 }
 
 }  // namespace anyattn::api

@@ -15,8 +15,8 @@ anyattn_kvcache_params read_cache_params(const char* function,
                                          const anyattn_kvcache_params* cache);
 
 // Validates the attention options shared by every forward and backward entry point (scale,
-// softcap, window, ALiBi, sinks, dropout, splits) and stores them in *args, whose batch, heads_q
-// and head_dim must already be set.
+// softcap, window, ALiBi, sinks, dropout, splits, precision) and stores them in *args, whose
+// dtype, batch, heads_q and head_dim must already be set.
 void apply_attention_options(const char* function, const anyattn_fwd_params& params,
                              cpu::FwdArgs* args);
 

@@ -153,6 +153,7 @@ void anyattn_fwd_params_init(anyattn_fwd_params* params) {
   params->num_splits = 0;
   params->isa = ANYATTN_ISA_AUTO;
   params->bwd_own_forward = 0;
+  params->precision = ANYATTN_PRECISION_DEFAULT;
 }
 
 anyattn_status anyattn_fwd(const anyattn_tensor* q, const anyattn_tensor* k,

@@ -51,6 +51,9 @@ struct FwdArgs {
 
   float softmax_scale = 0.f;  // resolved: never the "0 = default" marker
   float softcap = 0.f;        // 0 = off, else > 0
+  // ANYATTN_PRECISION_FAST on a bf16 call: P V may take each probability rounded once to bf16
+  // (to nearest even); paths without bf16 dot products ignore it.
+  bool bf16_probabilities = false;
   // Visible keys for query i: [i + Sk - Sq - window_left, i + Sk - Sq + window_right].
   int64_t window_left = kUnboundedWindow;
   int64_t window_right = kUnboundedWindow;

@@ -15,8 +15,9 @@ namespace anyattn::cpu {
 
 // Packs key block `block` of sequence `seq`, kv head `head_k`, into `dst`
 // (PackedLayout::block_floats floats, 64-byte aligned, in the path's own packed format) and sets
-// *block_flags to what it found (kBlockVNonfinite, kBlockSubnormal; 0 for neither). `staging`:
-// the calling thread's Scratch::staging (Scratch::staging_floats(layout, 1) floats).
+// *block_flags to what it found (kBlockVNonfinite, kBlockSubnormal, kBlockValuePairs; 0 for
+// none). `staging`: the calling thread's Scratch::staging (Scratch::staging_floats(layout, 1)
+// floats).
 using PackBlockFn = void (*)(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
                              int64_t head_k, int64_t block, float* dst, uint8_t* block_flags,
                              float* staging);

@@ -137,6 +137,8 @@ struct AttendTask {
 constexpr uint8_t kBlockVNonfinite = 1;  // V holds a NaN or an infinity
 constexpr uint8_t kBlockSubnormal =
     2;  // K or V holds a subnormal (set by avx512_amx's tile packer)
+constexpr uint8_t kBlockValuePairs =
+    4;  // V is packed in the value-pairs format (forward/fwd_narrow_scores.h)
 
 // Key blocks of a sequence.
 inline int64_t key_blocks(const SeqInfo& seq) {

@@ -209,6 +209,7 @@ std::string Case::describe() const {
                                    : "(B,Hq)")
     << " sinks=" << sinks << " lse=" << with_lse << " layout=" << layout_name(layout)
     << " splits=" << num_splits << " isa=" << anyattn_isa_name(isa) << " seed=" << seed;
+  if (precision != ANYATTN_PRECISION_DEFAULT) s << " precision=" << precision;
   return s.str();
 }
 
@@ -322,6 +323,7 @@ Problem::Problem(const Case& c) : case_(c) {
   params.window_right = c.window_right;
   params.num_splits = c.num_splits;
   params.isa = c.isa;
+  params.precision = c.precision;
 
   if (c.alibi != Alibi::kNone) {
     // Geometric slopes 2^(-8 (h + 1) / Hq) as in the ALiBi paper; per batch entry, scaled.

@@ -44,6 +44,7 @@ struct Case {
   Layout layout = Layout::kContiguous;
   int32_t num_splits = 0;
   anyattn_isa isa = ANYATTN_ISA_AUTO;
+  anyattn_precision precision = ANYATTN_PRECISION_DEFAULT;
   uint64_t seed = 1;
 
   // A one-line description for failure messages, e.g. "B=1 Sq=7 Sk=65 Hq=4 Hk=2 D=64 ...".

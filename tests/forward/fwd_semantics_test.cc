@@ -246,6 +246,15 @@ TEST(FwdNan, InOneKeyRowReachesOnlyRowsThatSeeIt) {
 }
 
 TEST(FwdNan, InOneValueRowReachesOnlyRowsThatSeeIt) {
+  // With bf16 probabilities allowed, where the paths pack NaN and infinite values as 0 and add
+  // their products for the rows that see them: key 100 in a causal diagonal block, key 129 alone
+  // in the last block (131 keys: an odd key count).
+  Case fast = nan_case(ANYATTN_DTYPE_BF16);
+  fast.precision = ANYATTN_PRECISION_FAST;
+  check_nan_propagation(fast, 2, {0, 100, 1, 7});
+  fast.Sk = 131;
+  fast.causal = false;
+  check_nan_propagation(fast, 2, {1, 129, 0, 47});
   for (anyattn_dtype dtype : kDtypes) {
     check_nan_propagation(nan_case(dtype), 2, {0, 100, 1, 7});
     Case split = nan_case(dtype);

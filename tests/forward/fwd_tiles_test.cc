@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "common/test_support.h"
@@ -14,6 +15,16 @@
 namespace anyattn {
 namespace testing {
 namespace {
+
+// Every path the host supports, each with P V accurate and with bf16 probabilities allowed.
+std::vector<std::pair<anyattn_isa, anyattn_precision>> isa_precision_pairs() {
+  std::vector<std::pair<anyattn_isa, anyattn_precision>> pairs;
+  for (anyattn_isa isa : supported_isas()) {
+    pairs.emplace_back(isa, ANYATTN_PRECISION_ACCURATE);
+    pairs.emplace_back(isa, ANYATTN_PRECISION_FAST);
+  }
+  return pairs;
+}
 
 TEST(FwdTiles, HeadDimsAroundTheTileChunksMatchTheReference) {
   const int64_t head_dims[] = {15, 16, 17, 24, 31, 33, 63, 65};
@@ -44,11 +55,13 @@ TEST(FwdTiles, HeadDimsAroundTheTileChunksMatchTheReference) {
 
 // V's column 0 is zero but in key block 1 (keys 64..127), where it holds subnormals, and keys
 // 128..255 follow in normal blocks: every row's out[..., 0] is a subnormal the reference predicts,
-// not 0. Once a subnormal reaches a row's accumulator, later tile products would flush it.
+// not 0. Once a subnormal reaches a row's accumulator, later tile products would flush it. With
+// bf16 probabilities allowed too, whose P V runs on dot products elsewhere.
 TEST(FwdTiles, SubnormalValuesInOneKeyBlockReachTheOutput) {
-  for (anyattn_isa isa : supported_isas()) {
+  for (const auto& [isa, precision] : isa_precision_pairs()) {
     Case c;
     c.isa = isa;
+    c.precision = precision;
     c.dtype = ANYATTN_DTYPE_BF16;
     c.B = 1;
     c.Sq = 40;

@@ -131,12 +131,16 @@ inline void score_block_tiles(int64_t head_dim, const void* q, int64_t rows, con
 // is split per element into hi (a truncated to bf16) and lo = bf16(a - hi), |a - hi - lo| <=
 // 2^-16 |a|, and both parts are multiplied by the same right tiles: the product is as accurate as
 // in f32 (bf16 hi alone, as GPU kernels use, would cost 2^-9 of |a| per term), for twice the tile
-// products.
+// products. Forward calls that allow bf16 probabilities (FwdArgs::bf16_probabilities) round each
+// probability to bf16 instead (round_row: the hi part, lo zero) and take one pass (kRoundedParts).
 
 // A split row: 64 values as [hi: 64 bf16 | lo: 64 bf16], 256 bytes like the f32 row it replaces.
 constexpr int64_t kSplitRowFloats = 64;
 constexpr int64_t kSplitRowBytes = kSplitRowFloats * 4;
 constexpr int64_t kSplitLoOffset = kSplitRowFloats * 2;  // bytes from the hi part to the lo part
+// Parts of a split row the products read: hi and lo (split_row), or hi only (round_row).
+constexpr int kSplitParts = 2;
+constexpr int kRoundedParts = 1;
 
 // The high halves of the 32 floats of first:second, in order: bf16 truncations of them.
 inline __m512i high_halves(__m512i first, __m512i second) {
@@ -167,12 +171,32 @@ inline void split_row(const float* p, void* dst) {
   _mm512_storeu_si512(row + 3, lo[1]);
 }
 
-// split_row for the first `rows` rows of p (64 floats apart) into dst (kSplitRowBytes apart; dst
-// may be p), then zero rows up to the next multiple of 16.
-inline void split_rows(const float* p, int64_t rows, void* dst) {
+// Writes the 64 floats at p to dst as a split row whose hi part is each value rounded to bf16 (to
+// nearest even, |a - hi| <= 2^-9 |a|) and whose lo part is 0 (dst may be p).
+inline void round_row(const float* p, void* dst) {
+  __m512i rounded[2];
+  for (int half = 0; half < 2; ++half) {
+    rounded[half] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 32 * half + 16),
+                                                 _mm512_loadu_ps(p + 32 * half));
+  }
+  __m512i* row = static_cast<__m512i*>(dst);
+  _mm512_storeu_si512(row + 0, rounded[0]);
+  _mm512_storeu_si512(row + 1, rounded[1]);
+  _mm512_storeu_si512(row + 2, _mm512_setzero_si512());
+  _mm512_storeu_si512(row + 3, _mm512_setzero_si512());
+}
+
+// split_row (parts = kSplitParts) or round_row (parts = kRoundedParts) for the first `rows` rows
+// of p (64 floats apart) into dst (kSplitRowBytes apart; dst may be p), then zero rows up to the
+// next multiple of 16.
+inline void split_rows(const float* p, int64_t rows, int parts, void* dst) {
   char* dst_rows = static_cast<char*>(dst);
   for (int64_t r = 0; r < rows; ++r) {
-    split_row(p + r * kSplitRowFloats, dst_rows + r * kSplitRowBytes);
+    if (parts == kRoundedParts) {
+      round_row(p + r * kSplitRowFloats, dst_rows + r * kSplitRowBytes);
+    } else {
+      split_row(p + r * kSplitRowFloats, dst_rows + r * kSplitRowBytes);
+    }
   }
   for (int64_t r = rows; r < (rows + kTileRows - 1) / kTileRows * kTileRows; ++r) {
     for (int i = 0; i < 4; ++i) {
@@ -199,12 +223,13 @@ struct SplitStep {
 };
 
 // C pieces of one or two 16-row groups x one or two 16-column groups (c: f32 rows c_row_bytes
-// apart) += sum over `count` steps of (A_hi + A_lo) B, each over its chunks: the C tiles are
-// loaded once and stored once for all of them. Tiles 0-3 hold C, 4-5 A, 6-7 B; per chunk two B
-// loads feed the hi and the lo products of both row groups.
+// apart) += sum over `count` steps of (A_hi + A_lo) B (parts = kSplitParts) or A_hi B (parts =
+// kRoundedParts: rounded rows), each over its chunks: the C tiles are loaded once and stored once
+// for all of them. Tiles 0-3 hold C, 4-5 A, 6-7 B; per chunk two B loads feed the hi (and the lo)
+// products of both row groups.
 template <int kRowGroups, int kColumnGroups>
-inline void split_product_tiles(const SplitStep* steps, int64_t count, const RightTiles& right,
-                                float* c, int64_t c_row_bytes) {
+inline void split_product_tiles(const SplitStep* steps, int64_t count, int parts,
+                                const RightTiles& right, float* c, int64_t c_row_bytes) {
   char* c_bytes = reinterpret_cast<char*>(c);
   const int64_t c_lower = kTileRows * c_row_bytes;
   _tile_loadd(0, c_bytes, c_row_bytes);
@@ -219,7 +244,7 @@ inline void split_product_tiles(const SplitStep* steps, int64_t count, const Rig
       _tile_loadd(6, b_chunk, right.row_bytes);
       if constexpr (kColumnGroups == 2)
         _tile_loadd(7, b_chunk + right.group_bytes, right.row_bytes);
-      for (int64_t part = 0; part < 2; ++part) {
+      for (int part = 0; part < parts; ++part) {
         const char* a_chunk = steps[s].a + part * kSplitLoOffset + k * 64;
         _tile_loadd(4, a_chunk, kSplitRowBytes);
         _tile_dpbf16ps(0, 4, 6);
@@ -242,15 +267,15 @@ inline void split_product_tiles(const SplitStep* steps, int64_t count, const Rig
 
 // split_product_tiles for 1 or 2 row groups and 1 or 2 column groups, chosen at run time.
 inline void split_product_pass(bool two_rows, bool two_columns, const SplitStep* steps,
-                               int64_t count, const RightTiles& right, float* c,
+                               int64_t count, int parts, const RightTiles& right, float* c,
                                int64_t c_row_bytes) {
   if (two_rows && two_columns) {
-    split_product_tiles<2, 2>(steps, count, right, c, c_row_bytes);
+    split_product_tiles<2, 2>(steps, count, parts, right, c, c_row_bytes);
   } else if (two_rows) {
-    split_product_tiles<2, 1>(steps, count, right, c, c_row_bytes);
+    split_product_tiles<2, 1>(steps, count, parts, right, c, c_row_bytes);
   } else if (two_columns) {
-    split_product_tiles<1, 2>(steps, count, right, c, c_row_bytes);
+    split_product_tiles<1, 2>(steps, count, parts, right, c, c_row_bytes);
   } else {
-    split_product_tiles<1, 1>(steps, count, right, c, c_row_bytes);
+    split_product_tiles<1, 1>(steps, count, parts, right, c, c_row_bytes);
   }
 }

@@ -132,7 +132,7 @@ inline void split_products(const void* a, int64_t row_groups, const uint32_t* b,
   for (int64_t g = 0; g < row_groups; g += 2) {
     for (int64_t cg = 0; cg < column_groups; cg += 2) {
       const SplitStep step{a_bytes + g * kTileRows * kSplitRowBytes, b_bytes + cg * 64, chunks};
-      split_product_pass(g + 1 < row_groups, cg + 1 < column_groups, &step, 1, right,
+      split_product_pass(g + 1 < row_groups, cg + 1 < column_groups, &step, 1, kSplitParts, right,
                          c + g * kTileRows * cols + cg * 16, cols * 4);
     }
   }
@@ -212,7 +212,7 @@ class TileProducts {
   // dX split in place (its rows become hi | lo): the left operand, K pairs the right.
   void add_dq(int64_t kb, int64_t rows, int64_t keys) const {
     if ((s_.key_flags[kb] & kKeySubnormal) == 0) {
-      split_rows(s_.dp, rows, s_.dp);
+      split_rows(s_.dp, rows, kSplitParts, s_.dp);
       split_products(s_.dp, (rows + 15) / 16, s_.k_pairs + kb * kTile / 2 * d_pad_, d_pad_,
                      (keys + 31) / 32, s_.dq);
     } else {

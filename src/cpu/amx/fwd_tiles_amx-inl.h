@@ -31,7 +31,9 @@
 //   bf16, lo = bf16(p - hi), |p - hi - lo| <= 2^-16 |p|), so P V is as accurate as in f32 (bf16 P
 //   alone, as GPU kernels use, would cost 2^-9 of |p| per term). The f32 row of 64 probabilities
 //   (256 bytes) becomes [hi: 64 bf16 | lo: 64 bf16], and two left tiles per 32 keys feed the same
-//   V tiles (split_row and split_product_tiles, amx_tiles-inl.h, shared with the backward). O
+//   V tiles (split_row and split_product_tiles, amx_tiles-inl.h, shared with the backward). Calls
+//   that allow bf16 probabilities (ANYATTN_PRECISION_FAST) round p to bf16 instead (round_row)
+//   and take the hi tiles only: half the P V tile products. O
 //   stays in scratch.o as f32: its 16 x 16 pieces are loaded into the accumulators, updated and
 //   stored. A packed task gathers the split P of up to kMaxDeferredBlocks key blocks first (their
 //   panels stay in place), so each O piece is loaded and stored once per 256 keys rather than per
@@ -194,21 +196,26 @@ inline void compute_scores_tiles(const FwdArgs& args, const float* q, int64_t ro
 // O += P V
 // ---------------------------------------------------------------------------------------------
 
-// Multiplies one split row (hi | lo, as split_row writes it) by alpha: p = hi + lo (exact in
-// f32), p * alpha, split again.
-inline void rescale_split_row(void* row, float alpha) {
-  const uint16_t* parts = static_cast<const uint16_t*>(row);
+// Multiplies one split row (hi | lo, as split_rows writes it with `parts`) by alpha: p = hi + lo
+// (exact in f32), p * alpha, split (or rounded) again.
+inline void rescale_split_row(void* row, float alpha, int parts) {
+  const uint16_t* halves = static_cast<const uint16_t*>(row);
   alignas(64) float values[kKeyBlock];
   const __m512 scale = _mm512_set1_ps(alpha);
   for (int64_t c = 0; c < kKeyBlock; c += 16) {
-    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(parts + c));
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(parts + kKeyBlock + c));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(halves + c));
+    const __m256i lo =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(halves + kKeyBlock + c));
     const __m512 sum =
         _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16)),
                       _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(lo), 16)));
     _mm512_store_ps(values + c, _mm512_mul_ps(sum, scale));
   }
-  split_row(values, row);
+  if (parts == kRoundedParts) {
+    round_row(values, row);
+  } else {
+    split_row(values, row);
+  }
 }
 
 // A key block whose split P waits for its P V pass (TileProducts defers them).
@@ -219,10 +226,10 @@ struct SplitBlock {
 };
 
 // O[rows][0 .. 16 * column_groups) += sum over `count` blocks of P V (rows of O dv_pad floats
-// apart): per pair of row groups and pair of column groups, one split_product_tiles pass over
-// every block.
-inline void accumulate_split_blocks(const SplitBlock* blocks, int64_t count, int64_t rows, float* o,
-                                    int64_t dv_pad, int64_t column_groups) {
+// apart; P rows with `parts`): per pair of row groups and pair of column groups, one
+// split_product_tiles pass over every block.
+inline void accumulate_split_blocks(const SplitBlock* blocks, int64_t count, int64_t rows,
+                                    int parts, float* o, int64_t dv_pad, int64_t column_groups) {
   const int64_t row_groups = ceil_div(rows, kTileRows);
   const int64_t o_row_bytes = dv_pad * 4;
   for (int64_t g = 0; g < row_groups; g += 2) {
@@ -237,7 +244,7 @@ inline void accumulate_split_blocks(const SplitBlock* blocks, int64_t count, int
                          blocks[b].v + cg * kVGroupBytes, chunks};
       }
       if (used == 0) continue;
-      split_product_pass(two_rows, cg + 1 < column_groups, steps, used, kPackedVTiles,
+      split_product_pass(two_rows, cg + 1 < column_groups, steps, used, parts, kPackedVTiles,
                          o + g * kTileRows * dv_pad + cg * 16, o_row_bytes);
     }
   }
@@ -253,17 +260,19 @@ inline void block_chunks(const int64_t* row_keys, int64_t rows, int64_t keys, in
   }
 }
 
-// O[rows][0 .. 16 * column_groups) += P[rows][0 .. keys) V, P split in place first. row_keys
-// (or null): as in accumulate_pv, per row the key from which its probabilities are zero; each
-// pair of row groups stops at the 32-key chunk holding the last key either group needs.
-inline void accumulate_pv_tiles(float* p, int64_t rows, const float* v, int64_t keys, float* o,
-                                int64_t dv_pad, int64_t column_groups, const int64_t* row_keys) {
-  split_rows(p, rows, p);
+// O[rows][0 .. 16 * column_groups) += P[rows][0 .. keys) V, P split (or rounded: `parts`) in
+// place first. row_keys (or null): as in accumulate_pv, per row the key from which its
+// probabilities are zero; each pair of row groups stops at the 32-key chunk holding the last key
+// either group needs.
+inline void accumulate_pv_tiles(float* p, int64_t rows, int parts, const float* v, int64_t keys,
+                                float* o, int64_t dv_pad, int64_t column_groups,
+                                const int64_t* row_keys) {
+  split_rows(p, rows, parts, p);
   SplitBlock block;
   block.p = reinterpret_cast<const char*>(p);
   block.v = reinterpret_cast<const char*>(v);
   block_chunks(row_keys, rows, keys, block.chunks);
-  accumulate_split_blocks(&block, 1, rows, o, dv_pad, column_groups);
+  accumulate_split_blocks(&block, 1, rows, parts, o, dv_pad, column_groups);
 }
 
 // O += P V in f32 over each row's visible keys only, from the packed tile V (f32 vector products,
@@ -313,28 +322,6 @@ inline void compute_scores_exact_tiles(const FwdArgs& args, const float* q, int6
   }
 }
 
-// o[r][c] += p[r][j] * v[j][c] in f32 for the NaN and infinite entries of V in the block at j0
-// (read from the source, where the packed block holds 0) and the rows that see key j.
-inline void add_nonfinite_values(const FwdArgs& args, const SeqInfo& seq, const Mask& mask,
-                                 const TaskRows& rows, int64_t j0, int64_t keys, const float* p,
-                                 float* o, int64_t dv_pad) {
-  const int64_t head_k = rows.head_begin / args.group_size();
-  for (int64_t j = 0; j < keys; ++j) {
-    const int64_t offset = key_row_offset(args, seq, j0 + j, head_k, args.v_batch_stride,
-                                          args.v_row_stride, args.v_head_stride);
-    const uint16_t* v_row =
-        static_cast<const uint16_t*>(element_address(args.v, args.dtype, offset));
-    for (int64_t c = 0; c < args.head_dim_v; ++c) {
-      if ((v_row[c] & 0x7f80) != 0x7f80) continue;
-      const float value = bf16_to_f32(v_row[c]);
-      for (int64_t r = 0; r < rows.count; ++r) {
-        const KeyRange range = mask.row_keys_in_block(rows.position(r), j0, kKeyBlock);
-        if (j >= range.begin && j < range.end) o[r * dv_pad + c] += p[r * kKeyBlock + j] * value;
-      }
-    }
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The products, for attend_blocks
 // ---------------------------------------------------------------------------------------------
@@ -367,6 +354,7 @@ class TileProducts {
       }
     }
     q_subnormal_ = subnormal != 0;
+    parts_ = args.bf16_probabilities ? kRoundedParts : kSplitParts;
     defer_ = task.packed != nullptr;
     rows_ = rows.count;
     m_ = scratch.m;
@@ -406,7 +394,7 @@ class TileProducts {
     if (crosses_boundary) boundary_row_keys(mask, head_rows, j0, row_keys);
     if (block_flags == 0 && !exact_pv_ && defer_) {
       SplitBlock& block = gathered_[gathered_count_];
-      split_rows(p, head_rows.count, gathered_p_[gathered_count_]);
+      split_rows(p, head_rows.count, parts_, gathered_p_[gathered_count_]);
       block.p = reinterpret_cast<const char*>(gathered_p_[gathered_count_]);
       block.v = reinterpret_cast<const char*>(v);
       block_chunks(crosses_boundary ? row_keys : nullptr, head_rows.count, keys, block.chunks);
@@ -421,14 +409,15 @@ class TileProducts {
     if (exact_pv_) {
       accumulate_pv_exact_tiles(mask, head_rows, j0, p, v, o, dv_pad, column_groups_);
     } else {
-      accumulate_pv_tiles(p, head_rows.count, v, keys, o, dv_pad, column_groups_,
+      accumulate_pv_tiles(p, head_rows.count, parts_, v, keys, o, dv_pad, column_groups_,
                           crosses_boundary ? row_keys : nullptr);
     }
   }
   // Runs the gathered P V; attend_blocks calls it before the task's rows are written.
   void finish() {
     if (gathered_count_ == 0) return;
-    accumulate_split_blocks(gathered_, gathered_count_, rows_, o_, dv_pad_, column_groups_);
+    accumulate_split_blocks(gathered_, gathered_count_, rows_, parts_, o_, dv_pad_,
+                            column_groups_);
     gathered_count_ = 0;
   }
 
@@ -442,12 +431,13 @@ class TileProducts {
       if (m_[r] == max_before_[r]) continue;
       const float alpha = std::exp(max_before_[r] - m_[r]);
       for (int64_t b = 0; b < gathered_count_; ++b) {
-        rescale_split_row(gathered_p_[b] + r * kKeyBlock * 2, alpha);
+        rescale_split_row(gathered_p_[b] + r * kKeyBlock * 2, alpha, parts_);
       }
     }
   }
 
   bool q_subnormal_ = false;
+  int parts_ = kSplitParts;  // of P's split rows (kRoundedParts: bf16 probabilities allowed)
   bool exact_pv_ = false;
   bool defer_ = false;
   int64_t rows_ = 0;

@@ -26,6 +26,8 @@
 //                                          kernels are in namespace
 //                                          ANYATTN_NARROW_BF16_KERNELS
 //     ANYATTN_NARROW_F16                   with them, f16 scores on FMLAL
+//     ANYATTN_NARROW_BF16_PV               with them, P V on the same instructions for calls
+//                                          that allow bf16 probabilities (block_pv)
 // Defines pack_block, attend and attend_direct (registered by kernel_registry.cc).
 #include <algorithm>
 #include <cmath>

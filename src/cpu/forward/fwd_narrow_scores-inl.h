@@ -104,9 +104,74 @@ inline void store_key_factors(const FwdArgs& args, const SeqInfo& seq, int64_t h
 #include "cpu/forward/fwd_narrow_scores_neon-inl.h"
 #endif
 
-// Packs key block `block` of kv head `head_k` into `panel`: K in `format` (pairs or f16), V as the
-// vector path packs it, and sets *block_flags (kBlockVNonfinite). `staging`: the f32 path's (16
-// rows of round_up(D, 16) floats), which holds the staged 16-bit rows of either format.
+#if defined(ANYATTN_NARROW_BF16_PV)
+// Whether a call's V is packed in the value-pairs format (fwd_narrow_scores.h) where its values
+// allow: a bf16 call that allows bf16 probabilities, with K in the pairs format and V rows of at
+// least one vector (narrower ones are packed transposed for their own P V).
+inline bool packs_value_pairs(const FwdArgs& args, NarrowScores format) {
+  return args.bf16_probabilities && format == NarrowScores::kBf16Pairs &&
+         args.kv_dtype == DType::kBF16 && !v_panel_transposed(args.head_dim_v);
+}
+
+// What a bf16 value adds to a value-pairs block's flags: kBlockSubnormal for a subnormal (which
+// the block cannot take), kBlockVNonfinite for a NaN or an infinity (packed as 0), else 0.
+inline uint8_t bf16_value_flags(uint16_t bits) {
+  const uint16_t exponent = bits & 0x7F80u;
+  return static_cast<uint8_t>((exponent == 0 && (bits & 0x7Fu) != 0 ? kBlockSubnormal : 0) |
+                              (exponent == 0x7F80u ? kBlockVNonfinite : 0));
+}
+
+// The bits a value-pairs panel holds for bf16 `bits`: 0 for a NaN or an infinity, whose products
+// add_nonfinite_values adds for the rows that see its key (a masked key's P = 0 times infinity
+// would be NaN in the others).
+inline uint32_t packed_value_bits(uint16_t bits) {
+  return (bits & 0x7F80u) == 0x7F80u ? 0u : bits;
+}
+
+// V of the block's `keys` keys from j0 in the value-pairs format, at `pairs` (rows dv_pad words
+// apart). Returns kBlockValuePairs, with kBlockVNonfinite if a value is a NaN or an infinity; or
+// kBlockSubnormal (and maybe kBlockVNonfinite) if one is subnormal: the block cannot take the
+// format then, and its rows are partly written. Prefetches ahead.
+inline uint8_t pack_value_pairs(const FwdArgs& args, const PackedLayout& layout,
+                                const SeqInfo& seq, int64_t head_k, int64_t j0, int64_t keys,
+                                uint32_t* pairs) {
+  const int64_t head_dim_v = args.head_dim_v;
+  const uint16_t* values = static_cast<const uint16_t*>(args.v);
+  uint8_t flags = 0;
+  for (int64_t t = 0; 2 * t < keys; ++t) {
+    const uint16_t* rows[2] = {nullptr, nullptr};
+    for (int64_t half = 0; half < 2 && 2 * t + half < keys; ++half) {
+      const int64_t key = j0 + 2 * t + half;
+      prefetch_rows_ahead(args, seq, args.v, args.v_batch_stride, args.v_row_stride,
+                          args.v_head_stride, key, head_k, head_dim_v * 2);
+      rows[half] = values + key_row_offset(args, seq, key, head_k, args.v_batch_stride,
+                                           args.v_row_stride, args.v_head_stride);
+    }
+    uint32_t* row = pairs + t * layout.dv_pad;
+    // OR-ed over the row with no early exit, so that the loops vectorise.
+    if (rows[1] != nullptr) {
+      for (int64_t c = 0; c < head_dim_v; ++c) {
+        row[c] = packed_value_bits(rows[0][c]) | packed_value_bits(rows[1][c]) << 16;
+        flags |= bf16_value_flags(rows[0][c]) | bf16_value_flags(rows[1][c]);
+      }
+    } else {
+      for (int64_t c = 0; c < head_dim_v; ++c) {
+        row[c] = packed_value_bits(rows[0][c]);
+        flags |= bf16_value_flags(rows[0][c]);
+      }
+    }
+    for (int64_t c = head_dim_v; c < layout.dv_pad; ++c) row[c] = 0;
+  }
+  return (flags & kBlockSubnormal) != 0 ? flags : flags | kBlockValuePairs;
+}
+#endif
+
+// Packs key block `block` of kv head `head_k` into `panel`: K in `format` (pairs or f16), V in the
+// value-pairs format where the call and the values allow (kBlockValuePairs), else as the vector
+// path packs it, and sets *block_flags (kBlockValuePairs, kBlockVNonfinite; kBlockSubnormal for
+// a V the value pairs cannot take because of a subnormal). `staging`: the f32
+// path's (16 rows of round_up(D, 16) floats), which holds the staged 16-bit rows of either
+// format.
 inline void pack_narrow_head(const FwdArgs& args, const PackedLayout& layout, const SeqInfo& seq,
                              int64_t head_k, int64_t block, NarrowScores format, float* panel,
                              float* staging, uint8_t* block_flags) {
@@ -123,9 +188,22 @@ inline void pack_narrow_head(const FwdArgs& args, const PackedLayout& layout, co
   pack_pair_keys(args, seq, head_k, j0, keys, panel, staging);
 #endif
   if (is_kv8(args.kv_dtype)) store_key_factors(args, seq, head_k, j0, keys, panel);
+  uint8_t unfit_for_pairs = 0;
+#if defined(ANYATTN_NARROW_BF16_PV)
+  if (packs_value_pairs(args, format)) {
+    const uint8_t packed = pack_value_pairs(args, layout, seq, head_k, j0, keys,
+                                            reinterpret_cast<uint32_t*>(panel + layout.kt_floats));
+    if ((packed & kBlockValuePairs) != 0) {
+      *block_flags = packed;
+      return;
+    }
+    unfit_for_pairs = kBlockSubnormal;
+  }
+#endif
   VPanelWriter v_panel(args, layout, panel, 1);
   v_panel.convert_rows(seq, head_k, j0, keys);
   v_panel.finish(keys, block_flags);
+  *block_flags |= unfit_for_pairs;
 }
 
 // The products for attend_blocks of a call whose K panels are 16-bit (narrow_scores_of): S on the
@@ -197,9 +275,31 @@ class NarrowScoreProducts {
       }
     }
   }
+  // O += P V: on the narrow kernel over value pairs where the block was packed so (in f32 from a
+  // block with a subnormal value on: O may hold subnormals then), else as on the vector path.
   void pv(const FwdArgs& args, const SeqInfo& seq, const Mask& mask, const TaskRows& head_rows,
           int64_t j0, int64_t keys, bool crosses_boundary, uint8_t block_flags, float* p,
-          const float* v, float* o, int64_t dv_pad) const {
+          const float* v, float* o, int64_t dv_pad) {
+#if defined(ANYATTN_NARROW_BF16_PV)
+    if ((block_flags & kBlockSubnormal) != 0) o_may_hold_subnormals_ = true;
+    if ((block_flags & (kBlockValuePairs | kBlockVNonfinite)) ==
+        (kBlockValuePairs | kBlockVNonfinite)) {
+      add_nonfinite_values(args, seq, mask, head_rows, j0, keys, p, o, dv_pad);
+    }
+    if ((block_flags & kBlockValuePairs) != 0 && o_may_hold_subnormals_) {
+      narrow_bf16::exact_pair_pv(p, head_rows.count, reinterpret_cast<const uint32_t*>(v), keys,
+                                 o, dv_pad, pv_columns(args.head_dim_v));
+      return;
+    }
+    if ((block_flags & kBlockValuePairs) != 0) {
+      int64_t row_keys[kMaxQBlockRows];
+      if (crosses_boundary) boundary_row_keys(mask, head_rows, j0, row_keys);
+      narrow_bf16::block_pv(p, head_rows.count, reinterpret_cast<const uint32_t*>(v), keys,
+                            crosses_boundary ? row_keys : nullptr, o, dv_pad,
+                            pv_columns(args.head_dim_v));
+      return;
+    }
+#endif
     vector_.pv(args, seq, mask, head_rows, j0, keys, crosses_boundary, block_flags, p, v, o,
                dv_pad);
   }
@@ -240,6 +340,7 @@ class NarrowScoreProducts {
   uint16_t* q_ = nullptr;
   int64_t ldq_ = 0;
   bool unfit_row_[kMaxQBlockRows] = {};
+  bool o_may_hold_subnormals_ = false;
   VectorProducts vector_;
 };
 

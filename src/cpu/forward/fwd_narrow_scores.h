@@ -21,6 +21,17 @@
 // Keys past the block's last key are zero up to the next multiple of the path's vector (4 keys on
 // neon, 16 on avx512; 8 for f16); the kernels score keys up to that multiple and no further.
 //
+// V of a bf16 call that allows bf16 probabilities (FwdArgs::bf16_probabilities, on paths with
+// block_pv) is packed in the value-pairs format, in the f32 panel's V region (half of it): pair
+// row t (of 32) holds dv_pad 32-bit words, word c column c of keys 2t (low half) and 2t + 1 (high
+// half), zero past Dv and for a key past the block's last. NaN and infinite values are packed as
+// 0 (kBlockVNonfinite) and their products added in f32 from the source, for the rows that see
+// them only: a masked key's P = 0 times infinity would be NaN in the others, which this way keep
+// the bits they have without the value. A block whose V holds a subnormal keeps the f32 V panel
+// and the f32 P V (kBlockValuePairs unset, kBlockSubnormal set): the dot products would flush it.
+// From a block with a subnormal on (kBlockSubnormal), O may hold subnormals, which VDPBF16PS would
+// flush too: the task's later blocks take f32 products over the value pairs (exact_pair_pv).
+//
 // Exactness.
 //   FMLAL multiplies two f16 values exactly into f32 and adds the product with one rounding, as
 //   the f32 FMLA of the widened values does; the kernel adds the products of each score in the
@@ -149,11 +160,27 @@ void exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t p
 
 // The same two on VDPBF16PS and AVX-512 FMAs, for keys j < round_up(keys, 16). x86-64 builds
 // only.
+//
+// block_pv (fwd_pv_bf16_dot_avx512.cc): o[r][0, columns) += sum_j bf16(p[r][j]) v[j][0, columns)
+// for `rows` <= 64 rows (p: rows of kKeyBlock floats; o: rows dv_pad floats apart; columns a
+// multiple of 16, at most dv_pad), each probability rounded to bf16 to nearest even, over the keys
+// of one block of `keys` keys with V in the value-pairs format (value_pair_rows). row_keys (or
+// null): per row the key from which its probabilities are zero; each tile of rows stops at the
+// largest of its rows. p must be 0 from `keys` to the next even key, and the pairs panel's words
+// of that key 0.
+//
+// exact_pair_pv: the same sums with f32 FMAs and p unrounded, keys in ascending order (the vector
+// path's bits), for every row over all `keys`: for blocks after one whose V held a subnormal, when
+// O may hold subnormals, which VDPBF16PS would flush.
 namespace avx512_bf16 {
 void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint32_t* k_pairs,
                   int64_t depth, int64_t keys, NextPanelLines next, float* s);
 void exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
                        int64_t keys, float* s_row);
+void block_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys,
+              const int64_t* row_keys, float* o, int64_t dv_pad, int64_t columns);
+void exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys, float* o,
+                   int64_t dv_pad, int64_t columns);
 }  // namespace avx512_bf16
 
 // The same for f16: keys j < round_up(keys, 8) of one block in the f16 format; q: f16 rows.

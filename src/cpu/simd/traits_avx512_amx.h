@@ -24,6 +24,7 @@
 #undef ANYATTN_FWD_NARROW_SCORES
 #undef ANYATTN_BWD_NARROW_SCORES
 #undef ANYATTN_NARROW_BF16_KERNELS
+#undef ANYATTN_NARROW_BF16_PV
 
 // Backward: the five products of bf16 calls on AMX tiles (amx/bwd_tiles_amx-inl.h); the unit
 // tells the driver through bwd_avx512_amx::kBf16Tiles.
