@@ -95,6 +95,36 @@ def test_dense_forward_2x_rule(framework, dtype, feature, shape):
     check_2x("lse", to_numpy(lse), ref_lse, naive_lse, lse_eps(ref_lse))
 
 
+@pytest.mark.parametrize("feature", ["plain", "causal", "all"])
+def test_fast_precision_from_the_environment_keeps_the_2x_rule(monkeypatch, feature):
+    """ANYATTN_PRECISION=fast, which the library reads at each call: bf16 calls may round P to
+    bf16 before P V (flash-attn's CUDA kernels do), and the 2x rule still holds."""
+    pytest.importorskip("torch")
+    d, dv, sq, sk, hq, hk = 128, 128, 130, 131, 8, 2
+    b = 1
+    spec = FEATURES[feature]
+    (q, k, v), (q64, k64, v64) = make_inputs(
+        "torch", "bfloat16", [(b, sq, hq, d), (b, sk, hk, d), (b, sk, hk, dv)], seed=5)
+    (alibi, sinks), (alibi_np, sinks_np) = _extras("torch", b, hq, spec, np.random.default_rng(3))
+    kwargs = {key: spec[key] for key in ("causal", "window_size", "softcap") if key in spec}
+    monkeypatch.setenv("ANYATTN_PRECISION", "fast")
+    out, lse, _ = anyattn.flash_attn_func(q, k, v, alibi_slopes=alibi, sinks=sinks,
+                                          return_attn_probs=True, **kwargs)
+    ref_kwargs = dict(causal=kwargs.get("causal", False), window=kwargs.get("window_size", (-1, -1)),
+                      softcap=kwargs.get("softcap", 0.0), alibi=alibi_np, sinks=sinks_np)
+    ref_out, ref_lse = attention_ref(q64, k64, v64, **ref_kwargs)
+    naive_out, naive_lse = attention_ref(q64, k64, v64, dtype="bfloat16", **ref_kwargs)
+    check_2x("out", to_numpy(out), ref_out, naive_out, out_eps("bfloat16", ref_out))
+    check_2x("lse", to_numpy(lse), ref_lse, naive_lse, lse_eps(ref_lse))
+
+
+def test_unknown_precision_in_the_environment_is_a_value_error(monkeypatch):
+    (q, k, v), _ = make_inputs("numpy", "float32", [(1, 4, 2, 8), (1, 5, 2, 8), (1, 5, 2, 8)], 1)
+    monkeypatch.setenv("ANYATTN_PRECISION", "fastest")
+    with pytest.raises(ValueError, match='ANYATTN_PRECISION is "fastest"'):
+        anyattn.flash_attn_func(q, k, v)
+
+
 @pytest.mark.parametrize("framework,dtype", FRAMEWORK_DTYPES)
 def test_fully_masked_rows_are_zero_with_lse_minus_inf_or_sink(framework, dtype):
     b, sq, sk, h, d = 1, 6, 3, 2, 16

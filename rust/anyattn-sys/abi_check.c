@@ -35,6 +35,7 @@ static const anyattn_sys_field kFields[] = {
     FIELD(anyattn_fwd_params, num_splits),
     FIELD(anyattn_fwd_params, isa),
     FIELD(anyattn_fwd_params, bwd_own_forward),
+    FIELD(anyattn_fwd_params, precision),
     FIELD(anyattn_kernel_info, name),
     FIELD(anyattn_kernel_info, isa),
     FIELD(anyattn_kernel_info, supported),

@@ -94,6 +94,16 @@ pub const ANYATTN_ISA_AVX512_AMX: anyattn_isa = 4;
 /// AArch64 Advanced SIMD (NEON).
 pub const ANYATTN_ISA_NEON: anyattn_isa = 5;
 
+/// `anyattn_precision`: how a forward call multiplies the probabilities by V.
+pub type anyattn_precision = c_int;
+/// `ANYATTN_PRECISION_ACCURATE`, or `ANYATTN_PRECISION_FAST` where the `ANYATTN_PRECISION`
+/// environment variable is "fast".
+pub const ANYATTN_PRECISION_DEFAULT: anyattn_precision = 0;
+/// P V at f32 accuracy on every path.
+pub const ANYATTN_PRECISION_ACCURATE: anyattn_precision = 1;
+/// bf16 calls may round each probability to bf16 before P V (see anyattn.h).
+pub const ANYATTN_PRECISION_FAST: anyattn_precision = 2;
+
 /// `anyattn_parallel_body`: one body of a host's parallel region, `body(context, worker)`.
 pub type anyattn_parallel_body =
     Option<unsafe extern "C" fn(context: *mut core::ffi::c_void, worker: c_int)>;
@@ -192,6 +202,8 @@ pub struct anyattn_fwd_params {
     /// library's forward results for these inputs and params (see anyattn.h); 0 uses them as
     /// handed over.
     pub bwd_own_forward: i32,
+    /// An `anyattn_precision` value; `ANYATTN_PRECISION_DEFAULT` reads the environment.
+    pub precision: i32,
 }
 
 extern "C" {

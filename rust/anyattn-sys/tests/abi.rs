@@ -53,6 +53,7 @@ fn rust_fields() -> BTreeMap<&'static str, (usize, usize)> {
     field!(m, anyattn_fwd_params, num_splits, i32);
     field!(m, anyattn_fwd_params, isa, i32);
     field!(m, anyattn_fwd_params, bwd_own_forward, i32);
+    field!(m, anyattn_fwd_params, precision, i32);
     field!(m, anyattn_kernel_info, name, *const c_char);
     field!(m, anyattn_kernel_info, isa, i32);
     field!(m, anyattn_kernel_info, supported, i32);
@@ -233,6 +234,7 @@ fn params_init_sets_struct_size_and_defaults() {
     assert_eq!(p.num_splits, 0);
     assert_eq!(p.isa, ANYATTN_ISA_AUTO);
     assert_eq!(p.bwd_own_forward, 0);
+    assert_eq!(p.precision, ANYATTN_PRECISION_DEFAULT);
 }
 
 #[test]

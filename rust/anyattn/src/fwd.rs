@@ -5,7 +5,7 @@ use anyattn_sys as sys;
 
 use crate::error::{check, Error, Result};
 use crate::view::{Element, View, ViewMut};
-use crate::Isa;
+use crate::{Isa, Precision};
 
 /// Dropout parameters of a forward call (flash-attn's `dropout_p` with a counter-based RNG).
 ///
@@ -58,6 +58,9 @@ pub struct FwdOptions<'a> {
     /// f32 rows whose keys lie in one block of 64 are normalised from their own scores (more
     /// accurate; `anyattn_fwd_params::bwd_own_forward`). `false` uses them as handed over.
     pub bwd_own_forward: bool,
+    /// Forward only: whether bf16 calls may round the probabilities to bf16 before P V
+    /// (`anyattn_fwd_params::precision`); the backward computes the accurate forward's gradients.
+    pub precision: Precision,
 }
 
 fn window_to_c(name: &str, window: Option<usize>) -> Result<i32> {
@@ -118,6 +121,7 @@ pub(crate) fn c_params(
     })?;
     p.isa = opts.isa.raw();
     p.bwd_own_forward = i32::from(opts.bwd_own_forward);
+    p.precision = opts.precision.raw();
     Ok(p)
 }
 

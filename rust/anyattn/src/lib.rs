@@ -102,6 +102,31 @@ pub fn num_threads() -> usize {
     unsafe { sys::anyattn_get_num_threads() }.max(1) as usize
 }
 
+/// How a forward call multiplies the probabilities by V (`anyattn_precision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// [`Precision::Accurate`], or [`Precision::Fast`] where the `ANYATTN_PRECISION` environment
+    /// variable is "fast".
+    #[default]
+    Default,
+    /// P V at f32 accuracy on every path.
+    Accurate,
+    /// bf16 calls may round each probability to bf16 (to nearest even) before P V, as
+    /// flash-attn's CUDA kernels do; paths with bf16 dot products then run P V at twice the rate.
+    /// f32 and f16 calls compute as accurate.
+    Fast,
+}
+
+impl Precision {
+    pub(crate) fn raw(self) -> i32 {
+        match self {
+            Precision::Default => sys::ANYATTN_PRECISION_DEFAULT,
+            Precision::Accurate => sys::ANYATTN_PRECISION_ACCURATE,
+            Precision::Fast => sys::ANYATTN_PRECISION_FAST,
+        }
+    }
+}
+
 /// An instruction-set path of the CPU kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Isa {

@@ -2,7 +2,8 @@
 //! log-sum-exp, varlen, instruction-set paths, threads and errors.
 
 use anyattn::{
-    bf16, bwd, fwd, fwd_varlen, Dropout, FwdOptions, Isa, Status, VarlenSeqs, View, ViewMut,
+    bf16, bwd, fwd, fwd_varlen, Dropout, FwdOptions, Isa, Precision, Status, VarlenSeqs, View,
+    ViewMut,
 };
 
 /// A small deterministic generator (64-bit LCG) of values in [-1, 1).
@@ -378,6 +379,52 @@ fn bf16_runs_and_matches_f32_inputs() {
         let err = (got.to_f64() - want).abs();
         // One bf16 rounding of a value below 1 in magnitude: at most 2^-9.
         assert!(err <= 2f64.powi(-9), "index {i}: got {got} want {want}");
+    }
+}
+
+#[test]
+fn bf16_fast_precision_stays_within_two_bf16_roundings() {
+    // Precision::Fast may round each probability to bf16 (relative error <= 2^-9 per term, so at
+    // most 2^-9 max|v| in out) on top of out's own rounding (2^-9 for |out| < 1): 2^-8 in all,
+    // with |v| <= 1. 70 query rows per kv head take the packed path, 131 keys end on an odd key.
+    let n = Dims {
+        b: 1,
+        sq: 70,
+        sk: 131,
+        hq: 4,
+        hk: 1,
+        d: 64,
+        dv: 64,
+    };
+    let mut rng = Rng(11);
+    let round = |x: Vec<f32>| -> Vec<bf16> { x.into_iter().map(bf16::from_f32).collect() };
+    let (q, k, v) = (
+        round(rng.vec(n.sq * n.hq * n.d)),
+        round(rng.vec(n.sk * n.hk * n.d)),
+        round(rng.vec(n.sk * n.hk * n.dv)),
+    );
+    let f = |x: &[bf16]| -> Vec<f32> { x.iter().map(|y| y.to_f32()).collect() };
+    assert!(f(&v).iter().all(|x| x.abs() <= 1.0));
+    let (o64, _) = reference::<f64>(&f(&q), &f(&k), &f(&v), n, &plain(0.125));
+    for precision in [Precision::Fast, Precision::Accurate] {
+        let mut out = vec![bf16::ZERO; n.sq * n.hq * n.dv];
+        fwd(
+            &View::contiguous(&q, &[1, n.sq, n.hq, n.d]).unwrap(),
+            &View::contiguous(&k, &[1, n.sk, n.hk, n.d]).unwrap(),
+            &View::contiguous(&v, &[1, n.sk, n.hk, n.dv]).unwrap(),
+            &mut ViewMut::contiguous(&mut out, &[1, n.sq, n.hq, n.dv]).unwrap(),
+            None,
+            &FwdOptions {
+                precision,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let bound = if precision == Precision::Fast { 2f64.powi(-8) } else { 2f64.powi(-9) };
+        for (i, (got, want)) in out.iter().zip(&o64).enumerate() {
+            let err = (got.to_f64() - want).abs();
+            assert!(err <= bound, "{precision:?} index {i}: got {got} want {want}");
+        }
     }
 }
 
