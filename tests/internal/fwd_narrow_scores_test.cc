@@ -303,9 +303,6 @@ TEST_F(FwdNarrowScores, F16BackwardOnFmlalGivesTheFmlaBits) {
 // rounds to 0.99609375 (truncation would give 0.9921875), so out[0] = (0.99609375 - 1) / (1 +
 // P_0), about -0.00196, where the accurate value is -0.00276.
 TEST_F(FwdNarrowScores, FastPrecisionRoundsProbabilitiesToNearestBf16) {
-#if !defined(__x86_64__) && !defined(_M_X64)
-  GTEST_SKIP() << "P V on the dot products is on the avx512 path only";
-#endif
   if (!has_isa_path(bf16_dot_isa())) GTEST_SKIP() << "no path with bf16 dot scores on this CPU";
   if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no bf16 dot products here";
   const double s1 = 0x1.0p-5 / std::sqrt(32.0);

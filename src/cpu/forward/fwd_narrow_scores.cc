@@ -1,6 +1,7 @@
 // Which calls take the narrow scores, the f16 switch, the 8-bit codes' bf16 values, and the neon
-// path's f32 scores of unfit bf16 rows (fwd_narrow_scores.h). The bf16 scores share the decode
-// loop's switch, bf16_dot_scores_available (decode/fwd_decode_bf16_dot.cc).
+// path's f32 scores of unfit bf16 rows and f32 P V over value pairs (fwd_narrow_scores.h). The
+// bf16 scores share the decode loop's switch, bf16_dot_scores_available
+// (decode/fwd_decode_bf16_dot.cc).
 #include "cpu/forward/fwd_narrow_scores.h"
 
 #include <atomic>
@@ -106,6 +107,25 @@ void neon_bf16::exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs
       sum = vfmaq_f32(sum, vreinterpretq_f32_u32(vdupq_n_u32(q_odd)), odd);
     }
     vst1q_f32(s_row + c, sum);
+  }
+}
+
+void neon_bf16::exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys,
+                              float* o, int64_t dv_pad, int64_t columns) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p_row = p + r * kKeyBlock;
+    for (int64_t c = 0; c < columns; c += 4) {
+      float* o_columns = o + r * dv_pad + c;
+      float32x4_t sum = vld1q_f32(o_columns);
+      for (int64_t t = 0; 2 * t < keys; ++t) {
+        const uint32x4_t words = vld1q_u32(v_pairs + t * dv_pad + c);
+        const float32x4_t even = vreinterpretq_f32_u32(vshlq_n_u32(words, 16));
+        const float32x4_t odd = vreinterpretq_f32_u32(vandq_u32(words, vdupq_n_u32(0xFFFF0000u)));
+        sum = vfmaq_n_f32(sum, even, p_row[2 * t]);
+        sum = vfmaq_n_f32(sum, odd, p_row[2 * t + 1]);
+      }
+      vst1q_f32(o_columns, sum);
+    }
   }
 }
 #endif

@@ -49,6 +49,7 @@
 #include <cstdint>
 
 #include "common/fwd_args.h"
+#include "plan/fwd_layout.h"
 
 namespace anyattn::cpu {
 
@@ -144,34 +145,44 @@ class NextPanelWindows {
   int64_t offset_ = 0;
 };
 
+// Words of one block row's probabilities rounded to bf16 in key pairs (block_pv's tiles).
+constexpr int64_t kProbabilityPairWords = kKeyBlock / 2;
+
 // s[r * 64 + j] = q_r . k_j (raw, unscaled) for `rows` <= 64 query rows and keys
 // j < round_up(keys, 4) of one block in the pairs format, depth = round_up(D, 8). q: bf16 rows of
 // ldq >= depth elements, zero from D on. Prefetches the lines of `next` on the way.
 //
 // exact_pair_scores: s_row[j] = q . k_j for the same keys with f32 FMAs over a pairs-format
 // panel, head-dim elements in ascending order: the f32 path's bits, for a bf16 row unfit for
-// BFDOT. q_row: bf16, zero from D to 2 * pair_rows. AArch64 builds only.
-namespace neon_bf16 {
-void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint32_t* k_pairs,
-                  int64_t depth, int64_t keys, NextPanelLines next, float* s);
-void exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
-                       int64_t keys, float* s_row);
-}  // namespace neon_bf16
-
-// The same two on VDPBF16PS and AVX-512 FMAs, for keys j < round_up(keys, 16). x86-64 builds
-// only.
+// BFDOT. q_row: bf16, zero from D to 2 * pair_rows.
 //
-// block_pv (fwd_pv_bf16_dot_avx512.cc): o[r][0, columns) += sum_j bf16(p[r][j]) v[j][0, columns)
+// block_pv (fwd_pv_bf16_dot_neon.cc): o[r][0, columns) += sum_j bf16(p[r][j]) v[j][0, columns)
 // for `rows` <= 64 rows (p: rows of kKeyBlock floats; o: rows dv_pad floats apart; columns a
-// multiple of 16, at most dv_pad), each probability rounded to bf16 to nearest even, over the keys
-// of one block of `keys` keys with V in the value-pairs format (value_pair_rows). row_keys (or
+// multiple of the path's vector, at most dv_pad), each probability rounded to bf16 to nearest
+// even, over the keys of one block of `keys` keys with V in the value-pairs format. row_keys (or
 // null): per row the key from which its probabilities are zero; each tile of rows stops at the
 // largest of its rows. p must be 0 from `keys` to the next even key, and the pairs panel's words
 // of that key 0.
 //
 // exact_pair_pv: the same sums with f32 FMAs and p unrounded, keys in ascending order (the vector
 // path's bits), for every row over all `keys`: for blocks after one whose V held a subnormal, when
-// O may hold subnormals, which VDPBF16PS would flush.
+// O may hold subnormals, which the dot products would flush.
+//
+// AArch64 builds only.
+namespace neon_bf16 {
+void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint32_t* k_pairs,
+                  int64_t depth, int64_t keys, NextPanelLines next, float* s);
+void exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
+                       int64_t keys, float* s_row);
+void block_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys,
+              const int64_t* row_keys, float* o, int64_t dv_pad, int64_t columns);
+void exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys, float* o,
+                   int64_t dv_pad, int64_t columns);
+}  // namespace neon_bf16
+
+// The same four on VDPBF16PS and AVX-512 FMAs (fwd_scores_bf16_dot_avx512.cc,
+// fwd_pv_bf16_dot_avx512.cc), for keys j < round_up(keys, 16) and columns a multiple of 16.
+// x86-64 builds only.
 namespace avx512_bf16 {
 void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint32_t* k_pairs,
                   int64_t depth, int64_t keys, NextPanelLines next, float* s);
