@@ -140,6 +140,16 @@ constexpr uint8_t kBlockSubnormal =
 constexpr uint8_t kBlockValuePairs =
     4;  // V is packed in the value-pairs format (forward/fwd_narrow_scores.h)
 
+// Keys a P V tile of rows [r0, r0 + count) must accumulate: all `keys`, or with row_keys (row r's
+// probabilities are 0 from key row_keys[r] on: the mask's right edge in a boundary block) the
+// largest row_keys of the tile.
+inline int64_t tile_keys(const int64_t* row_keys, int64_t r0, int64_t count, int64_t keys) {
+  if (row_keys == nullptr) return keys;
+  int64_t most = 0;
+  for (int64_t r = r0; r < r0 + count; ++r) most = std::max(most, row_keys[r]);
+  return std::min(most, keys);
+}
+
 // Key blocks of a sequence.
 inline int64_t key_blocks(const SeqInfo& seq) {
   return ceil_div(seq.seqlen_k, kKeyBlock);

@@ -702,5 +702,30 @@ std::vector<anyattn_isa> supported_isas() {
   return isas;
 }
 
+Case cancelling_probabilities_case(anyattn_isa isa, anyattn_precision precision) {
+  Case c;
+  c.isa = isa;
+  c.precision = precision;
+  c.dtype = ANYATTN_DTYPE_BF16;
+  c.Sq = 64;
+  c.Sk = 2;
+  c.D = c.Dv = 32;
+  return c;
+}
+
+void store_cancelling_probabilities(const Problem& p) {
+  const Case& c = p.spec();
+  for (int64_t i = 0; i < c.Sq; ++i) {
+    for (int64_t d = 0; d < c.D; ++d) {
+      const int64_t index[4] = {0, i, 0, d};
+      store(p.q, index, d == 0 ? 1.0 : 0.0);
+      if (i < c.Sk) {
+        store(p.k, index, d == 0 && i == 1 ? 0x1.0p-5 : 0.0);
+        store(p.v, index, d == 0 ? (i == 0 ? 1.0 : -1.0) : 0.0);
+      }
+    }
+  }
+}
+
 }  // namespace testing
 }  // namespace anyattn

@@ -144,6 +144,13 @@ std::vector<anyattn_isa> all_isas();
 // The ISA paths the host supports (always includes ANYATTN_ISA_PORTABLE).
 std::vector<anyattn_isa> supported_isas();
 
+// Two keys whose probabilities nearly cancel: a bf16 problem (on `isa`, with `precision`) of 64
+// query rows q_i = e_0 against k_0 = 0 and k_1 = 2^-5 e_0, D = Dv = 32, so the scores are 0 and
+// s_1 = 2^-5 / sqrt(32); with v_0 = e_0 and v_1 = -e_0 (store_cancelling_probabilities),
+// out[i][0] = (P_0 - P_1) / (P_0 + P_1) = -tanh(s_1 / 2), about -0.00276.
+Case cancelling_probabilities_case(anyattn_isa isa, anyattn_precision precision);
+void store_cancelling_probabilities(const Problem& p);
+
 }  // namespace testing
 }  // namespace anyattn
 

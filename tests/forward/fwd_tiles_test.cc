@@ -121,32 +121,17 @@ TEST(FwdTiles, RisingBlockMaximaMatchTheReference) {
   }
 }
 
-// Two keys with scores 0 and s = 2^-5 / sqrt(32), v_0 = e_0 and v_1 = -e_0: out[0] = P_0 - P_1 =
-// -tanh(s / 2), about -0.00276, where P_0 and P_1 are about 0.4986 and 0.5014. Rounded to bf16
-// alone they would be 0.498046875 and 0.5 (out 30% off); split into hi + lo they keep f32
-// accuracy, and out matches the reference to its bf16 rounding.
+// Two keys with scores 0 and s = 2^-5 / sqrt(32), v_0 = e_0 and v_1 = -e_0
+// (cancelling_probabilities_case): out[0] = P_0 - P_1 = -tanh(s / 2), about -0.00276, where P_0
+// and P_1 are about 0.4986 and 0.5014. Rounded to bf16 alone they would be 0.498046875 and 0.5
+// (out 30% off); in the accurate mode, split into hi + lo, they keep f32 accuracy, and out matches
+// the reference to its bf16 rounding.
 TEST(FwdTiles, CancellingProbabilitiesStayAccurate) {
   for (anyattn_isa isa : supported_isas()) {
-    Case c;
-    c.isa = isa;
-    c.dtype = ANYATTN_DTYPE_BF16;
-    c.Sq = 64;
-    c.Sk = 2;
-    c.Hq = 1;
-    c.Hk = 1;
-    c.D = c.Dv = 32;
+    const Case c = cancelling_probabilities_case(isa, ANYATTN_PRECISION_ACCURATE);
     SCOPED_TRACE(c.describe());
     Problem p(c);
-    for (int64_t i = 0; i < c.Sq; ++i) {
-      for (int64_t d = 0; d < c.D; ++d) {
-        const int64_t index[4] = {0, i, 0, d};
-        store(p.q, index, d == 0 ? 1.0 : 0.0);
-        if (i < c.Sk) {
-          store(p.k, index, d == 0 && i == 1 ? 0x1.0p-5 : 0.0);
-          store(p.v, index, d == 0 ? (i == 0 ? 1.0 : -1.0) : 0.0);
-        }
-      }
-    }
+    store_cancelling_probabilities(p);
     ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
     const std::vector<double> out = p.out_values();
     const double expected = -std::tanh(0x1.0p-5 / std::sqrt(32.0) / 2.0);

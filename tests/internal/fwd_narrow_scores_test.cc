@@ -299,9 +299,9 @@ TEST_F(FwdNarrowScores, F16BackwardOnFmlalGivesTheFmlaBits) {
 
 // With bf16 probabilities allowed, P V of a bf16 call on the dot-product path multiplies P rounded
 // to nearest bf16. Two keys with scores s_0 = 0 and s_1 = 2^-5 / sqrt(32), v_0 = e_0 and v_1 =
-// -e_0 (FwdTiles.CancellingProbabilitiesStayAccurate): P_1 = 1 and P_0 = e^-s_1 = 0.99449, which
-// rounds to 0.99609375 (truncation would give 0.9921875), so out[0] = (0.99609375 - 1) / (1 +
-// P_0), about -0.00196, where the accurate value is -0.00276.
+// -e_0 (cancelling_probabilities_case): P_1 = 1 and P_0 = e^-s_1 = 0.99449, which rounds to
+// 0.99609375 (truncation would give 0.9921875), so out[0] = (0.99609375 - 1) / (1 + P_0), about
+// -0.00196, where the accurate value is -0.00276.
 TEST_F(FwdNarrowScores, FastPrecisionRoundsProbabilitiesToNearestBf16) {
   if (!has_isa_path(bf16_dot_isa())) GTEST_SKIP() << "no path with bf16 dot scores on this CPU";
   if (!set_narrow_scores(ANYATTN_DTYPE_BF16, true)) GTEST_SKIP() << "no bf16 dot products here";
@@ -310,25 +310,10 @@ TEST_F(FwdNarrowScores, FastPrecisionRoundsProbabilitiesToNearestBf16) {
   const double expected[2] = {-std::tanh(s1 / 2.0), (0.99609375 - 1.0) / (1.0 + p0)};
   const anyattn_precision precisions[2] = {ANYATTN_PRECISION_ACCURATE, ANYATTN_PRECISION_FAST};
   for (int mode = 0; mode < 2; ++mode) {
-    Case c;
-    c.isa = bf16_dot_isa();
-    c.dtype = ANYATTN_DTYPE_BF16;
-    c.precision = precisions[mode];
-    c.Sq = 64;
-    c.Sk = 2;
-    c.D = c.Dv = 32;
+    const Case c = cancelling_probabilities_case(bf16_dot_isa(), precisions[mode]);
     SCOPED_TRACE(c.describe());
     Problem p(c);
-    for (int64_t i = 0; i < c.Sq; ++i) {
-      for (int64_t d = 0; d < c.D; ++d) {
-        const int64_t index[4] = {0, i, 0, d};
-        store(p.q, index, d == 0 ? 1.0 : 0.0);
-        if (i < c.Sk) {
-          store(p.k, index, d == 0 && i == 1 ? 0x1.0p-5 : 0.0);
-          store(p.v, index, d == 0 ? (i == 0 ? 1.0 : -1.0) : 0.0);
-        }
-      }
-    }
+    store_cancelling_probabilities(p);
     ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
     const std::vector<double> out = p.out_values();
     for (int64_t i = 0; i < c.Sq; ++i) {

@@ -298,15 +298,6 @@ inline void pv_remainder(int64_t rows, const float* p, const float* v, int64_t k
   }
 }
 
-// Keys a tile of rows [r0, r0 + count) must accumulate: all `keys`, or with row_keys (row r's
-// probabilities are 0 from key row_keys[r] on) the largest row_keys of the tile.
-inline int64_t tile_keys(const int64_t* row_keys, int64_t r0, int64_t count, int64_t keys) {
-  if (row_keys == nullptr) return keys;
-  int64_t most = 0;
-  for (int64_t r = r0; r < r0 + count; ++r) most = std::max(most, row_keys[r]);
-  return std::min(most, keys);
-}
-
 // The columns of O that P V must update: Dv rounded up to whole vectors. The rest of dv_pad
 // (Dv rounded up to 16) holds zeros in V and stays 0 in O: on 8-lane paths a small Dv (1 to 8)
 // costs one vector per key instead of two.

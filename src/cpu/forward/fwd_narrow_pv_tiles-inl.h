@@ -59,16 +59,9 @@ void pv_row_remainder(int64_t rows, const float* p, const uint32_t* v_pairs, int
   }
 }
 
-// Pair rows a tile of rows [r0, r0 + count) must accumulate: those holding its rows' keys (all
-// `keys`, or the largest of row_keys over the tile).
+// Pair rows a tile of rows [r0, r0 + count) must accumulate: those holding its keys (tile_keys).
 inline int64_t tile_pair_rows(const int64_t* row_keys, int64_t r0, int64_t count, int64_t keys) {
-  int64_t last = keys;
-  if (row_keys != nullptr) {
-    last = 0;
-    for (int64_t r = r0; r < r0 + count; ++r) last = std::max(last, row_keys[r]);
-    last = std::min(last, keys);
-  }
-  return (last + 1) / 2;
+  return (tile_keys(row_keys, r0, count, keys) + 1) / 2;
 }
 
 void block_pv_of(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys,
