@@ -54,6 +54,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   params.isa = isa_pick == 5 ? 9 : isa_pick;
   const int dropout_pick = data.ConsumeIntegralInRange<int>(0, 15);
   params.dropout_p = dropout_pick == 0 ? 1.0f : dropout_pick == 1 ? NAN : 0.0f;
+  // default, accurate, fast, or an invalid value (7).
+  const int precision_pick = data.ConsumeIntegralInRange<int>(0, 3);
+  params.precision = precision_pick == 3 ? 7 : precision_pick;
 
   // ALiBi slopes (Hq) or (B, Hq) and sinks (Hq), over real buffers.
   const anyattn_fuzz::SideInputs side(data, B, Hq);
@@ -128,7 +131,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   const bool valid_params = std::isfinite(params.softmax_scale) && params.softcap >= 0.f &&
                             std::isfinite(params.softcap) && params.window_left >= -1 &&
                             params.window_right >= -1 && params.dropout_p == 0.0f &&
-                            params.isa != 9 && params.num_splits >= 0;
+                            params.isa != 9 && params.num_splits >= 0 && params.precision != 7;
   // Head dims of 0 are legal (docs/semantics.md section 6); DenseShape draws Hk >= 1.
   if (!valid_dtype || Hq % Hk != 0 || D > ANYATTN_MAX_HEAD_DIM || Dv > ANYATTN_MAX_HEAD_DIM_V ||
       !valid_params) {
@@ -157,9 +160,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     anyattn_fuzz::print_tensor("v", &v.t);
     anyattn_fuzz::print_tensor("out", out_arg);
     anyattn_fuzz::print_tensor("lse", lse_arg);
-    std::fprintf(stderr, "  scale %g softcap %g window (%d, %d) dropout %g isa %d splits %d\n",
+    std::fprintf(stderr,
+                 "  scale %g softcap %g window (%d, %d) dropout %g isa %d splits %d precision %d\n",
                  params.softmax_scale, params.softcap, params.window_left, params.window_right,
-                 params.dropout_p, params.isa, params.num_splits);
+                 params.dropout_p, params.isa, params.num_splits, params.precision);
     std::fprintf(stderr, "  causal %d alibi %d sinks %d\n", params.causal,
                  params.alibi_slopes != nullptr, params.sinks != nullptr);
     if (std::getenv("ANYATTN_FUZZ_VERBOSE") != nullptr && numeric_check) {
