@@ -340,7 +340,9 @@ class NarrowScoreProducts {
   uint16_t* q_ = nullptr;
   int64_t ldq_ = 0;
   bool unfit_row_[kMaxQBlockRows] = {};
-  bool o_may_hold_subnormals_ = false;
+#if defined(ANYATTN_NARROW_BF16_PV)
+  bool o_may_hold_subnormals_ = false;  // from a block whose V held a subnormal on
+#endif
   VectorProducts vector_;
 };
 
