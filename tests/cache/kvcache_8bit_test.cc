@@ -931,6 +931,30 @@ TEST(Kvcache8bit, ZeroAndSubnormalDescalesReadAsScaled) {
   }
 }
 
+// With bf16 probabilities allowed (bf16 q, 40 query rows per kv head: the packed path), V's
+// factor multiplies each probability before it is rounded to bf16, for factors 0 and in
+// [2^-60, 2^60]; blocks with others (subnormal, tiny or huge descales) take the f32 products,
+// where p times the factor would flush or the products overflow. Each agrees with the reference.
+TEST(Kvcache8bit, FastPrecisionTakesValueFactorsOrTheF32Products) {
+  for (float value : {0.f, std::numeric_limits<float>::denorm_min(), 1e-40f, 0x1.0p-61f,
+                      0x1.0p-60f, 0x1.0p40f, 0x1.0p61f, 0x1.0p100f}) {
+    for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_I8}) {
+      Q8Case c = hostile_case(0);
+      c.kv_dtype = kv;
+      c.dtype = ANYATTN_DTYPE_BF16;
+      c.Sq = 20;
+      c.Hq = 4;
+      c.Hk = 2;
+      Q8Problem p(c);
+      p.params.precision = ANYATTN_PRECISION_FAST;
+      // Both kv heads: the acceptance rule's eps follows the largest output.
+      p.v_descale.set(0, value);
+      p.v_descale.set(1, value);
+      for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2)) << value;
+    }
+  }
+}
+
 // Descales passed as broadcast views, as FA3's callers expand one scale to (B, Hk): k_descale
 // with strides (0, 0) (every entry the first value), v_descale with strides (0, 1) (every row
 // the first row). They read and append as the contiguous (B, Hk) tensors of the same entries,

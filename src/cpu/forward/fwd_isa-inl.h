@@ -36,6 +36,7 @@
 #include <limits>
 
 #include "common/fwd_args.h"
+#include "common/head_dims.h"
 #include "cpu/forward/finalize.h"
 #include "cpu/shared/half.h"
 #include "cpu/shared/prefetch.h"
@@ -43,7 +44,6 @@
 #include "plan/fwd_layout.h"
 
 #if defined(ANYATTN_FWD_NARROW_SCORES)
-#include "common/head_dims.h"
 #include "cpu/decode/fwd_decode_bf16_dot.h"
 #include "cpu/decode/kv8_widen.h"
 #include "cpu/forward/fwd_narrow_scores.h"

@@ -957,21 +957,23 @@ inline void boundary_row_keys(const Mask& mask, const TaskRows& rows, int64_t j0
   }
 }
 
-// o[r][c] += p[r][j] * v[j][c] in f32 for the NaN and infinite entries of a bf16 V in the block
-// at j0 (read from the source, where a packed bf16 block holds 0: amx/fwd_tiles_amx-inl.h and the
-// value pairs of forward/fwd_narrow_scores-inl.h) and the rows that see key j.
+// o[r][c] += p[r][j] * v[j][c] in f32 for the NaN and infinite entries of V (as convert_kv_row
+// reads it) in the block at j0, read from the source where a packed 16-bit block holds 0
+// (amx/fwd_tiles_amx-inl.h, and the value pairs of forward/fwd_narrow_scores-inl.h), and the rows
+// that see key j.
 inline void add_nonfinite_values(const FwdArgs& args, const SeqInfo& seq, const Mask& mask,
                                  const TaskRows& rows, int64_t j0, int64_t keys, const float* p,
                                  float* o, int64_t dv_pad) {
   const int64_t head_k = rows.head_begin / args.group_size();
+  float v_row[kMaxHeadDimV];
   for (int64_t j = 0; j < keys; ++j) {
     const int64_t offset = key_row_offset(args, seq, j0 + j, head_k, args.v_batch_stride,
                                           args.v_row_stride, args.v_head_stride);
-    const uint16_t* v_row =
-        static_cast<const uint16_t*>(element_address(args.v, args.dtype, offset));
+    convert_kv_row(args.v, args.kv_dtype, offset, args.head_dim_v,
+                   key_scale(args, seq, j0 + j, head_k, KvStream::kV), v_row);
     for (int64_t c = 0; c < args.head_dim_v; ++c) {
-      if ((v_row[c] & 0x7f80) != 0x7f80) continue;
-      const float value = bf16_to_f32(v_row[c]);
+      if (std::isfinite(v_row[c])) continue;
+      const float value = v_row[c];
       for (int64_t r = 0; r < rows.count; ++r) {
         const KeyRange range = mask.row_keys_in_block(rows.position(r), j0, kKeyBlock);
         if (j >= range.begin && j < range.end) o[r * dv_pad + c] += p[r * kKeyBlock + j] * value;

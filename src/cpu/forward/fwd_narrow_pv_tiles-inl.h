@@ -3,9 +3,9 @@
 //   constexpr int kPvColumnLanes;   columns of O per vector (16 or 4)
 //   constexpr int kPvTileRows;      query rows per tile
 //   constexpr int kPvTileVecs;      column vectors per tile
-//   void round_probability_pairs(const float* p_row, uint32_t* pairs);
-//     the 64 probabilities of a block row rounded to nearest bf16, as 32 key pairs (word t: keys
-//     2t and 2t + 1)
+//   void round_probability_pairs(const float* p_row, const float* factors, uint32_t* pairs);
+//     the 64 probabilities of a block row (each times its key's factor where factors is not null)
+//     rounded to nearest bf16, as 32 key pairs (word t: keys 2t and 2t + 1)
 //   template <int R, int NV>
 //   void pv_tile(const uint32_t* p_pairs, const uint32_t* v_pairs, int64_t ldv, int64_t pair_rows,
 //                float* o, int64_t ldo);
@@ -32,10 +32,12 @@ void pv_column_remainder(int64_t vectors, const uint32_t* p_pairs, const uint32_
 }
 
 template <int R>
-void pv_rows(const float* p, const uint32_t* v_pairs, int64_t dv_pad, int64_t columns,
-             int64_t pair_rows, float* o) {
+void pv_rows(const float* p, const uint32_t* v_pairs, const float* factors, int64_t dv_pad,
+             int64_t columns, int64_t pair_rows, float* o) {
   alignas(64) uint32_t p_pairs[R * kProbabilityPairWords];
-  for (int r = 0; r < R; ++r) round_probability_pairs(p + r * kKeyBlock, p_pairs + r * kProbabilityPairWords);
+  for (int r = 0; r < R; ++r) {
+    round_probability_pairs(p + r * kKeyBlock, factors, p_pairs + r * kProbabilityPairWords);
+  }
   const int64_t vectors = columns / kPvColumnLanes;
   int64_t n = 0;
   for (; n + kPvTileVecs <= vectors; n += kPvTileVecs) {
@@ -48,13 +50,13 @@ void pv_rows(const float* p, const uint32_t* v_pairs, int64_t dv_pad, int64_t co
 
 // The rows of a tile that is not whole: R = rows, 1 <= rows < kPvTileRows.
 template <int R = kPvTileRows - 1>
-void pv_row_remainder(int64_t rows, const float* p, const uint32_t* v_pairs, int64_t dv_pad,
-                      int64_t columns, int64_t pair_rows, float* o) {
+void pv_row_remainder(int64_t rows, const float* p, const uint32_t* v_pairs, const float* factors,
+                      int64_t dv_pad, int64_t columns, int64_t pair_rows, float* o) {
   if constexpr (R >= 1) {
     if (rows == R) {
-      pv_rows<R>(p, v_pairs, dv_pad, columns, pair_rows, o);
+      pv_rows<R>(p, v_pairs, factors, dv_pad, columns, pair_rows, o);
     } else {
-      pv_row_remainder<R - 1>(rows, p, v_pairs, dv_pad, columns, pair_rows, o);
+      pv_row_remainder<R - 1>(rows, p, v_pairs, factors, dv_pad, columns, pair_rows, o);
     }
   }
 }
@@ -64,15 +66,16 @@ inline int64_t tile_pair_rows(const int64_t* row_keys, int64_t r0, int64_t count
   return (tile_keys(row_keys, r0, count, keys) + 1) / 2;
 }
 
-void block_pv_of(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys,
-                 const int64_t* row_keys, float* o, int64_t dv_pad, int64_t columns) {
+void block_pv_of(const float* p, int64_t rows, const uint32_t* v_pairs, const float* factors,
+                 int64_t keys, const int64_t* row_keys, float* o, int64_t dv_pad,
+                 int64_t columns) {
   int64_t r = 0;
   for (; r + kPvTileRows <= rows; r += kPvTileRows) {
-    pv_rows<kPvTileRows>(p + r * kKeyBlock, v_pairs, dv_pad, columns,
+    pv_rows<kPvTileRows>(p + r * kKeyBlock, v_pairs, factors, dv_pad, columns,
                          tile_pair_rows(row_keys, r, kPvTileRows, keys), o + r * dv_pad);
   }
   if (r < rows) {
-    pv_row_remainder(rows - r, p + r * kKeyBlock, v_pairs, dv_pad, columns,
+    pv_row_remainder(rows - r, p + r * kKeyBlock, v_pairs, factors, dv_pad, columns,
                      tile_pair_rows(row_keys, r, rows - r, keys), o + r * dv_pad);
   }
 }

@@ -106,11 +106,20 @@ inline void store_key_factors(const FwdArgs& args, const SeqInfo& seq, int64_t h
 
 #if defined(ANYATTN_NARROW_BF16_PV)
 // Whether a call's V is packed in the value-pairs format (fwd_narrow_scores.h) where its values
-// allow: a bf16 call that allows bf16 probabilities, with K in the pairs format and V rows of at
-// least one vector (narrower ones are packed transposed for their own P V).
+// allow: a bf16 call that allows bf16 probabilities, with K in the pairs format (a bf16 or 8-bit
+// cache) and V rows of at least one vector (narrower ones are packed transposed for their own
+// P V).
 inline bool packs_value_pairs(const FwdArgs& args, NarrowScores format) {
   return args.bf16_probabilities && format == NarrowScores::kBf16Pairs &&
-         args.kv_dtype == DType::kBF16 && !v_panel_transposed(args.head_dim_v);
+         !v_panel_transposed(args.head_dim_v);
+}
+
+// Whether an 8-bit cache's V factor (descale times token scale) lets the value pairs take the
+// key's probability times it: 0, or within [2^-60, 2^60], where p * factor (p <= 2^8) times any
+// stored value stays finite and a product that falls below 2^-126, which the dot products flush,
+// belongs to a key whose weight is under 2^-66 of the row's largest.
+inline bool value_factor_fits_pairs(float factor) {
+  return factor == 0.f || (factor >= 0x1.0p-60f && factor <= 0x1.0p60f);
 }
 
 // What a bf16 value adds to a value-pairs block's flags: kBlockSubnormal for a subnormal (which
@@ -128,39 +137,68 @@ inline uint32_t packed_value_bits(uint16_t bits) {
   return (bits & 0x7F80u) == 0x7F80u ? 0u : bits;
 }
 
+// Reads one V row as bf16 bits: a bf16 cache's own, an 8-bit cache's values as bf16 (exact,
+// kv8_bf16_codes).
+class ValueRowBits {
+ public:
+  explicit ValueRowBits(const FwdArgs& args)
+      : codes_(is_kv8(args.kv_dtype) ? kv8_bf16_codes(args.kv_dtype) : nullptr),
+        row_bytes_(args.head_dim_v * element_size(args.kv_dtype)) {}
+  // Row `offset` (in elements) of `values` into bits[0, n).
+  void read(const void* values, int64_t offset, int64_t n, uint16_t* bits) const {
+    if (codes_ == nullptr) {
+      std::memcpy(bits, static_cast<const uint16_t*>(values) + offset, n * 2);
+      return;
+    }
+    const uint8_t* stored = static_cast<const uint8_t*>(values) + offset;
+    for (int64_t c = 0; c < n; ++c) bits[c] = codes_[stored[c]];
+  }
+  int64_t row_bytes() const { return row_bytes_; }
+
+ private:
+  const uint16_t* codes_;
+  int64_t row_bytes_;
+};
+
 // V of the block's `keys` keys from j0 in the value-pairs format, at `pairs` (rows dv_pad words
-// apart). Returns kBlockValuePairs, with kBlockVNonfinite if a value is a NaN or an infinity; or
-// kBlockSubnormal (and maybe kBlockVNonfinite) if one is subnormal: the block cannot take the
-// format then, and its rows are partly written. Prefetches ahead.
+// apart), and for an 8-bit cache the keys' V factors at value_pair_factors (0 past `keys`).
+// Returns kBlockValuePairs, with kBlockVNonfinite if a value is a NaN or an infinity; or
+// kBlockSubnormal (and maybe kBlockVNonfinite) if one is subnormal or a factor does not fit
+// (value_factor_fits_pairs): the block cannot take the format then, and its rows are partly
+// written. Prefetches ahead.
 inline uint8_t pack_value_pairs(const FwdArgs& args, const PackedLayout& layout,
                                 const SeqInfo& seq, int64_t head_k, int64_t j0, int64_t keys,
                                 uint32_t* pairs) {
   const int64_t head_dim_v = args.head_dim_v;
-  const uint16_t* values = static_cast<const uint16_t*>(args.v);
+  const ValueRowBits reader(args);
   uint8_t flags = 0;
+  uint16_t rows[2][kMaxHeadDimV];
   for (int64_t t = 0; 2 * t < keys; ++t) {
-    const uint16_t* rows[2] = {nullptr, nullptr};
-    for (int64_t half = 0; half < 2 && 2 * t + half < keys; ++half) {
+    const bool odd_key = 2 * t + 1 < keys;
+    for (int64_t half = 0; half < 1 + odd_key; ++half) {
       const int64_t key = j0 + 2 * t + half;
       prefetch_rows_ahead(args, seq, args.v, args.v_batch_stride, args.v_row_stride,
-                          args.v_head_stride, key, head_k, head_dim_v * 2);
-      rows[half] = values + key_row_offset(args, seq, key, head_k, args.v_batch_stride,
-                                           args.v_row_stride, args.v_head_stride);
+                          args.v_head_stride, key, head_k, reader.row_bytes());
+      reader.read(args.v,
+                  key_row_offset(args, seq, key, head_k, args.v_batch_stride, args.v_row_stride,
+                                 args.v_head_stride),
+                  head_dim_v, rows[half]);
     }
+    if (!odd_key) std::fill(rows[1], rows[1] + head_dim_v, uint16_t{0});
     uint32_t* row = pairs + t * layout.dv_pad;
-    // OR-ed over the row with no early exit, so that the loops vectorise.
-    if (rows[1] != nullptr) {
-      for (int64_t c = 0; c < head_dim_v; ++c) {
-        row[c] = packed_value_bits(rows[0][c]) | packed_value_bits(rows[1][c]) << 16;
-        flags |= bf16_value_flags(rows[0][c]) | bf16_value_flags(rows[1][c]);
-      }
-    } else {
-      for (int64_t c = 0; c < head_dim_v; ++c) {
-        row[c] = packed_value_bits(rows[0][c]);
-        flags |= bf16_value_flags(rows[0][c]);
-      }
+    // OR-ed over the row with no early exit, so that the loop vectorises.
+    for (int64_t c = 0; c < head_dim_v; ++c) {
+      row[c] = packed_value_bits(rows[0][c]) | packed_value_bits(rows[1][c]) << 16;
+      flags |= bf16_value_flags(rows[0][c]) | bf16_value_flags(rows[1][c]);
     }
     for (int64_t c = head_dim_v; c < layout.dv_pad; ++c) row[c] = 0;
+  }
+  if (is_kv8(args.kv_dtype)) {
+    float* factors = value_pair_factors(pairs, layout.dv_pad);
+    for (int64_t j = 0; j < kKeyBlock; ++j) {
+      factors[j] = j < keys ? key_scale(args, seq, j0 + j, head_k, KvStream::kV) : 0.f;
+      if (!value_factor_fits_pairs(factors[j])) flags |= kBlockSubnormal;
+    }
   }
   return (flags & kBlockSubnormal) != 0 ? flags : flags | kBlockValuePairs;
 }
@@ -286,15 +324,17 @@ class NarrowScoreProducts {
         (kBlockValuePairs | kBlockVNonfinite)) {
       add_nonfinite_values(args, seq, mask, head_rows, j0, keys, p, o, dv_pad);
     }
+    const uint32_t* pairs = reinterpret_cast<const uint32_t*>(v);
+    const float* factors = kv8_ ? value_pair_factors(pairs, dv_pad) : nullptr;
     if ((block_flags & kBlockValuePairs) != 0 && o_may_hold_subnormals_) {
-      narrow_bf16::exact_pair_pv(p, head_rows.count, reinterpret_cast<const uint32_t*>(v), keys,
-                                 o, dv_pad, pv_columns(args.head_dim_v));
+      narrow_bf16::exact_pair_pv(p, head_rows.count, pairs, factors, keys, o, dv_pad,
+                                 pv_columns(args.head_dim_v));
       return;
     }
     if ((block_flags & kBlockValuePairs) != 0) {
       int64_t row_keys[kMaxQBlockRows];
       if (crosses_boundary) boundary_row_keys(mask, head_rows, j0, row_keys);
-      narrow_bf16::block_pv(p, head_rows.count, reinterpret_cast<const uint32_t*>(v), keys,
+      narrow_bf16::block_pv(p, head_rows.count, pairs, factors, keys,
                             crosses_boundary ? row_keys : nullptr, o, dv_pad,
                             pv_columns(args.head_dim_v));
       return;

@@ -110,8 +110,9 @@ void neon_bf16::exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs
   }
 }
 
-void neon_bf16::exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys,
-                              float* o, int64_t dv_pad, int64_t columns) {
+void neon_bf16::exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pairs,
+                              const float* factors, int64_t keys, float* o, int64_t dv_pad,
+                              int64_t columns) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* p_row = p + r * kKeyBlock;
     for (int64_t c = 0; c < columns; c += 4) {
@@ -119,8 +120,12 @@ void neon_bf16::exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pa
       float32x4_t sum = vld1q_f32(o_columns);
       for (int64_t t = 0; 2 * t < keys; ++t) {
         const uint32x4_t words = vld1q_u32(v_pairs + t * dv_pad + c);
-        const float32x4_t even = vreinterpretq_f32_u32(vshlq_n_u32(words, 16));
-        const float32x4_t odd = vreinterpretq_f32_u32(vandq_u32(words, vdupq_n_u32(0xFFFF0000u)));
+        float32x4_t even = vreinterpretq_f32_u32(vshlq_n_u32(words, 16));
+        float32x4_t odd = vreinterpretq_f32_u32(vandq_u32(words, vdupq_n_u32(0xFFFF0000u)));
+        if (factors != nullptr) {
+          even = vmulq_n_f32(even, factors[2 * t]);
+          odd = vmulq_n_f32(odd, factors[2 * t + 1]);
+        }
         sum = vfmaq_n_f32(sum, even, p_row[2 * t]);
         sum = vfmaq_n_f32(sum, odd, p_row[2 * t + 1]);
       }

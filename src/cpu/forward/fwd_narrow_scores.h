@@ -24,7 +24,10 @@
 // V of a bf16 call that allows bf16 probabilities (FwdArgs::bf16_probabilities, on paths with
 // block_pv) is packed in the value-pairs format, in the f32 panel's V region (half of it): pair
 // row t (of 32) holds dv_pad 32-bit words, word c column c of keys 2t (low half) and 2t + 1 (high
-// half), zero past Dv and for a key past the block's last. NaN and infinite values are packed as
+// half), zero past Dv and for a key past the block's last. For an 8-bit cache the words hold the
+// stored values as bf16 (exact) and the 64 keys' V factors follow (value_pair_factors): the
+// kernels multiply each probability by its key's factor before rounding it; a block with a factor
+// outside [2^-60, 2^60] (but 0) keeps the f32 panel. NaN and infinite values are packed as
 // 0 (kBlockVNonfinite) and their products added in f32 from the source, for the rows that see
 // them only: a masked key's P = 0 times infinity would be NaN in the others, which this way keep
 // the bits they have without the value. A block whose V holds a subnormal keeps the f32 V panel
@@ -148,6 +151,15 @@ class NextPanelWindows {
 // Words of one block row's probabilities rounded to bf16 in key pairs (block_pv's tiles).
 constexpr int64_t kProbabilityPairWords = kKeyBlock / 2;
 
+// An 8-bit cache's V factors (descale times token scale) of a value-pairs panel's 64 keys: after
+// its 32 pair rows, in the half of the f32 V region they leave free.
+inline float* value_pair_factors(uint32_t* pairs, int64_t dv_pad) {
+  return reinterpret_cast<float*>(pairs + kKeyBlock / 2 * dv_pad);
+}
+inline const float* value_pair_factors(const uint32_t* pairs, int64_t dv_pad) {
+  return reinterpret_cast<const float*>(pairs + kKeyBlock / 2 * dv_pad);
+}
+
 // s[r * 64 + j] = q_r . k_j (raw, unscaled) for `rows` <= 64 query rows and keys
 // j < round_up(keys, 4) of one block in the pairs format, depth = round_up(D, 8). q: bf16 rows of
 // ldq >= depth elements, zero from D on. Prefetches the lines of `next` on the way.
@@ -156,17 +168,19 @@ constexpr int64_t kProbabilityPairWords = kKeyBlock / 2;
 // panel, head-dim elements in ascending order: the f32 path's bits, for a bf16 row unfit for
 // BFDOT. q_row: bf16, zero from D to 2 * pair_rows.
 //
-// block_pv (fwd_pv_bf16_dot_neon.cc): o[r][0, columns) += sum_j bf16(p[r][j]) v[j][0, columns)
+// block_pv (fwd_pv_bf16_dot_neon.cc): o[r][0, columns) += sum_j bf16(p[r][j] f_j) v[j][0, columns)
 // for `rows` <= 64 rows (p: rows of kKeyBlock floats; o: rows dv_pad floats apart; columns a
-// multiple of the path's vector, at most dv_pad), each probability rounded to bf16 to nearest
-// even, over the keys of one block of `keys` keys with V in the value-pairs format. row_keys (or
-// null): per row the key from which its probabilities are zero; each tile of rows stops at the
-// largest of its rows. p must be 0 from `keys` to the next even key, and the pairs panel's words
-// of that key 0.
+// multiple of the path's vector, at most dv_pad), each probability (times its key's V factor f_j
+// for an 8-bit cache: `factors`, value_pair_factors; null for bf16, f_j = 1) rounded to bf16 to
+// nearest even, over the keys of one block of `keys` keys with V in the value-pairs format.
+// row_keys (or null): per row the key from which its probabilities are zero; each tile of rows
+// stops at the largest of its rows. p must be 0 from `keys` to the next even key, and the pairs
+// panel's words of that key 0.
 //
-// exact_pair_pv: the same sums with f32 FMAs and p unrounded, keys in ascending order (the vector
-// path's bits), for every row over all `keys`: for blocks after one whose V held a subnormal, when
-// O may hold subnormals, which the dot products would flush.
+// exact_pair_pv: o[r] += sum_j p[r][j] (v_j f_j) with f32 FMAs, p unrounded and each value times
+// its factor rounded once, keys in ascending order (the vector path's bits), for every row over
+// all `keys`: for blocks after one whose V held a subnormal, when O may hold subnormals, which the
+// dot products would flush.
 //
 // AArch64 builds only.
 namespace neon_bf16 {
@@ -174,10 +188,10 @@ void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint32_t* 
                   int64_t depth, int64_t keys, NextPanelLines next, float* s);
 void exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
                        int64_t keys, float* s_row);
-void block_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys,
-              const int64_t* row_keys, float* o, int64_t dv_pad, int64_t columns);
-void exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys, float* o,
-                   int64_t dv_pad, int64_t columns);
+void block_pv(const float* p, int64_t rows, const uint32_t* v_pairs, const float* factors,
+              int64_t keys, const int64_t* row_keys, float* o, int64_t dv_pad, int64_t columns);
+void exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pairs, const float* factors,
+                   int64_t keys, float* o, int64_t dv_pad, int64_t columns);
 }  // namespace neon_bf16
 
 // The same four on VDPBF16PS and AVX-512 FMAs (fwd_scores_bf16_dot_avx512.cc,
@@ -188,10 +202,10 @@ void block_scores(const uint16_t* q, int64_t ldq, int64_t rows, const uint32_t* 
                   int64_t depth, int64_t keys, NextPanelLines next, float* s);
 void exact_pair_scores(const uint16_t* q_row, const uint32_t* k_pairs, int64_t pair_rows,
                        int64_t keys, float* s_row);
-void block_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys,
-              const int64_t* row_keys, float* o, int64_t dv_pad, int64_t columns);
-void exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys, float* o,
-                   int64_t dv_pad, int64_t columns);
+void block_pv(const float* p, int64_t rows, const uint32_t* v_pairs, const float* factors,
+              int64_t keys, const int64_t* row_keys, float* o, int64_t dv_pad, int64_t columns);
+void exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pairs, const float* factors,
+                   int64_t keys, float* o, int64_t dv_pad, int64_t columns);
 }  // namespace avx512_bf16
 
 // The same for f16: keys j < round_up(keys, 8) of one block in the f16 format; q: f16 rows.

@@ -31,11 +31,15 @@ constexpr int kPvColumnLanes = 16;
 constexpr int kPvTileRows = 4;
 constexpr int kPvTileVecs = 4;
 
-inline void round_probability_pairs(const float* p_row, uint32_t* pairs) {
+inline void round_probability_pairs(const float* p_row, const float* factors, uint32_t* pairs) {
   for (int64_t c = 0; c < kKeyBlock; c += 2 * kPvColumnLanes) {
-    const __m512bh rounded = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p_row + c + kPvColumnLanes),
-                                                 _mm512_loadu_ps(p_row + c));
-    _mm512_storeu_si512(pairs + c / 2, (__m512i)rounded);
+    __m512 low = _mm512_loadu_ps(p_row + c);
+    __m512 high = _mm512_loadu_ps(p_row + c + kPvColumnLanes);
+    if (factors != nullptr) {
+      low = _mm512_mul_ps(low, _mm512_loadu_ps(factors + c));
+      high = _mm512_mul_ps(high, _mm512_loadu_ps(factors + c + kPvColumnLanes));
+    }
+    _mm512_storeu_si512(pairs + c / 2, (__m512i)_mm512_cvtne2ps_pbh(high, low));
   }
 }
 
@@ -66,13 +70,13 @@ void pv_tile(const uint32_t* p_pairs, const uint32_t* v_pairs, int64_t ldv, int6
 
 }  // namespace
 
-void block_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys,
-              const int64_t* row_keys, float* o, int64_t dv_pad, int64_t columns) {
-  block_pv_of(p, rows, v_pairs, keys, row_keys, o, dv_pad, columns);
+void block_pv(const float* p, int64_t rows, const uint32_t* v_pairs, const float* factors,
+              int64_t keys, const int64_t* row_keys, float* o, int64_t dv_pad, int64_t columns) {
+  block_pv_of(p, rows, v_pairs, factors, keys, row_keys, o, dv_pad, columns);
 }
 
-void exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys, float* o,
-                   int64_t dv_pad, int64_t columns) {
+void exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pairs, const float* factors,
+                   int64_t keys, float* o, int64_t dv_pad, int64_t columns) {
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t r = 0; r < rows; ++r) {
     const float* p_row = p + r * kKeyBlock;
@@ -81,8 +85,12 @@ void exact_pair_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_
       __m512 sum = _mm512_loadu_ps(o_columns);
       for (int64_t t = 0; 2 * t < keys; ++t) {
         const __m512i words = _mm512_loadu_si512(v_pairs + t * dv_pad + c);
-        const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
-        const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(words, high_half));
+        __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
+        __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(words, high_half));
+        if (factors != nullptr) {
+          even = _mm512_mul_ps(even, _mm512_set1_ps(factors[2 * t]));
+          odd = _mm512_mul_ps(odd, _mm512_set1_ps(factors[2 * t + 1]));
+        }
         sum = _mm512_fmadd_ps(_mm512_set1_ps(p_row[2 * t]), even, sum);
         sum = _mm512_fmadd_ps(_mm512_set1_ps(p_row[2 * t + 1]), odd, sum);
       }

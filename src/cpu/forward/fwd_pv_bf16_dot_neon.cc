@@ -30,10 +30,15 @@ constexpr int kPvTileRows = 4;
 constexpr int kPvTileVecs = 4;
 constexpr int64_t kPairsPerVector = 4;
 
-inline void round_probability_pairs(const float* p_row, uint32_t* pairs) {
+inline void round_probability_pairs(const float* p_row, const float* factors, uint32_t* pairs) {
   for (int64_t c = 0; c < kKeyBlock; c += 8) {
-    const bfloat16x8_t rounded =
-        vcvtq_high_bf16_f32(vcvtq_low_bf16_f32(vld1q_f32(p_row + c)), vld1q_f32(p_row + c + 4));
+    float32x4_t low = vld1q_f32(p_row + c);
+    float32x4_t high = vld1q_f32(p_row + c + 4);
+    if (factors != nullptr) {
+      low = vmulq_f32(low, vld1q_f32(factors + c));
+      high = vmulq_f32(high, vld1q_f32(factors + c + 4));
+    }
+    const bfloat16x8_t rounded = vcvtq_high_bf16_f32(vcvtq_low_bf16_f32(low), high);
     vst1q_u32(pairs + c / 2, vreinterpretq_u32_bf16(rounded));
   }
 }
@@ -79,9 +84,9 @@ void pv_tile(const uint32_t* p_pairs, const uint32_t* v_pairs, int64_t ldv, int6
 
 }  // namespace
 
-void block_pv(const float* p, int64_t rows, const uint32_t* v_pairs, int64_t keys,
-              const int64_t* row_keys, float* o, int64_t dv_pad, int64_t columns) {
-  block_pv_of(p, rows, v_pairs, keys, row_keys, o, dv_pad, columns);
+void block_pv(const float* p, int64_t rows, const uint32_t* v_pairs, const float* factors,
+              int64_t keys, const int64_t* row_keys, float* o, int64_t dv_pad, int64_t columns) {
+  block_pv_of(p, rows, v_pairs, factors, keys, row_keys, o, dv_pad, columns);
 }
 
 }  // namespace anyattn::cpu::neon_bf16
