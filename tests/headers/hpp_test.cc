@@ -186,6 +186,7 @@ TEST(HppOptions, DefaultsEqualTheCInit) {
   EXPECT_EQ(p.dropout_p, c.dropout_p);
   EXPECT_EQ(p.num_splits, c.num_splits);
   EXPECT_EQ(p.isa, c.isa);
+  EXPECT_EQ(p.precision, c.precision);
 }
 
 TEST(HppOptions, FieldsMapOneToOne) {
@@ -199,6 +200,7 @@ TEST(HppOptions, FieldsMapOneToOne) {
   o.sinks = TensorView(sinks, {2});
   o.num_splits = 3;
   o.isa = anyattn::Isa::kPortable;
+  o.precision = anyattn::Precision::kFast;
   const anyattn_fwd_params p = o.to_c();
   EXPECT_EQ(p.softmax_scale, 0.125f);
   EXPECT_EQ(p.causal, 1);
@@ -211,6 +213,7 @@ TEST(HppOptions, FieldsMapOneToOne) {
   EXPECT_EQ(p.sinks->data, sinks);
   EXPECT_EQ(p.num_splits, 3);
   EXPECT_EQ(p.isa, ANYATTN_ISA_PORTABLE);
+  EXPECT_EQ(p.precision, ANYATTN_PRECISION_FAST);
 }
 
 TEST(HppOptions, ExplicitZeroScaleIsRejected) {

@@ -313,8 +313,10 @@ class NarrowScoreProducts {
       }
     }
   }
-  // O += P V: on the narrow kernel over value pairs where the block was packed so (in f32 from a
-  // block with a subnormal value on: O may hold subnormals then), else as on the vector path.
+  // O += P V: on the narrow kernel over value pairs where the block was packed so, else as on the
+  // vector path. From a block the value pairs could not take (kBlockSubnormal: a subnormal value,
+  // or an 8-bit factor out of range) on, O may hold subnormals: the task's later value-pairs
+  // blocks take the f32 products (exact_pair_pv).
   void pv(const FwdArgs& args, const SeqInfo& seq, const Mask& mask, const TaskRows& head_rows,
           int64_t j0, int64_t keys, bool crosses_boundary, uint8_t block_flags, float* p,
           const float* v, float* o, int64_t dv_pad) {
@@ -381,7 +383,7 @@ class NarrowScoreProducts {
   int64_t ldq_ = 0;
   bool unfit_row_[kMaxQBlockRows] = {};
 #if defined(ANYATTN_NARROW_BF16_PV)
-  bool o_may_hold_subnormals_ = false;  // from a block whose V held a subnormal on
+  bool o_may_hold_subnormals_ = false;  // from a block flagged kBlockSubnormal on
 #endif
   VectorProducts vector_;
 };
