@@ -110,7 +110,8 @@ def test_fast_precision_from_the_environment_keeps_the_2x_rule(monkeypatch, feat
     monkeypatch.setenv("ANYATTN_PRECISION", "fast")
     out, lse, _ = anyattn.flash_attn_func(q, k, v, alibi_slopes=alibi, sinks=sinks,
                                           return_attn_probs=True, **kwargs)
-    ref_kwargs = dict(causal=kwargs.get("causal", False), window=kwargs.get("window_size", (-1, -1)),
+    ref_kwargs = dict(causal=kwargs.get("causal", False),
+                      window=kwargs.get("window_size", (-1, -1)),
                       softcap=kwargs.get("softcap", 0.0), alibi=alibi_np, sinks=sinks_np)
     ref_out, ref_lse = attention_ref(q64, k64, v64, **ref_kwargs)
     naive_out, naive_lse = attention_ref(q64, k64, v64, dtype="bfloat16", **ref_kwargs)

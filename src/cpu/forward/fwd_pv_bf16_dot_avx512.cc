@@ -1,11 +1,12 @@
 // The packed forward's O += P V on VDPBF16PS for bf16 calls that allow bf16 probabilities
 // (ANYATTN_PRECISION_FAST; fwd_narrow_scores.h).
 //
-// Design (the tiling: fwd_narrow_pv_tiles-inl.h). V is packed in key pairs: word c of pair row t holds column c of keys 2t (low half) and
-// 2t + 1 (high half), dv_pad words per row, 32 rows per 64-key block (half the f32 panel's
-// bytes). A tile of R = 4 query rows first rounds its rows' probabilities to bf16 (to nearest
-// even; as 32-bit words they are the same key pairs), then keeps R x NV = 4 x 4 accumulators of O
-// (64 columns) in registers across the pair rows: per pair row it loads NV vectors of 16 columns'
+// Design (the tiling: fwd_narrow_pv_tiles-inl.h). V is packed in key pairs: word c of pair row t
+// holds column c of keys 2t (low half) and 2t + 1 (high half), dv_pad words per row, 32 rows per
+// 64-key block (half the f32 panel's bytes). A tile of R = 4 query rows first rounds its rows'
+// probabilities to bf16 (to nearest even, each times its key's V factor for an 8-bit cache; as
+// 32-bit words they are the same key pairs), then keeps R x NV = 4 x 4 accumulators of O (64
+// columns) in registers across the pair rows: per pair row it loads NV vectors of 16 columns'
 // pairs and broadcasts one probability pair per row, R * NV = 16 VDPBF16PS for NV + R = 8 loads,
 // 512 multiply-adds, twice what as many f32 FMAs do. O is loaded and stored once per tile and
 // block; the block's packed V (16 KiB at Dv = 128) stays in L1 while the row tiles pass over it.

@@ -2,14 +2,15 @@
 // (ANYATTN_PRECISION_FAST; fwd_narrow_scores.h).
 //
 // Design (the tiling: fwd_narrow_pv_tiles-inl.h). V is packed in key pairs (the avx512 kernel's
-// format): a vector of 4 words holds 4 columns' pairs. A tile of R = 4 query rows rounds its rows'
-// probabilities to bf16 (BFCVTN, to nearest even), then keeps R x NV = 4 x 4 accumulators of O
-// (16 columns) in registers: per step of 4 pair rows it loads one vector of 4 probability pairs per
-// row and, for each pair, NV vectors of V; BFDOT by element multiplies a V vector by one pair (a
-// lane of the row's vector) and adds both products into the 4 columns' sums: 4 * R * NV = 64
-// BFDOTs, 512 multiply-adds, for R + 4 * NV = 20 loads, where as many f32 FMLAs do 256. The block's
-// packed V (16 KiB at Dv = 128) stays in L1 while the row tiles pass over it; O is loaded and stored
-// once per tile and block.
+// format): a vector of 4 words holds 4 columns' pairs. A tile of R = 4 query rows rounds its
+// rows' probabilities to bf16 (BFCVTN, to nearest even; each times its key's V factor for an
+// 8-bit cache), then keeps R x NV = 4 x 4 accumulators of O (16 columns) in registers: per step
+// of 4 pair rows it loads one vector of 4 probability pairs per row and, for each pair, NV
+// vectors of V; BFDOT by element multiplies a V vector by one pair (a lane of the row's vector)
+// and adds both products into the 4 columns' sums: 4 * R * NV = 64 BFDOTs, 512 multiply-adds, for
+// R + 4 * NV = 20 loads, where as many f32 FMLAs do 256. The block's packed V (16 KiB at
+// Dv = 128) stays in L1 while the row tiles pass over it; O is loaded and stored once per tile
+// and block.
 //
 // This file alone is compiled with -march=armv8.2-a+bf16 (src/CMakeLists.txt) and is called only
 // where the CPU has FEAT_BF16.
