@@ -343,6 +343,40 @@ fn strided_views_in_place() {
     }
 }
 
+/// Dense q, k and v of `n` (batch 1) drawn from `seed` and rounded to bf16.
+fn bf16_inputs(n: Dims, seed: u64) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
+    let mut rng = Rng(seed);
+    let round = |x: Vec<f32>| -> Vec<bf16> { x.into_iter().map(bf16::from_f32).collect() };
+    (
+        round(rng.vec(n.sq * n.hq * n.d)),
+        round(rng.vec(n.sk * n.hk * n.d)),
+        round(rng.vec(n.sk * n.hk * n.dv)),
+    )
+}
+
+/// `fwd` of bf16 inputs of `n` (batch 1) with `opts`, and the f64 reference of the same values.
+fn bf16_forward(
+    n: Dims,
+    qkv: &(Vec<bf16>, Vec<bf16>, Vec<bf16>),
+    opts: &FwdOptions,
+    scale: f64,
+) -> (Vec<bf16>, Vec<f64>) {
+    let (q, k, v) = qkv;
+    let mut out = vec![bf16::ZERO; n.sq * n.hq * n.dv];
+    fwd(
+        &View::contiguous(q, &[1, n.sq, n.hq, n.d]).unwrap(),
+        &View::contiguous(k, &[1, n.sk, n.hk, n.d]).unwrap(),
+        &View::contiguous(v, &[1, n.sk, n.hk, n.dv]).unwrap(),
+        &mut ViewMut::contiguous(&mut out, &[1, n.sq, n.hq, n.dv]).unwrap(),
+        None,
+        opts,
+    )
+    .unwrap();
+    let f = |x: &[bf16]| -> Vec<f32> { x.iter().map(|y| y.to_f32()).collect() };
+    let (o64, _) = reference::<f64>(&f(q), &f(k), &f(v), n, &plain(scale));
+    (out, o64)
+}
+
 #[test]
 fn bf16_runs_and_matches_f32_inputs() {
     // bf16 inputs that are exactly representable: the result must match the f32 path on the same
@@ -356,25 +390,8 @@ fn bf16_runs_and_matches_f32_inputs() {
         d: 16,
         dv: 16,
     };
-    let mut rng = Rng(6);
-    let round = |x: Vec<f32>| -> Vec<bf16> { x.into_iter().map(bf16::from_f32).collect() };
-    let (q, k, v) = (
-        round(rng.vec(n.sq * n.hq * n.d)),
-        round(rng.vec(n.sk * n.hk * n.d)),
-        round(rng.vec(n.sk * n.hk * n.dv)),
-    );
-    let mut out = vec![bf16::ZERO; n.sq * n.hq * n.dv];
-    fwd(
-        &View::contiguous(&q, &[1, n.sq, n.hq, n.d]).unwrap(),
-        &View::contiguous(&k, &[1, n.sk, n.hk, n.d]).unwrap(),
-        &View::contiguous(&v, &[1, n.sk, n.hk, n.dv]).unwrap(),
-        &mut ViewMut::contiguous(&mut out, &[1, n.sq, n.hq, n.dv]).unwrap(),
-        None,
-        &FwdOptions::default(),
-    )
-    .unwrap();
-    let f = |x: &[bf16]| -> Vec<f32> { x.iter().map(|y| y.to_f32()).collect() };
-    let (o64, _) = reference::<f64>(&f(&q), &f(&k), &f(&v), n, &plain(0.25));
+    let qkv = bf16_inputs(n, 6);
+    let (out, o64) = bf16_forward(n, &qkv, &FwdOptions::default(), 0.25);
     for (i, (got, want)) in out.iter().zip(&o64).enumerate() {
         let err = (got.to_f64() - want).abs();
         // One bf16 rounding of a value below 1 in magnitude: at most 2^-9.
@@ -396,30 +413,14 @@ fn bf16_fast_precision_stays_within_two_bf16_roundings() {
         d: 64,
         dv: 64,
     };
-    let mut rng = Rng(11);
-    let round = |x: Vec<f32>| -> Vec<bf16> { x.into_iter().map(bf16::from_f32).collect() };
-    let (q, k, v) = (
-        round(rng.vec(n.sq * n.hq * n.d)),
-        round(rng.vec(n.sk * n.hk * n.d)),
-        round(rng.vec(n.sk * n.hk * n.dv)),
-    );
-    let f = |x: &[bf16]| -> Vec<f32> { x.iter().map(|y| y.to_f32()).collect() };
-    assert!(f(&v).iter().all(|x| x.abs() <= 1.0));
-    let (o64, _) = reference::<f64>(&f(&q), &f(&k), &f(&v), n, &plain(0.125));
+    let qkv = bf16_inputs(n, 11);
+    assert!(qkv.2.iter().all(|x| x.to_f32().abs() <= 1.0));
     for precision in [Precision::Fast, Precision::Accurate] {
-        let mut out = vec![bf16::ZERO; n.sq * n.hq * n.dv];
-        fwd(
-            &View::contiguous(&q, &[1, n.sq, n.hq, n.d]).unwrap(),
-            &View::contiguous(&k, &[1, n.sk, n.hk, n.d]).unwrap(),
-            &View::contiguous(&v, &[1, n.sk, n.hk, n.dv]).unwrap(),
-            &mut ViewMut::contiguous(&mut out, &[1, n.sq, n.hq, n.dv]).unwrap(),
-            None,
-            &FwdOptions {
-                precision,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let opts = FwdOptions {
+            precision,
+            ..Default::default()
+        };
+        let (out, o64) = bf16_forward(n, &qkv, &opts, 0.125);
         let bound = if precision == Precision::Fast { 2f64.powi(-8) } else { 2f64.powi(-9) };
         for (i, (got, want)) in out.iter().zip(&o64).enumerate() {
             let err = (got.to_f64() - want).abs();
