@@ -151,6 +151,7 @@ Case unfit_case(float softmax_scale) {
   c.dtype = ANYATTN_DTYPE_BF16;
   c.softmax_scale = softmax_scale;
   c.isa = bf16_dot_isa();
+  c.precision = ANYATTN_PRECISION_ACCURATE;  // the bits compared are P V's in f32
   return c;
 }
 
@@ -237,6 +238,9 @@ void check_backward_both_ways(anyattn_dtype dtype) {
       c.fwd.Dv = shape.dv;
       c.fwd.dtype = dtype;
       c.fwd.isa = narrow_isa(dtype);
+      // The backward's row sums read the forward's out: its accurate one, whatever the
+      // environment says.
+      c.fwd.precision = ANYATTN_PRECISION_ACCURATE;
       c.fwd.causal = variant == 1;
       c.fwd.window_left = variant == 2 ? 24 : -1;
       c.fwd.softcap = variant == 2 ? 5.0f : 0.0f;

@@ -973,10 +973,9 @@ inline void add_nonfinite_values(const FwdArgs& args, const SeqInfo& seq, const 
                    key_scale(args, seq, j0 + j, head_k, KvStream::kV), v_row);
     for (int64_t c = 0; c < args.head_dim_v; ++c) {
       if (std::isfinite(v_row[c])) continue;
-      const float value = v_row[c];
       for (int64_t r = 0; r < rows.count; ++r) {
         const KeyRange range = mask.row_keys_in_block(rows.position(r), j0, kKeyBlock);
-        if (j >= range.begin && j < range.end) o[r * dv_pad + c] += p[r * kKeyBlock + j] * value;
+        if (j >= range.begin && j < range.end) o[r * dv_pad + c] += p[r * kKeyBlock + j] * v_row[c];
       }
     }
   }

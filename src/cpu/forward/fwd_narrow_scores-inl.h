@@ -29,6 +29,26 @@
 
 namespace narrow_bf16 = ::anyattn::cpu::ANYATTN_NARROW_BF16_KERNELS;
 
+// Copies n elements from element `offset` of a bf16 or 8-bit cache `tensor` to `dst` as bf16 bits:
+// a bf16 cache's own, an 8-bit cache's values (exact; `codes` is kv8_bf16_codes of its dtype, null
+// for bf16). dst is written with memcpy only (see stage_narrow_key_rows).
+inline void copy_row_as_bf16(const void* tensor, const uint16_t* codes, int64_t offset, int64_t n,
+                             void* dst) {
+  if (codes == nullptr) {
+    std::memcpy(dst, static_cast<const uint16_t*>(tensor) + offset, n * 2);
+    return;
+  }
+  const uint8_t* stored = static_cast<const uint8_t*>(tensor) + offset;
+  uint16_t widened[kMaxHeadDim];
+  for (int64_t d = 0; d < n; ++d) widened[d] = codes[stored[d]];
+  std::memcpy(dst, widened, n * 2);
+}
+
+// The kv8_bf16_codes table of a call's cache, or null for a bf16 cache.
+inline const uint16_t* cache_bf16_codes(const FwdArgs& args) {
+  return is_kv8(args.kv_dtype) ? kv8_bf16_codes(args.kv_dtype) : nullptr;
+}
+
 // Copies the K rows of keys j0 + jj, jj < `present`, of kv head head_k into staging rows
 // `staged_row_bytes` apart as 16-bit values (a 16-bit cache's bits; an 8-bit cache's values as
 // bf16, kv8_bf16_codes), zero from D on; rows present .. slots - 1 are zero. Prefetches the rows
@@ -40,7 +60,7 @@ inline void stage_narrow_key_rows(const FwdArgs& args, const SeqInfo& seq, int64
   char* staged = reinterpret_cast<char*>(staging);
   const int64_t head_dim = args.head_dim;
   const int64_t row_bytes = head_dim * 2;
-  const uint16_t* codes = is_kv8(args.kv_dtype) ? kv8_bf16_codes(args.kv_dtype) : nullptr;
+  const uint16_t* codes = cache_bf16_codes(args);
   for (int64_t jj = 0; jj < slots; ++jj) {
     char* row = staged + jj * staged_row_bytes;
     prefetch_rows_ahead(args, seq, args.k, args.k_batch_stride, args.k_row_stride,
@@ -50,14 +70,7 @@ inline void stage_narrow_key_rows(const FwdArgs& args, const SeqInfo& seq, int64
     if (jj < present) {
       const int64_t offset = key_row_offset(args, seq, j0 + jj, head_k, args.k_batch_stride,
                                             args.k_row_stride, args.k_head_stride);
-      if (codes == nullptr) {
-        std::memcpy(row, static_cast<const uint16_t*>(args.k) + offset, row_bytes);
-      } else {
-        const uint8_t* stored = static_cast<const uint8_t*>(args.k) + offset;
-        uint16_t widened[kMaxHeadDim];
-        for (int64_t d = 0; d < head_dim; ++d) widened[d] = codes[stored[d]];
-        std::memcpy(row, widened, row_bytes);
-      }
+      copy_row_as_bf16(args.k, codes, offset, head_dim, row);
       copied = row_bytes;
     }
     std::memset(row + copied, 0, staged_row_bytes - copied);
@@ -137,29 +150,6 @@ inline uint32_t packed_value_bits(uint16_t bits) {
   return (bits & 0x7F80u) == 0x7F80u ? 0u : bits;
 }
 
-// Reads one V row as bf16 bits: a bf16 cache's own, an 8-bit cache's values as bf16 (exact,
-// kv8_bf16_codes).
-class ValueRowBits {
- public:
-  explicit ValueRowBits(const FwdArgs& args)
-      : codes_(is_kv8(args.kv_dtype) ? kv8_bf16_codes(args.kv_dtype) : nullptr),
-        row_bytes_(args.head_dim_v * element_size(args.kv_dtype)) {}
-  // Row `offset` (in elements) of `values` into bits[0, n).
-  void read(const void* values, int64_t offset, int64_t n, uint16_t* bits) const {
-    if (codes_ == nullptr) {
-      std::memcpy(bits, static_cast<const uint16_t*>(values) + offset, n * 2);
-      return;
-    }
-    const uint8_t* stored = static_cast<const uint8_t*>(values) + offset;
-    for (int64_t c = 0; c < n; ++c) bits[c] = codes_[stored[c]];
-  }
-  int64_t row_bytes() const { return row_bytes_; }
-
- private:
-  const uint16_t* codes_;
-  int64_t row_bytes_;
-};
-
 // V of the block's `keys` keys from j0 in the value-pairs format, at `pairs` (rows dv_pad words
 // apart), and for an 8-bit cache the keys' V factors at value_pair_factors (0 past `keys`).
 // Returns kBlockValuePairs, with kBlockVNonfinite if a value is a NaN or an infinity; or
@@ -170,7 +160,7 @@ inline uint8_t pack_value_pairs(const FwdArgs& args, const PackedLayout& layout,
                                 const SeqInfo& seq, int64_t head_k, int64_t j0, int64_t keys,
                                 uint32_t* pairs) {
   const int64_t head_dim_v = args.head_dim_v;
-  const ValueRowBits reader(args);
+  const uint16_t* codes = cache_bf16_codes(args);
   uint8_t flags = 0;
   uint16_t rows[2][kMaxHeadDimV];
   for (int64_t t = 0; 2 * t < keys; ++t) {
@@ -178,11 +168,12 @@ inline uint8_t pack_value_pairs(const FwdArgs& args, const PackedLayout& layout,
     for (int64_t half = 0; half < 1 + odd_key; ++half) {
       const int64_t key = j0 + 2 * t + half;
       prefetch_rows_ahead(args, seq, args.v, args.v_batch_stride, args.v_row_stride,
-                          args.v_head_stride, key, head_k, reader.row_bytes());
-      reader.read(args.v,
-                  key_row_offset(args, seq, key, head_k, args.v_batch_stride, args.v_row_stride,
-                                 args.v_head_stride),
-                  head_dim_v, rows[half]);
+                          args.v_head_stride, key, head_k,
+                          head_dim_v * element_size(args.kv_dtype));
+      copy_row_as_bf16(args.v, codes,
+                       key_row_offset(args, seq, key, head_k, args.v_batch_stride,
+                                      args.v_row_stride, args.v_head_stride),
+                       head_dim_v, rows[half]);
     }
     if (!odd_key) std::fill(rows[1], rows[1] + head_dim_v, uint16_t{0});
     uint32_t* row = pairs + t * layout.dv_pad;
