@@ -80,18 +80,31 @@ inline KeyRange chunk_blocks_seen(const Mask& mask, const BwdTask& task, int64_t
   return {(first - task.key_begin) / kBwdBlock, (last - task.key_begin) / kBwdBlock + 1};
 }
 
+// The operand copies a path's kernels pack for a call besides the f32 ones (BwdScratch): each
+// makes the scratch larger, so the path states them once (bwd_copies) and the plan sizes it.
+struct BwdCopies {
+  // The products on AMX tiles (bf16 calls on the avx512_amx path): bf16 copies of K, V, Q and
+  // dout in the tiles' formats.
+  bool bf16_tiles = false;
+  // S and dP on the path's 16-bit kernels (forward/fwd_narrow_scores.h): the Q and dout rows as
+  // 16-bit values (q16, dout16).
+  bool rows16 = false;
+  // dV, dK and dQ on the path's bf16 dot products from P Z and dX rounded to bf16 (bf16 calls
+  // that allow bf16 probabilities; backward/bwd_narrow_scores-inl.h): K, Q and dout in row pairs,
+  // a transposed tile and the key blocks' flags.
+  bool bf16_pairs = false;
+};
+
 struct BwdLayout {
   int64_t d_pad = 0;        // D rounded up to 16
   int64_t dv_pad = 0;       // Dv rounded up to 16
   int64_t head_splits = 1;  // query-head ranges per GQA group, at most the group size
   int64_t num_chunks = 1;   // key chunks per sequence (fewer when a sequence has fewer blocks)
   int64_t chunk_keys = 0;   // keys of the largest chunk, a multiple of 64
-  // The products on AMX tiles (bf16 calls on the avx512_amx path): the scratch then also holds
-  // bf16 copies of K, V, Q and dout in the tiles' formats (BwdScratch).
+  // The call's BwdCopies.
   bool bf16_tiles = false;
-  // S and dP on the neon path's 16-bit kernels (forward/fwd_narrow_scores.h): the scratch then
-  // also holds the Q and dout rows as 16-bit values (BwdScratch::q16, dout16).
   bool rows16 = false;
+  bool bf16_pairs = false;
 
   // 32-bit words (bf16 pairs) per row of D or Dv rounded up to the tiles' 32-element chunks.
   int64_t d_words() const { return (d_pad + 31) / 32 * 16; }
@@ -118,11 +131,17 @@ struct BwdLayout {
   // Floats of one dK/dV partial row.
   int64_t dkv_row_floats() const { return d_pad + dv_pad; }
 
+  int64_t rows16_floats() const { return kBwdBlock / 2 * (d_pad + dv_pad); }
+  int64_t pairs_floats() const {
+    return chunk_keys / 2 * d_pad + kBwdBlock / 2 * (d_pad + dv_pad) + kBwdBlock * kBwdBlock +
+           (chunk_keys / kBwdBlock + 63) / 64 * 16;
+  }
+
   // Floats of one thread's scratch (BwdScratch::carve).
   int64_t scratch_floats() const {
     return chunk_keys * (3 * d_pad + 2 * dv_pad) + kBwdBlock * (2 * d_pad + 2 * dv_pad) +
            3 * kBwdBlock * kBwdBlock + 2 * kBwdBlock + (bf16_tiles ? tile_floats() : 0) +
-           (rows16 ? kBwdBlock / 2 * (d_pad + dv_pad) : 0);
+           (rows16 ? rows16_floats() : 0) + (bf16_pairs ? pairs_floats() : 0);
   }
 };
 
@@ -150,6 +169,10 @@ struct BwdLayout {
 //   key_flags [chunk blocks] bytes   kKeySubnormal / kValueSubnormal per key block
 // With rows16, in 16-bit values: q16 [64][d_pad], dout16 [64][dv_pad], Q and dout rows as the
 // left operands of the 16-bit S and dP kernels (and kt, vt then hold 16-bit panels).
+// With bf16_pairs (and rows16), in 32-bit words of two bf16:
+//   k_pairs, q_pairs, dout_pairs   as with bf16_tiles: the right operands of dQ, dK and dV
+//   staging [64][64]   P Z or dX of a tile transposed (f32): the left operand of dV or dK
+//   key_flags [chunk blocks] bytes   whether the block's K holds a subnormal
 struct BwdScratch {
   float* kt = nullptr;
   float* k = nullptr;
@@ -214,10 +237,22 @@ struct BwdScratch {
       next += kBwdBlock * layout.staging_row_floats();
       s.key_flags = reinterpret_cast<uint8_t*>(next);
     }
+    if (layout.bf16_tiles) next = s.delta + kBwdBlock + layout.tile_floats();
     if (layout.rows16) {
-      float* rows16 = s.delta + kBwdBlock + (layout.bf16_tiles ? layout.tile_floats() : 0);
-      s.q16 = reinterpret_cast<uint16_t*>(rows16);
+      s.q16 = reinterpret_cast<uint16_t*>(next);
       s.dout16 = s.q16 + kBwdBlock * layout.d_pad;
+      next += layout.rows16_floats();
+    }
+    if (layout.bf16_pairs) {
+      s.k_pairs = reinterpret_cast<uint32_t*>(next);
+      next += layout.chunk_keys / 2 * layout.d_pad;
+      s.q_pairs = reinterpret_cast<uint32_t*>(next);
+      next += kBwdBlock / 2 * layout.d_pad;
+      s.dout_pairs = reinterpret_cast<uint32_t*>(next);
+      next += kBwdBlock / 2 * layout.dv_pad;
+      s.staging = next;
+      next += kBwdBlock * kBwdBlock;
+      s.key_flags = reinterpret_cast<uint8_t*>(next);
     }
     return s;
   }

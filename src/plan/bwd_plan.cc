@@ -8,6 +8,7 @@
 namespace anyattn::plan {
 namespace {
 
+using cpu::BwdCopies;
 using cpu::BwdLayout;
 using cpu::BwdSeq;
 using cpu::BwdTask;
@@ -58,8 +59,7 @@ int64_t task_cost(const cpu::FwdArgs& f, const BwdTask& task) {
 // 2 chunks times 8 head splits of 2 heads, not 16 chunks of one block (bench/MEASUREMENTS.md,
 // "Backward head splits").
 BwdLayout chunked_layout(const cpu::FwdArgs& f, const std::vector<BwdSeq>& seqs,
-                         int64_t total_rows, int64_t total_key_rows, bool bf16_tiles,
-                         bool rows16) {
+                         int64_t total_rows, int64_t total_key_rows, const BwdCopies& copies) {
   int64_t max_blocks = 0, pairs = 0;
   for (const BwdSeq& s : seqs) {
     max_blocks = std::max(max_blocks, key_blocks(s));
@@ -68,8 +68,9 @@ BwdLayout chunked_layout(const cpu::FwdArgs& f, const std::vector<BwdSeq>& seqs,
   BwdLayout layout;
   layout.d_pad = (f.head_dim + 15) / 16 * 16;
   layout.dv_pad = (f.head_dim_v + 15) / 16 * 16;
-  layout.bf16_tiles = bf16_tiles;
-  layout.rows16 = rows16;
+  layout.bf16_tiles = copies.bf16_tiles;
+  layout.rows16 = copies.rows16;
+  layout.bf16_pairs = copies.bf16_pairs;
   pairs = std::max<int64_t>(pairs, 1);
   const int64_t wanted_parts = ceil_div64(kWantedTasks, pairs);  // tasks wanted per pair
   // Chunks for `wanted` parts, at most `most` (at least 1), within kMaxChunks and the dq partial
@@ -111,7 +112,7 @@ void BwdPlan::bind_partials(float* dq_partials, float* dkv_partials) {
   }
 }
 
-BwdPlan make_bwd_plan(const cpu::BwdArgs& args, bool bf16_tiles, bool rows16) {
+BwdPlan make_bwd_plan(const cpu::BwdArgs& args, const BwdCopies& copies) {
   const cpu::FwdArgs& f = args.fwd;
   BwdPlan plan;
   plan.seqs.resize(static_cast<size_t>(f.batch));
@@ -121,7 +122,7 @@ BwdPlan make_bwd_plan(const cpu::BwdArgs& args, bool bf16_tiles, bool rows16) {
     plan.total_rows += plan.seqs[b].seq.seqlen_q * f.heads_q;
     total_key_rows += plan.seqs[b].seq.seqlen_k * f.heads_k;
   }
-  plan.layout = chunked_layout(f, plan.seqs, plan.total_rows, total_key_rows, bf16_tiles, rows16);
+  plan.layout = chunked_layout(f, plan.seqs, plan.total_rows, total_key_rows, copies);
   const BwdLayout& layout = plan.layout;
   plan.delta_floats = (plan.total_rows + 15) / 16 * 16;
   plan.chunk_stride = plan.total_rows * layout.d_pad;

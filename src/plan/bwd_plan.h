@@ -44,9 +44,8 @@ struct BwdPlan {
 };
 
 // The plan of a validated backward call with at least one sequence and one query head, and head
-// dims of at least 1. bf16_tiles: the kernel runs this call's products on AMX tiles; rows16: its S
-// and dP on the 16-bit kernels (BwdLayout; either makes the scratch larger).
-BwdPlan make_bwd_plan(const cpu::BwdArgs& args, bool bf16_tiles, bool rows16);
+// dims of at least 1, whose kernel packs `copies` of the operands (the path's bwd_copies).
+BwdPlan make_bwd_plan(const cpu::BwdArgs& args, const cpu::BwdCopies& copies);
 
 }  // namespace anyattn::plan
 

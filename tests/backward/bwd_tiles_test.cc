@@ -2,7 +2,8 @@
 // all five products on AMX tiles), run on every path the host supports: head dims around the
 // 32-element reduction chunks, query and key counts off the 16-row groups, 32-row chunks and
 // 64-key blocks, and subnormal Q, K, V or dout, which the tiles would flush (such blocks take the
-// f32 products).
+// f32 products). The subnormal cases run with ANYATTN_PRECISION_FAST too, whose bf16 dot products
+// of dV, dK and dQ (avx512, neon) and rounded tile products (avx512_amx) take the same fallbacks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -61,8 +62,10 @@ TEST(BwdTiles, HeadDimsAroundTheTileChunksMatchTheReference) {
 TEST(BwdTiles, SubnormalValuesOrOutputGradientsKeepDsExact) {
   const double subnormal = 1.5 * std::ldexp(1.0, -127);
   for (anyattn_isa isa : supported_isas()) {
-    for (bool subnormal_values : {true, false}) {
-      const BwdCase c = one_head_bf16(isa, 64, 64);
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool subnormal_values = variant % 2 == 0;
+      BwdCase c = one_head_bf16(isa, 64, 64);
+      c.fwd.precision = variant < 2 ? ANYATTN_PRECISION_ACCURATE : ANYATTN_PRECISION_FAST;
       SCOPED_TRACE(c.describe() + (subnormal_values ? ", subnormal V" : ", subnormal dout"));
       BwdProblem p(c);
       for (int64_t j = 0; j < c.fwd.Sk; ++j) {
@@ -99,8 +102,10 @@ TEST(BwdTiles, SubnormalRightOperandsKeepTheirGradients) {
   const double subnormal = 1.5 * std::ldexp(1.0, -127);
   enum class Which { kDout, kQuery, kKey };
   for (anyattn_isa isa : supported_isas()) {
-    for (Which which : {Which::kDout, Which::kQuery, Which::kKey}) {
-      const BwdCase c = one_head_bf16(isa, 64, 64);
+    for (int variant = 0; variant < 6; ++variant) {
+      const Which which = static_cast<Which>(variant % 3);
+      BwdCase c = one_head_bf16(isa, 64, 64);
+      c.fwd.precision = variant < 3 ? ANYATTN_PRECISION_ACCURATE : ANYATTN_PRECISION_FAST;
       const char* names[] = {"subnormal dout", "subnormal q", "subnormal k"};
       SCOPED_TRACE(c.describe() + ", " + names[static_cast<int>(which)]);
       BwdProblem p(c);
@@ -153,10 +158,12 @@ TEST(BwdTiles, SubnormalRightOperandsKeepTheirGradients) {
 // With o = out_i[i] (1/3 rounded to bf16, read back) and delta_i = o: dS_ii = P (1 - o) and
 // dS_ij = -P o (j != i), so dq_i[0] = scale sum_j dS_ij and dk_j[0] = scale sum_i dS_ij both
 // cancel to scale P (1 - 3 o) = -scale 2^-9 / 3, about 300 times smaller than the terms. The split
-// products keep it to f32 accuracy; dS rounded to bf16 alone would be off by about 50%.
+// products keep it to f32 accuracy; dS rounded to bf16 alone would be off by about 50%, as
+// ANYATTN_PRECISION_FAST allows (BwdPrecision.CancellingScoreGradientsFollowTheContract).
 TEST(BwdTiles, CancellingScoreGradientSumsStayAccurate) {
   for (anyattn_isa isa : supported_isas()) {
-    const BwdCase c = one_head_bf16(isa, 3, 3);
+    BwdCase c = one_head_bf16(isa, 3, 3);
+    c.fwd.precision = ANYATTN_PRECISION_ACCURATE;
     SCOPED_TRACE(c.describe());
     BwdProblem p(c);
     for (int64_t r = 0; r < 3; ++r) {

@@ -8,7 +8,9 @@
 // f32 and the sums are f32, as in the f32 micro-kernel (in another order). dV += (P Z)^T dout,
 // dK += dX^T Q and dQ += dX K take P Z and dX, computed in f32: their left operand is split into
 // bf16 hi + lo (amx_tiles-inl.h), |a - hi - lo| <= 2^-16 |a|, and both parts meet the same right
-// tiles, so these products too keep f32 accuracy, for twice the tile products.
+// tiles, so these products too keep f32 accuracy, for twice the tile products. Calls that allow
+// bf16 probabilities (FwdArgs::bf16_probabilities) round P Z and dX to bf16 instead (round_row)
+// and take the one product, as flash-attn's GPU backward does (docs/backward.md).
 //
 //   Key side, once per task (BwdScratch), from each 64-key block's f32 rows:
 //     k_words / v_words [words][64 keys]: K and V rows as bf16 pairs of dims (the high half of
@@ -92,39 +94,20 @@ inline void tile_products(int64_t head_dim, const uint32_t* a, int64_t rows, con
   score_block_tiles(head_dim, a, rows, keys, out, kTile * 4);
 }
 
-// dst[t][n] = bf16(rows[2t][n]) | bf16(rows[2t + 1][n]) << 16 for t < pairs and n < n_pad, rows
-// n_pad floats apart holding bf16 values exactly; rows at or past `count` read as zero.
-inline void pack_row_pairs(const float* rows, int64_t count, int64_t n_pad, int64_t pairs,
-                           uint32_t* dst) {
-  const __m512i zero = _mm512_setzero_si512();
-  for (int64_t t = 0; t < pairs; ++t) {
-    const float* even = rows + 2 * t * n_pad;
-    const float* odd = even + n_pad;
-    const bool has_even = 2 * t < count, has_odd = 2 * t + 1 < count;
-    for (int64_t n = 0; n < n_pad; n += 16) {
-      // The even row's high half moves to the low half; the odd row's high half stays.
-      const __m512i low = has_even ? _mm512_srli_epi32(_mm512_loadu_si512(even + n), 16) : zero;
-      const __m512i high = has_odd ? _mm512_loadu_si512(odd + n) : zero;
-      _mm512_storeu_si512(dst + t * n_pad + n,
-                          _mm512_mask_blend_epi16(static_cast<__mmask32>(0xAAAAAAAAu), low, high));
-    }
-  }
-}
-
 // The left operand of dV or dK from a tile's [rows][64] f32 values (P Z or dX; rows from `rows`
 // up to a multiple of 32 are zeroed in place): dst[j] = the split row of column j, [hi: 64 rows |
-// lo: 64 rows], kSplitRowBytes apart.
-inline void split_transposed(float* tile, int64_t rows, float* dst) {
+// lo: 64 rows] (parts = kSplitParts) or rounded (kRoundedParts), kSplitRowBytes apart.
+inline void split_transposed(float* tile, int64_t rows, int parts, float* dst) {
   zero_floats(tile + rows * kTile, ((rows + 31) / 32 * 32 - rows) * kTile);
   transpose_to_columns(tile, kTile, dst);
-  for (int64_t j = 0; j < kTile; ++j) split_row(dst + j * kTile, dst + j * kTile);
+  split_rows(dst, kTile, parts, dst);
 }
 
-// c[16 row_groups][cols] += A B over `chunks` 32-deep chunks: A split rows (kSplitRowBytes apart),
-// B pair rows of `cols` words (pack_row_pairs), c f32 rows `cols` floats apart; cols a multiple
-// of 16.
+// c[16 row_groups][cols] += A B over `chunks` 32-deep chunks: A split rows (kSplitRowBytes apart,
+// `parts` of each read), B pair rows of `cols` words (pack_row_pairs), c f32 rows `cols` floats
+// apart; cols a multiple of 16.
 inline void split_products(const void* a, int64_t row_groups, const uint32_t* b, int64_t cols,
-                           int64_t chunks, float* c) {
+                           int64_t chunks, int parts, float* c) {
   const RightTiles right{64, kTileRows * cols * 4, cols * 4};
   const int64_t column_groups = cols / 16;
   const char* a_bytes = static_cast<const char*>(a);
@@ -132,7 +115,7 @@ inline void split_products(const void* a, int64_t row_groups, const uint32_t* b,
   for (int64_t g = 0; g < row_groups; g += 2) {
     for (int64_t cg = 0; cg < column_groups; cg += 2) {
       const SplitStep step{a_bytes + g * kTileRows * kSplitRowBytes, b_bytes + cg * 64, chunks};
-      split_product_pass(g + 1 < row_groups, cg + 1 < column_groups, &step, 1, kSplitParts, right,
+      split_product_pass(g + 1 < row_groups, cg + 1 < column_groups, &step, 1, parts, right,
                          c + g * kTileRows * cols + cg * 16, cols * 4);
     }
   }
@@ -152,7 +135,8 @@ class TileProducts {
         d_pad_(layout.d_pad),
         dv_pad_(layout.dv_pad),
         d_words_(layout.d_words()),
-        dv_words_(layout.dv_words()) {}
+        dv_words_(layout.dv_words()),
+        parts_(f.bf16_probabilities ? kRoundedParts : kSplitParts) {}
 
   // K and V of key block kb as the right operands of S and dP (from s.k and s.rows), K as the
   // right operand of dQ, and the block's subnormal flags.
@@ -192,9 +176,9 @@ class TileProducts {
   // P Z split and transposed into staging: the left operand, dout pairs the right.
   void add_dv(int64_t kb, int64_t rows, int64_t keys) const {
     if (!dout_subnormal_) {
-      split_transposed(s_.s, rows, s_.staging);
+      split_transposed(s_.s, rows, parts_, s_.staging);
       split_products(s_.staging, (keys + 15) / 16, s_.dout_pairs, dv_pad_, (rows + 31) / 32,
-                     s_.dv + kb * kTile * dv_pad_);
+                     parts_, s_.dv + kb * kTile * dv_pad_);
     } else {
       vector_.add_dv(kb, rows, keys);
     }
@@ -202,8 +186,8 @@ class TileProducts {
   // dX split and transposed into staging: the left operand, Q pairs the right.
   void add_dk(int64_t kb, int64_t rows, int64_t keys) const {
     if (!q_subnormal_) {
-      split_transposed(s_.dp, rows, s_.staging);
-      split_products(s_.staging, (keys + 15) / 16, s_.q_pairs, d_pad_, (rows + 31) / 32,
+      split_transposed(s_.dp, rows, parts_, s_.staging);
+      split_products(s_.staging, (keys + 15) / 16, s_.q_pairs, d_pad_, (rows + 31) / 32, parts_,
                      s_.dk + kb * kTile * d_pad_);
     } else {
       vector_.add_dk(kb, rows, keys);
@@ -212,9 +196,9 @@ class TileProducts {
   // dX split in place (its rows become hi | lo): the left operand, K pairs the right.
   void add_dq(int64_t kb, int64_t rows, int64_t keys) const {
     if ((s_.key_flags[kb] & kKeySubnormal) == 0) {
-      split_rows(s_.dp, rows, kSplitParts, s_.dp);
+      split_rows(s_.dp, rows, parts_, s_.dp);
       split_products(s_.dp, (rows + 15) / 16, s_.k_pairs + kb * kTile / 2 * d_pad_, d_pad_,
-                     (keys + 31) / 32, s_.dq);
+                     (keys + 31) / 32, parts_, s_.dq);
     } else {
       vector_.add_dq(kb, rows, keys);
     }
@@ -224,6 +208,7 @@ class TileProducts {
   VectorProducts vector_;
   const BwdScratch& s_;
   int64_t head_dim_, head_dim_v_, d_pad_, dv_pad_, d_words_, dv_words_;
+  int parts_;  // of the split rows of P Z and dX (kRoundedParts: bf16 probabilities allowed)
   bool q_subnormal_ = true;
   bool dout_subnormal_ = true;
 };

@@ -20,8 +20,7 @@ namespace anyattn::cpu {
 #define ANYATTN_ISA(id, isa, arch, check, fwd_name, lanes, rows, keys, direct_rows,          \
                     bwd_name)                                                                \
   ANYATTN_IF_ARCH_##arch(namespace bwd_##id {                                                \
-    extern const bool kBf16Tiles;                                                            \
-    bool takes_rows16(const FwdArgs& f);                                                     \
+    BwdCopies bwd_copies(const FwdArgs& f);                                                  \
     void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta);            \
     void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,         \
                   const float* delta, float* scratch);                                       \
@@ -42,8 +41,7 @@ struct BwdKernel {
   decltype(&bwd_portable::bwd_task) bwd_task;
   decltype(&bwd_portable::reduce_dq) reduce_dq;
   decltype(&bwd_portable::reduce_dkv) reduce_dkv;
-  const bool* bf16_tiles;  // the products of bf16 calls on AMX tiles (BwdLayout::bf16_tiles)
-  decltype(&bwd_portable::takes_rows16) takes_rows16;  // S and dP on 16-bit kernels (rows16)
+  decltype(&bwd_portable::bwd_copies) bwd_copies;  // the operand copies it packs for a call
 };
 
 // Whether the CPU can run a path is the forward registry's answer for the same isa: both are
@@ -52,7 +50,7 @@ struct BwdKernel {
                     bwd_name)                                                               \
   ANYATTN_IF_ARCH_##arch(BwdKernel{isa, bwd_name, &bwd_##id::row_dots, &bwd_##id::bwd_task, \
                                    &bwd_##id::reduce_dq, &bwd_##id::reduce_dkv,             \
-                                   &bwd_##id::kBf16Tiles, &bwd_##id::takes_rows16}, )
+                                   &bwd_##id::bwd_copies}, )
 const BwdKernel kBwdKernels[] = {
 #include "cpu/isa_table.inc"
 };
@@ -118,8 +116,7 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
     return;
   }
   const BwdKernel* kernel = find_bwd_kernel(isa);
-  plan::BwdPlan plan = plan::make_bwd_plan(args, *kernel->bf16_tiles && f.dtype == DType::kBF16,
-                                           kernel->takes_rows16(f));
+  plan::BwdPlan plan = plan::make_bwd_plan(args, kernel->bwd_copies(f));
   const std::vector<BwdSeq>& seqs = plan.seqs;
 
   const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());

@@ -14,13 +14,15 @@
 //     ANYATTN_BWD_BF16_TILES      the products of bf16 calls on AMX tiles
 //                                 (amx/bwd_tiles_amx-inl.h)
 //     ANYATTN_BWD_NARROW_SCORES   S and dP of bf16 calls on pairwise dot products, and of f16
-//                                 calls on FMLAL with ANYATTN_NARROW_F16
-//                                 (backward/bwd_narrow_scores-inl.h)
-// Defines row_dots, bwd_task, reduce_dq, reduce_dkv, kBf16Tiles and takes_rows16 (registered by
+//                                 calls on FMLAL with ANYATTN_NARROW_F16, and with
+//                                 ANYATTN_NARROW_BF16_PV dV, dK and dQ of bf16 calls that allow
+//                                 bf16 probabilities (backward/bwd_narrow_scores-inl.h)
+// Defines row_dots, bwd_task, reduce_dq, reduce_dkv and bwd_copies (registered by
 // backward/bwd_driver.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "common/bwd_args.h"
@@ -31,8 +33,6 @@
 #include "plan/bwd_layout.h"
 
 #if defined(ANYATTN_BWD_NARROW_SCORES)
-#include <cstring>
-
 #include "cpu/decode/fwd_decode_bf16_dot.h"
 #include "cpu/forward/fwd_narrow_scores.h"
 #endif
@@ -73,23 +73,22 @@ inline void dropout_row_factors(PhiloxKey key, int64_t b, int64_t h, int64_t i, 
 #endif
 #include "cpu/backward/bwd_kernel-inl.h"
 
-// Whether bf16 calls run their products on AMX tiles (BwdLayout::bf16_tiles): the driver sizes the
-// scratch from it, so it is stated once, by the path's traits.
+// The operand copies this path packs for a call (BwdCopies): the driver sizes the scratch from
+// them and bwd_task follows the layout.
+BwdCopies bwd_copies(const FwdArgs& f) {
+  BwdCopies copies;
 #if defined(ANYATTN_BWD_BF16_TILES)
-extern const bool kBf16Tiles = true;
-#else
-extern const bool kBf16Tiles = false;
+  copies.bf16_tiles = f.dtype == DType::kBF16;
 #endif
-
-// Whether this call's S and dP run on the path's 16-bit kernels (BwdLayout::rows16): the driver
-// sizes the scratch from it and bwd_task follows the layout.
-bool takes_rows16(const FwdArgs& f) {
 #if defined(ANYATTN_BWD_NARROW_SCORES)
-  return narrow_scores_of(f) != NarrowScores::kNone;
-#else
-  (void)f;
-  return false;
+  const NarrowScores format = narrow_scores_of(f);
+  copies.rows16 = format != NarrowScores::kNone;
+#if defined(ANYATTN_NARROW_BF16_PV)
+  copies.bf16_pairs = takes_bf16_pairs(f, format);
 #endif
+#endif
+  (void)f;
+  return copies;
 }
 
 }  // namespace anyattn::cpu::ANYATTN_PATH_BWD_NAMESPACE

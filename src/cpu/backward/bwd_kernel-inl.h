@@ -178,13 +178,44 @@ inline void zero_floats(float* dst, int64_t n) {
   for (int64_t c = 0; c < n; c += kLanes) Vec::zero().store(dst + c);
 }
 
-// dst[c][r] = src[r][c] for a [kTile][cols] tile (cols a multiple of kLanes); dst stride kTile.
-inline void transpose_to_columns(const float* src, int64_t cols, float* dst) {
-  for (int64_t r = 0; r < kTile; r += kLanes) {
+// dst[c][r] = src[r][c] for rows r < `rows` of a [kTile][cols] tile (rows and cols multiples of
+// kLanes); dst stride kTile.
+inline void transpose_to_columns(const float* src, int64_t cols, float* dst,
+                                 int64_t rows = kTile) {
+  for (int64_t r = 0; r < rows; r += kLanes) {
     for (int64_t c = 0; c < cols; c += kLanes) {
       transpose_tile(src + r * cols + c, cols, dst + c * kTile + r, kTile);
     }
   }
+}
+
+// dst[t][n] = the bf16 bits of rows[2t][n] (low half) and rows[2t + 1][n] (high half) for
+// t < pairs and n < n_pad, from f32 rows n_pad floats apart that hold bf16 values exactly (the
+// rows of a bf16 call); rows at or past `count` read as zero. True when a value is subnormal.
+// The right operand of a product on bf16 pairs that sums over query rows (dK, dV: Q and dout) or
+// keys (dQ: K). Rows up to 2 * pairs must be addressable.
+inline bool pack_row_pairs(const float* rows, int64_t count, int64_t n_pad, int64_t pairs,
+                           uint32_t* dst) {
+  uint32_t subnormal = 0;
+  for (int64_t t = 0; t < pairs; ++t) {
+    const uint32_t even_mask = 2 * t < count ? 0xFFFF0000u : 0u;
+    const uint32_t odd_mask = 2 * t + 1 < count ? 0xFFFF0000u : 0u;
+    const float* even = rows + 2 * t * n_pad;
+    const float* odd = even + n_pad;
+    for (int64_t n = 0; n < n_pad; ++n) {
+      uint32_t low, high;
+      std::memcpy(&low, even + n, sizeof(low));
+      std::memcpy(&high, odd + n, sizeof(high));
+      low &= even_mask;
+      high &= odd_mask;
+      // A subnormal's magnitude bits (sign cleared) are 1 to 0x7F in the high half: one unsigned
+      // range test, without a branch, so that the loop vectorises.
+      subnormal |= static_cast<uint32_t>((low & 0x7FFF0000u) - 0x10000u < 0x7F0000u) |
+                   static_cast<uint32_t>((high & 0x7FFF0000u) - 0x10000u < 0x7F0000u);
+      dst[t * n_pad + n] = low >> 16 | high;
+    }
+  }
+  return subnormal != 0;
 }
 
 // Writes n values of src times `scale` as `dtype` to dst (rounded to nearest even). f16 is

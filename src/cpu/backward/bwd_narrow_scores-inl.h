@@ -20,8 +20,36 @@
 // dP are the FMA micro-kernel's bits. The other three products take P Z and dX, f32 results, and
 // stay on the FMA micro-kernel (VectorProducts): in 16-bit instructions they would need hi + lo
 // parts, two products where one FMA does the same work.
+//
+// bf16 calls that allow bf16 probabilities (FwdArgs::bf16_probabilities; takes_bf16_pairs) take
+// those three on the dot products too, with P Z and dX rounded to bf16 (to nearest even), as
+// flash-attn's GPU backward does (docs/backward.md). Each is the forward's P V kernel
+// (block_pv: C[m][0, n) += sum_t A[m][2t, 2t + 1] . B[t][0, n), A rounded in f32 rows of 64,
+// B in row pairs), from copies packed once:
+//   dQ [rows][d]  += dX K          A = dX as it is          B = K in key pairs (k_pairs, per key
+//                                                            block while the chunk is packed)
+//   dK [keys][d]  += dX^T Q        A = dX transposed         B = Q in row pairs (q_pairs)
+//   dV [keys][dv] += (P Z)^T dout  A = P Z transposed        B = dout in row pairs (dout_pairs)
+// The transposes (staging, 16 KiB) cost 2 x 64 x 64 moves per tile against 3 x 64 x 64 x 128
+// multiply-adds at D = Dv = 128; the query side's pairs are packed once per query block. The dot
+// products flush subnormals: a key block whose K holds one (key_flags) takes dQ on the FMA
+// micro-kernel, and a query block whose Q (dout) does, dK (dV). P Z is never subnormal (exp2
+// gives 0 or a normal number); a subnormal dX, or a product or sum below 2^-126, is flushed: an
+// absolute error under 2^-126 per term.
 
 namespace narrow_bf16 = ::anyattn::cpu::ANYATTN_NARROW_BF16_KERNELS;
+
+// Whether a call's dV, dK and dQ run on the bf16 dot products (BwdCopies::bf16_pairs): a bf16
+// call with S and dP on them (format kBf16Pairs) that allows bf16 probabilities.
+inline bool takes_bf16_pairs(const FwdArgs& f, NarrowScores format) {
+#if defined(ANYATTN_NARROW_BF16_PV)
+  return f.bf16_probabilities && format == NarrowScores::kBf16Pairs;
+#else
+  (void)f;
+  (void)format;
+  return false;
+#endif
+}
 
 class NarrowProducts {
  public:
@@ -29,23 +57,37 @@ class NarrowProducts {
       : vector_(f, layout, s),
         s_(s),
         format_(narrow_scores_of(f)),
+        pairs_(layout.bf16_pairs && takes_bf16_pairs(f, format_)),
         head_dim_(f.head_dim),
         head_dim_v_(f.head_dim_v),
         d_pad_(layout.d_pad),
         dv_pad_(layout.dv_pad) {}
 
   // After key block kb's K rows (s.k) and V rows (s.rows) are loaded and its f32 panels packed:
-  // the 16-bit panels over them.
+  // the 16-bit panels over them, and with pairs K in key pairs (the block's rows past its keys
+  // are zero).
   void pack_key_block(int64_t kb) {
-    pack_panel(s_.k + kb * kTile * d_pad_, d_pad_, head_dim_, s_.kt + kb * d_pad_ * kTile);
+    const float* k_rows = s_.k + kb * kTile * d_pad_;
+    pack_panel(k_rows, d_pad_, head_dim_, s_.kt + kb * d_pad_ * kTile);
     const bool subnormal = pack_panel(s_.rows, dv_pad_, head_dim_v_, s_.vt + kb * dv_pad_ * kTile);
     const uint32_t flag = subnormal ? 1u : 0u;
     std::memcpy(s_.vt + kb * dv_pad_ * kTile + panel_floats(head_dim_v_), &flag, sizeof(flag));
+    if (pairs_) {
+      s_.key_flags[kb] =
+          pack_row_pairs(k_rows, kTile, d_pad_, kTile / 2, s_.k_pairs + kb * kTile / 2 * d_pad_)
+              ? 1
+              : 0;
+    }
   }
-  // After a query block's Q and dout rows are loaded: their 16-bit copies.
+  // After a query block's Q and dout rows are loaded: their 16-bit copies, and with pairs Q and
+  // dout in row pairs (a last odd row paired with zeros).
   void pack_query_block(int64_t rows) {
     narrow_rows(s_.q, d_pad_, rows, s_.q16, q_unfit_);
     narrow_rows(s_.dout, dv_pad_, rows, s_.dout16, dout_unfit_);
+    if (pairs_) {
+      q_subnormal_ = pack_row_pairs(s_.q, rows, d_pad_, (rows + 1) / 2, s_.q_pairs);
+      dout_subnormal_ = pack_row_pairs(s_.dout, rows, dv_pad_, (rows + 1) / 2, s_.dout_pairs);
+    }
   }
   // S = Q K^T.
   void scores(int64_t kb, int64_t rows) const {
@@ -60,11 +102,50 @@ class NarrowProducts {
     block_products(s_.dout16, dv_pad_, rows, panel, head_dim_v_, dout_unfit_, subnormal != 0,
                    s_.dp);
   }
-  void add_dv(int64_t kb, int64_t rows, int64_t keys) const { vector_.add_dv(kb, rows, keys); }
-  void add_dk(int64_t kb, int64_t rows, int64_t keys) const { vector_.add_dk(kb, rows, keys); }
-  void add_dq(int64_t kb, int64_t rows, int64_t keys) const { vector_.add_dq(kb, rows, keys); }
+  // dV += (P Z)^T dout.
+  void add_dv(int64_t kb, int64_t rows, int64_t keys) const {
+    if (!pairs_ || dout_subnormal_) {
+      vector_.add_dv(kb, rows, keys);
+      return;
+    }
+    transposed_pair_products(s_.s, rows, keys, s_.dout_pairs, dv_pad_,
+                             s_.dv + kb * kTile * dv_pad_);
+  }
+  // dK += dX^T Q.
+  void add_dk(int64_t kb, int64_t rows, int64_t keys) const {
+    if (!pairs_ || q_subnormal_) {
+      vector_.add_dk(kb, rows, keys);
+      return;
+    }
+    transposed_pair_products(s_.dp, rows, keys, s_.q_pairs, d_pad_, s_.dk + kb * kTile * d_pad_);
+  }
+  // dQ += dX K. The tile's last product: with pairs it zeroes the column of dX past an odd key
+  // count, which the last key pair reads.
+  void add_dq(int64_t kb, int64_t rows, int64_t keys) const {
+    if (!pairs_ || s_.key_flags[kb] != 0) {
+      vector_.add_dq(kb, rows, keys);
+      return;
+    }
+    if (keys % 2 != 0) {
+      for (int64_t r = 0; r < rows; ++r) s_.dp[r * kTile + keys] = 0.f;
+    }
+    narrow_bf16::block_pv(s_.dp, rows, s_.k_pairs + kb * kTile / 2 * d_pad_, nullptr, keys,
+                          nullptr, s_.dq, d_pad_, d_pad_);
+  }
 
  private:
+  // c[j][0, cols) += sum_r bf16(tile[r][j]) b[r][0, cols) for the tile's keys j < `keys`, over its
+  // query rows r < `rows` (tile: P Z or dX, [64][64] f32; b: the rows in pairs, cols words each;
+  // c: f32 rows cols apart). The tile's rows from `rows` to the next multiple of the vector are
+  // zeroed first, so that a last odd row's pair reads a zero.
+  void transposed_pair_products(float* tile, int64_t rows, int64_t keys, const uint32_t* b,
+                                int64_t cols, float* c) const {
+    const int64_t rows_padded = (rows + kLanes - 1) / kLanes * kLanes;
+    zero_floats(tile + rows * kTile, (rows_padded - rows) * kTile);
+    transpose_to_columns(tile, kTile, s_.staging, rows_padded);
+    narrow_bf16::block_pv(s_.staging, keys, b, nullptr, rows, nullptr, c, cols, cols);
+  }
+
   // The 16-bit bits of a float that holds a bf16 (its high half) or an f16 value exactly.
   uint16_t narrow(float x) const {
     if (format_ == NarrowScores::kF16) return f32_to_f16(x);
@@ -149,9 +230,12 @@ class NarrowProducts {
   VectorProducts vector_;
   const BwdScratch& s_;
   NarrowScores format_;
+  bool pairs_;  // dV, dK and dQ on the dot products (takes_bf16_pairs)
   int64_t head_dim_, head_dim_v_, d_pad_, dv_pad_;
   bool q_unfit_[kTile] = {};
   bool dout_unfit_[kTile] = {};
+  bool q_subnormal_ = true;
+  bool dout_subnormal_ = true;
 };
 
 void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task, const float* delta,

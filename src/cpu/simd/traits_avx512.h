@@ -36,7 +36,8 @@
 #define ANYATTN_FWD_NARROW_SCORES 1
 #define ANYATTN_BWD_NARROW_SCORES 1
 #define ANYATTN_NARROW_BF16_KERNELS avx512_bf16
-// With them, the P V of bf16 calls that allow bf16 probabilities (ANYATTN_PRECISION_FAST).
+// With them, the P V of bf16 calls that allow bf16 probabilities (ANYATTN_PRECISION_FAST), and
+// the backward's dV, dK and dQ of such calls.
 #define ANYATTN_NARROW_BF16_PV 1
 
 // The backward's dropout factors in AVX-512 integer code.

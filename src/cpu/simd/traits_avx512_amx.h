@@ -26,8 +26,8 @@
 #undef ANYATTN_NARROW_BF16_KERNELS
 #undef ANYATTN_NARROW_BF16_PV
 
-// Backward: the five products of bf16 calls on AMX tiles (amx/bwd_tiles_amx-inl.h); the unit
-// tells the driver through bwd_avx512_amx::kBf16Tiles.
+// Backward: the five products of bf16 calls on AMX tiles (amx/bwd_tiles_amx-inl.h; the unit
+// tells the driver through bwd_avx512_amx::bwd_copies).
 #define ANYATTN_BWD_BF16_TILES 1
 
 #endif  // ANYATTN_CPU_SIMD_TRAITS_AVX512_AMX_H_

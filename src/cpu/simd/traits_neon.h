@@ -50,7 +50,8 @@
 #define ANYATTN_NARROW_BF16_KERNELS neon_bf16
 #define ANYATTN_NARROW_F16 1
 #define ANYATTN_BWD_NARROW_SCORES 1
-// With them, the P V of bf16 calls that allow bf16 probabilities (ANYATTN_PRECISION_FAST).
+// With them, the P V of bf16 calls that allow bf16 probabilities (ANYATTN_PRECISION_FAST), and
+// the backward's dV, dK and dQ of such calls.
 #define ANYATTN_NARROW_BF16_PV 1
 #endif
 

@@ -1,0 +1,147 @@
+// The backward's precision option (anyattn_fwd_params::precision; docs/backward.md, "Precision"):
+// with ANYATTN_PRECISION_FAST, bf16 calls may round P Z and dX to bf16 before dV, dK and dQ and
+// still follow the contract's rule on every path; f32 and f16 calls ignore it. The whole backward
+// suite also runs under ANYATTN_PRECISION=fast (ctest's bwd_precision.fast_suites), and the
+// BwdTiles subnormal cases check the fallbacks with it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backward/bwd_test_support.h"
+#include "reference/reference.h"
+
+namespace anyattn {
+namespace testing {
+namespace {
+
+struct Shape {
+  int64_t Sq, Sk, Hq, Hk, D, Dv;
+};
+
+// Query and key counts that end blocks on odd rows and keys and on partial vectors, several key
+// chunks and query blocks, GQA and MQA, Dv of one vector, of several, not a multiple of 16 and
+// below one vector, and the largest head dims.
+constexpr Shape kShapes[] = {
+    {64, 64, 2, 1, 64, 64},    {131, 129, 4, 2, 128, 128}, {70, 257, 8, 2, 96, 48},
+    {33, 77, 2, 2, 40, 16},    {63, 95, 2, 1, 32, 8},      {17, 200, 4, 1, 256, 200},
+    {20, 129, 2, 1, 576, 512}, {5, 3, 1, 1, 16, 24},
+};
+
+std::vector<BwdCase> fast_cases() {
+  std::vector<BwdCase> cases;
+  int n = 0;
+  for (anyattn_isa isa : supported_isas()) {
+    for (const Shape& shape : kShapes) {
+      for (int options = 0; options < 5; ++options) {
+        BwdCase b;
+        Case& c = b.fwd;
+        c.isa = isa;
+        c.dtype = ANYATTN_DTYPE_BF16;
+        c.precision = ANYATTN_PRECISION_FAST;
+        c.Sq = shape.Sq;
+        c.Sk = shape.Sk;
+        c.Hq = shape.Hq;
+        c.Hk = shape.Hk;
+        c.D = shape.D;
+        c.Dv = shape.Dv;
+        c.B = options == 4 ? 2 : 1;
+        c.causal = options == 1;
+        if (options == 2) {
+          c.window_left = 40;
+          c.window_right = 3;
+          c.alibi = Alibi::kPerHead;
+          b.dropout_p = 0.25f;
+        }
+        if (options == 3) {
+          c.softcap = 5.f;
+          c.sinks = true;
+        }
+        c.layout = options == 4 ? Layout::kTransposedBatch : Layout::kContiguous;
+        b.padded_grads = options == 4;
+        c.seed = static_cast<uint64_t>(++n);
+        cases.push_back(b);
+      }
+    }
+  }
+  return cases;
+}
+
+TEST(BwdPrecision, FastBf16GradientsFollowTheContract) {
+  for (const BwdCase& c : fast_cases()) EXPECT_TRUE(run_and_check_bwd(c));
+}
+
+// f32 and f16 calls compute as accurate whatever the option says: the same bits.
+TEST(BwdPrecision, F32AndF16CallsIgnoreIt) {
+  for (anyattn_isa isa : supported_isas()) {
+    for (anyattn_dtype dtype : {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16}) {
+      BwdCase b;
+      Case& c = b.fwd;
+      c.isa = isa;
+      c.dtype = dtype;
+      c.Sq = 70;
+      c.Sk = 150;
+      c.Hq = 4;
+      c.Hk = 2;
+      c.D = c.Dv = 64;
+      c.causal = true;
+      c.precision = ANYATTN_PRECISION_ACCURATE;
+      SCOPED_TRACE(b.describe());
+      BwdProblem p(b);
+      ASSERT_EQ(p.prepare_forward(), ANYATTN_OK) << anyattn_last_error();
+      ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+      const std::vector<unsigned char> accurate = p.gradient_bytes();
+      p.fwd.params.precision = ANYATTN_PRECISION_FAST;
+      ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+      EXPECT_TRUE(p.gradient_bytes() == accurate);
+    }
+  }
+}
+
+// The case of BwdTiles.CancellingScoreGradientSumsStayAccurate: P = 1/3 over 3 keys, dS_ii =
+// P (1 - o) and dS_ij = -P o with o = out_i[i], so that dq_i[0] = scale sum_j dS_ij and dk_j[0]
+// cancel to about 1/300 of their terms. FAST rounds each dS to bf16, as the naive bf16 backward
+// does: the result may move by 2^-9 of each term, scale (1 + o) / 3 2^-9 in all (about half of
+// the result here), plus the rounding of the bf16 output; no more.
+TEST(BwdPrecision, CancellingScoreGradientsMoveByTheRoundingOfTheirTerms) {
+  for (anyattn_isa isa : supported_isas()) {
+    BwdCase b;
+    Case& c = b.fwd;
+    c.isa = isa;
+    c.dtype = ANYATTN_DTYPE_BF16;
+    c.precision = ANYATTN_PRECISION_ACCURATE;
+    c.Sq = c.Sk = 3;
+    c.D = c.Dv = 32;
+    SCOPED_TRACE(b.describe());
+    BwdProblem p(b);
+    for (int64_t r = 0; r < 3; ++r) {
+      for (int64_t d = 0; d < c.D; ++d) {
+        const int64_t index[4] = {0, r, 0, d};
+        store(p.fwd.q, index, d == 0 ? 1.0 : 0.0);
+        store(p.fwd.k, index, d == 0 ? 1.0 : 0.0);
+        store(p.fwd.v, index, d == r ? 1.0 : 0.0);
+        store(p.dout, index, d == r ? 1.0 : 0.0);
+      }
+    }
+    ASSERT_EQ(p.prepare_forward(), ANYATTN_OK) << anyattn_last_error();
+    ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+    const Gradients accurate = p.gradients();
+    p.fwd.params.precision = ANYATTN_PRECISION_FAST;
+    ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+    const Gradients fast = p.gradients();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    for (int64_t r = 0; r < 3; ++r) {
+      const int64_t diagonal[4] = {0, r, 0, r};
+      const double o = reference::load(p.fwd.out, diagonal);
+      const size_t first = static_cast<size_t>(r * c.D);
+      const double output_rounding = std::ldexp(std::abs(accurate.dq[first]), -8);
+      const double bound = scale * (1.0 + o) / 3.0 * std::ldexp(1.0, -9) + output_rounding;
+      EXPECT_NEAR(fast.dq[first], accurate.dq[first], bound) << "dq row " << r;
+      EXPECT_NEAR(fast.dk[first], accurate.dk[first], bound) << "dk row " << r;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace anyattn
