@@ -1,10 +1,10 @@
 // libFuzzer harness for anyattn_bwd: random small shapes, dtypes, strides (padded, permuted, zero,
 // negative) for every one of the nine tensors, GQA ratios, masks, softcap, ALiBi, sinks (with
 // dsinks), dropout, ISA paths and thread counts; hostile values (NaN and subnormals in q, k, v or
-// dout; NaN or infinite LSE entries) and hostile parameters, with and without bwd_own_forward;
-// misuse the validation must reject
-// (null data, a gradient overlapping an input or another gradient, a missing LSE, dsinks without
-// sinks or sinks without dsinks, bad ranks, negative sizes).
+// dout; NaN or infinite LSE entries) and hostile parameters, with and without bwd_own_forward,
+// in each precision; misuse the validation must reject (null data, a gradient overlapping an
+// input or another gradient, a missing LSE, dsinks without sinks or sinks without dsinks, bad
+// ranks, negative sizes).
 //
 // out and lse are the f64 reference's forward (with dropout), rounded into their tensors, so the
 // backward is checked on its own, not through anyattn_fwd; the expected gradients are the
@@ -178,6 +178,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   // (then out holds one row's values for another). The expected gradients, those for the out
   // handed over, differ from the flag's by about those roundings, inside check_gradient's bound.
   params.bwd_own_forward = data.ConsumeBool() && !out.aliases_elements() ? 1 : 0;
+  // Default, accurate or fast: a fast bf16 call rounds P Z and dS to bf16 for dV, dK and dQ, at
+  // most 2^-9 of each term, inside check_gradient's bf16 bound.
+  params.precision = data.ConsumeIntegralInRange<int>(0, 2);
   const anyattn_fuzz::Snapshot dq_before(&dq), dk_before(&dk), dv_before(&dv),
       dsinks_before(&dsinks), q_before(&q), out_before(&out), lse_before(&lse);
   const anyattn_status status = anyattn_bwd(&dout.t, q_arg, &k.t, &v.t, &out.t, lse_arg, dq_arg,
@@ -199,7 +202,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     std::fprintf(stderr, "  scale %g softcap %g window (%d, %d) dropout %g isa %d causal %d",
                  params.softmax_scale, params.softcap, params.window_left, params.window_right,
                  params.dropout_p, params.isa, params.causal);
-    std::fprintf(stderr, " own_forward %d\n", params.bwd_own_forward);
+    std::fprintf(stderr, " own_forward %d precision %d\n", params.bwd_own_forward,
+                 params.precision);
     std::fprintf(stderr, "  alibi %d sinks %d poisoned %d\n", params.alibi_slopes != nullptr,
                  params.sinks != nullptr, poisoned);
   };

@@ -213,19 +213,21 @@ ANYATTN_API void anyattn_set_host_parallel(anyattn_host_parallel_fn parallel);
 /* Forward attention                                                                              */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* How a forward call multiplies the probabilities P by V (anyattn_fwd_params::precision). */
+/* How a forward call multiplies the probabilities P by V, and a backward call its gradient
+ * products (anyattn_fwd_params::precision). */
 typedef enum anyattn_precision {
   /* ANYATTN_PRECISION_ACCURATE, or ANYATTN_PRECISION_FAST where the environment variable
    * ANYATTN_PRECISION is "fast" ("accurate" or unset: accurate; any other value is an error). */
   ANYATTN_PRECISION_DEFAULT = 0,
-  /* P V at f32 accuracy on every path: P in f32 (on avx512_amx, split into two bf16 parts whose
-   * sum is within 2^-16 of it). */
+  /* P V, and the backward's products, at f32 accuracy on every path: P (and P Z, dS) in f32 (on
+   * avx512_amx, split into two bf16 parts whose sum is within 2^-16 of it). */
   ANYATTN_PRECISION_ACCURATE = 1,
   /* bf16 calls may round each probability once to bf16 (to nearest even) before P V, as
    * flash-attn's CUDA kernels do: a relative error of at most 2^-9 per term, the size of rounding
    * out to bf16, and still within the contract's rule (twice the error of a naive bf16 run, which
    * rounds both the scores and P). Paths with bf16 dot products run P V on them at twice the rate
-   * (docs/semantics.md, section 1); other paths, and f32 and f16 calls, compute as accurate. */
+   * (docs/semantics.md, section 1); other paths, and f32 and f16 calls, compute as accurate. The
+   * backward's bf16 calls likewise may round P Z and dS before dV, dK and dQ. */
   ANYATTN_PRECISION_FAST = 2,
   /* Not a value: makes every non-negative int32 a valid value of this type. */
   ANYATTN_PRECISION_MAX_ENUM = 0x7fffffff
@@ -276,8 +278,9 @@ typedef struct anyattn_fwd_params {
    * as handed over, whatever they are; ring attention, for one, hands over merged results. */
   int32_t bwd_own_forward;
   /* An anyattn_precision value: ANYATTN_PRECISION_DEFAULT (the default), _ACCURATE or _FAST. The
-   * forward calls (dense, varlen, KV cache) read it; the backward computes the gradients of the
-   * accurate forward whatever it says. */
+   * forward calls (dense, varlen, KV cache) read it, and so does the backward: with FAST, bf16
+   * calls may round P Z and dS to bf16 before dV, dK and dQ, as flash-attn's GPU backward does
+   * (at most 2^-9 of each term; docs/backward.md, "Precision"). */
   int32_t precision;
 } anyattn_fwd_params;
 

@@ -128,6 +128,24 @@ def test_autograd_matches_float64_autograd_by_2x_rule(case, dtype):
     grads_2x(got, ref64, naive, dtype)
 
 
+FAST_CASES = [case for case in CASES if case[0] in ("plain", "gqa", "sinks", "d_ne_dv", "combined")]
+
+
+@pytest.mark.parametrize("case", FAST_CASES, ids=[case[0] for case in FAST_CASES])
+def test_fast_precision_autograd_keeps_the_2x_rule(monkeypatch, case):
+    """ANYATTN_PRECISION=fast, which the library reads at each call: the bf16 forward may round P
+    before P V and the backward P Z and dS before dV, dK and dQ (flash-attn's GPU kernels do), and
+    the gradients still meet the 2x rule."""
+    q, k, v, dout, sinks, alibi, opts, _, _, ref64, naive, tdtype = _case_data(case, "bfloat16")
+    ins = [leaf(x, tdtype) for x in (q, k, v)] + [
+        None if sinks is None else leaf(sinks, torch.float32)]
+    fn = lambda q_, k_, v_, s_: anyattn.flash_attn_func(  # noqa: E731
+        q_, k_, v_, sinks=s_, **_api_kwargs(opts, alibi))
+    monkeypatch.setenv("ANYATTN_PRECISION", "fast")
+    _, got = gradients(fn, ins, dout)
+    grads_2x(_named(got, sinks is not None), ref64, naive, "bfloat16")
+
+
 @pytest.mark.parametrize("own_forward", [True, False], ids=["own_forward", "as_handed_over"])
 @pytest.mark.parametrize("seed", range(4))
 def test_f32_backward_at_large_scores_meets_the_2x_rule(seed, own_forward):

@@ -102,18 +102,20 @@ pub fn num_threads() -> usize {
     unsafe { sys::anyattn_get_num_threads() }.max(1) as usize
 }
 
-/// How a forward call multiplies the probabilities by V (`anyattn_precision`).
+/// How a forward call multiplies the probabilities by V, and a backward call its gradient
+/// products (`anyattn_precision`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
     /// [`Precision::Accurate`], or [`Precision::Fast`] where the `ANYATTN_PRECISION` environment
     /// variable is "fast".
     #[default]
     Default,
-    /// P V at f32 accuracy on every path.
+    /// P V, and the backward's products, at f32 accuracy on every path.
     Accurate,
-    /// bf16 calls may round each probability to bf16 (to nearest even) before P V, as
-    /// flash-attn's CUDA kernels do; paths with bf16 dot products then run P V at twice the rate.
-    /// f32 and f16 calls compute as accurate.
+    /// bf16 calls may round each probability to bf16 (to nearest even) before P V, and the
+    /// backward P Z and dS before dV, dK and dQ, as flash-attn's CUDA kernels do; paths with bf16
+    /// dot products then run those products at twice the rate. f32 and f16 calls compute as
+    /// accurate.
     Fast,
 }
 

@@ -119,15 +119,12 @@ class NarrowProducts {
     }
     transposed_pair_products(s_.dp, rows, keys, s_.q_pairs, d_pad_, s_.dk + kb * kTile * d_pad_);
   }
-  // dQ += dX K. The tile's last product: with pairs it zeroes the column of dX past an odd key
-  // count, which the last key pair reads.
+  // dQ += dX K. A block of fewer than 64 keys ends the sequence, so tile_gradients zeroed dX past
+  // them (the column a last odd key's pair reads), and K's rows past them are zero.
   void add_dq(int64_t kb, int64_t rows, int64_t keys) const {
     if (!pairs_ || s_.key_flags[kb] != 0) {
       vector_.add_dq(kb, rows, keys);
       return;
-    }
-    if (keys % 2 != 0) {
-      for (int64_t r = 0; r < rows; ++r) s_.dp[r * kTile + keys] = 0.f;
     }
     narrow_bf16::block_pv(s_.dp, rows, s_.k_pairs + kb * kTile / 2 * d_pad_, nullptr, keys,
                           nullptr, s_.dq, d_pad_, d_pad_);
