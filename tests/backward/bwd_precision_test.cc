@@ -15,54 +15,16 @@ namespace anyattn {
 namespace testing {
 namespace {
 
-struct Shape {
-  int64_t Sq, Sk, Hq, Hk, D, Dv;
-};
-
-// Query and key counts that end blocks on odd rows and keys and on partial vectors, several key
-// chunks and query blocks, GQA and MQA, Dv of one vector, of several, not a multiple of 16 and
-// below one vector, and the largest head dims.
-constexpr Shape kShapes[] = {
-    {64, 64, 2, 1, 64, 64},    {131, 129, 4, 2, 128, 128}, {70, 257, 8, 2, 96, 48},
-    {33, 77, 2, 2, 40, 16},    {63, 95, 2, 1, 32, 8},      {17, 200, 4, 1, 256, 200},
-    {20, 129, 2, 1, 576, 512}, {5, 3, 1, 1, 16, 24},
-};
-
+// The forward's sweep (precision_sweep_cases) with dropout where it has a window and ALiBi, and
+// padded gradients where its inputs are transposed.
 std::vector<BwdCase> fast_cases() {
   std::vector<BwdCase> cases;
-  int n = 0;
-  for (anyattn_isa isa : supported_isas()) {
-    for (const Shape& shape : kShapes) {
-      for (int options = 0; options < 5; ++options) {
-        BwdCase b;
-        Case& c = b.fwd;
-        c.isa = isa;
-        c.dtype = ANYATTN_DTYPE_BF16;
-        c.precision = ANYATTN_PRECISION_FAST;
-        c.Sq = shape.Sq;
-        c.Sk = shape.Sk;
-        c.Hq = shape.Hq;
-        c.Hk = shape.Hk;
-        c.D = shape.D;
-        c.Dv = shape.Dv;
-        c.B = options == 4 ? 2 : 1;
-        c.causal = options == 1;
-        if (options == 2) {
-          c.window_left = 40;
-          c.window_right = 3;
-          c.alibi = Alibi::kPerHead;
-          b.dropout_p = 0.25f;
-        }
-        if (options == 3) {
-          c.softcap = 5.f;
-          c.sinks = true;
-        }
-        c.layout = options == 4 ? Layout::kTransposedBatch : Layout::kContiguous;
-        b.padded_grads = options == 4;
-        c.seed = static_cast<uint64_t>(++n);
-        cases.push_back(b);
-      }
-    }
+  for (const Case& c : precision_sweep_cases(ANYATTN_PRECISION_FAST)) {
+    BwdCase b;
+    b.fwd = c;
+    b.dropout_p = c.alibi != Alibi::kNone ? 0.25f : 0.f;
+    b.padded_grads = c.layout == Layout::kTransposedBatch;
+    cases.push_back(b);
   }
   return cases;
 }
@@ -107,31 +69,18 @@ TEST(BwdPrecision, F32AndF16CallsIgnoreIt) {
   }
 }
 
-// The case of BwdTiles.CancellingScoreGradientSumsStayAccurate: P = 1/3 over 3 keys, dS_ii =
-// P (1 - o) and dS_ij = -P o with o = out_i[i], so that dq_i[0] = scale sum_j dS_ij and dk_j[0]
-// cancel to about 1/300 of their terms. FAST rounds each dS to bf16, as the naive bf16 backward
-// does: the result may move by 2^-9 of each term, scale (1 + o) / 3 2^-9 in all (about half of
-// the result here), plus the rounding of the bf16 output; no more.
+// The case of BwdTiles.CancellingScoreGradientSumsStayAccurate (cancelling_score_gradients_case):
+// dS_ii = P (1 - o) and dS_ij = -P o with P = 1/3 and o = out_i[i], so that dq_i[0] = scale
+// sum_j dS_ij and dk_j[0] cancel to about 1/300 of their terms. FAST rounds each dS to bf16, as
+// the naive bf16 backward does: the result may move by 2^-9 of each term, scale (1 + o) / 3 2^-9
+// in all (about half of the result here), plus the rounding of the bf16 output; no more.
 TEST(BwdPrecision, CancellingScoreGradientsMoveByTheRoundingOfTheirTerms) {
   for (anyattn_isa isa : supported_isas()) {
-    BwdCase b;
-    Case& c = b.fwd;
-    c.isa = isa;
-    c.dtype = ANYATTN_DTYPE_BF16;
-    c.precision = ANYATTN_PRECISION_ACCURATE;
-    c.Sq = c.Sk = 3;
-    c.D = c.Dv = 32;
+    const BwdCase b = cancelling_score_gradients_case(isa, ANYATTN_PRECISION_ACCURATE);
+    const Case& c = b.fwd;
     SCOPED_TRACE(b.describe());
     BwdProblem p(b);
-    for (int64_t r = 0; r < 3; ++r) {
-      for (int64_t d = 0; d < c.D; ++d) {
-        const int64_t index[4] = {0, r, 0, d};
-        store(p.fwd.q, index, d == 0 ? 1.0 : 0.0);
-        store(p.fwd.k, index, d == 0 ? 1.0 : 0.0);
-        store(p.fwd.v, index, d == r ? 1.0 : 0.0);
-        store(p.dout, index, d == r ? 1.0 : 0.0);
-      }
-    }
+    store_cancelling_score_gradients(p);
     ASSERT_EQ(p.prepare_forward(), ANYATTN_OK) << anyattn_last_error();
     ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
     const Gradients accurate = p.gradients();

@@ -391,6 +391,29 @@ Gradients BwdProblem::naive_same_dtype() const {
   return r;
 }
 
+BwdCase cancelling_score_gradients_case(anyattn_isa isa, anyattn_precision precision) {
+  BwdCase c;
+  c.fwd.isa = isa;
+  c.fwd.precision = precision;
+  c.fwd.dtype = ANYATTN_DTYPE_BF16;
+  c.fwd.Sq = c.fwd.Sk = 3;
+  c.fwd.D = c.fwd.Dv = 32;
+  return c;
+}
+
+void store_cancelling_score_gradients(const BwdProblem& p) {
+  const Case& c = p.spec().fwd;
+  for (int64_t r = 0; r < c.Sq; ++r) {
+    for (int64_t d = 0; d < c.D; ++d) {
+      const int64_t index[4] = {0, r, 0, d};
+      store(p.fwd.q, index, d == 0 ? 1.0 : 0.0);
+      store(p.fwd.k, index, d == 0 ? 1.0 : 0.0);
+      store(p.fwd.v, index, d == r ? 1.0 : 0.0);
+      store(p.dout, index, d == r ? 1.0 : 0.0);
+    }
+  }
+}
+
 ::testing::AssertionResult run_and_check_bwd(const BwdCase& c) {
   BwdProblem p(c);
   anyattn_status status = p.prepare_forward();

@@ -67,6 +67,13 @@ class BwdProblem {
   std::vector<unsigned char> dq_sentinel_, dk_sentinel_, dv_sentinel_;
 };
 
+// Scores all equal and cancelling score gradients: a bf16 problem (on `isa`, with `precision`) of
+// Sq = Sk = 3, Hq = Hk = 1, D = Dv = 32 with q_i = k_j = e_0, v_j = e_j and dout_i = e_i
+// (store_cancelling_score_gradients), so P = 1/3 and dq_i[0] = scale sum_j dS_ij and dk_j[0]
+// cancel to scale P (1 - 3 o), o = out_i[i], about 1/300 of their terms.
+BwdCase cancelling_score_gradients_case(anyattn_isa isa, anyattn_precision precision);
+void store_cancelling_score_gradients(const BwdProblem& p);
+
 // Runs c (forward, backward) and checks every gradient by the 2x rule and the padding.
 ::testing::AssertionResult run_and_check_bwd(const BwdCase& c);
 

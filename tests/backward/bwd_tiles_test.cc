@@ -154,27 +154,18 @@ TEST(BwdTiles, SubnormalRightOperandsKeepTheirGradients) {
   }
 }
 
-// Scores all equal (q_i = k_j = e_0), so P = 1/3 over Sk = 3 keys; v_j = e_j and dout_i = e_i.
-// With o = out_i[i] (1/3 rounded to bf16, read back) and delta_i = o: dS_ii = P (1 - o) and
-// dS_ij = -P o (j != i), so dq_i[0] = scale sum_j dS_ij and dk_j[0] = scale sum_i dS_ij both
-// cancel to scale P (1 - 3 o) = -scale 2^-9 / 3, about 300 times smaller than the terms. The split
-// products keep it to f32 accuracy; dS rounded to bf16 alone would be off by about 50%, as
-// ANYATTN_PRECISION_FAST allows (BwdPrecision.CancellingScoreGradientsFollowTheContract).
+// cancelling_score_gradients_case: P = 1/3 over Sk = 3 keys, and with o = out_i[i] (1/3 rounded
+// to bf16, read back) and delta_i = o, dS_ii = P (1 - o) and dS_ij = -P o (j != i), so dq_i[0] =
+// scale sum_j dS_ij and dk_j[0] = scale sum_i dS_ij both cancel to scale P (1 - 3 o) = -scale
+// 2^-9 / 3, about 300 times smaller than the terms. The split products keep it to f32 accuracy;
+// dS rounded to bf16 alone would be off by about 50%, as ANYATTN_PRECISION_FAST allows
+// (BwdPrecision.CancellingScoreGradientsMoveByTheRoundingOfTheirTerms).
 TEST(BwdTiles, CancellingScoreGradientSumsStayAccurate) {
   for (anyattn_isa isa : supported_isas()) {
-    BwdCase c = one_head_bf16(isa, 3, 3);
-    c.fwd.precision = ANYATTN_PRECISION_ACCURATE;
+    const BwdCase c = cancelling_score_gradients_case(isa, ANYATTN_PRECISION_ACCURATE);
     SCOPED_TRACE(c.describe());
     BwdProblem p(c);
-    for (int64_t r = 0; r < 3; ++r) {
-      for (int64_t d = 0; d < c.fwd.D; ++d) {
-        const int64_t index[4] = {0, r, 0, d};
-        store(p.fwd.q, index, d == 0 ? 1.0 : 0.0);
-        store(p.fwd.k, index, d == 0 ? 1.0 : 0.0);
-        store(p.fwd.v, index, d == r ? 1.0 : 0.0);
-        store(p.dout, index, d == r ? 1.0 : 0.0);
-      }
-    }
+    store_cancelling_score_gradients(p);
     ASSERT_EQ(p.prepare_forward(), ANYATTN_OK) << anyattn_last_error();
     ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
     const Gradients g = p.gradients();

@@ -702,6 +702,51 @@ std::vector<anyattn_isa> supported_isas() {
   return isas;
 }
 
+std::vector<Case> precision_sweep_cases(anyattn_precision precision) {
+  struct Shape {
+    int64_t Sq, Sk, Hq, Hk, D, Dv;
+  };
+  constexpr Shape kShapes[] = {
+      {64, 64, 2, 1, 64, 64},    {130, 131, 4, 2, 128, 128}, {70, 257, 8, 2, 96, 48},
+      {33, 77, 2, 2, 40, 16},    {40, 95, 2, 1, 32, 8},      {17, 200, 4, 1, 256, 200},
+      {20, 129, 2, 1, 576, 512}, {96, 96, 1, 1, 16, 24},
+  };
+  std::vector<Case> cases;
+  int n = 0;
+  for (anyattn_isa isa : supported_isas()) {
+    for (const Shape& shape : kShapes) {
+      for (int options = 0; options < 5; ++options) {
+        Case c;
+        c.isa = isa;
+        c.dtype = ANYATTN_DTYPE_BF16;
+        c.precision = precision;
+        c.Sq = shape.Sq;
+        c.Sk = shape.Sk;
+        c.Hq = shape.Hq;
+        c.Hk = shape.Hk;
+        c.D = shape.D;
+        c.Dv = shape.Dv;
+        c.B = options == 4 ? 2 : 1;
+        c.causal = options == 1;
+        if (options == 2) {
+          c.window_left = 40;
+          c.window_right = 3;
+          c.alibi = Alibi::kPerHead;
+        }
+        if (options == 3) {
+          c.softcap = 5.f;
+          c.sinks = true;
+          c.num_splits = 2;
+        }
+        c.layout = options == 4 ? Layout::kTransposedBatch : Layout::kContiguous;
+        c.seed = static_cast<uint64_t>(++n);
+        cases.push_back(c);
+      }
+    }
+  }
+  return cases;
+}
+
 Case cancelling_probabilities_case(anyattn_isa isa, anyattn_precision precision) {
   Case c;
   c.isa = isa;

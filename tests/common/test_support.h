@@ -144,6 +144,13 @@ std::vector<anyattn_isa> all_isas();
 // The ISA paths the host supports (always includes ANYATTN_ISA_PORTABLE).
 std::vector<anyattn_isa> supported_isas();
 
+// The bf16 cases the precision tests sweep (forward and backward) on every supported path, with
+// `precision`: query and key counts that end blocks on odd rows and keys and on partial vectors,
+// GQA and MQA, Dv of one vector, of several, not a multiple of 16 and below one vector, and the
+// largest head dims; each shape plain, causal, with a window and ALiBi, with softcap, sinks and
+// two splits, and as two transposed batches.
+std::vector<Case> precision_sweep_cases(anyattn_precision precision);
+
 // Two keys whose probabilities nearly cancel: a bf16 problem (on `isa`, with `precision`) of 64
 // query rows q_i = e_0 against k_0 = 0 and k_1 = 2^-5 e_0, D = Dv = 32, so the scores are 0 and
 // s_1 = 2^-5 / sqrt(32); with v_0 = e_0 and v_1 = -e_0 (store_cancelling_probabilities),
