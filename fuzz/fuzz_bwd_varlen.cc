@@ -1,7 +1,7 @@
 // libFuzzer harness for anyattn_bwd_varlen: packed dout/q/k/v/out with random strides and dtypes,
 // random cu_seqlens (leading rows outside every sequence, empty sequences), optional seqused_k,
 // masks, softcap, ALiBi (shared or per sequence), sinks with dsinks, dropout, bwd_own_forward, ISA
-// paths and thread counts, NaN and subnormal values, corrupted sequence metadata
+// paths, precision and thread counts, NaN and subnormal values, corrupted sequence metadata
 // (fuzz_varlen_meta.h) and misuse the validation must reject (a missing LSE, dq aliasing q, dsinks
 // without sinks).
 //
@@ -174,6 +174,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   // (then out holds one row's values for another). The expected gradients, those for the out
   // handed over, differ from the flag's by about those roundings, inside check_gradient's bound.
   params.bwd_own_forward = data.ConsumeBool() && !out.aliases_elements() ? 1 : 0;
+  // Default, accurate or fast (P Z and dS rounded to bf16 for dV, dK and dQ of bf16 calls).
+  params.precision = data.ConsumeIntegralInRange<int>(0, 2);
   const anyattn_fuzz::Snapshot dq_before(&dq), dk_before(&dk), dv_before(&dv),
       dsinks_before(&dsinks), q_before(&q), out_before(&out), lse_before(&lse);
   const anyattn_status status = anyattn_bwd_varlen(
@@ -215,9 +217,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     std::fprintf(stderr, "  seqused %d:", meta.use_seqused);
     for (int32_t x : meta.used) std::fprintf(stderr, " %d", x);
     std::fprintf(stderr,
-                 "\n  causal %d window (%d, %d) softcap %g dropout %g isa %d alibi %d sinks %d\n",
+                 "\n  causal %d window (%d, %d) softcap %g dropout %g isa %d alibi %d sinks %d"
+                 " precision %d\n",
                  params.causal, params.window_left, params.window_right, params.softcap,
-                 params.dropout_p, params.isa, alibi_pick, params.sinks != nullptr);
+                 params.dropout_p, params.isa, alibi_pick, params.sinks != nullptr,
+                 params.precision);
   }
   using anyattn::reference::to_contiguous_f64;
   using anyattn_fuzz::check_gradient;

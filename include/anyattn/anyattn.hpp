@@ -390,11 +390,13 @@ enum class Isa : int32_t {
   kNeon = ANYATTN_ISA_NEON,             // AArch64 Advanced SIMD.
 };
 
-// How a forward call multiplies the probabilities by V (anyattn_precision in anyattn.h).
+// How a forward call multiplies the probabilities by V, and a backward call its gradient
+// products (anyattn_precision in anyattn.h).
 enum class Precision : int32_t {
   kDefault = ANYATTN_PRECISION_DEFAULT,    // kAccurate, or kFast if ANYATTN_PRECISION=fast.
-  kAccurate = ANYATTN_PRECISION_ACCURATE,  // P V at f32 accuracy on every path.
-  kFast = ANYATTN_PRECISION_FAST,          // bf16 calls may round P to bf16 before P V.
+  kAccurate = ANYATTN_PRECISION_ACCURATE,  // P V and the gradients at f32 accuracy on every path.
+  kFast = ANYATTN_PRECISION_FAST,  // bf16 calls may round P (P Z, dS) to bf16 before P V (dV,
+                                   // dK, dQ).
 };
 
 // True if this build contains `isa` and the running CPU can execute it.
@@ -465,8 +467,8 @@ struct FwdOptions {
   // inputs and options, so that f32 rows of at most 64 keys may be normalised from their own
   // scores (anyattn_fwd_params::bwd_own_forward). false uses out and lse as handed over.
   bool bwd_own_forward = false;
-  // Forward only: whether bf16 calls may round the probabilities to bf16 before P V
-  // (anyattn_fwd_params::precision).
+  // Whether bf16 calls may round the probabilities to bf16 before P V, and the backward P Z and
+  // dS before dV, dK and dQ (anyattn_fwd_params::precision).
   Precision precision = Precision::kDefault;
 
   // The equivalent C parameters. Its alibi_slopes and sinks pointers point into this object, so
