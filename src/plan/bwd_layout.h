@@ -131,6 +131,7 @@ struct BwdLayout {
   // Floats of one dK/dV partial row.
   int64_t dkv_row_floats() const { return d_pad + dv_pad; }
 
+  // Floats of the rows16 copies (q16, dout16) and of the bf16_pairs ones (BwdScratch).
   int64_t rows16_floats() const { return kBwdBlock / 2 * (d_pad + dv_pad); }
   int64_t pairs_floats() const {
     return chunk_keys / 2 * d_pad + kBwdBlock / 2 * (d_pad + dv_pad) + kBwdBlock * kBwdBlock +
