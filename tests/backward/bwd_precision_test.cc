@@ -47,16 +47,7 @@ TEST(BwdPrecision, F32AndF16CallsIgnoreIt) {
   for (anyattn_isa isa : supported_isas()) {
     for (anyattn_dtype dtype : {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16}) {
       BwdCase b;
-      Case& c = b.fwd;
-      c.isa = isa;
-      c.dtype = dtype;
-      c.Sq = 70;
-      c.Sk = 150;
-      c.Hq = 4;
-      c.Hk = 2;
-      c.D = c.Dv = 64;
-      c.causal = true;
-      c.precision = ANYATTN_PRECISION_ACCURATE;
+      b.fwd = precision_ignored_case(isa, dtype);
       SCOPED_TRACE(b.describe());
       BwdProblem p(b);
       ASSERT_EQ(p.prepare_forward(), ANYATTN_OK) << anyattn_last_error();

@@ -747,6 +747,20 @@ std::vector<Case> precision_sweep_cases(anyattn_precision precision) {
   return cases;
 }
 
+Case precision_ignored_case(anyattn_isa isa, anyattn_dtype dtype) {
+  Case c;
+  c.isa = isa;
+  c.dtype = dtype;
+  c.Sq = 70;
+  c.Sk = 150;
+  c.Hq = 4;
+  c.Hk = 2;
+  c.D = c.Dv = 64;
+  c.causal = true;
+  c.precision = ANYATTN_PRECISION_ACCURATE;
+  return c;
+}
+
 Case cancelling_probabilities_case(anyattn_isa isa, anyattn_precision precision) {
   Case c;
   c.isa = isa;

@@ -151,6 +151,10 @@ std::vector<anyattn_isa> supported_isas();
 // two splits, and as two transposed batches.
 std::vector<Case> precision_sweep_cases(anyattn_precision precision);
 
+// An f32 or f16 problem (on `isa`, with ANYATTN_PRECISION_ACCURATE) that the precision tests run
+// again with ANYATTN_PRECISION_FAST, which such calls ignore: causal, GQA, Sq 70, Sk 150, D 64.
+Case precision_ignored_case(anyattn_isa isa, anyattn_dtype dtype);
+
 // Two keys whose probabilities nearly cancel: a bf16 problem (on `isa`, with `precision`) of 64
 // query rows q_i = e_0 against k_0 = 0 and k_1 = 2^-5 e_0, D = Dv = 32, so the scores are 0 and
 // s_1 = 2^-5 / sqrt(32); with v_0 = e_0 and v_1 = -e_0 (store_cancelling_probabilities),

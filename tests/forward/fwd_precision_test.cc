@@ -25,16 +25,7 @@ TEST(FwdPrecision, FastBf16CallsFollowTheContract) {
 TEST(FwdPrecision, F32AndF16CallsIgnoreIt) {
   for (anyattn_isa isa : supported_isas()) {
     for (anyattn_dtype dtype : {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_F16}) {
-      Case c;
-      c.isa = isa;
-      c.dtype = dtype;
-      c.Sq = 70;
-      c.Sk = 150;
-      c.Hq = 4;
-      c.Hk = 2;
-      c.D = c.Dv = 64;
-      c.causal = true;
-      c.precision = ANYATTN_PRECISION_ACCURATE;
+      const Case c = precision_ignored_case(isa, dtype);
       SCOPED_TRACE(c.describe());
       Problem p(c);
       ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();

@@ -238,8 +238,8 @@ void check_backward_both_ways(anyattn_dtype dtype) {
       c.fwd.Dv = shape.dv;
       c.fwd.dtype = dtype;
       c.fwd.isa = narrow_isa(dtype);
-      // The backward's row sums read the forward's out: its accurate one, whatever the
-      // environment says.
+      // Accurate, whatever the environment says: the bits compared are the f32 products', in the
+      // backward and in the forward whose out its row sums read.
       c.fwd.precision = ANYATTN_PRECISION_ACCURATE;
       c.fwd.causal = variant == 1;
       c.fwd.window_left = variant == 2 ? 24 : -1;

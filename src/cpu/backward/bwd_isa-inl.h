@@ -83,9 +83,7 @@ BwdCopies bwd_copies(const FwdArgs& f) {
 #if defined(ANYATTN_BWD_NARROW_SCORES)
   const NarrowScores format = narrow_scores_of(f);
   copies.rows16 = format != NarrowScores::kNone;
-#if defined(ANYATTN_NARROW_BF16_PV)
   copies.bf16_pairs = takes_bf16_pairs(f, format);
-#endif
 #endif
   (void)f;
   return copies;

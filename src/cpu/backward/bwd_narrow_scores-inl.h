@@ -57,7 +57,7 @@ class NarrowProducts {
       : vector_(f, layout, s),
         s_(s),
         format_(narrow_scores_of(f)),
-        pairs_(layout.bf16_pairs && takes_bf16_pairs(f, format_)),
+        pairs_(layout.bf16_pairs),
         head_dim_(f.head_dim),
         head_dim_v_(f.head_dim_v),
         d_pad_(layout.d_pad),
@@ -237,7 +237,7 @@ class NarrowProducts {
   VectorProducts vector_;
   const BwdScratch& s_;
   NarrowScores format_;
-  bool pairs_;  // dV, dK and dQ on the dot products (takes_bf16_pairs)
+  bool pairs_;  // dV, dK and dQ on the dot products (BwdCopies::bf16_pairs)
   int64_t head_dim_, head_dim_v_, d_pad_, dv_pad_;
   bool q_unfit_[kTile] = {};
   bool dout_unfit_[kTile] = {};
