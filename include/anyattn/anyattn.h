@@ -271,11 +271,12 @@ typedef struct anyattn_fwd_params {
   int32_t isa;
   /* Backward only; the forward calls ignore it. Non-zero promises that the out and lse handed to
    * anyattn_bwd or anyattn_bwd_varlen are this library's forward results for exactly these q, k,
-   * v and params, as an autograd function that saved them has them. In f32 the backward then
-   * normalises each query row whose visible keys lie in one block of 64 from that row's own
-   * scores, and takes its delta as sum_j P_ij dP_ij rather than <dout_i, out_i>: that removes the
-   * rounding of lse and out from those rows (docs/backward.md). 0 (the default) uses out and lse
-   * as handed over, whatever they are; ring attention, for one, hands over merged results. */
+   * v and params, as an autograd function that saved them has them. The backward then normalises
+   * each query row whose visible keys lie in one block of 64 from that row's own scores, and
+   * takes its delta as sum_j P_ij dP_ij rather than <dout_i, out_i>: that removes the rounding of
+   * lse and out from those rows; in bf16 and f16 dsinks is likewise summed from every row's
+   * P_ij dP_ij instead of <dout_i, out_i> (docs/backward.md). 0 (the default) uses out and lse as
+   * handed over, whatever they are; ring attention, for one, hands over merged results. */
   int32_t bwd_own_forward;
   /* An anyattn_precision value: ANYATTN_PRECISION_DEFAULT (the default), _ACCURATE or _FAST. The
    * forward calls (dense, varlen, KV cache) read it, and so does the backward: with FAST, bf16

@@ -464,8 +464,9 @@ struct FwdOptions {
   // Forces an instruction-set path; one the CPU cannot run throws ANYATTN_E_UNSUPPORTED.
   Isa isa = Isa::kAuto;
   // Backward only: the out and lse handed to bwd() are this library's forward results for these
-  // inputs and options, so that f32 rows of at most 64 keys may be normalised from their own
-  // scores (anyattn_fwd_params::bwd_own_forward). false uses out and lse as handed over.
+  // inputs and options, so that rows of at most 64 keys may be normalised from their own scores
+  // and bf16/f16 dsinks summed without out's rounding (anyattn_fwd_params::bwd_own_forward).
+  // false uses out and lse as handed over.
   bool bwd_own_forward = false;
   // Whether bf16 calls may round the probabilities to bf16 before P V, and the backward P Z and
   // dS before dV, dK and dQ (anyattn_fwd_params::precision).

@@ -84,6 +84,20 @@ TEST(BwdDeterminism, BitwiseAcrossThreadCountsHeadSplits) {
   expect_bitwise_across_threads(c);
 }
 
+// With bwd_own_forward dsinks is summed from every task's terms (tile_gradients), in task order.
+TEST(BwdDeterminism, BitwiseAcrossThreadCountsOwnForward) {
+  BwdCase c;
+  c.fwd = determinism_case();
+  c.fwd.B = 1;
+  c.fwd.Hq = 6;
+  c.fwd.Hk = 1;
+  c.own_forward = true;
+  expect_bitwise_across_threads(c);
+  c.fwd.dtype = ANYATTN_DTYPE_BF16;
+  c.dropout_p = 0.2f;
+  expect_bitwise_across_threads(c);
+}
+
 TEST(BwdDeterminism, BitwiseAcrossThreadCountsWithDropout) {
   BwdCase c;
   c.fwd = determinism_case();

@@ -55,8 +55,9 @@ pub struct FwdOptions<'a> {
     pub isa: Isa,
     /// Backward only: `true` promises that the `out` and `lse` handed to [`bwd`] or
     /// [`bwd_varlen`] are this library's forward results for these inputs and options, so that
-    /// f32 rows whose keys lie in one block of 64 are normalised from their own scores (more
-    /// accurate; `anyattn_fwd_params::bwd_own_forward`). `false` uses them as handed over.
+    /// rows whose keys lie in one block of 64 are normalised from their own scores and bf16/f16
+    /// `dsinks` is summed without `out`'s rounding (more accurate;
+    /// `anyattn_fwd_params::bwd_own_forward`). `false` uses them as handed over.
     pub bwd_own_forward: bool,
     /// Forward only: whether bf16 calls may round the probabilities to bf16 before P V
     /// (`anyattn_fwd_params::precision`); the backward computes the accurate forward's gradients.

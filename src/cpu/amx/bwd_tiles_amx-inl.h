@@ -214,12 +214,12 @@ class TileProducts {
 };
 
 void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task, const float* delta,
-              float* scratch) {
+              double* sink_terms, float* scratch) {
   if (!layout.bf16_tiles) {
-    bwd_blocks<VectorProducts>(args, layout, task, delta, scratch);
+    bwd_blocks<VectorProducts>(args, layout, task, delta, sink_terms, scratch);
     return;
   }
   configure_tiles();
-  bwd_blocks<TileProducts>(args, layout, task, delta, scratch);
+  bwd_blocks<TileProducts>(args, layout, task, delta, sink_terms, scratch);
   _tile_release();
 }

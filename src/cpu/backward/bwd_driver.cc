@@ -23,7 +23,7 @@ namespace anyattn::cpu {
     BwdCopies bwd_copies(const FwdArgs& f);                                                  \
     void row_dots(const BwdArgs& args, const BwdSeq& s, int64_t h, float* delta);            \
     void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,         \
-                  const float* delta, float* scratch);                                       \
+                  const float* delta, double* sink_terms, float* scratch);                   \
     void reduce_dq(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, int64_t h, \
                    const float* partials, int64_t chunk_stride, int64_t chunks);             \
     void reduce_dkv(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s,           \
@@ -91,6 +91,23 @@ void zero_key_gradients(const BwdArgs& args, const runtime::PoolLease& lease, bo
   });
 }
 
+// sum_b sum_i exp(sink_h - lse_bhi) delta_bhi over the query rows of head h, or over those that
+// see no key (keyless_only), in a fixed order in f64: dsink_h is minus the sum over all rows.
+double sink_row_terms(const FwdArgs& f, const std::vector<BwdSeq>& seqs, const float* delta,
+                      int64_t h, bool keyless_only) {
+  const double sink = ScoreModifiers::of(f).sink(h);
+  double sum = 0.0;
+  for (const BwdSeq& s : seqs) {
+    const Mask mask(f, s.seq);
+    for (int64_t i = 0; i < s.seq.seqlen_q; ++i) {
+      if (keyless_only && !mask.visible_keys(i, i + 1).empty()) continue;
+      const double lse = f.lse[s.seq.lse_offset + h * f.lse_head_stride + i * f.lse_row_stride];
+      sum += std::exp(sink - lse) * delta[s.row_first + h * s.seq.seqlen_q + i];
+    }
+  }
+  return sum;
+}
+
 }  // namespace
 
 const char* bwd_kernel_name(anyattn_isa isa) {
@@ -119,6 +136,15 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
   plan::BwdPlan plan = plan::make_bwd_plan(args, kernel->bwd_copies(f));
   const std::vector<BwdSeq>& seqs = plan.seqs;
 
+  // dsinks: from delta = <dout, out>, or in bf16 and f16 calls of the own forward from the tiles
+  // (tile_gradients: one f64 term per task and query head of its group), where out's rounding
+  // would otherwise be the largest error of every term.
+  const bool sinks_from_tiles =
+      args.dsinks != nullptr && args.own_forward && f.dtype != DType::kF32;
+  const int64_t group = f.group_size();
+  std::vector<double> sink_terms(sinks_from_tiles ? plan.tasks.size() * group : 0, 0.0);
+  std::vector<double> sink_sums(sinks_from_tiles ? f.heads_q : 0, 0.0);
+
   const runtime::PoolLease lease = runtime::acquire_pool(runtime::get_num_threads());
   const int64_t scratch_floats = plan.layout.scratch_floats();
   runtime::AlignedBuffer<float> owned;
@@ -140,24 +166,34 @@ void run_bwd(const BwdArgs& args, anyattn_isa isa) {
     const int64_t h = t % f.heads_q;
     kernel->row_dots(args, s, h, delta + s.row_first + h * s.seq.seqlen_q);
   });
-  if (args.dsinks != nullptr) {
-    // dsink_h = -sum_b sum_i exp(sink_h - lse_bhi) delta_bhi, summed in a fixed order in f64.
+  if (args.dsinks != nullptr && !sinks_from_tiles) {
     lease.run_each(f.heads_q, [&](int64_t h, int) {
-      const double sink = ScoreModifiers::of(f).sink(h);
-      double sum = 0.0;
-      for (const BwdSeq& s : seqs) {
-        for (int64_t i = 0; i < s.seq.seqlen_q; ++i) {
-          const double lse = f.lse[s.seq.lse_offset + h * f.lse_head_stride + i * f.lse_row_stride];
-          sum += std::exp(sink - lse) * delta[s.row_first + h * s.seq.seqlen_q + i];
-        }
-      }
-      args.dsinks[h * args.dsinks_stride] = static_cast<float>(-sum);
+      args.dsinks[h * args.dsinks_stride] =
+          static_cast<float>(-sink_row_terms(f, seqs, delta, h, false));
     });
   }
   lease.run_each(static_cast<int64_t>(plan.tasks.size()), [&](int64_t t, int worker) {
     kernel->bwd_task(args, plan.layout, plan.tasks[static_cast<size_t>(t)], delta,
+                     sinks_from_tiles ? sink_terms.data() + t * group : nullptr,
                      scratch + worker * scratch_floats);
   });
+  if (sinks_from_tiles) {
+    // dsink_h = -(the terms of its rows that see no key, which no tile has, from delta as above,
+    // then its tasks' terms in task order): a fixed order in f64.
+    lease.run_each(f.heads_q, [&](int64_t h, int) {
+      sink_sums[static_cast<size_t>(h)] = sink_row_terms(f, seqs, delta, h, true);
+    });
+    for (size_t t = 0; t < plan.tasks.size(); ++t) {
+      const BwdTask& task = plan.tasks[t];
+      for (int64_t g = task.group_begin; g < task.group_end; ++g) {
+        sink_sums[static_cast<size_t>(task.head_k * group + g)] +=
+            sink_terms[t * static_cast<size_t>(group) + static_cast<size_t>(g)];
+      }
+    }
+    for (int64_t h = 0; h < f.heads_q; ++h) {
+      args.dsinks[h * args.dsinks_stride] = static_cast<float>(-sink_sums[static_cast<size_t>(h)]);
+    }
+  }
   // dq of sequences with several chunks (or none: no keys, so dq = 0).
   lease.run_each(f.batch * f.heads_q, [&](int64_t t, int) {
     const BwdSeq& s = seqs[t / f.heads_q];

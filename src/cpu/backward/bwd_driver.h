@@ -1,6 +1,7 @@
 // Runs a validated backward call (dense or varlen) on the CPU: allocates all workspace up front
 // (so an allocation failure leaves the gradients untouched), then runs on the thread pool:
-//   0. delta = rowsum(dout * out) per query row, and dsinks from it;
+//   0. delta = rowsum(dout * out) per query row, and dsinks from it (bf16 and f16 calls with
+//      own_forward: after phase 1, from the tiles' terms, tile_gradients);
 //   1. the fused pass, one task per (sequence, kv head, head split, key chunk): dK and dV of the
 //      chunk from the split's query heads and their dQ contributions (bwd_kernel-inl.h);
 //   2. dQ of sequences split into several key chunks, and dK and dV of calls with several head
@@ -11,7 +12,8 @@
 // BwdLayout::scratch_floats() (the packed key chunk and its accumulators plus 64-row tiles), with
 // several chunks num_chunks * total query rows * d_pad floats of dQ partials, and with several
 // head splits head_splits * total key rows * (d_pad + dv_pad) floats of dK/dV partials (each
-// bounded by 128 MiB). Nothing grows with Sq x Sk.
+// bounded by 128 MiB), and for dsinks from the tiles one double per task and query head of its
+// group. Nothing grows with Sq x Sk.
 #ifndef ANYATTN_CPU_BACKWARD_BWD_DRIVER_H_
 #define ANYATTN_CPU_BACKWARD_BWD_DRIVER_H_
 

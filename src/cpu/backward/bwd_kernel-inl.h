@@ -282,26 +282,37 @@ struct RowProbabilities {
 
 // One row of a tile, kTile columns (keys): s_row holds raw scores <q, k>, dp_row holds
 // <dout, v>. On return s_row holds P Z and dp_row holds dX (the gradient of the pre-softcap
-// score, unscaled). Columns outside [lo, hi) get 0 in both when `mask`. Each P is multiplied by
-// `normalise` (1, or the factor tile_row_sums found); delta is the row's sum_j P_ij Z_ij dP_ij;
-// z_row holds the dropout factors, read only with `dropout`.
-inline void tile_row_gradients(const RowProbabilities& probabilities, float normalise,
-                               bool dropout, float* s_row, float* dp_row, const float* z_row,
-                               float delta_row, bool mask, float lo, float hi) {
+// score, unscaled). Columns outside [lo, hi) get 0 in both when `mask`. Each P is divided by
+// `total` (1, or the sum short_row_delta found); delta is the row's sum_j P_ij Z_ij dP_ij;
+// z_row holds the dropout factors, read only with `dropout`. A non-null `products_row` (kLanes
+// floats) gets this tile's part of that sum added lane by lane, P_ij Z_ij dP_ij over the row's
+// visible columns. A non-null `p_row` holds the row's P already (short_row_delta's; read only
+// without softcap, whose derivative comes with P).
+inline void tile_row_gradients(const RowProbabilities& probabilities, const float* p_row,
+                               float total, bool dropout, float* s_row, float* dp_row,
+                               const float* z_row, float delta_row, bool mask, float lo, float hi,
+                               float* products_row) {
+  if (probabilities.m.softcap) p_row = nullptr;
   const Vec iota = Vec::iota();
   const Vec zero = Vec::zero();
   const Vec delta = Vec::broadcast(delta_row);
+  Vec products = zero;
   for (int64_t c = 0; c < kTile; c += kLanes) {
     const Vec position = iota + Vec::broadcast(static_cast<float>(c));
-    Vec sech2;
-    const Vec p =
-        probabilities(Vec::load(s_row + c), position, &sech2) * Vec::broadcast(normalise);
+    Vec sech2 = Vec::zero();  // set by probabilities(), read only with softcap
+    Vec p = p_row != nullptr ? Vec::load(p_row + c)
+                             : probabilities(Vec::load(s_row + c), position, &sech2);
+    if (total != 1.f) p = p / Vec::broadcast(total);
     Vec dp = Vec::load(dp_row + c);
     Vec kept = p;
     if (dropout) {
       const Vec z = Vec::load(z_row + c);
       kept = p * z;
       dp = dp * z;
+    }
+    if (products_row != nullptr) {
+      const Vec product = p * dp;
+      products = products + (mask ? select_in_range(product, position, lo, hi, zero) : product);
     }
     Vec ds = p * (dp - delta);
     if (probabilities.m.softcap) ds = ds * sech2;  // 1 - t^2, without its cancellation near t = +-1
@@ -312,32 +323,49 @@ inline void tile_row_gradients(const RowProbabilities& probabilities, float norm
     kept.store(s_row + c);
     ds.store(dp_row + c);
   }
+  if (products_row != nullptr) (Vec::load(products_row) + products).store(products_row);
 }
 
-// Over columns [lo, hi) of one tile row (s_row, dp_row and z_row as tile_row_gradients takes
-// them): sum P and sum P Z dP, for a row whose visible keys all lie in this tile
-// (tile_gradients).
-struct RowSums {
-  float probabilities = 0.f;
-  float probability_value_scores = 0.f;
+// The normalisation of a row whose visible keys, columns [lo, hi) of this tile row (s_row, dp_row
+// and z_row as tile_row_gradients takes them), are all its keys: total = the sum of its P and
+// sink_probability, and delta = sum_j (P_ij / total) Z_ij dP_ij, from the same quotients
+// tile_row_gradients forms (so a row of one key and no sink has P = 1 and dS = 0 exactly); p
+// (kTile floats) gets the row's P, 0 outside [lo, hi). A total that is not positive and finite
+// leaves the row as handed over.
+struct ShortRow {
+  float total = 1.f;
+  float delta = 0.f;
 };
 
-inline RowSums tile_row_sums(const RowProbabilities& probabilities, bool dropout,
-                             const float* s_row, const float* dp_row, const float* z_row,
-                             int64_t lo, int64_t hi) {
+inline ShortRow short_row_delta(const RowProbabilities& probabilities, bool dropout,
+                                const float* s_row, const float* dp_row, const float* z_row,
+                                int64_t lo, int64_t hi, float sink_probability,
+                                ShortRow handed_over, float* p) {
   const Vec iota = Vec::iota();
-  Vec p_sum = Vec::zero(), p_dp_sum = Vec::zero();
-  for (int64_t c = lo / kLanes * kLanes; c < hi; c += kLanes) {
+  const int64_t first = lo / kLanes * kLanes;
+  for (int64_t c = 0; c < kTile; c += kLanes) Vec::zero().store(p + c);
+  Vec p_sum = Vec::zero();
+  for (int64_t c = first; c < hi; c += kLanes) {
     const Vec position = iota + Vec::broadcast(static_cast<float>(c));
     Vec sech2;
-    const Vec p = select_in_range(probabilities(Vec::load(s_row + c), position, &sech2), position,
-                                  static_cast<float>(lo), static_cast<float>(hi), Vec::zero());
+    const Vec pc = select_in_range(probabilities(Vec::load(s_row + c), position, &sech2),
+                                   position, static_cast<float>(lo), static_cast<float>(hi),
+                                   Vec::zero());
+    pc.store(p + c);
+    p_sum = p_sum + pc;
+  }
+  ShortRow row;
+  row.total = reduce_add(p_sum) + sink_probability;
+  if (!(row.total > 0.f && row.total < kInfinityF)) return handed_over;
+  const Vec total = Vec::broadcast(row.total);
+  Vec p_dp_sum = Vec::zero();
+  for (int64_t c = first; c < hi; c += kLanes) {
     Vec dp = Vec::load(dp_row + c);
     if (dropout) dp = dp * Vec::load(z_row + c);
-    p_sum = p_sum + p;
-    p_dp_sum = fma(p, dp, p_dp_sum);
+    p_dp_sum = fma(Vec::load(p + c) / total, dp, p_dp_sum);
   }
-  return {reduce_add(p_sum), reduce_add(p_dp_sum)};
+  row.delta = reduce_add(p_dp_sum);
+  return row;
 }
 
 // -lse of row i; -inf for a row that saw no key (lse = -inf), so that its P is exactly 0.
@@ -368,15 +396,26 @@ inline TileDropout tile_dropout(const BwdArgs& args) {
 // tile in s.z and, on tiles that cross the mask's boundary, zeros outside each row's visible keys.
 //
 // Every row takes P = exp(s - lse) and delta_i = <dout_i, out_i> (s.delta, from row_dots), from
-// the lse and out handed over. With `normalise_short_rows` (f32 calls whose out and lse are this
-// library's own forward results: BwdArgs::own_forward) a row whose visible keys all lie in this
-// tile is normalised here instead, as the naive backward does: its P are divided by their sum
-// (with the sink's exp(sink - lse)), which removes the rounding of its f32 LSE, and its delta is
-// sum_j P_ij Z_ij dP_ij of the tile, which removes the rounding of out's Dv elements; its dS then
-// sum to 0 as the exact ones do (a row that sees one key gets dS = 0 exactly). Those two roundings
-// are the largest errors left where a row sees few keys. The normalised rows are every row of a
-// sequence of at most 64 keys and the first rows of a causal one; they form their P twice.
-inline void tile_gradients(const Mask& mask, const TileDropout& dropout, bool normalise_short_rows,
+// the lse and out handed over. With `own.normalise_short_rows` (out and lse are this library's
+// own forward results: BwdArgs::own_forward) a row whose visible keys all lie in this tile is
+// normalised here instead, as the naive backward does (short_row_delta): its P are divided by
+// their sum (with the sink's exp(sink - lse)), which removes the rounding of its f32 LSE, and its
+// delta is sum_j P_ij Z_ij dP_ij of the tile, which removes the rounding of out's Dv elements;
+// its dS then sum to 0 as the exact ones do (a row that sees one key gets dS = 0 exactly). Those
+// two roundings are the largest errors left where a row sees few keys. The normalised rows are
+// every row of a sequence of at most 64 keys and the first rows of a causal one; they take two
+// more passes over their columns (with softcap they form their P twice).
+//
+// With `own.row_products` (own bf16 or f16 forward, sinks: dsinks from the tiles) every row also
+// adds this tile's P_ij Z_ij dP_ij to its kLanes partial sums there: summed over every tile of
+// the row that is delta_i without the rounding of out (add_sink_terms). A normalised row adds
+// delta_i / total instead, as its sink probability is divided by the total too.
+struct OwnForwardRows {
+  bool normalise_short_rows = false;
+  float* row_products = nullptr;  // kTile rows of kLanes floats, or null
+};
+
+inline void tile_gradients(const Mask& mask, const TileDropout& dropout, const OwnForwardRows& own,
                            int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
                            const BwdScratch& s) {
   if (dropout.on) {
@@ -389,6 +428,7 @@ inline void tile_gradients(const Mask& mask, const TileDropout& dropout, bool no
   const bool masked = mask.crosses_boundary(i0, i0 + rows, j0, kTile);
   const float slope = mask.neg_alibi_slope(h);
   const float sink = m.sinks ? m.sink(h) : -kInfinityF;
+  alignas(64) float short_row_p[kTile];
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
     float* s_row = s.s + r * kTile;
@@ -398,19 +438,37 @@ inline void tile_gradients(const Mask& mask, const TileDropout& dropout, bool no
     const float lo = static_cast<float>(range.begin), hi = static_cast<float>(range.end);
     const RowProbabilities probabilities{m, slope, static_cast<float>(j0 - mask.diagonal(i)),
                                          s.neg_lse[r]};
-    float normalise = 1.f, delta = s.delta[r];
-    const KeyRange keys = normalise_short_rows ? mask.visible_keys(i, i + 1) : KeyRange{};
+    const ShortRow handed_over{1.f, s.delta[r]};
+    ShortRow normalised = handed_over;
+    const float* p_row = nullptr;
+    const KeyRange keys = own.normalise_short_rows ? mask.visible_keys(i, i + 1) : KeyRange{};
     if (!keys.empty() && keys.begin >= j0 && keys.end <= j0 + kTile) {
-      const RowSums sums =
-          tile_row_sums(probabilities, dropout.on, s_row, dp_row, z_row, range.begin, range.end);
-      const float total = sums.probabilities + std::exp(sink + s.neg_lse[r]);
-      if (total > 0.f && total < kInfinityF) {
-        normalise = 1.f / total;
-        delta = sums.probability_value_scores * normalise;
-      }
+      normalised = short_row_delta(probabilities, dropout.on, s_row, dp_row, z_row, range.begin,
+                                   range.end, std::exp(sink + s.neg_lse[r]), handed_over,
+                                   short_row_p);
+      p_row = short_row_p;
     }
-    tile_row_gradients(probabilities, normalise, dropout.on, s_row, dp_row, z_row, delta, masked,
-                       lo, hi);
+    float* products_row = own.row_products != nullptr ? own.row_products + r * kLanes : nullptr;
+    if (products_row != nullptr && normalised.total != 1.f) {
+      products_row[0] += normalised.delta / normalised.total;  // the row's only visible tile
+      products_row = nullptr;
+    }
+    tile_row_gradients(probabilities, p_row, normalised.total, dropout.on, s_row, dp_row, z_row,
+                       normalised.delta, masked, lo, hi, products_row);
+  }
+}
+
+// The dsinks terms of a query block's rows [0, rows) of head h once all its tiles are done:
+// *sink_terms += exp(sink_h - lse_i) times the row's sum in row_products (tile_gradients), in
+// f64; the sums are zeroed for the next block.
+inline void add_sink_terms(const Mask& mask, int64_t h, int64_t rows, const BwdScratch& s,
+                           float* row_products, double* sink_terms) {
+  const double sink = mask.modifiers().sink(h);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sums = row_products + r * kLanes;
+    const double delta = reduce_add(Vec::load(sums));
+    Vec::zero().store(sums);
+    if (delta != 0.0) *sink_terms += std::exp(sink + s.neg_lse[r]) * delta;
   }
 }
 
@@ -627,15 +685,20 @@ inline void store_key_gradients(const BwdArgs& args, const BwdLayout& layout, co
 
 // One task (bwd_layout.h) with the products of `Products`: pack the chunk, then for every query
 // head of the task and every query block, the tiles of the key blocks that block sees.
+// sink_terms: null, or the task's dsinks terms (tile_gradients), one per query head g of the
+// kv head's group at sink_terms[g].
 template <class Products>
 void bwd_blocks(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task,
-                const float* delta_all, float* scratch_base) {
+                const float* delta_all, double* sink_terms, float* scratch_base) {
   const FwdArgs& f = args.fwd;
   const SeqInfo& seq = task.seq.seq;
   const BwdScratch s = BwdScratch::carve(scratch_base, layout);
   const Mask mask(f, seq);
   const TileDropout dropout = tile_dropout(args);
-  const bool normalise_short_rows = args.own_forward && f.dtype == DType::kF32;
+  OwnForwardRows own;
+  own.normalise_short_rows = args.own_forward;
+  alignas(64) float row_products[kTile * kLanes] = {};
+  if (sink_terms != nullptr) own.row_products = row_products;
   Products products(f, layout, s);
   pack_chunk(f, layout, task, s, products);
 
@@ -655,10 +718,13 @@ void bwd_blocks(const BwdArgs& args, const BwdLayout& layout, const BwdTask& tas
           const int64_t keys = std::min(kTile, task.key_end - j0);
           products.scores(kb, rows);
           products.value_scores(kb, rows);
-          tile_gradients(mask, dropout, normalise_short_rows, seq.batch, h, i0, rows, j0, s);
+          tile_gradients(mask, dropout, own, seq.batch, h, i0, rows, j0, s);
           products.add_dv(kb, rows, keys);
           products.add_dk(kb, rows, keys);
           products.add_dq(kb, rows, keys);
+        }
+        if (sink_terms != nullptr) {
+          add_sink_terms(mask, h, rows, s, row_products, sink_terms + g);
         }
       }
       store_query_gradients(args, layout, task, h, i0, rows, s);
@@ -731,7 +797,7 @@ void reduce_dkv(const BwdArgs& args, const BwdLayout& layout, const BwdSeq& s, i
 #include "cpu/backward/bwd_narrow_scores-inl.h"
 #else
 void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task, const float* delta,
-              float* scratch) {
-  bwd_blocks<VectorProducts>(args, layout, task, delta, scratch);
+              double* sink_terms, float* scratch) {
+  bwd_blocks<VectorProducts>(args, layout, task, delta, sink_terms, scratch);
 }
 #endif

@@ -246,12 +246,12 @@ class NarrowProducts {
 };
 
 void bwd_task(const BwdArgs& args, const BwdLayout& layout, const BwdTask& task, const float* delta,
-              float* scratch) {
+              double* sink_terms, float* scratch) {
   // The layout has the 16-bit rows only when the driver found the call takes the kernels; the
   // format is asked again in case a test switched them off in between.
   if (layout.rows16 && narrow_scores_of(args.fwd) != NarrowScores::kNone) {
-    bwd_blocks<NarrowProducts>(args, layout, task, delta, scratch);
+    bwd_blocks<NarrowProducts>(args, layout, task, delta, sink_terms, scratch);
   } else {
-    bwd_blocks<VectorProducts>(args, layout, task, delta, scratch);
+    bwd_blocks<VectorProducts>(args, layout, task, delta, sink_terms, scratch);
   }
 }
