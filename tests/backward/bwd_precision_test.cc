@@ -16,12 +16,15 @@ namespace testing {
 namespace {
 
 // The forward's sweep (precision_sweep_cases) with dropout where it has a window and ALiBi, and
-// padded gradients where its inputs are transposed.
+// padded gradients where its inputs are transposed; with bwd_own_forward, as the autograd
+// functions pass it, since without it a bf16 call's dsinks carries the rounding of the out handed
+// over, whatever the precision (docs/backward.md, "Short rows of the call's own forward").
 std::vector<BwdCase> fast_cases() {
   std::vector<BwdCase> cases;
   for (const Case& c : precision_sweep_cases(ANYATTN_PRECISION_FAST)) {
     BwdCase b;
     b.fwd = c;
+    b.own_forward = true;
     b.dropout_p = c.alibi != Alibi::kNone ? 0.25f : 0.f;
     b.padded_grads = c.layout == Layout::kTransposedBatch;
     cases.push_back(b);

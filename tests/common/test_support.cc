@@ -710,6 +710,8 @@ std::vector<Case> precision_sweep_cases(anyattn_precision precision) {
       {64, 64, 2, 1, 64, 64},    {130, 131, 4, 2, 128, 128}, {70, 257, 8, 2, 96, 48},
       {33, 77, 2, 2, 40, 16},    {40, 95, 2, 1, 32, 8},      {17, 200, 4, 1, 256, 200},
       {20, 129, 2, 1, 576, 512}, {96, 96, 1, 1, 16, 24},
+      // Decode on the direct loop, 8 and 16 query rows per kv head.
+      {1, 300, 16, 2, 128, 128}, {1, 200, 16, 1, 64, 64},  {2, 150, 8, 1, 576, 512},
   };
   std::vector<Case> cases;
   int n = 0;

@@ -21,6 +21,39 @@ TEST(FwdPrecision, FastBf16CallsFollowTheContract) {
   }
 }
 
+// The direct decode loop's P V on the value pairs (chunk_pv_pairs) would flush subnormal values,
+// and an O that holds one: with 16 query rows per kv head, every value subnormal (each pass finds
+// one and takes the FMAs), and with a window whose first block, a boundary block on the FMAs,
+// holds the only non-zero values, all subnormal (the later passes must not take the pairs, which
+// would flush O). The outputs are then subnormal too, and the rule's ulp is far below them.
+TEST(FwdPrecision, FastDecodeKeepsSubnormalValues) {
+  for (anyattn_isa isa : supported_isas()) {
+    for (const bool window : {false, true}) {
+      Case c;
+      c.isa = isa;
+      c.dtype = ANYATTN_DTYPE_BF16;
+      c.precision = ANYATTN_PRECISION_FAST;
+      c.Sq = 1;
+      c.Sk = 250;
+      c.Hq = 16;
+      c.Hk = 1;
+      c.D = c.Dv = 64;
+      if (window) c.window_left = 230;  // keys 19 to 249: block 0 crosses the boundary
+      SCOPED_TRACE(c.describe());
+      Problem p(c);
+      for (int64_t j = 0; j < c.Sk; ++j) {
+        for (int64_t d = 0; d < c.Dv; ++d) {
+          const int64_t index[4] = {0, j, 0, d};
+          const double value = (d % 7 - 3) * 0x1.0p-130;
+          store(p.v, index, window && j >= 64 ? 0.0 : value);
+        }
+      }
+      ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+      EXPECT_TRUE(check_outputs(p, p.reference(), p.naive_same_dtype()));
+    }
+  }
+}
+
 // f32 and f16 calls compute as accurate whatever the option says: the same bits.
 TEST(FwdPrecision, F32AndF16CallsIgnoreIt) {
   for (anyattn_isa isa : supported_isas()) {

@@ -71,6 +71,15 @@ namespace avx512_bf16 {
 void chunk_scores(const uint16_t* q, int64_t ldq, int64_t rows, const void* const* k_rows,
                   int64_t keys, int64_t head_dim, const PassPrefetcher* prefetch, float* s);
 
+// O += P V of one pass on VDPBF16PS for `rows` query rows (at most kMaxQBlockRows) and the pass's
+// `keys` (at most kDirectChunkKeys) bf16 V rows of head_dim_v elements, a multiple of 32: p holds
+// the probabilities (row stride 64), each rounded once to bf16 here; O rows (stride ldo) hold
+// their columns in the bf16 loop's paired order (fwd_decode_kernel-inl.h, split_pairs). Issues
+// the pass's prefetch hints (none when prefetch is null). Returns false, with O untouched, when a
+// V value is subnormal: the dot products would flush it (fwd_decode_pv_bf16_dot_avx512.cc).
+bool chunk_pv_pairs(const float* p, int64_t rows, const void* const* v_rows, int64_t keys,
+                    int64_t head_dim_v, const PassPrefetcher* prefetch, float* o, int64_t ldo);
+
 }  // namespace avx512_bf16
 
 // The same on BFDOT: k_rows read to head_dim exactly (a row tail goes through a zeroed buffer); q

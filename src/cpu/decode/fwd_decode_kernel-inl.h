@@ -873,6 +873,22 @@ inline void widen_rows(const FwdArgs& args, int e4m3_exponent, const void* const
 #endif
 
 // kKeyRead: how an e4m3 cache's K rows are read (E4m3Read; kDirect for the other dtypes).
+// The fewest query rows per kv head whose P V takes the value pairs (chunk_pv_pairs): below it
+// the interleaving of each pass's V rows costs more than the dot products save.
+constexpr int64_t kPairsPvMinRows = 8;
+
+// Whether one of the first n values of the `keys` bf16 rows is subnormal.
+inline bool bf16_rows_hold_subnormal(const void* const* rows, int64_t keys, int64_t n) {
+  bool found = false;
+  for (int64_t j = 0; j < keys; ++j) {
+    const uint16_t* row = static_cast<const uint16_t*>(rows[j]);
+    for (int64_t c = 0; c < n; ++c) {
+      found |= static_cast<uint16_t>((row[c] & 0x7FFFu) - 1u) < 0x7Fu;
+    }
+  }
+  return found;
+}
+
 template <DType kDtype, E4m3Read kKeyRead>
 void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                          const Scratch& scratch) {
@@ -902,6 +918,18 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   for (int64_t h = 0; h < heads; ++h) {
     v_exponent[h] = kDtype == DType::kFp8E4M3 ? key_scales.direct_v_exponent(h) : 0;
   }
+  // Whether kv head h's P V passes run on the value pairs (chunk_pv_pairs): bf16 caches of calls
+  // that allow bf16 probabilities, on CPUs whose bf16 scores take the dot products, with at
+  // least kPairsPvMinRows rows per kv head and whole 32-column groups; cleared for the rest of
+  // the task once a pass's or a boundary block's V holds a subnormal, since O may then hold one.
+  bool pairs_pv[kMaxQBlockRows] = {};
+#if defined(ANYATTN_DIRECT_BF16_PV)
+  if constexpr (kDtype == DType::kBF16) {
+    const bool takes_pairs = args.bf16_probabilities && args.head_dim_v % 32 == 0 &&
+                             rows_per_kv >= kPairsPvMinRows && bf16_dot_scores_available();
+    std::fill(pairs_pv, pairs_pv + heads, takes_pairs);
+  }
+#endif
   const int64_t element_bytes = element_size(args.kv_dtype);
   const int64_t k_row_bytes = args.head_dim * element_bytes;
   const int64_t v_row_bytes = args.head_dim_v * element_bytes;
@@ -1043,6 +1071,9 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
           }
         }
 #endif
+        if (pairs_pv[h] && bf16_rows_hold_subnormal(v_rows, keys, args.head_dim_v)) {
+          pairs_pv[h] = false;
+        }
         for (int64_t r = 0; r < rows_per_kv; r += kDirectTileRows) {
           const int64_t row0 = h * rows_per_kv + r;
           const int64_t count = std::min<int64_t>(kDirectTileRows, rows_per_kv - r);
@@ -1073,6 +1104,16 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
                                       dv_pad);
               continue;
             }
+          }
+#endif
+#if defined(ANYATTN_DIRECT_BF16_PV)
+          if (pairs_pv[h]) {
+            if (ANYATTN_DIRECT_BF16_PV(scratch.s + r0 * kKeyBlock + c, rows_per_kv, v_rows,
+                                       present, args.head_dim_v, &prefetch,
+                                       scratch.o + r0 * dv_pad, dv_pad)) {
+              continue;
+            }
+            pairs_pv[h] = false;  // a subnormal value: this pass and the rest take the FMAs
           }
 #endif
           with_v_read(h, [&](auto read) {
