@@ -1009,6 +1009,19 @@ def private_options(mod, seqlen_k, batch):
     return -1, -1, 0.0, None
 
 
+def assert_close_up_to_out_rounding(got, expected, name):
+    """_flash_attn_backward takes out as handed over (delta = <dout, out>, what ring attention
+    needs); the autograd formula passes own_forward, under which rows of few keys take delta from
+    their own P dP instead (docs/backward.md, "Short rows of the call's own forward"). In f16 and
+    bf16 the two then differ by out's rounding: a few units in the last place of the gradient's
+    largest element. In f32 that rounding is below the default tolerance."""
+    if got.dtype == torch.float32:
+        torch.testing.assert_close(got, expected, msg=lambda m: f"{name}: {m}")
+        return
+    atol = 4 * torch.finfo(got.dtype).eps * expected.float().abs().max().item()
+    torch.testing.assert_close(got, expected, rtol=0, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
 @pytest.mark.parametrize(*grid(
     {"dtype": DTYPES + [torch.float32], "causal": [False, True], "mha_type": ["mha", "gqa"],
      "dropout_p": [0.0, DROPOUT_P]},
@@ -1055,7 +1068,7 @@ def test_private_forward_backward_match_autograd(dtype, causal, mha_type, dropou
                                      causal, wl, wr, softcap, alibi, False, rng_state)
     assert [x.data_ptr() for x in (dq, dk, dv)] == buffers
     for name, got, expected in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
-        torch.testing.assert_close(got, expected, msg=lambda m, n=name: f"{n}: {m}")
+        assert_close_up_to_out_rounding(got, expected, name)
     assert softmax_d.shape == (batch, NHEADS, round128(seqlen_q))
     assert softmax_d.dtype == torch.float32
     rowsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)
@@ -1202,7 +1215,7 @@ def test_private_varlen_forward_backward_match_autograd(dtype, causal, mha_type,
                                             dropout_p, scale, causal, wl, wr, softcap, alibi,
                                             False, rng_state)
     for name, got, expected in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
-        torch.testing.assert_close(got, expected, msg=lambda m, n=name: f"{n}: {m}")
+        assert_close_up_to_out_rounding(got, expected, name)
     assert softmax_d.shape == (NHEADS, total_q + 128 * batch)
     rowsum = (dout.float() * out.float()).sum(-1).transpose(0, 1)
     torch.testing.assert_close(softmax_d[:, :total_q], rowsum, rtol=1e-5, atol=1e-5)
