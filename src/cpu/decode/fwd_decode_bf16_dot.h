@@ -47,18 +47,22 @@ inline bool call_takes_bf16_dot_scores(const FwdArgs& args) {
 enum class Bf16DotScores { kCpuDefault, kWhereAvailable, kOff };
 void set_bf16_dot_scores_for_tests(Bf16DotScores choice);
 
+// True when a bf16 value (its bits) is subnormal, which the dot products flush: on the magnitude
+// bits m (sign cleared) the unsigned range test 1 <= m <= 0x7F, with no branch, so that a loop
+// over a row vectorises.
+constexpr bool bf16_is_subnormal(uint16_t bits) {
+  return static_cast<uint16_t>((bits & 0x7FFFu) - 1u) < 0x7Fu;
+}
+
 // True when a bf16 query element (its bits) keeps its kv head (in the direct decode loop) or its
 // row (in the neon path's packed forward and backward) off the dot products: subnormal, or finite
-// with |q| >= 2^64 (exponent field 191 to 254). On the magnitude bits m (sign cleared) both are
-// unsigned range tests, 1 <= m <= 0x7F and 0x5F80 <= m < 0x7F80, with no branch, so that a loop
-// over a row vectorises.
+// with |q| >= 2^64 (exponent field 191 to 254), the range test 0x5F80 <= m < 0x7F80.
 constexpr bool bf16_query_unfit_for_dot(uint16_t bits) {
   constexpr uint16_t kLargeFirst = (127 + 64) << 7;
   constexpr uint16_t kInfBits = 0x7F80;
   const uint16_t magnitude = bits & 0x7FFFu;
-  const bool subnormal = static_cast<uint16_t>(magnitude - 1u) < 0x7Fu;
   const bool large = static_cast<uint16_t>(magnitude - kLargeFirst) < kInfBits - kLargeFirst;
-  return subnormal | large;
+  return bf16_is_subnormal(bits) | large;
 }
 
 namespace avx512_bf16 {

@@ -872,7 +872,7 @@ inline void widen_rows(const FwdArgs& args, int e4m3_exponent, const void* const
 }
 #endif
 
-// kKeyRead: how an e4m3 cache's K rows are read (E4m3Read; kDirect for the other dtypes).
+#if defined(ANYATTN_DIRECT_BF16_PV)
 // The fewest query rows per kv head whose P V takes the value pairs (chunk_pv_pairs): below it
 // the interleaving of each pass's V rows costs more than the dot products save.
 constexpr int64_t kPairsPvMinRows = 8;
@@ -882,13 +882,13 @@ inline bool bf16_rows_hold_subnormal(const void* const* rows, int64_t keys, int6
   bool found = false;
   for (int64_t j = 0; j < keys; ++j) {
     const uint16_t* row = static_cast<const uint16_t*>(rows[j]);
-    for (int64_t c = 0; c < n; ++c) {
-      found |= static_cast<uint16_t>((row[c] & 0x7FFFu) - 1u) < 0x7Fu;
-    }
+    for (int64_t c = 0; c < n; ++c) found |= bf16_is_subnormal(row[c]);
   }
   return found;
 }
+#endif
 
+// kKeyRead: how an e4m3 cache's K rows are read (E4m3Read; kDirect for the other dtypes).
 template <DType kDtype, E4m3Read kKeyRead>
 void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const AttendTask& task,
                          const Scratch& scratch) {
@@ -922,8 +922,8 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   // that allow bf16 probabilities, on CPUs whose bf16 scores take the dot products, with at
   // least kPairsPvMinRows rows per kv head and whole 32-column groups; cleared for the rest of
   // the task once a pass's or a boundary block's V holds a subnormal, since O may then hold one.
-  bool pairs_pv[kMaxQBlockRows] = {};
 #if defined(ANYATTN_DIRECT_BF16_PV)
+  bool pairs_pv[kMaxQBlockRows] = {};
   if constexpr (kDtype == DType::kBF16) {
     const bool takes_pairs = args.bf16_probabilities && args.head_dim_v % 32 == 0 &&
                              rows_per_kv >= kPairsPvMinRows && bf16_dot_scores_available();
@@ -1071,9 +1071,11 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
           }
         }
 #endif
+#if defined(ANYATTN_DIRECT_BF16_PV)
         if (pairs_pv[h] && bf16_rows_hold_subnormal(v_rows, keys, args.head_dim_v)) {
           pairs_pv[h] = false;
         }
+#endif
         for (int64_t r = 0; r < rows_per_kv; r += kDirectTileRows) {
           const int64_t row0 = h * rows_per_kv + r;
           const int64_t count = std::min<int64_t>(kDirectTileRows, rows_per_kv - r);
