@@ -384,11 +384,11 @@ TEST(BwdGrad, OwnForwardRowOfOneKeyGetsZeroDq) {
 
 // With bwd_own_forward the 2x rule holds for every dtype over many seeds of short sequences,
 // where a row's few keys leave the roundings of out and lse the largest errors, and with sinks,
-// whose gradient is then summed from the tiles' P Z dP rather than from <dout, out> (bf16 and f16
-// calls failed it in about one problem in six with sinks, f32 ones in one in a hundred without
-// the flag): 12 seeds of Sq 1, 3, 8 against Sk 2, 3, 5, 17, 100 and 300, sinks and causal rows on
-// some, dropout on half, on every ISA path; then the head-split and chunked plans, whose
-// sink terms are summed over several tasks.
+// whose gradient is then summed from the tiles' P Z dP rather than from <dout, out> (before, 105
+// of these bf16 and f16 problems failed it: dsinks in about one in seven with sinks, dq or dk of
+// rows of one or two keys): 12 seeds of Sq 1, 3, 8 against Sk 2, 3, 5, 17, 100 and 300, sinks
+// and causal rows on some, dropout on half, on every ISA path; then the head-split and chunked
+// plans, whose sink terms are summed over several tasks.
 TEST(BwdGrad, OwnForwardOverManySeeds) {
   std::vector<BwdCase> cases;
   for (anyattn_dtype dtype : {ANYATTN_DTYPE_F32, ANYATTN_DTYPE_BF16, ANYATTN_DTYPE_F16}) {
