@@ -697,8 +697,11 @@ void bwd_blocks(const BwdArgs& args, const BwdLayout& layout, const BwdTask& tas
   const TileDropout dropout = tile_dropout(args);
   OwnForwardRows own;
   own.normalise_short_rows = args.own_forward;
-  alignas(64) float row_products[kTile * kLanes] = {};
-  if (sink_terms != nullptr) own.row_products = row_products;
+  alignas(64) float row_products[kTile * kLanes];
+  if (sink_terms != nullptr) {
+    zero_floats(row_products, kTile * kLanes);
+    own.row_products = row_products;
+  }
   Products products(f, layout, s);
   pack_chunk(f, layout, task, s, products);
 
