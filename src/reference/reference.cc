@@ -71,6 +71,18 @@ std::vector<double> to_contiguous_f64(const anyattn_tensor& t) {
   return result;
 }
 
+anyattn_tensor batch_slice(const anyattn_tensor& t, int64_t b) {
+  anyattn_tensor slice = t;
+  slice.ndim = 3;
+  for (int d = 0; d < 3; ++d) {
+    slice.shape[d] = t.shape[d + 1];
+    slice.strides[d] = t.strides[d + 1];
+  }
+  const int64_t element_size = t.dtype == ANYATTN_DTYPE_F32 ? 4 : 2;
+  slice.data = static_cast<char*>(t.data) + b * t.strides[0] * element_size;
+  return slice;
+}
+
 // ---- Options ------------------------------------------------------------------------------------
 
 ScoreOptions resolve_options(const anyattn_fwd_params* params, int64_t head_dim) {
@@ -174,22 +186,6 @@ void attend_one_sequence(const SequenceInputs& in, const ScoreOptions& options, 
 
 // ---- Dense forward ------------------------------------------------------------------------------
 
-namespace {
-
-// Batch entry b of a rank-4 tensor (B, S, H, X) as a rank-3 view (S, H, X).
-anyattn_tensor batch_slice(const anyattn_tensor& t, int64_t b) {
-  anyattn_tensor slice = t;
-  slice.ndim = 3;
-  for (int d = 0; d < 3; ++d) {
-    slice.shape[d] = t.shape[d + 1];
-    slice.strides[d] = t.strides[d + 1];
-  }
-  const int64_t element_size = t.dtype == ANYATTN_DTYPE_F32 ? 4 : 2;
-  slice.data = static_cast<char*>(t.data) + b * t.strides[0] * element_size;
-  return slice;
-}
-
-}  // namespace
 
 DenseOutputs fwd_dense(const anyattn_tensor& q, const anyattn_tensor& k, const anyattn_tensor& v,
                        const anyattn_fwd_params* params) {

@@ -36,6 +36,9 @@ double load(const anyattn_tensor& t, const int64_t* index);
 // All of t, gathered into a C-contiguous row-major vector of its logical shape.
 std::vector<double> to_contiguous_f64(const anyattn_tensor& t);
 
+// Batch entry b of a rank-4 f32, f16 or bf16 tensor (B, S, H, X) as a rank-3 view (S, H, X).
+anyattn_tensor batch_slice(const anyattn_tensor& t, int64_t b);
+
 // ---- Options ------------------------------------------------------------------------------------
 
 // The score and mask options of one call, resolved to plain numbers.

@@ -10,6 +10,20 @@
 namespace anyattn {
 namespace reference {
 
+void Gradients::assign_zeros(int64_t q_rows, int64_t k_rows, int64_t Hq, int64_t Hk, int64_t D,
+                             int64_t Dv) {
+  out.assign(static_cast<size_t>(q_rows * Hq * Dv), 0.0);
+  lse.assign(static_cast<size_t>(Hq * q_rows), 0.0);
+  dq.assign(static_cast<size_t>(q_rows * Hq * D), 0.0);
+  dk.assign(static_cast<size_t>(k_rows * Hk * D), 0.0);
+  dv.assign(static_cast<size_t>(k_rows * Hk * Dv), 0.0);
+  dsinks.assign(static_cast<size_t>(Hq), 0.0);
+  dq_terms.assign(dq.size(), 0.0);
+  dk_terms.assign(dk.size(), 0.0);
+  dv_terms.assign(dv.size(), 0.0);
+  dsinks_terms.assign(dsinks.size(), 0.0);
+}
+
 SequenceGradients backprop_one_sequence(const SequenceInputs& in, const double* dout,
                                         const ScoreOptions& options, const DropoutOptions& dropout,
                                         int64_t batch, const double* out_given) {
@@ -22,16 +36,7 @@ SequenceGradients backprop_one_sequence(const SequenceInputs& in, const double* 
   const uint32_t threshold = cpu::dropout_threshold(static_cast<float>(dropout.p));
 
   SequenceGradients g;
-  g.out.assign(static_cast<size_t>(Sq * Hq * Dv), 0.0);
-  g.lse.assign(static_cast<size_t>(Hq * Sq), 0.0);
-  g.dq.assign(static_cast<size_t>(Sq * Hq * D), 0.0);
-  g.dk.assign(static_cast<size_t>(Sk * Hk * D), 0.0);
-  g.dv.assign(static_cast<size_t>(Sk * Hk * Dv), 0.0);
-  g.dsinks.assign(static_cast<size_t>(Hq), 0.0);
-  g.dq_terms.assign(g.dq.size(), 0.0);
-  g.dk_terms.assign(g.dk.size(), 0.0);
-  g.dv_terms.assign(g.dv.size(), 0.0);
-  g.dsinks_terms.assign(g.dsinks.size(), 0.0);
+  g.assign_zeros(Sq, Sk, Hq, Hk, D, Dv);
 
   // Per key of one row: the softcap's tanh, the score, P, the dropout factor Z and dP.
   std::vector<double> t(Sk), s(Sk), p(Sk), z(Sk), dp(Sk), dp_terms(Sk);
@@ -162,19 +167,6 @@ SequenceGradients backprop_one_sequence(const SequenceInputs& in, const double* 
 
 namespace {
 
-// Batch entry b of a rank-4 tensor (B, S, H, X) as a rank-3 view (S, H, X).
-anyattn_tensor batch_slice(const anyattn_tensor& t, int64_t b) {
-  anyattn_tensor slice = t;
-  slice.ndim = 3;
-  for (int d = 0; d < 3; ++d) {
-    slice.shape[d] = t.shape[d + 1];
-    slice.strides[d] = t.strides[d + 1];
-  }
-  const int64_t element_size = t.dtype == ANYATTN_DTYPE_F32 ? 4 : 2;
-  slice.data = static_cast<char*>(t.data) + b * t.strides[0] * element_size;
-  return slice;
-}
-
 void append(std::vector<double>* to, const std::vector<double>& from) {
   to->insert(to->end(), from.begin(), from.end());
 }
@@ -268,16 +260,7 @@ VarlenGradients bwd_varlen(const anyattn_tensor& q, const anyattn_tensor& k,
   if (out_given != nullptr) out_given_all = to_contiguous_f64(*out_given);
 
   VarlenGradients result;
-  result.out.assign(static_cast<size_t>(total_q * Hq * Dv), 0.0);
-  result.lse.assign(static_cast<size_t>(Hq * total_q), 0.0);
-  result.dq.assign(static_cast<size_t>(total_q * Hq * D), 0.0);
-  result.dk.assign(static_cast<size_t>(total_k * Hk * D), 0.0);
-  result.dv.assign(static_cast<size_t>(total_k * Hk * Dv), 0.0);
-  result.dsinks.assign(static_cast<size_t>(Hq), 0.0);
-  result.dq_terms.assign(result.dq.size(), 0.0);
-  result.dk_terms.assign(result.dk.size(), 0.0);
-  result.dv_terms.assign(result.dv.size(), 0.0);
-  result.dsinks_terms.assign(result.dsinks.size(), 0.0);
+  result.assign_zeros(total_q, total_k, Hq, Hk, D, Dv);
   result.q_row_in_sequence.assign(static_cast<size_t>(total_q), 0);
   result.k_row_in_sequence.assign(static_cast<size_t>(total_k), 0);
   for (int64_t b = 0; b < static_cast<int64_t>(sequences.size()); ++b) {

@@ -28,14 +28,21 @@ struct DropoutOptions {
   uint64_t offset = 0;
 };
 
-// Forward results and gradients of one sequence, contiguous:
-//   out (Sq, Hq, Dv), lse (Hq, Sq), dq (Sq, Hq, D), dk (Sk, Hk, D), dv (Sk, Hk, Dv), dsinks (Hq).
-struct SequenceGradients {
+// Forward results and gradients, contiguous, for q_rows query rows and k_rows key rows:
+//   out (q_rows, Hq, Dv), lse (Hq, q_rows), dq (q_rows, Hq, D), dk (k_rows, Hk, D),
+//   dv (k_rows, Hk, Dv), dsinks (Hq).
+struct Gradients {
   std::vector<double> out, lse, dq, dk, dv, dsinks;
   // Per gradient element, the sum of the absolute values of the terms it is summed from (through
   // P, dP and D_i): the size a rounding error is relative to where the terms cancel.
   std::vector<double> dq_terms, dk_terms, dv_terms, dsinks_terms;
+
+  // Every vector above sized for these extents and zeroed.
+  void assign_zeros(int64_t q_rows, int64_t k_rows, int64_t Hq, int64_t Hk, int64_t D, int64_t Dv);
 };
+
+// One sequence: q_rows = Sq, k_rows = Sk.
+using SequenceGradients = Gradients;
 
 // The core: forward and backward of one sequence (batch index `batch`, which the dropout mask
 // reads). dout is (Sq, Hq, Dv) contiguous. dsinks is all zeros without sinks.
@@ -48,10 +55,7 @@ SequenceGradients backprop_one_sequence(const SequenceInputs& in, const double* 
 
 // Contiguous dense results: out (B, Sq, Hq, Dv), lse (B, Hq, Sq), dq (B, Sq, Hq, D),
 // dk (B, Sk, Hk, D), dv (B, Sk, Hk, Dv), dsinks (Hq) summed over the batch.
-struct DenseGradients {
-  std::vector<double> out, lse, dq, dk, dv, dsinks;
-  std::vector<double> dq_terms, dk_terms, dv_terms, dsinks_terms;  // as in SequenceGradients
-};
+using DenseGradients = Gradients;
 
 // The reference for anyattn_bwd (and for anyattn_fwd with dropout): strided tensors of any
 // supported dtype, read exactly as doubles. Honours every field of params (NULL = defaults) that
@@ -66,9 +70,7 @@ DenseGradients bwd_dense(const anyattn_tensor& q, const anyattn_tensor& k, const
 // outside every sequence are 0, and those rows are flagged 0 in q_row_in_sequence /
 // k_row_in_sequence; the keys of a sequence beyond its seqused_k are inside it, with zero
 // gradients.
-struct VarlenGradients {
-  std::vector<double> out, lse, dq, dk, dv, dsinks;
-  std::vector<double> dq_terms, dk_terms, dv_terms, dsinks_terms;  // as in SequenceGradients
+struct VarlenGradients : Gradients {
   std::vector<char> q_row_in_sequence, k_row_in_sequence;
 };
 
