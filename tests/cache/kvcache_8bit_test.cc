@@ -332,8 +332,8 @@ struct Q8Problem {
 // run_and_check_once under each of the direct decode loop's ways to read the case's cache,
 // whichever this CPU would take: for e4m3 caches the f32-bits read and the read through f16
 // (cpu/decode/e4m3_read.h); for bf16 queries both the f32 FMAs and, where the CPU has them, the
-// rows widened to bf16 for the dot products (cpu/decode/kv8_widen.h: tasks of
-// kv8_widen_min_rows or more query rows per kv head).
+// rows widened to bf16 for the dot products (cpu/decode/kv8_widen.h: K rows in tasks of
+// kv8_widen_key_min_rows or more query rows per kv head, V rows from kv8_widen_value_min_rows).
 ::testing::AssertionResult run_and_check(Q8Problem* p, anyattn_isa isa, int threads) {
   using cpu::E4m3ReadChoice;
   using cpu::Bf16DotScores;
@@ -595,18 +595,20 @@ TEST(Kvcache8bit, E4m3DirectReadKeepsLargeQueriesAndScales) {
   }
 }
 
-// The direct decode loop's rows widened to bf16 (cpu/decode/kv8_widen.h: bf16 queries, 8 or more
-// rows per kv head, on CPUs with the bf16 dot products), each case also on the f32 FMAs
-// (run_and_check): every format with the scale granularities, decode at 8, 12 and 16 rows per kv
-// head and causal chunks of 8, 12 and 18 rows (key blocks that cross the mask's boundary; e5m2
-// takes more than 12 rows packed), dense and paged caches, with and without the append, head dims
-// with vector tails; shared latent caches; and large V factors, under which e4m3's widened V rows
-// hold the read through f16's values.
+// The direct decode loop's rows widened to bf16 (cpu/decode/kv8_widen.h: bf16 queries, on CPUs
+// with the bf16 dot products; e4m3 K rows from 4 rows per kv head, V rows and the other formats'
+// from 8 or 12), each case also on the f32 FMAs (run_and_check): every format with the scale
+// granularities, decode at 4, 6, 8, 12 and 16 rows per kv head and causal chunks of 6, 8, 12 and
+// 18 rows (key blocks that cross the mask's boundary; e5m2 takes more than 12 rows packed), dense
+// and paged caches, with and without the append, head dims with vector tails; shared latent
+// caches; and large V factors, under which e4m3's widened V rows hold the read through f16's
+// values.
 TEST(Kvcache8bit, ManyRowsPerKvHeadOnWidenedRows) {
   struct Shape {
     int64_t hq, sq;  // with Hk = 2
   };
-  const Shape shapes[] = {{16, 1}, {24, 1}, {32, 1}, {8, 2}, {8, 3}, {12, 3}};
+  const Shape shapes[] = {{16, 1}, {24, 1}, {32, 1}, {8, 2}, {8, 3},
+                         {12, 3}, {8, 1},  {12, 1}, {4, 3}};
   const Scales all_scales[] = {Scales::kNone, Scales::kHead, Scales::kToken,
                                Scales::kTokenDescale};
   int64_t n = 0;

@@ -752,15 +752,16 @@ inline void scale_e4m3_queries(float* q, int64_t ldq, int64_t count, float* quer
   }
 }
 
-// Whether a task with rows_per_kv query rows per kv head widens an 8-bit cache's rows to bf16
+// Whether a task with rows_per_kv query rows per kv head widens an 8-bit cache's K rows to bf16
 // (kv8_widen.h) for the kv heads whose queries qualify: bf16 queries, enough rows per kv head, and
-// a CPU and call that score bf16 on the dot products. rows_per_kv is the kv head's rows in every
-// task that holds them (Sq times the group size), so the choice is the call's, never the split's.
+// a CPU and call that score bf16 on the dot products (the V rows follow from
+// kv8_widen_value_min_rows rows). rows_per_kv is the kv head's rows in every task that holds them
+// (Sq times the group size), so the choice is the call's, never the split's.
 inline bool takes_widened_kv8_rows(const FwdArgs& args, int64_t rows_per_kv) {
 #if defined(ANYATTN_DIRECT_KV8_WIDEN)
   return is_kv8(args.kv_dtype) && args.dtype == DType::kBF16 &&
-         rows_per_kv >= kv8_widen_min_rows(args.kv_dtype) && call_takes_bf16_dot_scores(args) &&
-         kv8_widening_available();
+         rows_per_kv >= kv8_widen_key_min_rows(args.kv_dtype) &&
+         call_takes_bf16_dot_scores(args) && kv8_widening_available();
 #else
   (void)args;
   (void)rows_per_kv;
@@ -910,10 +911,18 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   const KeyRange blocks = task_blocks(mask, task);
   const int64_t heads_per_kv = task.heads / heads;
   const KeyScales<kKeyRead> key_scales{args, seq, head_k};
-  // Widened V rows (kv heads with dot_head set, 8-bit caches) hold e4m3 values as the kViaHalf
+  // Widened V rows (widened_v below, 8-bit caches) hold e4m3 values as the kViaHalf
   // read gives them (KeyScales::scale_probabilities), the other formats' unscaled.
   [[maybe_unused]] constexpr int kWidenedVExponent =
       kDtype == DType::kFp8E4M3 ? kE4m3LoadExponent<E4m3Read::kViaHalf> : 0;
+  // Whether kv head h's V rows are widened to bf16 too: a kv head whose K rows are (dot_head,
+  // 8-bit caches) with kv8_widen_value_min_rows rows or more.
+  [[maybe_unused]] bool widened_v[kMaxQBlockRows] = {};
+  if constexpr (is_kv8(kDtype)) {
+    for (int64_t h = 0; h < heads; ++h) {
+      widened_v[h] = dot_head[h] && rows_per_kv >= kv8_widen_value_min_rows(args.kv_dtype);
+    }
+  }
   int v_exponent[kMaxQBlockRows];  // per kv head of the task: KeyScales::direct_v_exponent
   for (int64_t h = 0; h < heads; ++h) {
     v_exponent[h] = kDtype == DType::kFp8E4M3 ? key_scales.direct_v_exponent(h) : 0;
@@ -1031,7 +1040,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
       v_read[h] = kKeyRead;
       if constexpr (is_kv8(kDtype)) {
         v_read[h] = key_scales.scale_probabilities(this_block, keys, h, rows_per_kv,
-                                                   v_exponent[h], dot_head[h],
+                                                   v_exponent[h], widened_v[h],
                                                    scratch.s + r0 * kKeyBlock);
       }
     }
@@ -1057,7 +1066,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
         for (int64_t j = 0; j < kKeyBlock; ++j) v_rows[j] = v_stream.row(j, h);
 #if defined(ANYATTN_DIRECT_KV8_WIDEN)
         if constexpr (is_kv8(kDtype)) {
-          if (dot_head[h]) {
+          if (widened_v[h]) {
             const void* widened[kKeyBlock];
             widen_rows(args, kWidenedVExponent, v_rows, keys, args.head_dim_v, nullptr, scratch,
                        kKeyBlock, widened);
@@ -1097,7 +1106,7 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
           const int64_t r0 = h * rows_per_kv;
 #if defined(ANYATTN_DIRECT_KV8_WIDEN)
           if constexpr (is_kv8(kDtype)) {
-            if (dot_head[h]) {
+            if (widened_v[h]) {
               const void* widened[kDirectChunkKeys];
               widen_rows(args, kWidenedVExponent, v_rows, present, args.head_dim_v, &prefetch,
                          scratch, kDirectChunkKeys, widened);
@@ -1140,8 +1149,8 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
     }
   }
   for (int64_t r = 0; r < rows.count; ++r) {
-    // O rows of widened kv heads are in the bf16 loop's paired order.
-    const bool paired = kPairedWidening<kDtype> || (is_kv8(kDtype) && dot_head[r / rows_per_kv]);
+    // O rows of kv heads with widened V rows are in the bf16 loop's paired order.
+    const bool paired = kPairedWidening<kDtype> || (is_kv8(kDtype) && widened_v[r / rows_per_kv]);
     join_pairs(scratch.o + r * dv_pad,
                paired ? paired_columns<DType::kBF16>(args.head_dim_v) : 0);
   }

@@ -29,12 +29,18 @@ namespace anyattn::cpu {
 // AVX512_VBMI, whose byte permutes look codes up in tables held in registers).
 bool kv8_widening_available();
 
-// Query rows per kv head from which the direct loop widens rows of an 8-bit format. With one tile
-// of rows (four or fewer) the f32 FMA loop converts each element once anyway, and the widened
-// loop was slower. e4m3's reads cost the most per element and pay from two tiles on; int8's
-// two-instruction read and e5m2's read through f16 break even below three (measured:
-// bench/MEASUREMENTS.md, "8-bit rows widened to bf16 once per pass").
-constexpr int64_t kv8_widen_min_rows(DType kv_dtype) {
+// Query rows per kv head from which the direct loop widens K rows of an 8-bit format and scores
+// them on the dot products, and from which it widens V rows too. With one tile of rows (four or
+// fewer) the f32 FMA loop converts each element once anyway: widening K then pays only for e4m3,
+// whose read costs the most per element, from four rows (the products halve and the table lookup
+// is cheaper than the read through f16), and widening V, whose rows are read once more from the
+// scratch, from two tiles on. int8's two-instruction read and e5m2's read through f16 break even
+// below three tiles for both (measured: bench/MEASUREMENTS.md, "8-bit rows widened to bf16 once
+// per pass" and "e4m3 K rows widened at four query rows").
+constexpr int64_t kv8_widen_key_min_rows(DType kv_dtype) {
+  return kv_dtype == DType::kFp8E4M3 ? 4 : 12;
+}
+constexpr int64_t kv8_widen_value_min_rows(DType kv_dtype) {
   return kv_dtype == DType::kFp8E4M3 ? 8 : 12;
 }
 
