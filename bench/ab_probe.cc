@@ -4,7 +4,7 @@
 //   anyattn_ab_probe --lib OLD.so --lib NEW.so [--batch B] [--seqlen S] [--seqlen-q SQ]
 //                    [--heads-q H] [--heads-k HK] [--head-dim D] [--dtype f32|bf16|f16]
 //                    [--causal] [--backward] [--huge-pages] [--kv-copies N]
-//                    [--kv8 e4m3|e5m2|i8] [--latent DV]
+//                    [--kv8 e4m3|e5m2|i8] [--latent DV] [--page-size P[,P2,...]]
 //                    [--threads T] [--runs N]
 //
 // --seqlen is the key length, and the query length too unless --seqlen-q gives it: --seqlen-q 1
@@ -16,17 +16,22 @@
 // K and V (bench/tensors.h, Pages::kHuge). --kv8 stores K and V as an 8-bit cache and calls
 // anyattn_fwd_kvcache on it (the whole cache): e4m3 or e5m2 with one descale of 1/256, or i8
 // with token scales of 1/127 per (key, kv head), the bytes spread over the finite codes as
-// anyattn_bench's decode rows have them. --latent DV makes V the first DV columns of K (absorbed
-// MLA's shared latent cache: one buffer, D up to 576 and DV up to 512) and calls
-// anyattn_fwd_kvcache; an 8-bit latent cache gives V K's scales.
+// anyattn_bench's decode rows have them. --page-size P (a divisor of S) calls anyattn_fwd_kvcache
+// on the same bytes seen as (B S / P) pages of P keys behind a scattered block table, as
+// anyattn_bench's paged decode rows do (bench/tensors.h, ScatteredBlockTable); a list P1,P2,...
+// (0: the contiguous cache) times every library on each, so that one library may be given alone
+// (configurations: each library with each page size, two to eight in all). --latent DV makes V
+// the first DV columns of K (absorbed MLA's shared latent cache: one buffer, D up to 576 and DV
+// up to 512) and calls anyattn_fwd_kvcache; an 8-bit latent cache gives V K's scales.
 // With --backward each call is anyattn_bwd, on out and lse from one untimed forward of the
 // first library (every build differentiates the same out), GFLOP/s counting 2.5 times the
 // forward's FLOPs as anyattn_bench does.
 // Defaults: S = 2048, Hq = Hk = 16, D = 128, f32, no mask, 1 thread, 10 rounds. Each library is
 // opened with dlopen (RTLD_LOCAL), so the paths must differ: copy one build's libanyattn.so.0
-// elsewhere before rebuilding. Every round calls each library once on the same inputs, starting
-// with a different library each round; the report gives each library's minimum and median time
-// and the median over rounds of its time divided by the first library's time in the same round.
+// elsewhere before rebuilding. Every round calls each configuration once on the same inputs,
+// starting with a different one each round; the report gives each configuration's minimum and
+// median time and the median over rounds of its time divided by the first one's in the same
+// round.
 //
 // Why: the development VM's speed drifts by 10-30% over seconds to minutes (other tenants), so
 // two builds timed one after the other in separate processes differ by more than most changes
@@ -104,6 +109,7 @@ struct AbOptions {
   bool huge_pages = false;
   anyattn_dtype kv8 = ANYATTN_DTYPE_F32;  // F32: K and V in the dtype of q; else the 8-bit cache's
   int64_t latent_dv = 0;  // > 0: V is the first latent_dv columns of K
+  std::vector<int64_t> page_sizes = {0};  // > 0: a paged cache of pages of that many keys
   int kv_copies = 1;
   int threads = 1;
   int rounds = 10;
@@ -157,6 +163,14 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
                                                        : ANYATTN_DTYPE_I8;
     } else if (name == "--latent") {
       options->latent_dv = std::atoll(value);
+    } else if (name == "--page-size") {
+      options->page_sizes.clear();
+      for (const char* p = value; *p != '\0';) {
+        char* end = nullptr;
+        options->page_sizes.push_back(std::strtoll(p, &end, 10));
+        if (end == p) return false;
+        p = *end == ',' ? end + 1 : end;
+      }
     } else if (name == "--kv-copies") {
       options->kv_copies = std::atoi(value);
     } else if (name == "--threads") {
@@ -170,9 +184,22 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
     }
   }
   const size_t count = options->libraries.size();
-  if (count < 2 || count > 4) {
-    std::fprintf(stderr, "anyattn_ab_probe: give --lib two to four times (got %zu)\n", count);
+  const size_t configurations = count * options->page_sizes.size();
+  if (count < 1 || count > 4 || configurations < 2 || configurations > 8) {
+    std::fprintf(stderr,
+                 "anyattn_ab_probe: give --lib one to four times, and two to eight libraries "
+                 "times page sizes (got %zu and %zu)\n",
+                 count, configurations);
     return false;
+  }
+  bool paged = false;
+  for (int64_t page_size : options->page_sizes) {
+    paged |= page_size != 0;
+    if (page_size < 0 || (page_size > 0 && options->seqlen % page_size != 0)) {
+      std::fprintf(stderr, "anyattn_ab_probe: --page-size %lld does not divide --seqlen %lld\n",
+                   static_cast<long long>(page_size), static_cast<long long>(options->seqlen));
+      return false;
+    }
   }
   if (options->seqlen_q == 0) options->seqlen_q = options->seqlen;
   const int64_t max_head_dim =
@@ -183,12 +210,13 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
       options->head_dim > max_head_dim || options->latent_dv < 0 ||
       options->latent_dv > max_latent_dv ||
       options->kv_copies < 1 || options->threads < 1 || options->rounds < 1 ||
-      ((options->kv8 != ANYATTN_DTYPE_F32 || options->latent_dv > 0) && options->backward)) {
+      ((options->kv8 != ANYATTN_DTYPE_F32 || options->latent_dv > 0 || paged) &&
+       options->backward)) {
     std::fprintf(stderr,
                  "anyattn_ab_probe: need batch, seqlens, heads, kv-copies, threads, runs >= 1, "
                  "heads-q a multiple of heads-k, head-dim (D = Dv) in [1, 512] (with --latent DV: "
-                 "D in [1, 576], DV in [1, min(D, 512)]) and no --kv8 or --latent with "
-                 "--backward\n");
+                 "D in [1, 576], DV in [1, min(D, 512)]) and no --kv8, --latent or --page-size "
+                 "with --backward\n");
     return false;
   }
   return true;
@@ -271,7 +299,6 @@ int RunAb(const AbOptions& options) {
   // --kv8: a descale of 1/256 (e4m3, e5m2) or token scales of 1/127 (i8) for K and V.
   const float descale_value = 1.f / 256;
   const int64_t one[1] = {1};
-  const int64_t token_scale_shape[3] = {batch, options.seqlen, options.heads_k};
   // K's token scales, then V's (two tensors that must not overlap).
   const size_t token_scale_count =
       options.kv8 == ANYATTN_DTYPE_I8 ? batch * options.seqlen * options.heads_k : 0;
@@ -279,33 +306,66 @@ int RunAb(const AbOptions& options) {
   const int64_t q_shape[4] = {batch, seqlen_q, options.heads_q, options.head_dim};
   const int64_t out_shape[4] = {batch, seqlen_q, options.heads_q, head_dim_v};
   const int64_t kv_shape[4] = {batch, options.seqlen, options.heads_k, options.head_dim};
+  // The cache as each page size sees it: (B, S, Hk, D), or (B S / P, P, Hk, D) pages behind a
+  // scattered block table (B, S / P).
+  struct CacheView {
+    int64_t page_size = 0;
+    std::vector<int32_t> block_table;
+    int64_t shape[4] = {};
+    int64_t block_table_shape[2] = {};
+    int64_t token_scale_shape[3] = {};
+  };
+  std::vector<CacheView> views(options.page_sizes.size());
+  for (size_t i = 0; i < views.size(); ++i) {
+    CacheView& view = views[i];
+    view.page_size = options.page_sizes[i];
+    const bool paged = view.page_size > 0;
+    const int64_t pages_per_sequence = paged ? options.seqlen / view.page_size : 0;
+    const int64_t shape[4] = {paged ? batch * pages_per_sequence : batch,
+                              paged ? view.page_size : options.seqlen, options.heads_k,
+                              options.head_dim};
+    std::copy(shape, shape + 4, view.shape);
+    view.block_table = ScatteredBlockTable(batch * pages_per_sequence);
+    view.block_table_shape[0] = batch;
+    view.block_table_shape[1] = pages_per_sequence;
+    view.token_scale_shape[0] = shape[0];
+    view.token_scale_shape[1] = shape[1];
+    view.token_scale_shape[2] = options.heads_k;
+  }
   const int64_t lse_shape[3] = {batch, options.heads_q, seqlen_q};
-  // The call's tensors and parameters as one build describes them, on K/V copy `copy` (the
-  // gradient tensors only with --backward). Filled in place: `cache` points at the scale
-  // tensors beside it.
+  // The call's tensors and parameters as one build describes them, on K/V copy `copy` seen as
+  // `view` (the gradient tensors only with --backward). Filled in place: `cache` points at the
+  // scale and block table tensors beside it.
   struct Call {
     anyattn_tensor q, k, v, out, lse, dout, dq, dk, dv;
-    anyattn_tensor descale, k_token_scale, v_token_scale;
+    anyattn_tensor descale, k_token_scale, v_token_scale, block_table;
     anyattn_fwd_params params;
     anyattn_kvcache_params cache;
   };
-  auto describe = [&](const LibraryBuild& build, size_t copy, Call* out_call) {
+  auto describe = [&](const LibraryBuild& build, const CacheView& view, size_t copy,
+                      Call* out_call) {
     Call& call = *out_call;
     build.tensor_init(&call.q, q.data(), dtype, 4, q_shape);
     const anyattn_dtype kv_dtype = kv8 ? options.kv8 : dtype;
-    build.tensor_init(&call.k, k_copies[copy].data(), kv_dtype, 4, kv_shape);
+    build.tensor_init(&call.k, k_copies[copy].data(), kv_dtype, 4, view.shape);
     if (latent) {  // K's buffer and strides, its first Dv columns
       call.v = call.k;
       call.v.shape[3] = head_dim_v;
     } else {
-      build.tensor_init(&call.v, v_copies[copy].data(), kv_dtype, 4, kv_shape);
+      build.tensor_init(&call.v, v_copies[copy].data(), kv_dtype, 4, view.shape);
     }
     build.kvcache_params_init(&call.cache);
+    if (view.page_size > 0) {
+      build.tensor_init(&call.block_table, const_cast<int32_t*>(view.block_table.data()),
+                        ANYATTN_DTYPE_I32, 2, view.block_table_shape);
+      call.cache.block_table = &call.block_table;
+      call.cache.cache_seqlen = options.seqlen;
+    }
     if (options.kv8 == ANYATTN_DTYPE_I8) {
       build.tensor_init(&call.k_token_scale, token_scales.data(), ANYATTN_DTYPE_F32, 3,
-                        token_scale_shape);
+                        view.token_scale_shape);
       build.tensor_init(&call.v_token_scale, token_scales.data() + token_scale_count,
-                        ANYATTN_DTYPE_F32, 3, token_scale_shape);
+                        ANYATTN_DTYPE_F32, 3, view.token_scale_shape);
       call.cache.k_token_scale = &call.k_token_scale;
       call.cache.v_token_scale = latent ? &call.k_token_scale : &call.v_token_scale;
     } else if (kv8) {
@@ -329,7 +389,7 @@ int RunAb(const AbOptions& options) {
     FillUniform(dout.data(), options.dtype, q_elements, 24);
     const LibraryBuild& first = builds[0];
     Call call;
-    describe(first, 0, &call);
+    describe(first, views[0], 0, &call);
     if (first.fwd(&call.q, &call.k, &call.v, &call.out, &call.lse, &call.params) != ANYATTN_OK) {
       std::fprintf(stderr, "anyattn_ab_probe: %s: forward: %s\n", first.path.c_str(),
                    first.last_error());
@@ -337,21 +397,23 @@ int RunAb(const AbOptions& options) {
     }
   }
 
-  const size_t count = builds.size();
+  // Configuration i: library i / views.size() on view i % views.size().
+  const size_t count = builds.size() * views.size();
   std::vector<std::vector<double>> seconds(count);
   size_t calls = 0;
   for (int round = -1; round < options.rounds; ++round) {  // round -1: warm-up
     for (size_t turn = 0; turn < count; ++turn) {
       const size_t index = (turn + static_cast<size_t>(round + 1)) % count;
-      const LibraryBuild& build = builds[index];
+      const LibraryBuild& build = builds[index / views.size()];
+      const CacheView& view = views[index % views.size()];
       Call call;
-      describe(build, calls++ % k_copies.size(), &call);
+      describe(build, view, calls++ % k_copies.size(), &call);
       build.set_num_threads(options.threads);
       const double start = NowSeconds();
       const anyattn_status status =
           options.backward ? build.bwd(&call.dout, &call.q, &call.k, &call.v, &call.out, &call.lse,
                                        &call.dq, &call.dk, &call.dv, nullptr, &call.params)
-          : kv8 || latent
+          : kv8 || latent || view.page_size > 0
               ? build.fwd_kvcache(&call.q, &call.k, &call.v, &call.out, nullptr, &call.cache,
                                   &call.params)
                    : build.fwd(&call.q, &call.k, &call.v, &call.out, nullptr, &call.params);
@@ -396,10 +458,15 @@ int RunAb(const AbOptions& options) {
     std::vector<double> ratios;
     for (size_t r = 0; r < seconds[i].size(); ++r) ratios.push_back(seconds[i][r] / seconds[0][r]);
     const double minimum = *std::min_element(seconds[i].begin(), seconds[i].end());
+    const int64_t page_size = views[i % views.size()].page_size;
+    std::string label = builds[i / views.size()].path;
+    if (views.size() > 1 || page_size > 0) {
+      label += page_size > 0 ? ", pages of " + std::to_string(page_size) : ", contiguous";
+    }
     std::printf(
         "  %c %-40s min %9.3f ms (%6.1f GFLOP/s, K/V %5.1f GB/s)  median %9.3f ms  "
         "time / A %.3f\n",
-        static_cast<char>('A' + i), builds[i].path.c_str(), minimum * 1e3, flops / minimum * 1e-9,
+        static_cast<char>('A' + i), label.c_str(), minimum * 1e3, flops / minimum * 1e-9,
         kv_bytes / minimum * 1e-9, Median(seconds[i]) * 1e3, Median(ratios));
   }
   return 0;
