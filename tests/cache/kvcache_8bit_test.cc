@@ -933,26 +933,89 @@ TEST(Kvcache8bit, ZeroAndSubnormalDescalesReadAsScaled) {
   }
 }
 
-// With bf16 probabilities allowed (bf16 q, 40 query rows per kv head: the packed path), V's
-// factor multiplies each probability before it is rounded to bf16, for factors 0 and in
-// [2^-60, 2^60]; blocks with others (subnormal, tiny or huge descales) take the f32 products,
-// where p times the factor would flush or the products overflow. Each agrees with the reference.
+// With bf16 probabilities allowed, V's factor multiplies each probability before it is rounded to
+// bf16, for factors 0 and in [2^-60, 2^60]; blocks with others (subnormal, tiny or huge
+// descales) take the f32 products, where p times the factor would flush or the products
+// overflow: in the packed path (bf16 q, 40 query rows per kv head) and in the direct decode loop
+// on widened rows (8 rows per kv head, several whole key blocks: the value pairs of
+// chunk_pv_pairs, which stay off for the rest of the task once a block's factors do not fit).
+// Each agrees with the reference.
 TEST(Kvcache8bit, FastPrecisionTakesValueFactorsOrTheF32Products) {
   for (float value : {0.f, std::numeric_limits<float>::denorm_min(), 1e-40f, 0x1.0p-61f,
                       0x1.0p-60f, 0x1.0p40f, 0x1.0p61f, 0x1.0p100f}) {
     for (int32_t kv : {ANYATTN_DTYPE_FP8_E4M3, ANYATTN_DTYPE_I8}) {
-      Q8Case c = hostile_case(0);
-      c.kv_dtype = kv;
-      c.dtype = ANYATTN_DTYPE_BF16;
-      c.Sq = 20;
-      c.Hq = 4;
-      c.Hk = 2;
-      Q8Problem p(c);
-      p.params.precision = ANYATTN_PRECISION_FAST;
-      // Both kv heads: the acceptance rule's eps follows the largest output.
-      p.v_descale.set(0, value);
-      p.v_descale.set(1, value);
-      for (anyattn_isa isa : supported_isas()) EXPECT_TRUE(run_and_check(&p, isa, 2)) << value;
+      for (bool decode : {false, true}) {
+        Q8Case c = hostile_case(0);
+        c.kv_dtype = kv;
+        c.dtype = ANYATTN_DTYPE_BF16;
+        c.Sq = decode ? 1 : 20;
+        c.Hq = decode ? 16 : 4;
+        c.Hk = 2;
+        if (decode) {
+          c.seqlens = {150, 200};
+          c.capacity = 256;
+        }
+        Q8Problem p(c);
+        p.params.precision = ANYATTN_PRECISION_FAST;
+        // Both kv heads: the acceptance rule's eps follows the largest output.
+        p.v_descale.set(0, value);
+        p.v_descale.set(1, value);
+        for (anyattn_isa isa : supported_isas()) {
+          EXPECT_TRUE(run_and_check(&p, isa, 2)) << value << " " << c.describe();
+        }
+      }
+    }
+  }
+}
+
+// The decode loop's value pairs on widened rows (bf16 q, 16 rows per kv head, one V descale for
+// both kv heads): a block whose factors, as multiplied into p, fit (value_factor_fits_pairs)
+// rounds p times the factor to bf16, so fast and accurate outputs differ; one whose factors do
+// not keeps the kv head on the f32 products for the rest of the task, the accurate call's code,
+// so the two agree to the bit, on every path. int8's factor is its descale; e4m3's takes the
+// power of two of its read (KeyScales), so only descales that fit, or not, under both e4m3 reads
+// are listed for it. The avx512 path has the widened rows and the value pairs where the CPU has
+// AVX512_VBMI and the bf16 dot products.
+TEST(Kvcache8bit, FastDecodeValuePairsOnlyForFittingFactors) {
+  struct Factor {
+    int32_t kv;
+    float descale;
+    bool fits;
+  };
+  const Factor factors[] = {
+      {ANYATTN_DTYPE_I8, 1e-40f, false},         {ANYATTN_DTYPE_I8, 0x1.0p-61f, false},
+      {ANYATTN_DTYPE_I8, 0x1.0p-60f, true},      {ANYATTN_DTYPE_I8, 0x1.0p-3f, true},
+      {ANYATTN_DTYPE_I8, 0x1.0p60f, true},       {ANYATTN_DTYPE_I8, 0x1.0p61f, false},
+      {ANYATTN_DTYPE_I8, 0x1.0p100f, false},     {ANYATTN_DTYPE_FP8_E4M3, 1e-40f, false},
+      {ANYATTN_DTYPE_FP8_E4M3, 0x1.0p-100f, false}, {ANYATTN_DTYPE_FP8_E4M3, 0x1.0p-3f, true},
+      {ANYATTN_DTYPE_FP8_E4M3, 0x1.0p20f, true}};
+  const bool pairs = cpu::kv8_widening_available() && cpu::bf16_dot_scores_available();
+  for (const Factor& factor : factors) {
+    Q8Case c = hostile_case(0);
+    c.kv_dtype = factor.kv;
+    c.dtype = ANYATTN_DTYPE_BF16;
+    c.Hq = 32;
+    c.seqlens = {150, 200};
+    c.capacity = 256;
+    Q8Problem p(c);
+    p.v_descale.set(0, factor.descale);
+    p.v_descale.set(1, factor.descale);
+    for (anyattn_isa isa : supported_isas()) {
+      std::vector<unsigned char> out[2];
+      for (anyattn_precision precision : {ANYATTN_PRECISION_ACCURATE, ANYATTN_PRECISION_FAST}) {
+        p.restore();
+        p.params.isa = isa;
+        p.params.precision = precision;
+        ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+        out[precision == ANYATTN_PRECISION_FAST] = p.out.bytes;
+      }
+      const std::string where =
+          std::to_string(factor.descale) + " " + c.describe() + " " + anyattn_isa_name(isa);
+      if (!factor.fits) {
+        EXPECT_EQ(out[0], out[1]) << where;
+      } else if (pairs && isa == ANYATTN_ISA_AVX512) {
+        EXPECT_NE(out[0], out[1]) << where;
+      }
     }
   }
 }

@@ -674,9 +674,12 @@ struct KeyScales {
   // returns, where p is not 0 (probabilities are 0 or normal numbers: vec_math's exp2 gives no
   // subnormal), a vector at a time. e4m3 blocks of kv head h (direct exponent s_h) read kKeyRead
   // unless a factor reaches 2^(120 - s_h) (infinity included) or the V rows are widened to bf16
-  // (`widened`: they hold the kViaHalf read's values): those read kViaHalf.
+  // (`widened`: they hold the kViaHalf read's values): those read kViaHalf. *factors_fit_pairs:
+  // whether every key's factor times the load scale, as multiplied into p, lets the value pairs
+  // round that product to bf16 (value_factor_fits_pairs), where the path has them.
   E4m3Read scale_probabilities(const BlockRows& rows, int64_t keys, int64_t h, int64_t rows_count,
-                               int direct_exponent, bool widened, float* p) const {
+                               int direct_exponent, bool widened, float* p,
+                               bool* factors_fit_pairs) const {
     alignas(64) float factors[kKeyBlock];
     fill_factors(rows, 0, keys, h, KvStream::kV, factors);
     E4m3Read read = kKeyRead;
@@ -694,6 +697,13 @@ struct KeyScales {
     const int64_t padded = round_up(keys, kLanes);
     for (int64_t j = 0; j < keys; ++j) factors[j] *= load_scale;
     for (int64_t j = keys; j < padded; ++j) factors[j] = 1.f;
+#if defined(ANYATTN_NARROW_BF16_PV)
+    bool fit = true;
+    for (int64_t j = 0; j < keys; ++j) fit &= value_factor_fits_pairs(factors[j]);
+    *factors_fit_pairs = fit;
+#else
+    *factors_fit_pairs = false;
+#endif
     for (int64_t r = 0; r < rows_count; ++r) {
       float* row = p + r * kKeyBlock;
       for (int64_t j = 0; j < padded; j += kLanes) {
@@ -927,16 +937,20 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   for (int64_t h = 0; h < heads; ++h) {
     v_exponent[h] = kDtype == DType::kFp8E4M3 ? key_scales.direct_v_exponent(h) : 0;
   }
-  // Whether kv head h's P V passes run on the value pairs (chunk_pv_pairs): bf16 caches of calls
-  // that allow bf16 probabilities, on CPUs whose bf16 scores take the dot products, with at
-  // least kPairsPvMinRows rows per kv head and whole 32-column groups; cleared for the rest of
-  // the task once a pass's or a boundary block's V holds a subnormal, since O may then hold one.
+  // Whether kv head h's P V passes run on the value pairs (chunk_pv_pairs): bf16 caches, and
+  // 8-bit caches whose V rows are widened to bf16 (widened_v), of calls that allow bf16
+  // probabilities, on CPUs whose bf16 scores take the dot products, with at least
+  // kPairsPvMinRows rows per kv head and whole 32-column groups; cleared for the rest of the task
+  // once a pass's or a boundary block's V holds a subnormal, or a block's V factors do not fit
+  // the pairs (KeyScales::scale_probabilities), since O may then hold a subnormal.
 #if defined(ANYATTN_DIRECT_BF16_PV)
   bool pairs_pv[kMaxQBlockRows] = {};
-  if constexpr (kDtype == DType::kBF16) {
+  if constexpr (kDtype == DType::kBF16 || is_kv8(kDtype)) {
     const bool takes_pairs = args.bf16_probabilities && args.head_dim_v % 32 == 0 &&
                              rows_per_kv >= kPairsPvMinRows && bf16_dot_scores_available();
-    std::fill(pairs_pv, pairs_pv + heads, takes_pairs);
+    for (int64_t h = 0; h < heads; ++h) {
+      pairs_pv[h] = takes_pairs && (kDtype == DType::kBF16 || widened_v[h]);
+    }
   }
 #endif
   const int64_t element_bytes = element_size(args.kv_dtype);
@@ -1039,9 +1053,13 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
                               scratch.o + r0 * dv_pad, dv_pad);
       v_read[h] = kKeyRead;
       if constexpr (is_kv8(kDtype)) {
+        bool factors_fit_pairs = false;
         v_read[h] = key_scales.scale_probabilities(this_block, keys, h, rows_per_kv,
                                                    v_exponent[h], widened_v[h],
-                                                   scratch.s + r0 * kKeyBlock);
+                                                   scratch.s + r0 * kKeyBlock, &factors_fit_pairs);
+#if defined(ANYATTN_DIRECT_BF16_PV)
+        pairs_pv[h] = pairs_pv[h] && factors_fit_pairs;
+#endif
       }
     }
     // body(std::integral_constant<E4m3Read, read>) for kv head h's read of V: the kViaHalf
@@ -1110,6 +1128,15 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
               const void* widened[kDirectChunkKeys];
               widen_rows(args, kWidenedVExponent, v_rows, present, args.head_dim_v, &prefetch,
                          scratch, kDirectChunkKeys, widened);
+#if defined(ANYATTN_DIRECT_BF16_PV)
+              // The widening issued the pass's hints; widened values are never subnormal.
+              if (pairs_pv[h] &&
+                  ANYATTN_DIRECT_BF16_PV(scratch.s + r0 * kKeyBlock + c, rows_per_kv, widened,
+                                         present, args.head_dim_v, nullptr,
+                                         scratch.o + r0 * dv_pad, dv_pad)) {
+                continue;
+              }
+#endif
               direct_pv<DType::kBF16>(scratch.s + r0 * kKeyBlock + c, rows_per_kv, widened,
                                       present, args.head_dim_v, nullptr, scratch.o + r0 * dv_pad,
                                       dv_pad);
