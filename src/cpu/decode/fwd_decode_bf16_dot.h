@@ -84,6 +84,11 @@ void chunk_scores(const uint16_t* q, int64_t ldq, int64_t rows, const void* cons
 bool chunk_pv_pairs(const float* p, int64_t rows, const void* const* v_rows, int64_t keys,
                     int64_t head_dim_v, const PassPrefetcher* prefetch, float* o, int64_t ldo);
 
+// The same from V already in the value pairs' layout (`pairs`: (keys + 1) / 2 pair rows of
+// head_dim_v words, as kv8_widen.h's widen_kv8_value_pairs writes them, no subnormal value).
+void pairs_pv(const float* p, int64_t rows, const uint32_t* pairs, int64_t keys,
+              int64_t head_dim_v, float* o, int64_t ldo);
+
 }  // namespace avx512_bf16
 
 // The same on BFDOT: k_rows read to head_dim exactly (a row tail goes through a zeroed buffer); q

@@ -1124,19 +1124,21 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
           const int64_t r0 = h * rows_per_kv;
 #if defined(ANYATTN_DIRECT_KV8_WIDEN)
           if constexpr (is_kv8(kDtype)) {
+#if defined(ANYATTN_DIRECT_KV8_WIDEN_PAIRS)
+            if (pairs_pv[h]) {  // widened straight into the value pairs (never subnormal)
+              uint32_t* pairs = reinterpret_cast<uint32_t*>(scratch.staging);
+              ANYATTN_DIRECT_KV8_WIDEN_PAIRS(args.kv_dtype, kWidenedVExponent, v_rows, present,
+                                             args.head_dim_v, &prefetch, pairs);
+              ANYATTN_DIRECT_BF16_PAIRS_PV(scratch.s + r0 * kKeyBlock + c, rows_per_kv, pairs,
+                                           present, args.head_dim_v, scratch.o + r0 * dv_pad,
+                                           dv_pad);
+              continue;
+            }
+#endif
             if (widened_v[h]) {
               const void* widened[kDirectChunkKeys];
               widen_rows(args, kWidenedVExponent, v_rows, present, args.head_dim_v, &prefetch,
                          scratch, kDirectChunkKeys, widened);
-#if defined(ANYATTN_DIRECT_BF16_PV)
-              // The widening issued the pass's hints; widened values are never subnormal.
-              if (pairs_pv[h] &&
-                  ANYATTN_DIRECT_BF16_PV(scratch.s + r0 * kKeyBlock + c, rows_per_kv, widened,
-                                         present, args.head_dim_v, nullptr,
-                                         scratch.o + r0 * dv_pad, dv_pad)) {
-                continue;
-              }
-#endif
               direct_pv<DType::kBF16>(scratch.s + r0 * kKeyBlock + c, rows_per_kv, widened,
                                       present, args.head_dim_v, nullptr, scratch.o + r0 * dv_pad,
                                       dv_pad);

@@ -125,6 +125,12 @@ bool chunk_pv_pairs(const float* p, int64_t rows, const void* const* v_rows, int
                        ? interleave_value_pairs<true>(v_rows, keys, head_dim_v, prefetch, pairs)
                        : interleave_value_pairs<false>(v_rows, keys, head_dim_v, prefetch, pairs);
   if (!fit) return false;
+  pairs_pv(p, rows, pairs, keys, head_dim_v, o, ldo);
+  return true;
+}
+
+void pairs_pv(const float* p, int64_t rows, const uint32_t* pairs, int64_t keys,
+              int64_t head_dim_v, float* o, int64_t ldo) {
   alignas(64) uint32_t p_pairs[kMaxQBlockRows * kPairRows];
   const __mmask16 present = static_cast<__mmask16>((1u << keys) - 1u);
   for (int64_t r = 0; r < rows; ++r) {
@@ -143,7 +149,6 @@ bool chunk_pv_pairs(const float* p, int64_t rows, const void* const* v_rows, int
       default: pairs_rows<4>(tile_p, pairs, pair_rows, head_dim_v, tile_o, ldo); break;
     }
   }
-  return true;
 }
 
 }  // namespace anyattn::cpu::avx512_bf16

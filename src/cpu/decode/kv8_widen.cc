@@ -7,7 +7,9 @@
 // two unpacks that interleave low and high bytes into 64 bf16 values, stored as two vectors:
 // eleven instructions per 64 elements, each element widened once per pass instead of once per
 // tile of query rows. The rows come from L1 or L2 (the pass's prefetches are issued next to the
-// loads of the same lines) and the widened rows stay in L1 for the products that follow.
+// loads of the same lines) and the widened rows stay in L1 for the products that follow. V rows
+// for the value pairs take the same lookup with another byte order: 32 codes of each of two keys
+// in one vector, ordered so that the unpacks give the two keys' values interleaved in pairs.
 #include "cpu/decode/kv8_widen.h"
 
 #include <cmath>
@@ -88,6 +90,30 @@ struct InterleaveOrder {
 };
 constexpr InterleaveOrder kInterleaveOrder;
 
+// The byte order that takes 32 codes of key a (bytes 0 .. 31) and 32 of key b (bytes 32 .. 63) to
+// the value pairs' words (fwd_decode_bf16_dot.h, chunk_pv_pairs) through widen64's unpacks: its
+// output sequence is a0 b0 a2 b2 ... a30 b30 (the even columns' pairs), then a1 b1 a3 b3 ...
+// a31 b31 (the odd columns'), and the unpacks read element 8L + i of that sequence from byte
+// 16L + i and element 32 + 8L + i from byte 16L + 8 + i.
+struct PairOrder {
+  alignas(64) uint8_t index[64];
+  static constexpr uint8_t source(int element) {  // the byte of output element `element`
+    const int odd = element / 32;                  // the odd columns' half
+    const int pair = element % 32;
+    const int column = 2 * (pair / 2) + odd;
+    return static_cast<uint8_t>((pair % 2) * 32 + column);
+  }
+  constexpr PairOrder() : index() {
+    for (int lane = 0; lane < 4; ++lane) {
+      for (int i = 0; i < 8; ++i) {
+        index[16 * lane + i] = source(8 * lane + i);
+        index[16 * lane + 8 + i] = source(32 + 8 * lane + i);
+      }
+    }
+  }
+};
+constexpr PairOrder kPairOrder;
+
 }  // namespace
 
 ANYATTN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")
@@ -135,16 +161,59 @@ void widen_rows(const Tables& t, const void* const* rows, int64_t count, int64_t
   }
 }
 
-}  // namespace
+template <bool kFarInMemoryOrder>
+void widen_value_pairs(const Tables& t, const void* const* rows, int64_t count, int64_t n,
+                       const PassPrefetcher* prefetch, uint32_t* pairs) {
+  const __m512i order = _mm512_load_si512(kPairOrder.index);
+  const int64_t row_lines = (n + 63) / 64;
+  for (int64_t pair = 0; 2 * pair < count; ++pair) {
+    const int64_t a = 2 * pair;
+    const bool partner = a + 1 < count;
+    const uint8_t* first = static_cast<const uint8_t*>(rows[a]);
+    const uint8_t* second = partner ? static_cast<const uint8_t*>(rows[a + 1]) : nullptr;
+    uint16_t* out = reinterpret_cast<uint16_t*>(pairs + pair * n);
+    for (int64_t c = 0; c < n; c += 32) {
+      if (prefetch != nullptr && c % 64 == 0) {
+        prefetch->line<kFarInMemoryOrder>(a, c, a * row_lines + c / 64);
+        if (partner) prefetch->line<kFarInMemoryOrder>(a + 1, c, (a + 1) * row_lines + c / 64);
+      }
+      const __m256i low_codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(first + c));
+      const __m256i high_codes =
+          partner ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(second + c))
+                  : _mm256_setzero_si256();  // code 0 is +0 in every format
+      const __m512i codes =
+          _mm512_inserti64x4(_mm512_castsi256_si512(low_codes), high_codes, 1);
+      widen64(t, _mm512_permutexvar_epi8(order, codes), out + 2 * c);
+    }
+  }
+}
 
-void widen_kv8_rows(DType kv_dtype, int e4m3_exponent, const void* const* rows, int64_t count,
-                    int64_t n, const PassPrefetcher* prefetch, uint16_t* out, int64_t ld_out) {
+Tables load_tables(DType kv_dtype, int e4m3_exponent) {
   const CodeTables& codes = tables_for(kv_dtype, e4m3_exponent);
   Tables t;
   for (int i = 0; i < 4; ++i) {
     t.low[i] = _mm512_load_si512(codes.low + 64 * i);
     t.high[i] = _mm512_load_si512(codes.high + 64 * i);
   }
+  return t;
+}
+
+}  // namespace
+
+void widen_kv8_value_pairs(DType kv_dtype, int e4m3_exponent, const void* const* rows,
+                           int64_t count, int64_t n, const PassPrefetcher* prefetch,
+                           uint32_t* pairs) {
+  const Tables t = load_tables(kv_dtype, e4m3_exponent);
+  if (prefetch != nullptr && prefetch->far_in_memory_order()) {
+    widen_value_pairs<true>(t, rows, count, n, prefetch, pairs);
+  } else {
+    widen_value_pairs<false>(t, rows, count, n, prefetch, pairs);
+  }
+}
+
+void widen_kv8_rows(DType kv_dtype, int e4m3_exponent, const void* const* rows, int64_t count,
+                    int64_t n, const PassPrefetcher* prefetch, uint16_t* out, int64_t ld_out) {
+  const Tables t = load_tables(kv_dtype, e4m3_exponent);
   if (prefetch != nullptr && prefetch->far_in_memory_order()) {
     widen_rows<true>(t, rows, count, n, prefetch, out, ld_out);
   } else {

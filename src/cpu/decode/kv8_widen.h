@@ -73,6 +73,15 @@ namespace avx512_vbmi {
 void widen_kv8_rows(DType kv_dtype, int e4m3_exponent, const void* const* rows, int64_t count,
                     int64_t n, const PassPrefetcher* prefetch, uint16_t* out, int64_t ld_out);
 
+// The same values in the value pairs' layout of chunk_pv_pairs (fwd_decode_bf16_dot.h), for
+// calls that allow bf16 probabilities: pair row t (n words at pairs + t * n) holds keys 2t and
+// 2t + 1, the 16 words from 32g those keys' columns 32g, 32g + 2, ..., the next 16 columns
+// 32g + 1, 32g + 3, ..., key 2t in each word's low half; a missing partner reads as zero. n a
+// multiple of 32; pairs 64-byte aligned, (count + 1) / 2 rows. Hints as widen_kv8_rows's.
+void widen_kv8_value_pairs(DType kv_dtype, int e4m3_exponent, const void* const* rows,
+                           int64_t count, int64_t n, const PassPrefetcher* prefetch,
+                           uint32_t* pairs);
+
 }  // namespace avx512_vbmi
 }  // namespace anyattn::cpu
 

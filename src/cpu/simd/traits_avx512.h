@@ -30,9 +30,11 @@
 #define ANYATTN_DIRECT_BF16_DOT_SCORES avx512_bf16::chunk_scores
 // and, for tasks of many query rows per kv head, widens 8-bit caches' rows to bf16 once per pass
 // for them (decode/kv8_widen.h). Calls that allow bf16 probabilities take the P V of bf16 caches
-// there too (chunk_pv_pairs).
+// there too (chunk_pv_pairs), and of 8-bit caches from V rows widened straight into its pairs.
 #define ANYATTN_DIRECT_KV8_WIDEN avx512_vbmi::widen_kv8_rows
+#define ANYATTN_DIRECT_KV8_WIDEN_PAIRS avx512_vbmi::widen_kv8_value_pairs
 #define ANYATTN_DIRECT_BF16_PV avx512_bf16::chunk_pv_pairs
+#define ANYATTN_DIRECT_BF16_PAIRS_PV avx512_bf16::pairs_pv
 // The packed forward's bf16 scores, and the backward's S and dP of bf16 calls, run on the same
 // instruction there (forward/fwd_narrow_scores.h).
 #define ANYATTN_FWD_NARROW_SCORES 1
