@@ -968,8 +968,9 @@ TEST(Kvcache8bit, FastPrecisionTakesValueFactorsOrTheF32Products) {
   }
 }
 
-// The decode loop's value pairs on widened rows (bf16 q, 16 rows per kv head, one V descale for
-// both kv heads): a block whose factors, as multiplied into p, fit (value_factor_fits_pairs)
+// The decode loop's value pairs on widened rows (bf16 q; 4 and 16 rows per kv head for e4m3, 8
+// and 16 for int8: the fewest that take them, and many; one V descale for both kv heads): a
+// block whose factors, as multiplied into p, fit (value_factor_fits_pairs)
 // rounds p times the factor to bf16, so fast and accurate outputs differ; one whose factors do
 // not keeps the kv head on the f32 products for the rest of the task, the accurate call's code,
 // so the two agree to the bit, on every path. int8's factor is its descale; e4m3's takes the
@@ -991,30 +992,33 @@ TEST(Kvcache8bit, FastDecodeValuePairsOnlyForFittingFactors) {
       {ANYATTN_DTYPE_FP8_E4M3, 0x1.0p20f, true}};
   const bool pairs = cpu::kv8_widening_available() && cpu::bf16_dot_scores_available();
   for (const Factor& factor : factors) {
-    Q8Case c = hostile_case(0);
-    c.kv_dtype = factor.kv;
-    c.dtype = ANYATTN_DTYPE_BF16;
-    c.Hq = 32;
-    c.seqlens = {150, 200};
-    c.capacity = 256;
-    Q8Problem p(c);
-    p.v_descale.set(0, factor.descale);
-    p.v_descale.set(1, factor.descale);
-    for (anyattn_isa isa : supported_isas()) {
-      std::vector<unsigned char> out[2];
-      for (anyattn_precision precision : {ANYATTN_PRECISION_ACCURATE, ANYATTN_PRECISION_FAST}) {
-        p.restore();
-        p.params.isa = isa;
-        p.params.precision = precision;
-        ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
-        out[precision == ANYATTN_PRECISION_FAST] = p.out.bytes;
-      }
-      const std::string where =
-          std::to_string(factor.descale) + " " + c.describe() + " " + anyattn_isa_name(isa);
-      if (!factor.fits) {
-        EXPECT_EQ(out[0], out[1]) << where;
-      } else if (pairs && isa == ANYATTN_ISA_AVX512) {
-        EXPECT_NE(out[0], out[1]) << where;
+    for (int64_t hq : {factor.kv == ANYATTN_DTYPE_FP8_E4M3 ? 8 : 16, 32}) {
+      Q8Case c = hostile_case(0);
+      c.kv_dtype = factor.kv;
+      c.dtype = ANYATTN_DTYPE_BF16;
+      c.Hq = hq;
+      c.seqlens = {150, 200};
+      c.capacity = 256;
+      Q8Problem p(c);
+      p.v_descale.set(0, factor.descale);
+      p.v_descale.set(1, factor.descale);
+      for (anyattn_isa isa : supported_isas()) {
+        std::vector<unsigned char> out[2];
+        for (anyattn_precision precision :
+             {ANYATTN_PRECISION_ACCURATE, ANYATTN_PRECISION_FAST}) {
+          p.restore();
+          p.params.isa = isa;
+          p.params.precision = precision;
+          ASSERT_EQ(p.run(), ANYATTN_OK) << anyattn_last_error();
+          out[precision == ANYATTN_PRECISION_FAST] = p.out.bytes;
+        }
+        const std::string where =
+            std::to_string(factor.descale) + " " + c.describe() + " " + anyattn_isa_name(isa);
+        if (!factor.fits) {
+          EXPECT_EQ(out[0], out[1]) << where;
+        } else if (pairs && isa == ANYATTN_ISA_AVX512) {
+          EXPECT_NE(out[0], out[1]) << where;
+        }
       }
     }
   }

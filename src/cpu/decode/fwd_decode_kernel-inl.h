@@ -887,6 +887,13 @@ inline void widen_rows(const FwdArgs& args, int e4m3_exponent, const void* const
 // The fewest query rows per kv head whose P V takes the value pairs (chunk_pv_pairs): below it
 // the interleaving of each pass's V rows costs more than the dot products save.
 constexpr int64_t kPairsPvMinRows = 8;
+// The same for 8-bit caches, whose V rows are widened straight into the pairs: e4m3's f32 loop
+// converts each V element at a higher cost than the widening, so the pairs pay from one tile of
+// rows on; int8's and e5m2's break even below two tiles (bench/MEASUREMENTS.md, "Fast-precision P
+// V on widened 8-bit V rows").
+constexpr int64_t kv8_pairs_pv_min_rows(DType kv_dtype) {
+  return kv_dtype == DType::kFp8E4M3 ? 4 : kPairsPvMinRows;
+}
 
 // Whether one of the first n values of the `keys` bf16 rows is subnormal.
 inline bool bf16_rows_hold_subnormal(const void* const* rows, int64_t keys, int64_t n) {
@@ -925,32 +932,41 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
   // read gives them (KeyScales::scale_probabilities), the other formats' unscaled.
   [[maybe_unused]] constexpr int kWidenedVExponent =
       kDtype == DType::kFp8E4M3 ? kE4m3LoadExponent<E4m3Read::kViaHalf> : 0;
-  // Whether kv head h's V rows are widened to bf16 too: a kv head whose K rows are (dot_head,
-  // 8-bit caches) with kv8_widen_value_min_rows rows or more.
+  // Whether kv head h's V rows are widened to bf16 too (8-bit caches): a kv head whose K rows
+  // are (dot_head) with kv8_widen_value_min_rows rows or more, and every kv head whose P V takes
+  // the value pairs (below; the blocks that do not, and the boundary blocks, then read the widened
+  // rows, which keep O in the same column order).
   [[maybe_unused]] bool widened_v[kMaxQBlockRows] = {};
+  [[maybe_unused]] bool kv8_pairs = false;
   if constexpr (is_kv8(kDtype)) {
+#if defined(ANYATTN_DIRECT_BF16_PV)
+    kv8_pairs = args.bf16_probabilities && args.head_dim_v % 32 == 0 &&
+                rows_per_kv >= kv8_pairs_pv_min_rows(args.kv_dtype) && kv8_widening_available();
+#endif
     for (int64_t h = 0; h < heads; ++h) {
-      widened_v[h] = dot_head[h] && rows_per_kv >= kv8_widen_value_min_rows(args.kv_dtype);
+      widened_v[h] =
+          kv8_pairs || (dot_head[h] && rows_per_kv >= kv8_widen_value_min_rows(args.kv_dtype));
     }
   }
   int v_exponent[kMaxQBlockRows];  // per kv head of the task: KeyScales::direct_v_exponent
   for (int64_t h = 0; h < heads; ++h) {
     v_exponent[h] = kDtype == DType::kFp8E4M3 ? key_scales.direct_v_exponent(h) : 0;
   }
-  // Whether kv head h's P V passes run on the value pairs (chunk_pv_pairs): bf16 caches, and
-  // 8-bit caches whose V rows are widened to bf16 (widened_v), of calls that allow bf16
-  // probabilities, on CPUs whose bf16 scores take the dot products, with at least
-  // kPairsPvMinRows rows per kv head and whole 32-column groups; cleared for the rest of the task
-  // once a pass's or a boundary block's V holds a subnormal, or a block's V factors do not fit
-  // the pairs (KeyScales::scale_probabilities), since O may then hold a subnormal.
+  // Whether kv head h's P V passes run on the value pairs (chunk_pv_pairs, pairs_pv): bf16 caches
+  // with at least kPairsPvMinRows rows per kv head, and 8-bit caches with kv8_pairs_pv_min_rows
+  // (their V rows widened straight into the pairs, on CPUs with the widening), of calls that allow
+  // bf16 probabilities, on CPUs whose bf16 scores take the dot products, with whole 32-column
+  // groups; cleared for the rest of the task once a pass's or a boundary block's V holds a
+  // subnormal, or a block's V factors do not fit the pairs (KeyScales::scale_probabilities),
+  // since O may then hold a subnormal.
 #if defined(ANYATTN_DIRECT_BF16_PV)
   bool pairs_pv[kMaxQBlockRows] = {};
-  if constexpr (kDtype == DType::kBF16 || is_kv8(kDtype)) {
+  if constexpr (kDtype == DType::kBF16) {
     const bool takes_pairs = args.bf16_probabilities && args.head_dim_v % 32 == 0 &&
                              rows_per_kv >= kPairsPvMinRows && bf16_dot_scores_available();
-    for (int64_t h = 0; h < heads; ++h) {
-      pairs_pv[h] = takes_pairs && (kDtype == DType::kBF16 || widened_v[h]);
-    }
+    std::fill(pairs_pv, pairs_pv + heads, takes_pairs);
+  } else if constexpr (is_kv8(kDtype)) {
+    std::fill(pairs_pv, pairs_pv + heads, kv8_pairs);
   }
 #endif
   const int64_t element_bytes = element_size(args.kv_dtype);
