@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "anyattn/anyattn.h"
+#include "integer_list.h"
 #include "tensors.h"
 #include "timing.h"
 
@@ -164,12 +165,10 @@ bool ParseAbOptions(int argc, char** argv, AbOptions* options) {
     } else if (name == "--latent") {
       options->latent_dv = std::atoll(value);
     } else if (name == "--page-size") {
-      options->page_sizes.clear();
-      for (const char* p = value; *p != '\0';) {
-        char* end = nullptr;
-        options->page_sizes.push_back(std::strtoll(p, &end, 10));
-        if (end == p) return false;
-        p = *end == ',' ? end + 1 : end;
+      if (!ParseIntegerList(value, &options->page_sizes)) {
+        std::fprintf(stderr, "anyattn_ab_probe: --page-size wants integers like 0,16; got %s\n",
+                     value);
+        return false;
       }
     } else if (name == "--kv-copies") {
       options->kv_copies = std::atoi(value);

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "integer_list.h"
 #include "released_threads.h"
 #include "tensors.h"
 
@@ -36,7 +37,7 @@ std::atomic<float> g_sink{0.0f};
 
 struct ScatterOptions {
   size_t mib = 1024;
-  std::vector<size_t> chunk_kib = {4, 16, 32, 64, 128, 512};
+  std::vector<int64_t> chunk_kib = {4, 16, 32, 64, 128, 512};
   int threads = 2;
   int rounds = 9;
 };
@@ -52,13 +53,7 @@ bool ParseScatterOptions(int argc, char** argv, ScatterOptions* options) {
     } else if (name == "--rounds") {
       options->rounds = std::atoi(value);
     } else if (name == "--chunk-kib") {
-      options->chunk_kib.clear();
-      for (const char* p = value; *p != '\0';) {
-        char* end = nullptr;
-        options->chunk_kib.push_back(std::strtoull(p, &end, 10));
-        p = *end == ',' ? end + 1 : end;
-        if (end == p && *p != '\0') return false;
-      }
+      if (!ParseIntegerList(value, &options->chunk_kib)) return false;
     } else {
       return false;
     }
@@ -66,8 +61,9 @@ bool ParseScatterOptions(int argc, char** argv, ScatterOptions* options) {
   if (argc % 2 == 0 || options->threads < 1 || options->rounds < 1 || options->chunk_kib.empty()) {
     return false;
   }
-  for (size_t kib : options->chunk_kib) {
-    if (kib == 0 || kib * 1024 * static_cast<size_t>(options->threads) > options->mib << 20) {
+  for (int64_t kib : options->chunk_kib) {
+    if (kib <= 0 || static_cast<size_t>(kib) * 1024 * static_cast<size_t>(options->threads) >
+                        options->mib << 20) {
       return false;
     }
   }
@@ -119,8 +115,8 @@ int Run(const ScatterOptions& options) {
   const char* base = static_cast<const char*>(buffer.data());
   std::printf("%zu MiB on 2 MiB pages, %d thread(s), %d rounds; GB/s medians\n", options.mib,
               options.threads, options.rounds);
-  for (size_t kib : options.chunk_kib) {
-    const size_t chunk_bytes = kib * 1024;
+  for (int64_t kib : options.chunk_kib) {
+    const size_t chunk_bytes = static_cast<size_t>(kib) * 1024;
     const int64_t chunks = static_cast<int64_t>(bytes / chunk_bytes);
     std::vector<int32_t> in_order(chunks);
     for (int64_t i = 0; i < chunks; ++i) in_order[i] = static_cast<int32_t>(i);
@@ -142,7 +138,8 @@ int Run(const ScatterOptions& options) {
       ratios.push_back(ordered_s / scattered_s);
     }
     std::printf(
-        "  chunks of %4zu KiB: in order %6.1f, scattered %6.1f, scattered / in order %.3f\n", kib, Median(ordered_gbps), Median(scattered_gbps), Median(ratios));
+        "  chunks of %4lld KiB: in order %6.1f, scattered %6.1f, scattered / in order %.3f\n",
+        static_cast<long long>(kib), Median(ordered_gbps), Median(scattered_gbps), Median(ratios));
   }
   return 0;
 }
