@@ -1,5 +1,5 @@
-// anyattn_ab_probe: compares two to four builds of libanyattn.so on one dense forward (or
-// backward) shape, inside one process, calls interleaved.
+// anyattn_ab_probe: compares one to four builds of libanyattn.so, each on one or more page sizes
+// of the cache, on one forward (or backward) shape, inside one process, calls interleaved.
 //
 //   anyattn_ab_probe --lib OLD.so --lib NEW.so [--batch B] [--seqlen S] [--seqlen-q SQ]
 //                    [--heads-q H] [--heads-k HK] [--head-dim D] [--dtype f32|bf16|f16]
