@@ -29,6 +29,7 @@
 #include "integer_list.h"
 #include "released_threads.h"
 #include "tensors.h"
+#include "timing.h"
 
 namespace anyattn_bench {
 namespace {
@@ -97,11 +98,6 @@ double TimePass(const char* base, const std::vector<int32_t>& order, size_t chun
     const size_t end = t == threads - 1 ? order.size() : begin + share;
     g_sink.store(SumChunks(base, order, begin, end, chunk_bytes), std::memory_order_relaxed);
   });
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 int Run(const ScatterOptions& options) {

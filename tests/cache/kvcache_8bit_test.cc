@@ -937,8 +937,8 @@ TEST(Kvcache8bit, ZeroAndSubnormalDescalesReadAsScaled) {
 // bf16, for factors 0 and in [2^-60, 2^60]; blocks with others (subnormal, tiny or huge
 // descales) take the f32 products, where p times the factor would flush or the products
 // overflow: in the packed path (bf16 q, 40 query rows per kv head) and in the direct decode loop
-// on widened rows (8 rows per kv head, several whole key blocks: the value pairs of
-// chunk_pv_pairs, which stay off for the rest of the task once a block's factors do not fit).
+// (8 rows per kv head, several whole key blocks: V rows widened into the value pairs, which stay
+// off for the rest of the task once a block's factors do not fit).
 // Each agrees with the reference.
 TEST(Kvcache8bit, FastPrecisionTakesValueFactorsOrTheF32Products) {
   for (float value : {0.f, std::numeric_limits<float>::denorm_min(), 1e-40f, 0x1.0p-61f,
@@ -970,10 +970,10 @@ TEST(Kvcache8bit, FastPrecisionTakesValueFactorsOrTheF32Products) {
 
 // The decode loop's value pairs on widened rows (bf16 q; 4 and 16 rows per kv head for e4m3, 8
 // and 16 for int8: the fewest that take them, and many; one V descale for both kv heads): a
-// block whose factors, as multiplied into p, fit (value_factor_fits_pairs)
-// rounds p times the factor to bf16, so fast and accurate outputs differ; one whose factors do
-// not keeps the kv head on the f32 products for the rest of the task, the accurate call's code,
-// so the two agree to the bit, on every path. int8's factor is its descale; e4m3's takes the
+// block whose factors, as multiplied into p, fit (value_factor_fits_pairs) rounds p times the
+// factor to bf16, so fast and accurate outputs differ; one whose factors do not keeps the kv head
+// on the f32 products for the rest of the task, the accurate call's code, so the two agree to the
+// bit, on every path. int8's factor is its descale; e4m3's takes the
 // power of two of its read (KeyScales), so only descales that fit, or not, under both e4m3 reads
 // are listed for it. The avx512 path has the widened rows and the value pairs where the CPU has
 // AVX512_VBMI and the bf16 dot products.

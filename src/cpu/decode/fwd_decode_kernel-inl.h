@@ -674,9 +674,10 @@ struct KeyScales {
   // returns, where p is not 0 (probabilities are 0 or normal numbers: vec_math's exp2 gives no
   // subnormal), a vector at a time. e4m3 blocks of kv head h (direct exponent s_h) read kKeyRead
   // unless a factor reaches 2^(120 - s_h) (infinity included) or the V rows are widened to bf16
-  // (`widened`: they hold the kViaHalf read's values): those read kViaHalf. *factors_fit_pairs:
-  // whether every key's factor times the load scale, as multiplied into p, lets the value pairs
-  // round that product to bf16 (value_factor_fits_pairs), where the path has them.
+  // (`widened`: they hold the kViaHalf read's values): those read kViaHalf. factors_fit_pairs,
+  // when not null (a kv head on the value pairs): set to whether every key's factor times the
+  // load scale, as multiplied into p, lets the pairs round that product to bf16
+  // (value_factor_fits_pairs), where the path has them.
   E4m3Read scale_probabilities(const BlockRows& rows, int64_t keys, int64_t h, int64_t rows_count,
                                int direct_exponent, bool widened, float* p,
                                bool* factors_fit_pairs) const {
@@ -697,13 +698,15 @@ struct KeyScales {
     const int64_t padded = round_up(keys, kLanes);
     for (int64_t j = 0; j < keys; ++j) factors[j] *= load_scale;
     for (int64_t j = keys; j < padded; ++j) factors[j] = 1.f;
+    if (factors_fit_pairs != nullptr) {
 #if defined(ANYATTN_NARROW_BF16_PV)
-    bool fit = true;
-    for (int64_t j = 0; j < keys; ++j) fit &= value_factor_fits_pairs(factors[j]);
-    *factors_fit_pairs = fit;
+      bool fit = true;
+      for (int64_t j = 0; j < keys; ++j) fit &= value_factor_fits_pairs(factors[j]);
+      *factors_fit_pairs = fit;
 #else
-    *factors_fit_pairs = false;
+      *factors_fit_pairs = false;
 #endif
+    }
     for (int64_t r = 0; r < rows_count; ++r) {
       float* row = p + r * kKeyBlock;
       for (int64_t j = 0; j < padded; j += kLanes) {
@@ -1069,13 +1072,14 @@ void attend_direct_typed(const FwdArgs& args, const PackedLayout& layout, const 
                               scratch.o + r0 * dv_pad, dv_pad);
       v_read[h] = kKeyRead;
       if constexpr (is_kv8(kDtype)) {
-        bool factors_fit_pairs = false;
+#if defined(ANYATTN_DIRECT_BF16_PV)
+        bool* fit = pairs_pv[h] ? &pairs_pv[h] : nullptr;  // cleared where the factors do not fit
+#else
+        bool* fit = nullptr;
+#endif
         v_read[h] = key_scales.scale_probabilities(this_block, keys, h, rows_per_kv,
                                                    v_exponent[h], widened_v[h],
-                                                   scratch.s + r0 * kKeyBlock, &factors_fit_pairs);
-#if defined(ANYATTN_DIRECT_BF16_PV)
-        pairs_pv[h] = pairs_pv[h] && factors_fit_pairs;
-#endif
+                                                   scratch.s + r0 * kKeyBlock, fit);
       }
     }
     // body(std::integral_constant<E4m3Read, read>) for kv head h's read of V: the kViaHalf

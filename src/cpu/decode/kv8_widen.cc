@@ -74,45 +74,36 @@ const CodeTables& tables_for(DType kv_dtype, int e4m3_exponent) {
   }
 }
 
-// The byte order under which unpacking the low and high bytes of each 16-byte lane gives elements
-// 0 .. 31 (unpacklo) and 32 .. 63 (unpackhi) in order: lane L holds elements 8L .. 8L + 7, then
-// 32 + 8L .. 32 + 8L + 7.
-struct InterleaveOrder {
+// Byte orders for widen64, whose unpacks of each 16-byte lane L read output element 8L + i
+// (unpacklo) from byte 16L + i and element 32 + 8L + i (unpackhi) from byte 16L + 8 + i: the
+// order that takes output element e from input byte kSource(e).
+template <uint8_t (*kSource)(int)>
+struct UnpackOrder {
   alignas(64) uint8_t index[64];
-  constexpr InterleaveOrder() : index() {
+  constexpr UnpackOrder() : index() {
     for (int lane = 0; lane < 4; ++lane) {
       for (int i = 0; i < 8; ++i) {
-        index[16 * lane + i] = static_cast<uint8_t>(8 * lane + i);
-        index[16 * lane + 8 + i] = static_cast<uint8_t>(32 + 8 * lane + i);
+        index[16 * lane + i] = kSource(8 * lane + i);
+        index[16 * lane + 8 + i] = kSource(32 + 8 * lane + i);
       }
     }
   }
 };
-constexpr InterleaveOrder kInterleaveOrder;
 
-// The byte order that takes 32 codes of key a (bytes 0 .. 31) and 32 of key b (bytes 32 .. 63) to
-// the value pairs' words (fwd_decode_bf16_dot.h, chunk_pv_pairs) through widen64's unpacks: its
-// output sequence is a0 b0 a2 b2 ... a30 b30 (the even columns' pairs), then a1 b1 a3 b3 ...
-// a31 b31 (the odd columns'), and the unpacks read element 8L + i of that sequence from byte
-// 16L + i and element 32 + 8L + i from byte 16L + 8 + i.
-struct PairOrder {
-  alignas(64) uint8_t index[64];
-  static constexpr uint8_t source(int element) {  // the byte of output element `element`
-    const int odd = element / 32;                  // the odd columns' half
-    const int pair = element % 32;
-    const int column = 2 * (pair / 2) + odd;
-    return static_cast<uint8_t>((pair % 2) * 32 + column);
-  }
-  constexpr PairOrder() : index() {
-    for (int lane = 0; lane < 4; ++lane) {
-      for (int i = 0; i < 8; ++i) {
-        index[16 * lane + i] = source(8 * lane + i);
-        index[16 * lane + 8 + i] = source(32 + 8 * lane + i);
-      }
-    }
-  }
-};
-constexpr PairOrder kPairOrder;
+// One row's 64 codes, elements in order.
+constexpr uint8_t row_element(int element) { return static_cast<uint8_t>(element); }
+constexpr UnpackOrder<row_element> kInterleaveOrder;
+
+// 32 codes of key a (bytes 0 .. 31) and 32 of key b (bytes 32 .. 63) to the value pairs' words
+// (fwd_decode_bf16_dot.h, chunk_pv_pairs): a0 b0 a2 b2 ... a30 b30 (the even columns' pairs), then
+// a1 b1 a3 b3 ... a31 b31 (the odd columns').
+constexpr uint8_t pair_element(int element) {
+  const int odd = element / 32;  // the odd columns' half
+  const int pair = element % 32;
+  const int column = 2 * (pair / 2) + odd;
+  return static_cast<uint8_t>((pair % 2) * 32 + column);
+}
+constexpr UnpackOrder<pair_element> kPairOrder;
 
 }  // namespace
 
